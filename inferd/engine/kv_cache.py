@@ -1,0 +1,226 @@
+"""Paged KV-cache bookkeeping: which block holds which positions of which sequence.
+
+The engine owns the KV memory itself (``num_kv_blocks`` blocks of ``block_size`` positions per layer); this
+module only decides which block ids each sequence uses. It runs in the scheduler thread and is not
+thread-safe on purpose: one owner, no locks.
+
+Automatic prefix caching: once every position of a block has been computed, the block is registered under a
+hash of (parent block's hash, the block's token ids). A later sequence whose token ids start the same way
+finds the chain of hashes in ``hash_to_block`` and reuses those blocks instead of recomputing them. Blocks
+are refcounted; a block whose refcount drops to zero keeps its contents and its hash and waits in an LRU
+queue, so it can still be hit until the space is needed for something else (eviction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+class NoFreeBlocks(Exception):
+    """Raised when an allocation needs more blocks than are free; the caller preempts and retries."""
+
+
+@dataclass
+class KVStats:
+    num_blocks: int
+    num_used: int          # referenced by at least one live sequence
+    num_free: int          # allocatable now (never used, or cached but unreferenced)
+    num_cached: int        # holding a registered prefix hash (used or not)
+    num_cached_free: int   # cached and unreferenced: hits still possible, evicted first-in first-out
+    prefix_queries: int    # prompt tokens looked up in the prefix cache since start
+    prefix_hits: int       # of which found cached
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass
+class _SeqBlocks:
+    block_table: list[int] = field(default_factory=list)
+    # hashes of the sequence's first len(block_hashes) full blocks, all registered in the cache (or already
+    # present there under the same hash, computed by someone else)
+    block_hashes: list[bytes] = field(default_factory=list)
+
+
+def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    # A strong hash rather than Python's hash(): a collision would silently hand one user's KV to another
+    # prompt, so it must be practically impossible, and block ids cannot stand in for the parent because
+    # they are reused after eviction.
+    h = hashlib.blake2b(parent or b"root", digest_size=16)
+    h.update(b"".join(t.to_bytes(4, "little") for t in token_ids))
+    return h.digest()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int = 64, enable_prefix_caching: bool = True):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.hash_to_block: dict[bytes, int] = {}
+        # Free blocks that never held a registered prefix are handed out first, so cached prefixes survive
+        # as long as possible; cached free blocks are evicted least recently freed first.
+        self._free_plain: deque[int] = deque(range(num_blocks))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self._seqs: dict[object, _SeqBlocks] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---- queries -------------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_plain) + len(self._free_cached)
+
+    def blocks_needed(self, num_positions: int) -> int:
+        return -(-num_positions // self.block_size)
+
+    def block_table(self, seq_id: object) -> list[int]:
+        return self._seqs[seq_id].block_table
+
+    def has_seq(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def stats(self) -> KVStats:
+        num_free = self.num_free_blocks
+        return KVStats(
+            num_blocks=self.num_blocks,
+            num_used=self.num_blocks - num_free,
+            num_free=num_free,
+            num_cached=len(self.hash_to_block),
+            num_cached_free=len(self._free_cached),
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
+        )
+
+    # ---- sequence lifecycle --------------------------------------------------------------------------
+
+    def match_prefix(self, seq_id: object, token_ids: Sequence[int], max_cached_tokens: int) -> int:
+        """Start `seq_id`'s block table with the cached blocks of the longest cached prefix of `token_ids`.
+
+        Returns the number of positions already computed (a multiple of block_size, at most
+        max_cached_tokens). Callers pass len(prompt) - 1 as the cap so that at least one token is run and
+        its logits sampled. The hit blocks are referenced by the sequence from now on.
+        """
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id!r} already has blocks")
+        seq = _SeqBlocks()
+        self._seqs[seq_id] = seq
+        self.prefix_queries += len(token_ids)
+        if not self.enable_prefix_caching:
+            return 0
+        parent: bytes | None = None
+        bs = self.block_size
+        for i in range(min(len(token_ids), max_cached_tokens) // bs):
+            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            block_id = self.hash_to_block.get(h)
+            if block_id is None:
+                break
+            self._ref(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(h)
+            parent = h
+        num_cached = len(seq.block_table) * bs
+        self.prefix_hits += num_cached
+        return num_cached
+
+    def allocate(self, seq_id: object, num_positions: int) -> None:
+        """Grow `seq_id`'s block table to cover positions [0, num_positions).
+
+        All or nothing: raises NoFreeBlocks without allocating anything when there are too few free blocks.
+        """
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            seq = self._seqs[seq_id] = _SeqBlocks()
+        missing = self.blocks_needed(num_positions) - len(seq.block_table)
+        if missing <= 0:
+            return
+        if missing > self.num_free_blocks:
+            raise NoFreeBlocks(f"need {missing} blocks, {self.num_free_blocks} free")
+        for _ in range(missing):
+            seq.block_table.append(self._take_free_block())
+
+    def can_allocate(self, seq_id: object, num_positions: int) -> bool:
+        seq = self._seqs.get(seq_id)
+        have = len(seq.block_table) if seq else 0
+        return self.blocks_needed(num_positions) - have <= self.num_free_blocks
+
+    def cache_blocks(self, seq_id: object, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register every block of `seq_id` that is now full of computed positions.
+
+        `token_ids` are the sequence's tokens so far (prompt + generated); `num_computed` is how many of
+        them have their K/V written. Call after each step.
+        """
+        if not self.enable_prefix_caching:
+            return
+        seq = self._seqs[seq_id]
+        bs = self.block_size
+        num_full = min(num_computed, len(token_ids)) // bs
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), num_full):
+            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            block_id = seq.block_table[i]
+            if h not in self.hash_to_block:
+                self.hash_to_block[h] = block_id
+                self.block_hash[block_id] = h
+            # else: another sequence computed the same block concurrently; that copy stays the cached one
+            # and ours is returned to the plain free list when this sequence ends.
+            seq.block_hashes.append(h)
+            parent = h
+
+    def free(self, seq_id: object) -> None:
+        """Drop `seq_id`'s references (finished, aborted or preempted). Unknown ids are ignored."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            return
+        # Reverse order: a sequence's tail blocks are the least likely to be shared, so they should be the
+        # first cached blocks to be evicted.
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                if self.block_hash[block_id] is not None:
+                    self._free_cached[block_id] = None
+                else:
+                    self._free_plain.append(block_id)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every unreferenced cached block; returns how many were dropped."""
+        dropped = 0
+        while self._free_cached:
+            block_id, _ = self._free_cached.popitem(last=False)
+            self._evict(block_id)
+            self._free_plain.append(block_id)
+            dropped += 1
+        return dropped
+
+    # ---- internals -----------------------------------------------------------------------------------
+
+    def _ref(self, block_id: int) -> None:
+        if self.ref_counts[block_id] == 0:
+            self._free_cached.pop(block_id, None)
+        self.ref_counts[block_id] += 1
+
+    def _take_free_block(self) -> int:
+        if self._free_plain:
+            block_id = self._free_plain.popleft()
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)
+            self._evict(block_id)
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def _evict(self, block_id: int) -> None:
+        h = self.block_hash[block_id]
+        if h is not None:
+            self.block_hash[block_id] = None
+            if self.hash_to_block.get(h) == block_id:
+                del self.hash_to_block[h]
