@@ -1,0 +1,105 @@
+# Declarations of the C engine (ext/cpu/inferd.h) for the Cython wrapper.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+
+cdef extern from "inferd.h" nogil:
+    enum:
+        QK
+        TILE_ROWS
+        KV_BLOCK
+        MAX_TOP_LOGPROBS
+    ctypedef struct block_q8x:
+        float d
+        int32_t isum
+        signed char qs[32]
+    ctypedef struct weight_t:
+        int type
+        int rows, cols, padded_rows
+        size_t nbytes
+        uint8_t *data
+    int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes)
+    void weight_free(weight_t *w)
+    void weight_dequant_row(const weight_t *w, int row, float *out)
+    int weight_is_quantized(int type)
+    size_t gguf_row_bytes(int type, int cols)
+    int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out)
+    float f16_to_f32(uint16_t h)
+    uint16_t f32_to_f16(float f)
+
+    int cpu_best_path()
+    int cpu_path()
+    int cpu_set_path(int path)
+    const char *cpu_path_name(int path)
+
+    ctypedef struct pool_t:
+        pass
+    pool_t *pool_create(int nthreads)
+    void pool_destroy(pool_t *p)
+
+    void quantize_act(const float *x, int n, block_q8x *out)
+    void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
+                      const block_q8x *xq, float *y, int ldy, int accumulate)
+    int matmul_num_tiles(const weight_t *w)
+    void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
+
+    ctypedef struct sample_params_t:
+        float temperature, top_p, min_p
+        int top_k
+        float repetition_penalty, presence_penalty, frequency_penalty
+        uint64_t seed
+        int num_logprobs
+        int64_t history_offset
+        int history_len, num_prompt
+        int64_t bias_offset
+        int bias_len
+    ctypedef struct sample_out_t:
+        int32_t token
+        float logprob
+        int32_t top_ids[20]
+        float top_logprobs[20]
+    void sample_row(float *logits, int vocab, const sample_params_t *sp, int position, const int32_t *history,
+                    const int32_t *bias_ids, const float *bias_values, void *scratch, sample_out_t *out)
+
+    ctypedef struct model_config_t:
+        int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
+        int context_length, rope_neox
+        float norm_eps, rope_theta
+        float rope_factor, rope_low_freq_factor, rope_high_freq_factor
+        int rope_original_ctx
+    ctypedef struct layer_t:
+        float *attn_norm
+        float *ffn_norm
+        float *qkv_bias
+        weight_t wqkv, wo, wgu, wdown
+    ctypedef struct model_t:
+        model_config_t cfg
+        weight_t tok_embd, output
+        int output_tied
+        float *output_norm
+        layer_t *layers
+        float *rope_cos_sin
+    int model_init_rope(model_t *m)
+
+    ctypedef struct batch_t:
+        int num_tokens, num_seqs
+        const int32_t *token_ids
+        const int32_t *positions
+        const int32_t *seq_of_token
+        const int32_t *block_tables
+        int max_blocks_per_seq
+        int num_out
+        const int32_t *out_rows
+        const int32_t *sample_mask
+        const sample_params_t *params
+        const int32_t *history
+        const int32_t *bias_ids
+        const float *bias_values
+        float *logits_out
+        sample_out_t *samples
+        float *hidden_out
+    ctypedef struct context_t:
+        int num_kv_blocks
+        uint16_t *k_cache
+        uint16_t *v_cache
+    context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads)
+    void context_free(context_t *c)
+    int forward(context_t *c, const batch_t *b)

@@ -1,0 +1,61 @@
+/* Runtime ISA dispatch: the best path is picked once from cpuid; INFERD_CPU_PATH forces one so tests can
+ * compare paths on one machine. The library itself is built for baseline x86-64. */
+#include <stdlib.h>
+#include <string.h>
+#include "inferd.h"
+
+static int active_path = -1;
+
+static int can_run(int path) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    switch (path) {
+    case PATH_SCALAR: return 1;
+    case PATH_AVX2: return avx2;
+    case PATH_AVX512VNNI:
+        return avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    case PATH_AVXVNNI: return avx2 && __builtin_cpu_supports("avxvnni");
+    }
+    return 0;
+#else
+    return path == PATH_SCALAR;
+#endif
+}
+
+int cpu_best_path(void) {
+    if (can_run(PATH_AVXVNNI)) return PATH_AVXVNNI;
+    if (can_run(PATH_AVX512VNNI)) return PATH_AVX512VNNI;
+    if (can_run(PATH_AVX2)) return PATH_AVX2;
+    return PATH_SCALAR;
+}
+
+const char *cpu_path_name(int path) {
+    switch (path) {
+    case PATH_SCALAR: return "scalar";
+    case PATH_AVX2: return "avx2";
+    case PATH_AVX512VNNI: return "avx512vnni";
+    case PATH_AVXVNNI: return "avxvnni";
+    }
+    return "?";
+}
+
+int cpu_set_path(int path) {
+    if (path < PATH_SCALAR || path > PATH_AVXVNNI || !can_run(path)) return -1;
+    active_path = path;
+    return 0;
+}
+
+int cpu_path(void) {
+    if (active_path < 0) {
+        const char *env = getenv("INFERD_CPU_PATH");
+        int forced = -1;
+        if (env && *env) {
+            for (int p = PATH_SCALAR; p <= PATH_AVXVNNI; p++)
+                if (strcmp(env, cpu_path_name(p)) == 0) forced = p;
+            if (strcmp(env, "vnni") == 0) forced = can_run(PATH_AVXVNNI) ? PATH_AVXVNNI : PATH_AVX512VNNI;
+        }
+        active_path = (forced >= 0 && can_run(forced)) ? forced : cpu_best_path();
+    }
+    return active_path;
+}

@@ -1,0 +1,243 @@
+/* One step of the model over a flat batch: every token of every sequence in the batch, prefill chunks and
+ * decode tokens mixed, then logits for the rows that need them, then sampling. Read it top to bottom in
+ * forward(); each stage is one parallel region over the thread pool. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "inferd.h"
+
+#define Q_DIM(c) ((c)->n_heads * (c)->head_dim)
+#define KV_DIM(c) ((c)->n_kv_heads * (c)->head_dim)
+
+/* ---- parallel stages: each is fn(arg, begin, end, thread) over items ---- */
+
+typedef struct {
+    context_t *c;
+    const batch_t *b;
+    int layer;
+    const weight_t *w;
+    const float *in;         /* (ntok, in_dim) */
+    const float *gamma;      /* rmsnorm weights or NULL */
+    float *out;              /* (ntok, in_dim) normed copy (NULL: normalize nothing, quantize `in`) */
+    int ntok, in_dim;
+    float *y;                /* (ntok, ldy) */
+    int ldy, accumulate;
+} stage_t;
+
+static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++)
+        weight_dequant_row(&s->c->model->tok_embd, s->b->token_ids[t], s->c->x + t * s->c->model->cfg.dim);
+}
+
+/* rmsnorm (when gamma is set) and 8-bit quantization of each token's input row */
+static void norm_quant_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++) {
+        const float *src = s->in + t * s->in_dim;
+        if (s->gamma) {
+            rmsnorm(src, s->gamma, s->in_dim, s->c->model->cfg.norm_eps, s->out + t * s->in_dim);
+            src = s->out + t * s->in_dim;
+        }
+        quantize_act(src, s->in_dim, s->c->xq + t * (s->in_dim / QK));
+    }
+}
+
+static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    const float *x = s->gamma ? s->out : s->in;
+    matmul_tiles(s->w, (int)begin, (int)end, s->ntok, x, s->c->xq, s->y, s->ldy, s->accumulate);
+}
+
+/* QKV bias, RoPE on q and k, k and v written to the cache at the token's position */
+static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    const model_config_t *cfg = &c->model->cfg;
+    const layer_t *L = &c->model->layers[s->layer];
+    int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), half = cfg->head_dim / 2;
+    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++) {
+        float *q = c->qkv + t * qkv_dim, *k = q + Q_DIM(cfg), *v = k + KV_DIM(cfg);
+        if (L->qkv_bias) for (int i = 0; i < qkv_dim; i++) q[i] += L->qkv_bias[i];
+        int pos = s->b->positions[t];
+        const float *cs = c->model->rope_cos_sin + (size_t)pos * half * 2;
+        rope_apply(q, cfg->n_heads, cfg->head_dim, cs, cfg->rope_neox);
+        rope_apply(k, cfg->n_kv_heads, cfg->head_dim, cs, cfg->rope_neox);
+        const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
+        size_t slot = layer_off + (size_t)bt[pos / KV_BLOCK] * KV_DIM(cfg) * KV_BLOCK;
+        for (int h = 0; h < cfg->n_kv_heads; h++) {
+            size_t off = slot + ((size_t)h * KV_BLOCK + pos % KV_BLOCK) * cfg->head_dim;
+            for (int i = 0; i < cfg->head_dim; i++) {
+                c->k_cache[off + i] = f32_to_f16(k[h * cfg->head_dim + i]);
+                c->v_cache[off + i] = f32_to_f16(v[h * cfg->head_dim + i]);
+            }
+        }
+    }
+}
+
+/* one item = (token, kv head): the query heads sharing that KV head read its keys and values together */
+static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    const model_config_t *cfg = &c->model->cfg;
+    int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
+    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    float *scratch = c->attn_scratch + (size_t)thread * (KV_BLOCK + 2 * cfg->n_heads);
+    for (int64_t item = begin; item < end; item++) {
+        int t = (int)(item / cfg->n_kv_heads), h = (int)(item % cfg->n_kv_heads);
+        const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
+        size_t head_off = layer_off + (size_t)h * KV_BLOCK * cfg->head_dim;
+        attention_token(c->qkv + (size_t)t * qkv_dim + (size_t)h * group * cfg->head_dim, group, cfg->n_kv_heads,
+                        cfg->head_dim, c->k_cache + head_off, c->v_cache + head_off, bt, s->b->positions[t] + 1,
+                        c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h * group * cfg->head_dim, scratch);
+    }
+}
+
+/* h = silu(gate) * up, then quantized for the down projection */
+static void swiglu_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    int hidden = c->model->cfg.hidden;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++) {
+        const float *g = c->gu + t * 2 * hidden, *u = g + hidden;
+        float *h = c->h + t * hidden;
+        for (int i = 0; i < hidden; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        quantize_act(h, hidden, c->xq + t * (hidden / QK));
+    }
+}
+
+static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    const batch_t *b = s->b;
+    int vocab = c->model->cfg.vocab;
+    void *scratch = (char *)c->sample_scratch + (size_t)thread * vocab * 16;
+    for (int64_t i = begin; i < end; i++) {
+        float *row = c->logits + i * vocab;
+        if (b->logits_out) memcpy(b->logits_out + i * vocab, row, (size_t)vocab * sizeof(float));
+        if (b->sample_mask[i])
+            sample_row(row, vocab, &b->params[i], b->positions[b->out_rows[i]] + 1, b->history, b->bias_ids,
+                       b->bias_values, scratch, &b->samples[i]);
+    }
+}
+
+/* ---- the step ---- */
+
+static void run(context_t *c, int64_t n, int64_t chunk, pool_fn fn, stage_t *s) { pool_run(c->pool, n, chunk, fn, s); }
+
+static void matmul(context_t *c, stage_t *s, const weight_t *w, float *y, int accumulate) {
+    s->w = w; s->y = y; s->ldy = w->rows; s->accumulate = accumulate;
+    int tiles = matmul_num_tiles(w);
+    int chunk = tiles / (pool_size(c->pool) * 8);
+    run(c, tiles, chunk < 1 ? 1 : chunk, matmul_fn, s);
+}
+
+static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma) {
+    s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->out = c->xn;
+    run(c, s->ntok, 4, norm_quant_fn, s);
+}
+
+static int check_batch(const context_t *c, const batch_t *b) {
+    const model_config_t *cfg = &c->model->cfg;
+    if (b->num_tokens < 1 || b->num_tokens > c->max_tokens || b->num_out < 0 || b->num_out > c->max_out) return -1;
+    for (int t = 0; t < b->num_tokens; t++) {
+        int pos = b->positions[t], seq = b->seq_of_token[t];
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= cfg->vocab) return -2;
+        if (pos < 0 || pos >= cfg->context_length || pos / KV_BLOCK >= b->max_blocks_per_seq) return -3;
+        if (seq < 0 || seq >= b->num_seqs) return -4;
+        /* every block the token attends to must exist */
+        for (int blk = 0; blk <= pos / KV_BLOCK; blk++) {
+            int id = b->block_tables[(size_t)seq * b->max_blocks_per_seq + blk];
+            if (id < 0 || id >= c->num_kv_blocks) return -5;
+        }
+    }
+    for (int i = 0; i < b->num_out; i++)
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->num_tokens) return -6;
+    return 0;
+}
+
+int forward(context_t *c, const batch_t *b) {
+    const model_t *m = c->model;
+    const model_config_t *cfg = &m->cfg;
+    int rc = check_batch(c, b);
+    if (rc) return rc;
+    int T = b->num_tokens, dim = cfg->dim;
+    stage_t s = {.c = c, .b = b, .ntok = T};
+
+    run(c, T, 16, embed_fn, &s);                                       /* x = embed(tokens) */
+    if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
+    for (int l = 0; l < cfg->n_layers; l++) {
+        const layer_t *L = &m->layers[l];
+        s.layer = l;
+        prepare_input(c, &s, c->x, dim, L->attn_norm);                 /* xn = rmsnorm(x) */
+        matmul(c, &s, &L->wqkv, c->qkv, 0);                            /* qkv = Wqkv xn */
+        run(c, T, 4, rope_kv_fn, &s);                                  /* rope, cache k and v */
+        run(c, (int64_t)T * cfg->n_kv_heads, 1, attention_fn, &s);     /* xn = attention */
+        prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL);
+        matmul(c, &s, &L->wo, c->x, 1);                                /* x += Wo attn */
+        prepare_input(c, &s, c->x, dim, L->ffn_norm);                  /* xn = rmsnorm(x) */
+        matmul(c, &s, &L->wgu, c->gu, 0);                              /* gate|up = Wgu xn */
+        run(c, T, 4, swiglu_fn, &s);                                   /* h = silu(gate) * up */
+        s.in = c->h; s.in_dim = cfg->hidden; s.gamma = NULL;
+        matmul(c, &s, &L->wdown, c->x, 1);                             /* x += Wdown h */
+        if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
+    }
+    if (b->num_out == 0) return 0;
+    /* logits only for the rows that need them: gather them to the front of x (out_rows ascend) */
+    for (int i = 0; i < b->num_out; i++)
+        if (b->out_rows[i] != i) memmove(c->x + (size_t)i * dim, c->x + (size_t)b->out_rows[i] * dim, dim * sizeof(float));
+    s.ntok = b->num_out;
+    prepare_input(c, &s, c->x, dim, m->output_norm);
+    matmul(c, &s, &m->output, c->logits, 0);
+    run(c, b->num_out, 1, sample_fn, &s);
+    return 0;
+}
+
+/* ---- context ---- */
+
+context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads) {
+    const model_config_t *cfg = &m->cfg;
+    context_t *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->model = m;
+    c->max_tokens = max_tokens;
+    c->max_out = max_out < max_tokens ? max_out : max_tokens;
+    c->num_kv_blocks = num_kv_blocks;
+    c->pool = pool_create(threads);
+    int nt = pool_size(c->pool);
+    int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
+    int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
+    int widest_in = wide > cfg->hidden ? wide : cfg->hidden;
+    size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    c->k_cache = calloc(kv, sizeof(uint16_t));
+    c->v_cache = calloc(kv, sizeof(uint16_t));
+    c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));
+    c->xn = malloc((size_t)max_tokens * wide * sizeof(float));
+    c->qkv = malloc((size_t)max_tokens * qkv_dim * sizeof(float));
+    c->gu = malloc((size_t)max_tokens * 2 * cfg->hidden * sizeof(float));
+    c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
+    c->xq = malloc((size_t)max_tokens * (widest_in / QK) * sizeof(block_q8x));
+    c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
+    c->attn_scratch = malloc((size_t)nt * (KV_BLOCK + 2 * cfg->n_heads) * sizeof(float));
+    c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
+    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->qkv || !c->gu || !c->h || !c->xq ||
+        !c->logits || !c->attn_scratch || !c->sample_scratch) {
+        context_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void context_free(context_t *c) {
+    if (!c) return;
+    pool_destroy(c->pool);
+    free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->qkv); free(c->gu); free(c->h);
+    free(c->xq); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
+    free(c);
+}

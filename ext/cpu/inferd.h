@@ -1,0 +1,186 @@
+/* inferd CPU engine: shared types and the entry points the Cython wrapper calls.
+ *
+ * Conventions: a weight has `rows` outputs and `cols` inputs (y = W x). Activations are row-major
+ * (token, features). Every buffer comment gives its shape. */
+#ifndef INFERD_H
+#define INFERD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK 32            /* values per quantized block (GGUF's QK4_0 == QK8_0 == 32) */
+#define TILE_ROWS 8      /* rows interleaved in one weight tile: accumulator lane r <-> row r */
+#define KV_BLOCK 64      /* positions per KV-cache block == attention tile */
+#define MAX_TOP_LOGPROBS 20
+
+/* Weight types: values are stable, the Python side uses them. */
+enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 5 };
+
+/* Kernel paths, best last. */
+enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };
+
+/* An activation row quantized to 8 bits: one block per 32 values. `isum` is sum(qs), kept exact so
+ * Q4 weights stored unsigned (w + 8) can subtract 8 * isum and Q4_1 can add its min term. */
+typedef struct {
+    float d;
+    int32_t isum;
+    int8_t qs[QK];
+} block_q8x;
+
+/* A weight matrix in the engine's layout.
+ * Quantized types: rows padded to a multiple of 8; tile t holds rows 8t..8t+7, block b of the tile is
+ *   Q4_0: f16 d[8]          | qs[128]  (byte 32p + 4r + e = GGUF byte 4p+e of row r: lo nibble value 4p+e, hi 16+4p+e)
+ *   Q4_1: f16 d[8], f16 m[8]| qs[128]
+ *   Q8_0: f16 d[8]          | qs[256]  (byte 32j + 4r + e = value 4j+e of row r)
+ * so lane r of every 32-byte vector belongs to row r and one f16->f32 conversion serves 8 rows.
+ * Float types: plain row-major (rows, cols). */
+typedef struct {
+    int type;
+    int rows, cols;
+    int padded_rows;     /* rows rounded up to TILE_ROWS for quantized types, == rows otherwise */
+    size_t nbytes;
+    uint8_t *data;       /* 64-byte aligned, owned */
+} weight_t;
+
+size_t weight_tile_block_bytes(int type);
+int weight_is_quantized(int type);
+int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes);
+void weight_free(weight_t *w);
+void weight_dequant_row(const weight_t *w, int row, float *out);           /* out: (cols) */
+size_t gguf_row_bytes(int type, int cols);
+int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out);
+
+/* ---- fp16/bf16 ---- */
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v; v.u = (uint32_t)h << 16; return v.f;
+}
+
+/* ---- runtime dispatch ---- */
+int cpu_best_path(void);
+int cpu_path(void);                 /* the active path */
+int cpu_set_path(int path);         /* returns 0, or -1 when this CPU cannot run it */
+const char *cpu_path_name(int path);
+
+/* ---- thread pool ---- */
+typedef void (*pool_fn)(void *arg, int64_t begin, int64_t end, int thread);
+typedef struct pool pool_t;
+pool_t *pool_create(int nthreads);
+void pool_destroy(pool_t *p);
+int pool_size(const pool_t *p);
+/* Runs fn over [0, n) in chunks of `chunk` items claimed from an atomic counter; the caller works too. */
+void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
+
+/* ---- kernels (pure functions over typed buffers) ---- */
+void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */
+/* y[t, rows] (+)= W x[t] for tiles [tile_begin, tile_end); x: (ntok, cols) f32, xq: (ntok, cols/32) */
+void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
+                  const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
+int matmul_num_tiles(const weight_t *w);
+void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);
+void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
+void attention_token(const float *q, int group, int n_kv_heads, int head_dim, const uint16_t *k_head,
+                     const uint16_t *v_head, const int32_t *block_table, int ctx_len, float *out, float *scratch);
+
+/* ---- sampling ---- */
+typedef struct {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed;
+    int num_logprobs;            /* -1 none, 0 chosen only, k: chosen + top k */
+    int64_t history_offset;      /* into batch->history */
+    int history_len, num_prompt;
+    int64_t bias_offset;         /* into batch->bias_ids / bias_values */
+    int bias_len;
+} sample_params_t;
+
+typedef struct {
+    int32_t token;
+    float logprob;
+    int32_t top_ids[MAX_TOP_LOGPROBS];
+    float top_logprobs[MAX_TOP_LOGPROBS];
+} sample_out_t;
+
+/* logits: (vocab), modified in place; scratch: vocab floats + vocab ints */
+void sample_row(float *logits, int vocab, const sample_params_t *sp, int position,
+                const int32_t *history, const int32_t *bias_ids, const float *bias_values,
+                void *scratch, sample_out_t *out);
+uint64_t rng_u64(uint64_t seed, uint64_t position);
+
+/* ---- the model and one forward step ---- */
+typedef struct {
+    int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
+    int context_length, rope_neox;
+    float norm_eps;
+    float rope_theta;
+    /* llama3 rope scaling; factor == 0 means none */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_ctx;
+} model_config_t;
+
+typedef struct {
+    float *attn_norm, *ffn_norm;       /* (dim) */
+    float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
+    weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
+    weight_t wo;                       /* (dim, q_dim) */
+    weight_t wgu;                      /* (2 hidden, dim): gate rows then up rows */
+    weight_t wdown;                    /* (dim, hidden) */
+} layer_t;
+
+typedef struct {
+    model_config_t cfg;
+    weight_t tok_embd;                 /* (vocab, dim) */
+    weight_t output;                   /* (vocab, dim); shares tok_embd's data when tied */
+    int output_tied;
+    float *output_norm;                /* (dim) */
+    layer_t *layers;                   /* (n_layers) */
+    float *rope_cos_sin;               /* (context_length, head_dim/2, 2) */
+} model_t;
+
+int model_init_rope(model_t *m);
+
+/* A flat batch: tokens of several sequences, prefill chunks and decode tokens mixed. */
+typedef struct {
+    int num_tokens, num_seqs;
+    const int32_t *token_ids;          /* (num_tokens) */
+    const int32_t *positions;          /* (num_tokens) */
+    const int32_t *seq_of_token;       /* (num_tokens) -> sequence index */
+    const int32_t *block_tables;       /* (num_seqs, max_blocks_per_seq) */
+    int max_blocks_per_seq;
+    int num_out;                       /* rows that produce logits */
+    const int32_t *out_rows;           /* (num_out) token index of each logits row, ascending */
+    const int32_t *sample_mask;        /* (num_out) 1: sample this row */
+    const sample_params_t *params;     /* (num_out) */
+    const int32_t *history;            /* flat token history for penalties */
+    const int32_t *bias_ids;           /* flat logit-bias entries */
+    const float *bias_values;
+    float *logits_out;                 /* (num_out, vocab) or NULL: raw logits copied here */
+    sample_out_t *samples;             /* (num_out) */
+    float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
+} batch_t;
+
+typedef struct {
+    const model_t *model;
+    pool_t *pool;
+    int max_tokens, max_out;
+    int num_kv_blocks;
+    uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16 */
+    /* scratch, allocated once */
+    float *x;                          /* (max_tokens, dim) residual stream */
+    float *xn;                         /* (max_tokens, max(dim, q_dim)) normed input / attention output */
+    float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
+    float *gu;                         /* (max_tokens, 2 hidden) */
+    float *h;                          /* (max_tokens, hidden) */
+    block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) */
+    float *logits;                     /* (max_out, vocab) */
+    float *attn_scratch;               /* (threads, n_heads * (KV_BLOCK + head_dim + 2)) */
+    void *sample_scratch;              /* (threads, vocab * 8 bytes) */
+} context_t;
+
+context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
+void context_free(context_t *c);
+int forward(context_t *c, const batch_t *b);   /* 0 ok; <0 on invalid batch */
+
+#endif

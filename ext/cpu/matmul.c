@@ -1,0 +1,250 @@
+/* y = W x over 8-row weight tiles, for one token or many.
+ *
+ * Every path computes, for each row and each 32-value block, the block's integer dot product exactly in
+ * int32, then accumulates fma(float(isum), d_w * d_x, acc) block after block (Q4_1 adds its min term with a
+ * second fma). So the scalar, AVX2 (maddubs+madd) and VNNI (dpbusd) paths give bit-identical results, and
+ * a token's row does not depend on which other tokens share the call. Float weights use 4 accumulators of
+ * 8 lanes (group g into accumulator g % 4), combined (a0+a1)+(a2+a3), then a fixed horizontal order. */
+#include <string.h>
+#include "inferd.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define NT 4   /* tokens that share one unpacking of a weight block */
+
+int matmul_num_tiles(const weight_t *w) { return (w->rows + TILE_ROWS - 1) / TILE_ROWS; }
+
+static inline float hsum8_scalar(const float c[8]) {
+    return ((c[0] + c[4]) + (c[2] + c[6])) + ((c[1] + c[5]) + (c[3] + c[7]));
+}
+
+static inline float load_w(const weight_t *w, const uint8_t *row, int i) {
+    if (w->type == WT_F32) return ((const float *)row)[i];
+    uint16_t h = ((const uint16_t *)row)[i];
+    return w->type == WT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+static void store_tile(float *y, int ldy, int t, int row0, int nrows, const float acc[8], int accumulate) {
+    float *o = y + (size_t)t * ldy + row0;
+    for (int r = 0; r < nrows; r++) o[r] = accumulate ? o[r] + acc[r] : acc[r];
+}
+
+/* ---------------- scalar ---------------- */
+static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y,
+                              int ldy, int accumulate) {
+    size_t rb = gguf_row_bytes(w->type, w->cols);
+    for (int t = 0; t < ntok; t++) {
+        float out[8];
+        for (int r = 0; r < nrows; r++) {
+            const uint8_t *row = w->data + (size_t)(row0 + r) * rb;
+            const float *xt = x + (size_t)t * w->cols;
+            float a[4][8] = {{0}};
+            for (int g = 0; g < w->cols / 8; g++)
+                for (int l = 0; l < 8; l++) a[g % 4][l] = __builtin_fmaf(load_w(w, row, 8 * g + l), xt[8 * g + l], a[g % 4][l]);
+            float c[8];
+            for (int l = 0; l < 8; l++) c[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
+            out[r] = hsum8_scalar(c);
+        }
+        store_tile(y, ldy, t, row0, nrows, out, accumulate);
+    }
+}
+
+static void quant_tile_scalar(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,
+                              int accumulate) {
+    int nb = w->cols / QK, row0 = tile * TILE_ROWS;
+    int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;
+    size_t bb = weight_tile_block_bytes(w->type);
+    const uint8_t *base = w->data + (size_t)tile * nb * bb;
+    for (int t = 0; t < ntok; t++) {
+        float acc[8] = {0};
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + b * bb;
+            const block_q8x *xb = xq + (size_t)t * nb + b;
+            for (int r = 0; r < TILE_ROWS; r++) {
+                uint16_t dh;
+                memcpy(&dh, blk + 2 * r, 2);
+                float dw = f16_to_f32(dh);
+                int32_t isum = 0;
+                if (w->type == WT_Q8_0) {
+                    for (int j = 0; j < 8; j++)
+                        for (int e = 0; e < 4; e++) isum += (int8_t)blk[16 + 32 * j + 4 * r + e] * xb->qs[4 * j + e];
+                } else {
+                    int qoff = w->type == WT_Q4_1 ? 32 : 16;
+                    for (int p = 0; p < 4; p++)
+                        for (int e = 0; e < 4; e++) {
+                            uint8_t q = blk[qoff + 32 * p + 4 * r + e];
+                            isum += (q & 15) * xb->qs[4 * p + e] + (q >> 4) * xb->qs[16 + 4 * p + e];
+                        }
+                    if (w->type == WT_Q4_0) isum -= 8 * xb->isum;
+                }
+                acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
+                if (w->type == WT_Q4_1) {
+                    uint16_t mh;
+                    memcpy(&mh, blk + 16 + 2 * r, 2);
+                    acc[r] = __builtin_fmaf((float)xb->isum, f16_to_f32(mh) * xb->d, acc[r]);
+                }
+            }
+        }
+        store_tile(y, ldy, t, row0, nrows, acc, accumulate);
+    }
+}
+
+/* ---------------- AVX2 and VNNI ---------------- */
+#if defined(__x86_64__)
+#define SIMD_ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+SIMD_ATTR_AVX2 static inline void store_tile_v(float *y, int ldy, int t, int row0, int nrows, __m256 acc,
+                                               int accumulate) {
+    float *o = y + (size_t)t * ldy + row0;
+    if (nrows == TILE_ROWS) {
+        _mm256_storeu_ps(o, accumulate ? _mm256_add_ps(_mm256_loadu_ps(o), acc) : acc);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc);
+        store_tile(y, ldy, t, row0, nrows, tmp, accumulate);
+    }
+}
+
+SIMD_ATTR_AVX2 static inline __m256 load_w8(int type, const uint8_t *row, int i) {
+    if (type == WT_F32) return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (type == WT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+SIMD_ATTR_AVX2 static inline float hsum8_v(__m256 c) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1)); /* c0+c4 .. c3+c7 */
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                        /* (c0+c4)+(c2+c6), (c1+c5)+(c3+c7) */
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x,
+                                           float *y, int ldy, int accumulate) {
+    size_t rb = gguf_row_bytes(w->type, w->cols);
+    int ng = w->cols / 8;
+    for (int t = 0; t < ntok; t++) {
+        float out[8];
+        const float *xt = x + (size_t)t * w->cols;
+        for (int r = 0; r < nrows; r++) {
+            const uint8_t *row = w->data + (size_t)(row0 + r) * rb;
+            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            int g = 0;
+            for (; g + 4 <= ng; g += 4)
+                for (int k = 0; k < 4; k++)
+                    a[k] = _mm256_fmadd_ps(load_w8(w->type, row, 8 * (g + k)), _mm256_loadu_ps(xt + 8 * (g + k)), a[k]);
+            for (; g < ng; g++)
+                a[g % 4] = _mm256_fmadd_ps(load_w8(w->type, row, 8 * g), _mm256_loadu_ps(xt + 8 * g), a[g % 4]);
+            out[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+        }
+        store_tile(y, ldy, t, row0, nrows, out, accumulate);
+    }
+}
+
+/* The integer core: 8 weight vectors (lane r = row r, 4 values each) against 8 broadcast 4-byte groups of
+ * the activation block. `w` holds unsigned nibbles (Q4) or |w| with the sign moved onto x (Q8). */
+#define DEFINE_QUANT_TILE(NAME, ATTR, DOT4)                                                                  \
+    ATTR static void NAME(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,    \
+                          int accumulate) {                                                                 \
+        int nb = w->cols / QK, row0 = tile * TILE_ROWS, type = w->type;                                     \
+        int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;                                \
+        size_t bb = weight_tile_block_bytes(type);                                                          \
+        const uint8_t *base = w->data + (size_t)tile * nb * bb;                                             \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                          \
+        for (int t0 = 0; t0 < ntok; t0 += NT) {                                                             \
+            int nt = ntok - t0 < NT ? ntok - t0 : NT;                                                       \
+            __m256 acc[NT];                                                                                 \
+            for (int k = 0; k < NT; k++) acc[k] = _mm256_setzero_ps();                                      \
+            for (int b = 0; b < nb; b++) {                                                                  \
+                const uint8_t *blk = base + b * bb;                                                         \
+                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                         \
+                __m256 mw = _mm256_setzero_ps();                                                            \
+                __m256i wv[8];                                                                              \
+                if (type == WT_Q8_0) {                                                                      \
+                    for (int j = 0; j < 8; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
+                } else {                                                                                    \
+                    int qoff = type == WT_Q4_1 ? 32 : 16;                                                   \
+                    if (type == WT_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))); \
+                    for (int p = 0; p < 4; p++) {                                                           \
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * p));             \
+                        wv[p] = _mm256_and_si256(v, m4);                                                    \
+                        wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
+                    }                                                                                       \
+                }                                                                                           \
+                for (int k = 0; k < nt; k++) {                                                              \
+                    const block_q8x *xb = xq + (size_t)(t0 + k) * nb + b;                                   \
+                    __m256i isum = DOT4(type, wv, xb->qs);                                                  \
+                    if (type == WT_Q4_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xb->isum));    \
+                    __m256 dx = _mm256_set1_ps(xb->d);                                                      \
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[k]);      \
+                    if (type == WT_Q4_1)                                                                    \
+                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps((float)xb->isum), _mm256_mul_ps(mw, dx), acc[k]); \
+                }                                                                                           \
+            }                                                                                               \
+            for (int k = 0; k < nt; k++) store_tile_v(y, ldy, t0 + k, row0, nrows, acc[k], accumulate);    \
+        }                                                                                                   \
+    }
+
+static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+SIMD_ATTR_AVX2 static inline __m256i dot4_avx2(int type, const __m256i wv[8], const int8_t *qs) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == WT_Q8_0) {
+        __m256i s = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i xj = _mm256_set1_epi32(load_i32(qs + 4 * j));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(xj, wv[j]));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+        }
+        return s;
+    }
+    /* nibble x int8 pairs stay below 2*15*127, eight of them below 2^15: sum in int16, widen once */
+    __m256i s16 = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++)
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wv[j], _mm256_set1_epi32(load_i32(qs + 4 * j))));
+    return _mm256_madd_epi16(s16, ones);
+}
+
+#define DEFINE_DOT4_VNNI(NAME, ATTR, DPBUSD)                                                                \
+    ATTR static inline __m256i NAME(int type, const __m256i wv[8], const int8_t *qs) {                      \
+        __m256i s = _mm256_setzero_si256();                                                                 \
+        for (int j = 0; j < 8; j++) {                                                                       \
+            __m256i xj = _mm256_set1_epi32(load_i32(qs + 4 * j));                                           \
+            if (type == WT_Q8_0) s = DPBUSD(s, _mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(xj, wv[j])); \
+            else s = DPBUSD(s, wv[j], xj);                                                                  \
+        }                                                                                                   \
+        return s;                                                                                           \
+    }
+
+#define ATTR_512VNNI __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni")))
+#define ATTR_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+DEFINE_DOT4_VNNI(dot4_512vnni, ATTR_512VNNI, _mm256_dpbusd_epi32)
+DEFINE_DOT4_VNNI(dot4_avxvnni, ATTR_AVXVNNI, _mm256_dpbusd_avx_epi32)
+DEFINE_QUANT_TILE(quant_tile_avx2, SIMD_ATTR_AVX2, dot4_avx2)
+DEFINE_QUANT_TILE(quant_tile_512vnni, ATTR_512VNNI, dot4_512vnni)
+DEFINE_QUANT_TILE(quant_tile_avxvnni, ATTR_AVXVNNI, dot4_avxvnni)
+#endif
+
+void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
+                  const block_q8x *xq, float *y, int ldy, int accumulate) {
+    int path = cpu_path();
+    for (int tile = tile_begin; tile < tile_end; tile++) {
+        if (!weight_is_quantized(w->type)) {
+            int row0 = tile * TILE_ROWS, nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;
+#if defined(__x86_64__)
+            if (path != PATH_SCALAR) { float_rows_avx2(w, row0, nrows, ntok, x, y, ldy, accumulate); continue; }
+#endif
+            float_rows_scalar(w, row0, nrows, ntok, x, y, ldy, accumulate);
+            continue;
+        }
+        switch (path) {
+#if defined(__x86_64__)
+        case PATH_AVX2: quant_tile_avx2(w, tile, ntok, xq, y, ldy, accumulate); break;
+        case PATH_AVX512VNNI: quant_tile_512vnni(w, tile, ntok, xq, y, ldy, accumulate); break;
+        case PATH_AVXVNNI: quant_tile_avxvnni(w, tile, ntok, xq, y, ldy, accumulate); break;
+#endif
+        default: quant_tile_scalar(w, tile, ntok, xq, y, ldy, accumulate);
+        }
+    }
+}

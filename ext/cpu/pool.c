@@ -1,0 +1,137 @@
+/* Persistent worker pool. Workers spin on an epoch counter for about a millisecond after each job (decode
+ * steps come back-to-back, and a condition-variable wake costs tens of microseconds), then sleep. Work is
+ * claimed in chunks from an atomic counter so cores of different speed finish together; the caller works
+ * too, so a pool of n threads has n-1 workers. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include "inferd.h"
+
+#define SPIN_NS 1000000LL
+
+struct pool {
+    int nthreads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    _Atomic uint64_t epoch;
+    _Atomic int64_t next;        /* next unclaimed item */
+    _Atomic int busy;            /* workers still inside the current job */
+    int64_t n, chunk;
+    pool_fn fn;
+    void *arg;
+    int stop;
+    int sleepers;
+};
+
+typedef struct { pool_t *p; int id; } worker_arg;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void drain(pool_t *p, int thread) {
+    for (;;) {
+        int64_t begin = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
+        if (begin >= p->n) break;
+        int64_t end = begin + p->chunk < p->n ? begin + p->chunk : p->n;
+        p->fn(p->arg, begin, end, thread);
+    }
+}
+
+static void *worker(void *varg) {
+    worker_arg *wa = varg;
+    pool_t *p = wa->p;
+    int id = wa->id;
+    free(wa);
+    uint64_t seen = 0;
+    for (;;) {
+        int64_t spin_until = now_ns() + SPIN_NS;
+        uint64_t e;
+        int spins = 0;
+        while ((e = atomic_load_explicit(&p->epoch, memory_order_acquire)) == seen) {
+            if (++spins % 1024 == 0 && now_ns() > spin_until) {
+                pthread_mutex_lock(&p->mu);
+                p->sleepers++;
+                while ((e = atomic_load(&p->epoch)) == seen && !p->stop) pthread_cond_wait(&p->wake, &p->mu);
+                p->sleepers--;
+                pthread_mutex_unlock(&p->mu);
+                break;
+            }
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        }
+        if (p->stop) return NULL;
+        seen = e;
+        drain(p, id);
+        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+pool_t *pool_create(int nthreads) {
+    if (nthreads < 1) nthreads = 1;
+    pool_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->nthreads = nthreads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    p->threads = calloc(nthreads, sizeof(pthread_t));
+    for (int i = 1; i < nthreads; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        wa->p = p; wa->id = i;
+        if (pthread_create(&p->threads[i], NULL, worker, wa) != 0) { free(wa); p->nthreads = i; break; }
+    }
+    return p;
+}
+
+void pool_destroy(pool_t *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    atomic_fetch_add(&p->epoch, 1);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    free(p->threads);
+    free(p);
+}
+
+int pool_size(const pool_t *p) { return p ? p->nthreads : 1; }
+
+void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (chunk < 1) chunk = 1;
+    if (!p || p->nthreads == 1 || n <= chunk) { fn(arg, 0, n, 0); return; }
+    p->n = n; p->chunk = chunk; p->fn = fn; p->arg = arg;
+    atomic_store(&p->next, 0);
+    atomic_store(&p->busy, p->nthreads - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
+    if (p->sleepers) pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    drain(p, 0);
+    /* Wait for the workers: spin first (they are usually a few microseconds behind), then sleep. */
+    for (int spins = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; spins++) {
+        if (spins > 100000) {
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    }
+}

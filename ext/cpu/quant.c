@@ -1,0 +1,225 @@
+/* Quantization: activations to 8-bit blocks, float rows to GGUF blocks, and GGUF blocks repacked into the
+ * engine's 8-row tiles (layout in inferd.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "inferd.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* ---- activations ----
+ * q = nearbyint(x * (127 / amax)) in round-to-nearest-even, which is what cvtps2dq does, so the SIMD
+ * routine below writes exactly these bytes. */
+static void quantize_act_scalar(const float *x, int n, block_q8x *out) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t isum = 0;
+        for (int i = 0; i < QK; i++) {
+            int q = (int)nearbyintf(xb[i] * id);
+            out[b].qs[i] = (int8_t)q;
+            isum += q;
+        }
+        out[b].d = d;
+        out[b].isum = isum;
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma")))
+static void quantize_act_avx2(const float *x, int n, block_q8x *out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        /* pack to int8 keeping order: packs works per 128-bit lane, so fix the order with a permute */
+        __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
+        __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].qs, p8);
+        out[b].d = d;
+        out[b].isum = _mm_cvtsi128_si32(s4);
+    }
+}
+#endif
+
+void quantize_act(const float *x, int n, block_q8x *out) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { quantize_act_avx2(x, n, out); return; }
+#endif
+    quantize_act_scalar(x, n, out);
+}
+
+/* ---- GGUF block formats ---- */
+size_t gguf_row_bytes(int type, int cols) {
+    switch (type) {
+    case WT_F32: return (size_t)cols * 4;
+    case WT_F16: case WT_BF16: return (size_t)cols * 2;
+    case WT_Q4_0: return (size_t)cols / QK * 18;
+    case WT_Q4_1: return (size_t)cols / QK * 20;
+    case WT_Q8_0: return (size_t)cols / QK * 34;
+    }
+    return 0;
+}
+
+int weight_is_quantized(int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q8_0; }
+
+size_t weight_tile_block_bytes(int type) {
+    switch (type) {
+    case WT_Q4_0: return 16 + 128;
+    case WT_Q4_1: return 32 + 128;
+    case WT_Q8_0: return 16 + 256;
+    }
+    return 0;
+}
+
+/* llama.cpp's reference quantizers: Q8_0 round(x/d) with d = amax/127; Q4_0 maps the largest-magnitude
+ * value to -8; Q4_1 spans [min, max] in 15 steps. */
+int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out) {
+    if (cols % QK) return -1;
+    size_t rb = gguf_row_bytes(type, cols);
+    for (int r = 0; r < rows; r++) {
+        uint8_t *o = out + (size_t)r * rb;
+        for (int b = 0; b < cols / QK; b++) {
+            const float *xb = x + (size_t)r * cols + b * QK;
+            if (type == WT_Q8_0) {
+                float amax = 0.0f;
+                for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+                float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+                uint16_t dh = f32_to_f16(d);
+                memcpy(o + b * 34, &dh, 2);
+                for (int i = 0; i < QK; i++) o[b * 34 + 2 + i] = (uint8_t)(int8_t)roundf(xb[i] * id);
+            } else if (type == WT_Q4_0) {
+                float amax = 0.0f, max = 0.0f;
+                for (int i = 0; i < QK; i++)
+                    if (fabsf(xb[i]) > amax) { amax = fabsf(xb[i]); max = xb[i]; }
+                float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
+                uint16_t dh = f32_to_f16(d);
+                memcpy(o + b * 18, &dh, 2);
+                for (int i = 0; i < QK / 2; i++) {
+                    int q0 = (int)(xb[i] * id + 8.5f), q1 = (int)(xb[i + 16] * id + 8.5f);
+                    q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
+                    o[b * 18 + 2 + i] = (uint8_t)(q0 | (q1 << 4));
+                }
+            } else if (type == WT_Q4_1) {
+                float mn = xb[0], mx = xb[0];
+                for (int i = 1; i < QK; i++) { mn = fminf(mn, xb[i]); mx = fmaxf(mx, xb[i]); }
+                float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+                uint16_t dh = f32_to_f16(d), mh = f32_to_f16(mn);
+                memcpy(o + b * 20, &dh, 2);
+                memcpy(o + b * 20 + 2, &mh, 2);
+                for (int i = 0; i < QK / 2; i++) {
+                    int q0 = (int)((xb[i] - mn) * id + 0.5f), q1 = (int)((xb[i + 16] - mn) * id + 0.5f);
+                    q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
+                    o[b * 20 + 4 + i] = (uint8_t)(q0 | (q1 << 4));
+                }
+            } else return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- weights in the engine's layout ---- */
+int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes) {
+    memset(w, 0, sizeof *w);
+    if (rows <= 0 || cols <= 0 || type < WT_F32 || type > WT_Q8_0) return -1;
+    if (weight_is_quantized(type) ? cols % QK : cols % 8) return -1;
+    if (src_bytes != gguf_row_bytes(type, cols) * (size_t)rows) return -1;
+    w->type = type; w->rows = rows; w->cols = cols;
+    if (!weight_is_quantized(type)) {
+        w->padded_rows = rows;
+        w->nbytes = src_bytes;
+        w->data = aligned_alloc(64, (w->nbytes + 63) & ~(size_t)63);
+        if (!w->data) return -2;
+        memcpy(w->data, src, src_bytes);
+        return 0;
+    }
+    int nb = cols / QK;
+    w->padded_rows = (rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    size_t bb = weight_tile_block_bytes(type), rb = gguf_row_bytes(type, cols);
+    w->nbytes = (size_t)(w->padded_rows / TILE_ROWS) * nb * bb;
+    w->data = aligned_alloc(64, (w->nbytes + 63) & ~(size_t)63);
+    if (!w->data) return -2;
+    memset(w->data, 0, w->nbytes);          /* padding rows: zero scales, so they compute 0 */
+    const uint8_t *s = src;
+    for (int r = 0; r < rows; r++) {
+        int t = r / TILE_ROWS, lane = r % TILE_ROWS;
+        for (int b = 0; b < nb; b++) {
+            uint8_t *dst = w->data + ((size_t)t * nb + b) * bb;
+            if (type == WT_Q8_0) {
+                const uint8_t *g = s + r * rb + b * 34;
+                memcpy(dst + 2 * lane, g, 2);
+                for (int j = 0; j < 8; j++) memcpy(dst + 16 + 32 * j + 4 * lane, g + 2 + 4 * j, 4);
+            } else {
+                int hdr = type == WT_Q4_1 ? 4 : 2, gb = type == WT_Q4_1 ? 20 : 18;
+                int qoff = type == WT_Q4_1 ? 32 : 16;
+                const uint8_t *g = s + r * rb + b * gb;
+                memcpy(dst + 2 * lane, g, 2);
+                if (type == WT_Q4_1) memcpy(dst + 16 + 2 * lane, g + 2, 2);
+                for (int p = 0; p < 4; p++) memcpy(dst + qoff + 32 * p + 4 * lane, g + hdr + 4 * p, 4);
+            }
+        }
+    }
+    return 0;
+}
+
+void weight_free(weight_t *w) {
+    free(w->data);
+    w->data = NULL;
+}
+
+void weight_dequant_row(const weight_t *w, int row, float *out) {
+    int cols = w->cols;
+    if (w->type == WT_F32) { memcpy(out, (const float *)w->data + (size_t)row * cols, cols * 4); return; }
+    if (w->type == WT_F16 || w->type == WT_BF16) {
+        const uint16_t *s = (const uint16_t *)w->data + (size_t)row * cols;
+        for (int i = 0; i < cols; i++) out[i] = w->type == WT_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
+        return;
+    }
+    int nb = cols / QK, t = row / TILE_ROWS, lane = row % TILE_ROWS;
+    size_t bb = weight_tile_block_bytes(w->type);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w->data + ((size_t)t * nb + b) * bb;
+        uint16_t dh;
+        memcpy(&dh, blk + 2 * lane, 2);
+        float d = f16_to_f32(dh), m = 0.0f;
+        float *o = out + b * QK;
+        if (w->type == WT_Q8_0) {
+            for (int j = 0; j < 8; j++)
+                for (int e = 0; e < 4; e++) o[4 * j + e] = d * (float)(int8_t)blk[16 + 32 * j + 4 * lane + e];
+            continue;
+        }
+        int qoff = 16;
+        if (w->type == WT_Q4_1) {
+            uint16_t mh;
+            memcpy(&mh, blk + 16 + 2 * lane, 2);
+            m = f16_to_f32(mh);
+            qoff = 32;
+        }
+        float bias = w->type == WT_Q4_0 ? -8.0f : 0.0f;
+        for (int p = 0; p < 4; p++)
+            for (int e = 0; e < 4; e++) {
+                uint8_t q = blk[qoff + 32 * p + 4 * lane + e];
+                o[4 * p + e] = d * ((float)(q & 15) + bias) + m;
+                o[16 + 4 * p + e] = d * ((float)(q >> 4) + bias) + m;
+            }
+    }
+}

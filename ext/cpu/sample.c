@@ -1,0 +1,145 @@
+/* The sampler: logit bias, penalties, temperature, top-k, top-p, min-p, then one draw whose random number
+ * depends only on (seed, position), so a seeded request samples the same tokens in any batch. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "inferd.h"
+
+typedef struct { float v; int32_t id; } cand_t;
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t rng_u64(uint64_t seed, uint64_t position) { return splitmix64(seed ^ splitmix64(position)); }
+
+/* larger value first; equal values by smaller id, so ties resolve the same way everywhere */
+static int cand_cmp(const void *a, const void *b) {
+    const cand_t *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static inline int cand_before(cand_t a, cand_t b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+
+/* Moves the k best candidates to the front (quickselect), then sorts them. */
+static void select_top(cand_t *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand_t pivot = c[(lo + hi) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_before(c[i], pivot)) i++;
+            while (cand_before(pivot, c[j])) j--;
+            if (i <= j) { cand_t t = c[i]; c[i] = c[j]; c[j] = t; i++; j--; }
+        }
+        if (k - 1 <= j) hi = j; else if (k - 1 >= i) lo = i; else break;
+    }
+    qsort(c, k, sizeof(cand_t), cand_cmp);
+}
+
+static void top_logprobs(const float *raw, int vocab, float lse, int k, sample_out_t *out) {
+    cand_t best[MAX_TOP_LOGPROBS];
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        cand_t c = {raw[i], i};
+        if (n == k && !cand_before(c, best[k - 1])) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && cand_before(c, best[j - 1])) { best[j] = best[j - 1]; j--; }
+        best[j] = c;
+    }
+    for (int i = 0; i < k; i++) { out->top_ids[i] = best[i].id; out->top_logprobs[i] = best[i].v - lse; }
+}
+
+void sample_row(float *logits, int vocab, const sample_params_t *sp, int position, const int32_t *history,
+                const int32_t *bias_ids, const float *bias_values, void *scratch, sample_out_t *out) {
+    float *raw = scratch;                                   /* (vocab) logits as the model gave them */
+    cand_t *cand = (cand_t *)(raw + vocab);                 /* (vocab) */
+    int32_t *count = (int32_t *)(cand + vocab);             /* (vocab), all zero between calls */
+    float lse = 0.0f;
+    if (sp->num_logprobs >= 0) {
+        memcpy(raw, logits, (size_t)vocab * sizeof(float));
+        float m = -INFINITY;
+        for (int i = 0; i < vocab; i++) m = fmaxf(m, raw[i]);
+        double s = 0.0;
+        for (int i = 0; i < vocab; i++) s += exp((double)(raw[i] - m));
+        lse = m + (float)log(s);
+        int k = sp->num_logprobs < MAX_TOP_LOGPROBS ? sp->num_logprobs : MAX_TOP_LOGPROBS;
+        if (k > 0) top_logprobs(raw, vocab, lse, k, out);
+    }
+    for (int i = 0; i < sp->bias_len; i++) {
+        int id = bias_ids[sp->bias_offset + i];
+        if (id >= 0 && id < vocab) logits[id] += bias_values[sp->bias_offset + i];
+    }
+    /* penalties: repetition over prompt and output (once per distinct token), presence and frequency over
+     * the output only, as in vLLM */
+    const int32_t *hist = history + sp->history_offset;
+    if (sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) {
+        for (int i = 0; i < sp->history_len; i++) {
+            int id = hist[i];
+            if (id < 0 || id >= vocab) continue;
+            if (count[id] == 0 && sp->repetition_penalty != 1.0f) {
+                logits[id] = logits[id] > 0 ? logits[id] / sp->repetition_penalty : logits[id] * sp->repetition_penalty;
+            }
+            count[id] |= 1 << 30;                           /* seen: the repetition penalty is applied */
+            if (i >= sp->num_prompt) count[id]++;
+        }
+        for (int i = 0; i < sp->history_len; i++) {
+            int id = hist[i];
+            if (id < 0 || id >= vocab || count[id] == 0) continue;
+            int n = count[id] & ~(1 << 30);
+            if (n > 0) logits[id] -= sp->presence_penalty + sp->frequency_penalty * (float)n;
+            count[id] = 0;
+        }
+    }
+    int chosen = 0;
+    if (sp->temperature <= 0.0f) {                           /* greedy: first maximum */
+        for (int i = 1; i < vocab; i++) if (logits[i] > logits[chosen]) chosen = i;
+    } else {
+        float m = -INFINITY;
+        for (int i = 0; i < vocab; i++) m = fmaxf(m, logits[i]);
+        float inv_t = 1.0f / sp->temperature;
+        double z = 0.0;
+        for (int i = 0; i < vocab; i++) { float e = expf((logits[i] - m) * inv_t); logits[i] = e; z += e; }
+        float u = (float)(rng_u64(sp->seed, (uint64_t)position) >> 40) * (1.0f / 16777216.0f);   /* [0, 1) */
+        int filtered = (sp->top_k > 0 && sp->top_k < vocab) || sp->top_p < 1.0f || sp->min_p > 0.0f;
+        if (!filtered) {
+            double target = u * z, acc = 0.0;
+            chosen = vocab - 1;
+            for (int i = 0; i < vocab; i++) { acc += logits[i]; if (acc > target) { chosen = i; break; } }
+        } else {
+            /* weights are exp((l - max)/T), so the best token has weight 1 */
+            float floor_w = sp->min_p > 0.0f ? sp->min_p : 0.0f;
+            if (sp->top_p < 1.0f && (sp->top_k <= 0 || sp->top_k >= vocab)) {
+                /* a token below (1 - top_p) / (vocab - 1) of the mass can never enter the nucleus */
+                float lim = (float)((1.0 - sp->top_p) / (vocab - 1) * z);
+                if (lim > floor_w) floor_w = lim;
+            }
+            if (floor_w > 1.0f) floor_w = 1.0f;             /* the best token always stays */
+            int n = 0;
+            for (int i = 0; i < vocab; i++) if (logits[i] >= floor_w) { cand[n].v = logits[i]; cand[n].id = i; n++; }
+            int k = sp->top_k > 0 && sp->top_k < n ? sp->top_k : n;
+            select_top(cand, n, k);
+            n = k;
+            if (sp->top_p < 1.0f) {
+                double zk = 0.0, acc = 0.0;
+                if (sp->top_k > 0 && sp->top_k < vocab) for (int i = 0; i < n; i++) zk += cand[i].v;
+                else zk = z;
+                int keep = n;
+                for (int i = 0; i < n; i++) { acc += cand[i].v; if (acc >= sp->top_p * zk) { keep = i + 1; break; } }
+                n = keep;
+            }
+            if (sp->min_p > 0.0f) { int keep = 1; while (keep < n && cand[keep].v >= sp->min_p) keep++; n = keep; }
+            double total = 0.0, acc = 0.0;
+            for (int i = 0; i < n; i++) total += cand[i].v;
+            double target = u * total;
+            chosen = cand[n - 1].id;
+            for (int i = 0; i < n; i++) { acc += cand[i].v; if (acc > target) { chosen = cand[i].id; break; } }
+        }
+    }
+    out->token = chosen;
+    if (sp->num_logprobs >= 0) out->logprob = raw[chosen] - lse;
+}
