@@ -1,0 +1,140 @@
+"""What travels between the HTTP side and the scheduler thread: a Request in, RequestOutputs back.
+
+`RequestState` is the scheduler's per-request bookkeeping; only the scheduler thread mutates it after
+submit (the HTTP side only reads `usage()` numbers from delivered outputs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"        # EOS, a stop token or a stop string; also a completed cache warm
+    LENGTH = "length"    # max_tokens or the context length
+    ABORT = "abort"      # client disconnected, or the server is shutting down
+    ERROR = "error"      # see RequestOutput.error_status / error_message
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: Any = None                     # engine.SamplingParams
+    max_tokens: int = 16
+    stop: Sequence[str] = ()               # stop strings, never part of the returned text
+    stop_token_ids: frozenset[int] = frozenset()   # EOS ids (unless ignore_eos) and any extra stop ids
+    detokenize: bool = True
+    prompt_logprobs: int | None = None     # echo + logprobs: top-k of every prompt position (0: chosen only)
+    warm: bool = False                     # prefill the prompt's full blocks into the prefix cache, no output
+    timeout_s: float | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RequestOutput:
+    """One step's worth of news about one request (a delta, except usage which is cumulative)."""
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # (logprob of the prompt token, top-k [(token, logprob)]) for prompt positions 1.. (new ones only)
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    finish_reason: FinishReason | None = None
+    error_status: int | None = None        # HTTP status when finish_reason is ERROR
+    error_message: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrival_time: float
+    params: Any = None
+    token_ids: list[int] = field(default_factory=list)     # prompt + generated
+    num_prompt: int = 0
+    num_computed: int = 0                                  # positions whose K/V is in the cache
+    output_ids: list[int] = field(default_factory=list)
+    text: Any = None                                       # TextState when detokenizing
+    warm_target: int = 0                                   # warm requests: positions to get cached
+    num_cached_tokens: int | None = None                   # prefix-cache hit at first admission
+    num_preemptions: int = 0
+    prompt_done: bool = False
+    prompt_logprobs_done: bool = False
+    prompt_logprobs: list = field(default_factory=list)
+    _prompt_logprobs_sent: int = 0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+
+    @property
+    def key(self) -> str:
+        return self.request.request_id
+
+    @property
+    def target_len(self) -> int:
+        """Positions that must be computed before the next sample (or, for a warm, before it is done)."""
+        return self.warm_target if self.request.warm else len(self.token_ids)
+
+    def usage(self) -> Usage:
+        return Usage(self.num_prompt, len(self.output_ids), self.num_cached_tokens or 0)
+
+    def take_prompt_logprobs(self):
+        if self.request.prompt_logprobs is None or self._prompt_logprobs_sent == len(self.prompt_logprobs):
+            return None
+        new = self.prompt_logprobs[self._prompt_logprobs_sent:]
+        self._prompt_logprobs_sent = len(self.prompt_logprobs)
+        return new
+
+
+def log_softmax_top(logits: np.ndarray, targets: Sequence[int], k: int):
+    """Per row: (logprob of targets[row], the top-k (token, logprob) pairs, best first)."""
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lp = x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+    out = []
+    for row, target in enumerate(targets):
+        top: list[tuple[int, float]] = []
+        if k > 0:
+            idx = np.argpartition(-lp[row], k - 1)[:k]
+            idx = idx[np.argsort(-lp[row][idx], kind="stable")]
+            top = [(int(i), float(lp[row, i])) for i in idx]
+        out.append((float(lp[row, target]), top))
+    return out
+
+
+class TextState:
+    """Incremental detokenization plus stop-string matching for one request's generated tokens."""
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str]):
+        from inferd.text.chat import StopChecker
+        from inferd.text.tokenizer import IncrementalDetokenizer
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.stops = StopChecker(list(stop)) if stop else None
+
+    def add(self, token_id: int) -> tuple[str, bool]:
+        """Text that is now safe to show, and whether a stop string was hit (text then ends before it)."""
+        text = self.detok.add(token_id)
+        if self.stops is None:
+            return text, False
+        return self.stops.feed(text)
+
+    def flush(self) -> str:
+        return self.stops.flush() if self.stops is not None else ""
