@@ -1,0 +1,227 @@
+"""Every setting of the daemon, in one msgspec Struct.
+
+Precedence, lowest first: the defaults below < the TOML file (`--config`, else $INFERD_CONFIG, else
+/etc/inferd/inferd.toml when it exists) < INFERD_<NAME> environment variables < command-line options.
+config/inferd.toml documents each setting with its default; a test keeps it equal to the defaults here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from typing import Annotated, Any, Mapping, Sequence
+
+import msgspec
+from msgspec import Meta
+
+ENV_PREFIX = "INFERD_"
+SYSTEM_CONFIG = "/etc/inferd/inferd.toml"
+
+PosInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # model
+    model: str = "smollm2"
+    served_model_name: str = ""
+    model_cache_dir: str = ""
+    quantize: str = ""
+    # network and security
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    api_keys: list[str] = []
+    api_key_file: str = ""
+    max_body_bytes: PosInt = 1_048_576
+    max_messages: PosInt = 256
+    max_prompt_tokens: NonNegInt = 0
+    max_tokens_limit: NonNegInt = 0
+    max_n: PosInt = 8
+    # engine and scheduler
+    threads: NonNegInt = 0
+    kv_cache_mib: PosInt = 1024
+    num_kv_blocks: NonNegInt = 0
+    max_batch_tokens: PosInt = 512
+    max_running: PosInt = 64
+    max_waiting: PosInt = 256
+    max_model_len: NonNegInt = 0
+    enable_prefix_caching: bool = True
+    # requests and lifecycle
+    request_timeout_s: NonNegFloat = 600.0
+    sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
+    drain_timeout_s: NonNegFloat = 30.0
+    measure_bandwidth: bool = True
+    log_level: str = "info"
+    log_requests: bool = True
+
+    def __post_init__(self) -> None:
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
+        if self.quantize not in ("", "q8_0", "q4_0", "f16", "bf16", "f32"):
+            raise ValueError(f"quantize must be empty, q8_0, q4_0, f16, bf16 or f32, got {self.quantize!r}")
+
+
+# One line per setting: shown by `inferd serve --help` and mirrored in config/inferd.toml.
+DOCS: dict[str, str] = {
+    "model": "Model to serve: a name known to `inferd pull`, a Hugging Face repo id, or a local GGUF file or folder.",
+    "served_model_name": "Name clients use in the `model` field; empty means the model's own name.",
+    "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
+    "quantize": "Convert weights at load time: q8_0, q4_0, f16, bf16 or f32; empty keeps the file's types.",
+    "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
+    "port": "TCP port to listen on (0 picks a free one).",
+    "api_keys": "Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list disables auth. Env: comma-separated.",
+    "api_key_file": "File with more API keys, one per line (# comments allowed); keeps keys out of the command line.",
+    "max_body_bytes": "Largest request body accepted; larger ones get 413.",
+    "max_messages": "Most chat messages accepted in one request.",
+    "max_prompt_tokens": "Most prompt tokens accepted in one request; 0 means the context length.",
+    "max_tokens_limit": "Largest max_tokens a request may ask for; 0 means the context length.",
+    "max_n": "Largest `n` (choices per request).",
+    "threads": "Compute threads; 0 means one per physical core.",
+    "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",
+    "num_kv_blocks": "KV cache size in blocks of 64 positions; 0 derives it from kv_cache_mib.",
+    "max_batch_tokens": "Token budget of one engine step (decode tokens plus prefill chunks).",
+    "max_running": "Most sequences generating at once.",
+    "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
+    "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
+    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
+    "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
+    "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
+    "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",
+    "measure_bandwidth": "Measure memory read bandwidth at start-up (for the bandwidth-utilisation metric).",
+    "log_level": "Logging level: debug, info, warning, error or critical.",
+    "log_requests": "Log one line per request (id, tokens in/out, cached, TTFT, tokens/s).",
+}
+
+
+class ConfigError(ValueError):
+    """A setting could not be read; the message names its source (file, variable or option)."""
+
+
+def field_types() -> dict[str, Any]:
+    info = msgspec.inspect.type_info(Settings)
+    return {f.name: f.type for f in info.fields}
+
+
+def _is_list(t: Any) -> bool:
+    return isinstance(t, msgspec.inspect.ListType)
+
+
+def _is_bool(t: Any) -> bool:
+    return isinstance(t, msgspec.inspect.BoolType)
+
+
+def _python_type(t: Any) -> type:
+    return {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float,
+            msgspec.inspect.BoolType: bool}.get(type(t), str)
+
+
+def _parse_text(name: str, text: str, source: str) -> Any:
+    """A setting's value from a string (environment variable or command-line option)."""
+    t = field_types()[name]
+    if _is_list(t):
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if _is_bool(t):
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{source}: expected true or false, got {text!r}")
+    try:
+        return _python_type(t)(text)
+    except ValueError:
+        raise ConfigError(f"{source}: expected {_python_type(t).__name__}, got {text!r}") from None
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    fields = field_types()
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+    try:
+        msgspec.convert(data, Settings)   # types and ranges, with the file's name in the message
+    except (msgspec.ValidationError, ValueError) as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    return data
+
+
+def read_env(env: Mapping[str, str]) -> dict[str, Any]:
+    fields = field_types()
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in fields:
+            continue   # INFERD_CPU_PATH and friends belong to other parts
+        out[name] = _parse_text(name, value, key)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per setting (--max-batch-tokens ...); unset options stay None so lower layers show."""
+    defaults = Settings()
+    parser.add_argument("--config", metavar="PATH",
+                        help=f"TOML settings file (default: $INFERD_CONFIG, else {SYSTEM_CONFIG} if present)")
+    for name, t in field_types().items():
+        flag = "--" + name.replace("_", "-")
+        default = getattr(defaults, name)
+        shown = ",".join(default) if isinstance(default, list) else default
+        help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
+        if _is_bool(t):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, metavar=name.upper(), default=None, help=help_text)
+
+
+def load_settings(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    path = getattr(args, "config", None) or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        merged.update(read_toml(path))
+    elif os.path.exists(SYSTEM_CONFIG):
+        merged.update(read_toml(SYSTEM_CONFIG))
+    merged.update(read_env(env))
+    if args is not None:
+        for name in field_types():
+            value = getattr(args, name, None)
+            if value is None:
+                continue
+            flag = "--" + name.replace("_", "-")
+            merged[name] = value if isinstance(value, bool) else _parse_text(name, value, flag)
+    try:
+        return msgspec.convert(merged, Settings)
+    except (msgspec.ValidationError, ValueError) as e:
+        raise ConfigError(f"invalid settings: {e}") from None
+
+
+def read_api_keys(settings: Settings) -> list[str]:
+    keys = [k for k in settings.api_keys if k]
+    if settings.api_key_file:
+        try:
+            with open(settings.api_key_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise ConfigError(f"api_key_file {settings.api_key_file}: {e.strerror}") from None
+        keys += [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    return keys
+
+
+def describe(settings: Settings, hide: Sequence[str] = ("api_keys",)) -> dict[str, Any]:
+    """Settings as a dict for logging, secrets masked."""
+    out = msgspec.structs.asdict(settings)
+    for name in hide:
+        if out.get(name):
+            out[name] = "***"
+    return out
