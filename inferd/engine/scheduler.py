@@ -21,6 +21,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from inferd.engine.engine import SeqInput
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import (FinishReason, Request, RequestOutput, RequestState, TextState,
                                    log_softmax_top)
@@ -77,7 +78,7 @@ class Scheduler:
     def __init__(self, engine: EngineLike, *, max_running: int | None = None, max_waiting: int = 256,
                  max_model_len: int, enable_prefix_caching: bool = True, tokenizer=None,
                  observer: Observer | None = None, watchdog: Callable[[], None] | None = None,
-                 idle_wait_s: float = 0.5, seq_input_cls=None, sampling_params_cls=None):
+                 idle_wait_s: float = 0.5):
         self.engine = engine
         self.block_size = engine.block_size
         self.kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
@@ -90,10 +91,8 @@ class Scheduler:
         self.observer = observer
         self.watchdog = watchdog
         self.idle_wait_s = idle_wait_s
-        if seq_input_cls is None:
-            from inferd.engine.engine import SeqInput
-            seq_input_cls = SeqInput
-        self._seq_input_cls = seq_input_cls
+        # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
+        self.max_logits_rows = getattr(engine, "max_logits_rows", engine.max_batch_tokens)
         # Test hook (fault injection): called with the states of a batch before Engine.step; may raise.
         self.before_step: Callable[[list[RequestState]], None] | None = None
 
@@ -261,6 +260,7 @@ class Scheduler:
 
     def _schedule(self) -> list[_Scheduled]:
         budget = self.max_batch_tokens
+        rows_left = self.max_logits_rows
         scheduled: list[_Scheduled] = []
         in_batch: set[int] = set()
         preempted = False
@@ -269,33 +269,34 @@ class Scheduler:
         # stall the token stream of everyone already generating.
         for want_decode in (True, False):
             for st in list(self.running):
-                if budget <= 0:
+                if budget <= 0 or rows_left <= 0:
                     break
                 if id(st) in in_batch or st not in self.running:
                     continue
                 remaining = st.target_len - st.num_computed
                 if (remaining == 1) != want_decode:
                     continue
-                n = min(remaining, budget)
+                n = self._chunk(st, min(remaining, budget), rows_left)
                 if not self._reserve(st, st.num_computed + n, in_batch):
                     preempted = True
                     continue
-                scheduled.append(_Scheduled(st, n, self._num_sampled(st, n)))
+                s = _Scheduled(st, n, self._num_sampled(st, n))
+                scheduled.append(s)
                 in_batch.add(id(st))
                 budget -= n
+                rows_left -= self._rows(s)
 
         # Then waiting ones, strictly in arrival order, only if nothing had to be preempted (no room).
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_running:
+        while (self.waiting and budget > 0 and rows_left > 0 and not preempted
+               and len(self.running) < self.max_running):
             st = self.waiting[0]
             if not self.kv.has_seq(st.key):
                 self._match_prefix(st)
             remaining = st.target_len - st.num_computed
             if remaining <= 0:   # a cache warm whose blocks were all cached already
-                self.waiting.popleft()
-                self._dec_unadmitted()
                 self._finish(st, FinishReason.STOP)
                 continue
-            n = min(remaining, budget)
+            n = self._chunk(st, min(remaining, budget), rows_left)
             # Chunk down to what fits rather than waiting for a whole prompt's worth of free blocks.
             room = (len(self.kv.block_table(st.key)) + self.kv.num_free_blocks) * self.block_size
             n = min(n, room - st.num_computed)
@@ -307,9 +308,21 @@ class Scheduler:
             self.running.append(st)
             if st.first_scheduled_time is None:
                 st.first_scheduled_time = time.monotonic()
-            scheduled.append(_Scheduled(st, n, self._num_sampled(st, n)))
+            s = _Scheduled(st, n, self._num_sampled(st, n))
+            scheduled.append(s)
             budget -= n
+            rows_left -= self._rows(s)
         return scheduled
+
+    def _wants_logits(self, st: RequestState) -> bool:
+        return st.request.prompt_logprobs is not None and not st.prompt_logprobs_done
+
+    def _chunk(self, st: RequestState, n: int, rows_left: int) -> int:
+        # an echo-logprobs chunk returns a logits row per token, and the engine holds only so many rows
+        return min(n, rows_left) if self._wants_logits(st) else n
+
+    def _rows(self, s: _Scheduled) -> int:
+        return s.num_new if self._wants_logits(s.state) else s.num_sampled
 
     def _num_sampled(self, st: RequestState, n: int) -> int:
         reaches_end = st.num_computed + n == len(st.token_ids)
@@ -361,7 +374,7 @@ class Scheduler:
     def _seq_input(self, s: _Scheduled):
         st = s.state
         start = st.num_computed
-        return self._seq_input_cls(
+        return SeqInput(
             token_ids=st.token_ids[start:start + s.num_new],
             start_pos=start,
             block_table=list(self.kv.block_table(st.key)),
@@ -369,7 +382,7 @@ class Scheduler:
             params=st.params,
             history=st.token_ids,
             num_prompt=st.num_prompt,
-            want_logits=st.request.prompt_logprobs is not None and not st.prompt_logprobs_done,
+            want_logits=self._wants_logits(st),
         )
 
     def _run(self, batch: list[_Scheduled], stats: StepStats) -> list:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inferd.engine.engine import SamplingParams, SeqInput  # noqa: F401  (re-exported for the tests)
+
 VOCAB = 1000
 EOS = 999
 
@@ -33,9 +35,10 @@ def fake_next_token(history, seed=None) -> int:
 class FakeEngine:
     block_size = 64
 
-    def __init__(self, num_kv_blocks=64, max_batch_tokens=256, max_seqs=8, eos_after=None):
+    def __init__(self, num_kv_blocks=64, max_batch_tokens=256, max_seqs=8, eos_after=None, max_logits_rows=None):
         self.num_kv_blocks = num_kv_blocks
         self.max_batch_tokens = max_batch_tokens
+        self.max_logits_rows = max_logits_rows or max_batch_tokens
         self.max_seqs = max_seqs
         self.vocab_size = VOCAB
         self.weight_bytes = 1000
@@ -48,6 +51,7 @@ class FakeEngine:
     def step(self, seqs):
         assert 0 < len(seqs) <= self.max_seqs, len(seqs)
         assert sum(len(s.token_ids) for s in seqs) <= self.max_batch_tokens
+        assert sum(len(s.token_ids) if s.want_logits else s.num_sampled for s in seqs) <= self.max_logits_rows
         bs = self.block_size
         written = {}
         for i, s in enumerate(seqs):
@@ -95,34 +99,3 @@ def run_alone(prompt, max_tokens, seed=None):
         hist.append(fake_next_token(hist, seed))
     return hist[len(prompt):]
 
-
-# Until inferd/engine/engine.py lands, mirror its contract's dataclasses here (same fields, same defaults).
-try:
-    from inferd.engine.engine import SamplingParams, SeqInput
-except ImportError:
-    from dataclasses import field as _field
-    from typing import Sequence as _Seq
-
-    @dataclass
-    class SamplingParams:
-        temperature: float = 1.0
-        top_k: int = 0
-        top_p: float = 1.0
-        min_p: float = 0.0
-        repetition_penalty: float = 1.0
-        presence_penalty: float = 0.0
-        frequency_penalty: float = 0.0
-        logit_bias: dict | None = None
-        seed: int | None = None
-        logprobs: int | None = None
-
-    @dataclass
-    class SeqInput:
-        token_ids: list
-        start_pos: int
-        block_table: list
-        num_sampled: int = 1
-        params: SamplingParams | None = None
-        history: _Seq[int] = ()
-        num_prompt: int = 0
-        want_logits: bool = False

@@ -10,14 +10,14 @@ import pytest
 
 from inferd.engine.request import FinishReason, Request
 from inferd.engine.scheduler import QueueFull, Scheduler
-from fake_engine import EOS, FakeEngine, SamplingParams, SeqInput, run_alone
+from fake_engine import EOS, FakeEngine, SamplingParams, run_alone
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 def make_scheduler(engine=None, **kw):
     kw.setdefault("max_model_len", 4096)
-    return Scheduler(engine or FakeEngine(), seq_input_cls=SeqInput, **kw)
+    return Scheduler(engine or FakeEngine(), **kw)
 
 
 def req(rid, prompt, max_tokens=4, **kw):
@@ -287,6 +287,24 @@ async def test_prompt_logprobs_cover_every_prompt_position():
     lp5, top = entries[4]                         # position 5 holds token 5, the fake's favourite
     assert top[0][0] == 5 and top[0][1] == pytest.approx(lp5)
     assert entries[0][0] < lp5
+
+
+@pytest.mark.asyncio
+async def test_prompt_logprob_chunks_respect_the_logits_row_limit():
+    eng = FakeEngine(max_batch_tokens=256, max_logits_rows=40)
+    s = make_scheduler(eng)
+    s.submit(req("dec", range(5), max_tokens=10))
+    s._drain_inbox()
+    s.step()
+    h = s.submit(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
+    s._drain_inbox()
+    for _ in range(4):
+        s.step()
+    await settle()
+    # 1 row for the decode, the rest of the 40 for the echo chunk
+    assert [st for st in eng.steps[1:4]] == [[(5, 1, 1), (0, 39, 0)], [(6, 1, 1), (39, 39, 0)],
+                                             [(7, 1, 1), (78, 22, 1)]]
+    assert len([e for o in drain(h) if o.prompt_logprobs for e in o.prompt_logprobs]) == 99
 
 
 @pytest.mark.asyncio
