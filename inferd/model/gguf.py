@@ -1,0 +1,267 @@
+"""Open a GGUF file (v2/v3): validate its structure, then read it with gguf.GGUFReader over an mmap.
+
+gguf.GGUFReader trusts the file: a bad length makes it read short slices, loop over absurd counts or raise
+whatever numpy raises. So the header is first walked here with every count and length checked against the bytes
+that remain (an array of N items needs at least N * item_size bytes), which bounds all work and memory by the
+file's size, and every problem becomes a ModelLoadError that names the file and the problem.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from .arch import ModelConfig, check_tensors
+from .errors import ModelLoadError
+from .quant import LOADABLE_TYPES
+from .tensor import Tensor
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)  # v1 used 32-bit counts and is long gone
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_ITEMS = 1 << 24  # far above any vocabulary; GGUFReader keeps a numpy view per item
+MAX_TENSORS = 1 << 20
+DEFAULT_ALIGNMENT = 32
+# GGUF value types -> byte size of fixed-size scalars (8 = string, 9 = array are variable)
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]  # GGUF order: dims[0] is the row length (cols)
+    type: str
+    offset: int  # absolute, in the file
+    nbytes: int
+
+
+@dataclass
+class GGUFHeader:
+    version: int
+    alignment: int
+    data_offset: int
+    tensors: list[TensorInfo]
+
+
+@dataclass
+class GGUFModel:
+    path: str
+    version: int
+    metadata: dict[str, Any]  # decoded values: int, float, bool, str, or lists of them
+    config: ModelConfig
+    tensors: dict[str, Tensor]  # GGUF names, types as stored in the file (quant.py converts them)
+
+
+def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
+    """Validate and read a GGUF model; the result has exactly the tensors its config needs."""
+    path = os.fspath(path)
+    header = validate_gguf(path)
+    try:
+        reader = GGUFReader(path, "r")
+        metadata = {name: field.contents() for name, field in reader.fields.items()
+                    if not name.startswith("GGUF.")}
+    except Exception as e:  # the walk above should leave nothing for GGUFReader to trip on; still, name the file
+        raise ModelLoadError(path, f"GGUF parse error: {type(e).__name__}: {e}") from e
+    if int(metadata.get("split.count", 1)) > 1:
+        raise ModelLoadError(path, "split GGUF files are not supported; merge them with llama-gguf-split --merge")
+
+    by_name = {t.name: t for t in reader.tensors}
+    rope_freqs = None
+    if "rope_freqs.weight" in by_name:
+        t = by_name.pop("rope_freqs.weight")
+        if t.tensor_type != GGMLQuantizationType.F32:
+            raise ModelLoadError(path, f"rope_freqs.weight has type {t.tensor_type.name}, expected F32")
+        rope_freqs = np.asarray(t.data, dtype=np.float64)
+    try:
+        config = ModelConfig.from_gguf(metadata, by_name.keys(), rope_freqs)
+    except ValueError as e:
+        raise ModelLoadError(path, str(e)) from e
+
+    infos = {t.name: t for t in header.tensors}
+    for info in infos.values():
+        if len(info.dims) > 2 and info.name in by_name:
+            raise ModelLoadError(path, f"tensor {info.name} has {len(info.dims)} dimensions; only 1-D and 2-D "
+                                       f"weights are supported")
+    try:
+        check_tensors(config, {n: _rows_cols(infos[n].dims) for n in by_name})
+    except ValueError as e:
+        raise ModelLoadError(path, str(e)) from e
+    for name in by_name:
+        if infos[name].type not in LOADABLE_TYPES:
+            raise ModelLoadError(path, f"tensor {name} has type {infos[name].type}, which is not supported "
+                                       f"(supported: {', '.join(LOADABLE_TYPES)})")
+    tensors = {name: _to_tensor(name, t.data, infos[name]) for name, t in by_name.items()}
+    return GGUFModel(path, header.version, metadata, config, tensors)
+
+
+def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
+    return (1, dims[0]) if len(dims) == 1 else (dims[1], dims[0])
+
+
+def _to_tensor(name: str, data: np.ndarray, info: TensorInfo) -> Tensor:
+    rows, cols = _rows_cols(info.dims)
+    if info.type == "F32":
+        arr = data.reshape(rows, cols)
+    elif info.type in ("F16", "BF16"):
+        arr = data.view(np.uint16).reshape(rows, cols)  # GGUFReader gives F16 as float16, BF16 as raw bytes
+    else:
+        arr = data.reshape(rows, -1)
+    return Tensor(name, info.type, rows, cols, arr)
+
+
+def validate_gguf(path: str) -> GGUFHeader:
+    """Walk the header with bounds checks; raise ModelLoadError for the first problem found."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size < 24:
+                raise ModelLoadError(path, f"file is too short to be GGUF ({size} bytes)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _Walker(path, buf, size).header()
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
+
+
+class _Walker:
+    def __init__(self, path: str, buf: mmap.mmap, size: int):
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
+
+    def fail(self, message: str) -> ModelLoadError:
+        return ModelLoadError(self.path, message)
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise self.fail(f"{what} at byte {self.pos} needs {n} bytes but only {self.size - self.pos} remain "
+                            f"(file truncated or corrupt)")
+
+    def unpack(self, fmt: str, what: str) -> int:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", f"length of {what}")
+        self.need(n, what)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def skip_string(self, what: str) -> None:
+        n = self.unpack("<Q", f"length of {what}")
+        self.need(n, what)
+        self.pos += n
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        if vtype in _SCALAR_SIZES:
+            self.need(_SCALAR_SIZES[vtype], what)
+            start = self.pos
+            self.pos += _SCALAR_SIZES[vtype]
+            return self.buf[start:self.pos]
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype != _ARRAY:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        if depth > 0:
+            raise self.fail(f"{what} is a nested array, which is not supported")
+        itype = self.unpack("<I", f"item type of {what}")
+        count = self.unpack("<Q", f"length of {what}")
+        if count > MAX_ARRAY_ITEMS:
+            raise self.fail(f"{what} claims {count} items (limit {MAX_ARRAY_ITEMS})")
+        if itype in _SCALAR_SIZES:
+            self.need(count * _SCALAR_SIZES[itype], f"{what} ({count} items)")
+            self.pos += count * _SCALAR_SIZES[itype]
+        elif itype == _STRING:
+            self.need(count * 8, f"{what} ({count} strings)")  # each string needs at least its length field
+            for i in range(count):
+                self.skip_string(f"{what}[{i}]")
+        else:
+            raise self.fail(f"{what} has unsupported item type {itype}")
+        return None
+
+    def header(self) -> GGUFHeader:
+        if self.buf[:4] != MAGIC:
+            raise self.fail(f"not a GGUF file (magic {bytes(self.buf[:4])!r}, expected {MAGIC!r})")
+        self.pos = 4
+        version = self.unpack("<I", "version")
+        if version & 0xFFFF == 0 and version:
+            raise self.fail("big-endian GGUF files are not supported")
+        if version not in VERSIONS:
+            raise self.fail(f"unsupported GGUF version {version} (supported: {', '.join(map(str, VERSIONS))})")
+        n_tensors = self.unpack("<Q", "tensor count")
+        n_kv = self.unpack("<Q", "metadata count")
+        # minimal sizes: a key/value is key length (8) + type (4) + a 1-byte value; a tensor info is
+        # name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8)
+        if n_kv * 13 > self.size - self.pos:
+            raise self.fail(f"header claims {n_kv} metadata entries, more than the file can hold")
+        if n_tensors > MAX_TENSORS or n_tensors * 32 > self.size - self.pos:
+            raise self.fail(f"header claims {n_tensors} tensors, more than the file can hold")
+        alignment = DEFAULT_ALIGNMENT
+        seen: set[str] = set()
+        for i in range(n_kv):
+            key = self.string(f"metadata key #{i}")
+            if key in seen:
+                raise self.fail(f"duplicate metadata key {key!r}")
+            seen.add(key)
+            vtype = self.unpack("<I", f"type of metadata {key!r}")
+            raw = self.value(vtype, f"metadata {key!r}")
+            if key == "general.alignment":
+                if vtype != 4:
+                    raise self.fail("general.alignment must be a uint32")
+                alignment = struct.unpack("<I", raw)[0]
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise self.fail(f"general.alignment {alignment} is not a power of two")
+        infos = [self.tensor_info(i) for i in range(n_tensors)]
+        data_offset = -(-self.pos // alignment) * alignment
+        names: set[str] = set()
+        for t in infos:
+            if t.name in names:
+                raise self.fail(f"duplicate tensor name {t.name!r}")
+            names.add(t.name)
+            if t.offset % alignment:
+                raise self.fail(f"tensor {t.name} offset {t.offset} is not aligned to {alignment}")
+            t.offset += data_offset
+            if t.offset + t.nbytes > self.size:
+                raise self.fail(f"tensor {t.name} data [{t.offset}, {t.offset + t.nbytes}) lies past the end of "
+                                f"the file ({self.size} bytes): file truncated or offset corrupt")
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in infos)
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                raise self.fail(f"tensors {a} and {b} overlap in the file")
+        return GGUFHeader(version, alignment, data_offset, infos)
+
+    def tensor_info(self, i: int) -> TensorInfo:
+        name = self.string(f"name of tensor #{i}")
+        n_dims = self.unpack("<I", f"dimension count of tensor {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise self.fail(f"tensor {name} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        dims = tuple(self.unpack("<Q", f"dimension of tensor {name}") for _ in range(n_dims))
+        raw_type = self.unpack("<I", f"type of tensor {name}")
+        offset = self.unpack("<Q", f"offset of tensor {name}")
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise self.fail(f"tensor {name} has unknown type id {raw_type}") from None
+        if any(d == 0 for d in dims):
+            raise self.fail(f"tensor {name} has an empty dimension {dims}")
+        if dims[0] % block:
+            raise self.fail(f"tensor {name}: row length {dims[0]} is not a multiple of the {qtype.name} "
+                            f"block size {block}")
+        n_values = 1
+        for d in dims:
+            n_values *= d
+        nbytes = n_values // block * type_size
+        if nbytes > self.size:
+            raise self.fail(f"tensor {name} of shape {dims} would need {nbytes} bytes, more than the whole file")
+        return TensorInfo(name, dims, qtype.name, offset, nbytes)

@@ -1,0 +1,1 @@
+"""Tokens <-> text: tokenizers, incremental detokenization, chat templates, stop strings."""

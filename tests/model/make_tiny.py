@@ -1,0 +1,425 @@
+"""Writers for tiny random models, as GGUF files and as Hugging Face folders, each with a small working tokenizer.
+
+Usage (from any test):  from tests.model.make_tiny import make_variant, VARIANTS
+    path = make_variant("llama-gguf-q8_0", tmp_path)      # a .gguf file or an HF folder
+Or build your own:       write_tiny_gguf(path, TinySpec(...), weight_type="Q4_0")
+                         write_tiny_hf(folder, TinySpec(...), dtype="bf16", shards=2)
+
+Same spec + seed => same weights in both formats: the GGUF writer permutes Wq/Wk exactly like llama.cpp's
+converter (llama arch only), so an HF folder (rope_neox=True) and a GGUF (rope_neox=False) of one spec are the same
+model, and the engine can be checked on both. Weights are drawn per tensor from a generator seeded by (seed, name).
+Quantized GGUF types come from gguf.quants (bit-exact with llama.cpp); K-quant tensors are random valid blocks
+(gguf.quants cannot quantize K-quants) with small finite scales.
+"""
+from __future__ import annotations
+
+import json
+import random
+import struct
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import quants as gguf_quants
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+                   "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + eos_token }}"
+                   "{% endif %}{% endfor %}")
+BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
+SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
+_HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
+            "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    arch: str = "llama"  # llama | mistral | qwen2 (qwen2 has q/k/v biases)
+    vocab_size: int = 512
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 2
+    n_kv_heads: int = 1
+    head_dim: int = 64
+    hidden_dim: int = 192
+    context_length: int = 512
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # llama3 keys
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+    tokenizer: str = "bpe"  # bpe (byte-level, like SmolLM2/Qwen2) | spm (SentencePiece-style, like Llama 2)
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.arch == "qwen2"
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------------------
+_WORDS = ("the of and to in is was for on that with as by at from his her they have this are not be one had "
+          "which you were all we when there can an your their said each she do how if will up other about out many "
+          "then them these so some would make like him into time has look two more write go see number no way could "
+          "people my than first water been call who oil its now find long down day did get come made may part over "
+          "new sound take only little work know place year live me back give most very after thing our just name good "
+          "sentence man think say great where help through much before line right too mean old any same tell boy "
+          "follow came want show also around form three small set put end does another well large must big even such "
+          "because turn here why ask went men read need land different home us move try kind hand picture again "
+          "change off play spell air away animal house point page letter mother answer found study still learn should "
+          "America world high every near add food between own below country plant last school father keep tree never "
+          "start city earth eye light thought head under story saw left don't few while along might close something "
+          "seem next hard open example begin life always those both paper together got group often run important "
+          "until children side feet car mile night walk white sea began grow took river four carry state once book "
+          "hear stop without second later miss idea enough eat face watch far Indian really almost let above girl "
+          "sometimes mountain cut young talk soon list song being leave family it's café naïve über straße").split()
+
+
+def _corpus(seed: int = 1234) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for i in range(3000):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 12))]
+        if i % 5 == 0:
+            words.append(str(rng.randint(0, 99999)))
+        if i % 7 == 0:
+            words.insert(0, rng.choice(["def", "return", "print(x)", "x = 1", "    if", "\t", "# note:", "{", "}"]))
+        lines.append(" ".join(words) + rng.choice([".", "!", "?", ",", "", ":\n", "\n\n"]))
+    return lines
+
+
+@lru_cache(maxsize=None)
+def _trained(kind: str, vocab_size: int) -> str:
+    """A trained HF tokenizer as tokenizer.json text: byte-level BPE or SentencePiece-style BPE."""
+    if kind == "bpe":
+        tok = HFTokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BPE_SPECIALS, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    elif kind == "spm":
+        # bytes 0..255 as <0xXX> tokens right after the specials, like Llama 2's vocabulary
+        byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+        tok = HFTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPM_SPECIALS + byte_tokens,
+                                      show_progress=False)
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}")
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    # pad to exactly vocab_size with placeholder tokens, which no merge produces
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<|unused_{i}|>"] = i
+    if len(vocab) != vocab_size:
+        raise ValueError(f"cannot make a {kind} vocabulary of {vocab_size} (got {len(vocab)})")
+    if kind == "spm":
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPM_SPECIALS]
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def tokenizer_json(spec: TinySpec) -> dict:
+    return json.loads(_trained(spec.tokenizer, spec.vocab_size))
+
+
+def gguf_tokenizer_metadata(spec: TinySpec) -> dict:
+    """The same vocabulary as tokenizer_json(spec), in GGUF's tokenizer.ggml.* form."""
+    tj = tokenizer_json(spec)
+    vocab = tj["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in tj["model"]["merges"]]
+    if spec.tokenizer == "bpe":
+        types = [TokenType.CONTROL if t in BPE_SPECIALS else TokenType.UNUSED if t.startswith("<|unused_")
+                 else TokenType.NORMAL for t in tokens]
+        return {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": types, "merges": merges,
+                "bos": 1, "eos": 2, "add_bos": False}
+    # SentencePiece: merged pieces score by merge order (earlier = higher), other tokens get 0
+    rank = {"".join(m.split(" ")): i for i, m in enumerate(merges)}
+    scores = [-float(rank[t]) if t in rank else 0.0 for t in tokens]
+    types = [TokenType.UNKNOWN if t == "<unk>" else TokenType.CONTROL if t in SPM_SPECIALS
+             else TokenType.BYTE if t.startswith("<0x") else TokenType.UNUSED if t.startswith("<|unused_")
+             else TokenType.NORMAL for t in tokens]
+    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "bos": 1, "eos": 2,
+            "add_bos": True}
+
+
+# ---- weights -------------------------------------------------------------------------------------------------
+def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
+    """float32 weights, GGUF-named, HF layout (rows = out features) and HF rope pairing (not permuted)."""
+    shapes = {"token_embd.weight": (spec.vocab_size, spec.dim), "output_norm.weight": (spec.dim,)}
+    if not spec.tie_embeddings:
+        shapes["output.weight"] = (spec.vocab_size, spec.dim)
+    q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    for i in range(spec.n_layers):
+        b = f"blk.{i}."
+        shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
+                       b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
+                       b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,),
+                       b + "ffn_gate.weight": (spec.hidden_dim, spec.dim),
+                       b + "ffn_up.weight": (spec.hidden_dim, spec.dim),
+                       b + "ffn_down.weight": (spec.dim, spec.hidden_dim)})
+        if spec.qkv_bias:
+            shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+    out = {}
+    for name, shape in shapes.items():
+        rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            w = 0.1 * rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's LlamaModel.permute: rotate-half pairs -> adjacent pairs, per head."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray:
+    """Valid random blocks of a K-quant type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
+    qtype = GGMLQuantizationType[type_name]
+    block, size = GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise ValueError(f"{type_name} needs cols divisible by {block}, got {cols}")
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,)}[type_name]
+    for off in scale_offsets:
+        d = (rng.uniform(0.5, 1.0, size=(rows, cols // block)) * 2e-4 / np.sqrt(cols / 256)).astype(np.float16)
+        data[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    return data.reshape(rows, -1)
+
+
+# ---- writers -------------------------------------------------------------------------------------------------
+GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+
+
+def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
+                    embd_type: str | None = None, chat_template: str | None = CHATML) -> Path:
+    """A GGUF file of `spec`: 2-D weights in weight_type (token_embd in embd_type, default Q8_0 for K-quants and
+    weight_type otherwise), norms/biases F32; llama3 rope scaling as a rope_freqs.weight tensor like llama.cpp."""
+    if weight_type not in GGUF_WEIGHT_TYPES:
+        raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
+    path = Path(path)
+    arch = spec.arch
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(spec.dim)
+    w.add_block_count(spec.n_layers)
+    w.add_feed_forward_length(spec.hidden_dim)
+    w.add_head_count(spec.n_heads)
+    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    w.add_rope_dimension_count(spec.head_dim)
+    if spec.head_dim * spec.n_heads != spec.dim:
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+    w.add_vocab_size(spec.vocab_size)
+    tok = gguf_tokenizer_metadata(spec)
+    w.add_tokenizer_model(tok["model"])
+    if "pre" in tok:
+        w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types([int(t) for t in tok["types"]])
+    if "merges" in tok and tok["model"] == "gpt2":
+        w.add_token_merges(tok["merges"])
+    if "scores" in tok:
+        w.add_token_scores(tok["scores"])
+        w.add_add_space_prefix(True)
+    w.add_bos_token_id(tok["bos"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_add_bos_token(tok["add_bos"])
+    if chat_template:
+        w.add_chat_template(chat_template)
+
+    weights = tiny_weights(spec)
+    if spec.rope_scaling:
+        from inferd.model.arch import llama3_freq_factors
+        factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
+        w.add_tensor("rope_freqs.weight", factors)
+    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)
+    for name, x in weights.items():
+        if arch != "qwen2" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
+        if x.ndim == 1:
+            w.add_tensor(name, x)
+            continue
+        ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
+        _add_matrix(w, name, x, ttype, spec.seed)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _add_matrix(w: GGUFWriter, name: str, x: np.ndarray, ttype: str, seed: int) -> None:
+    qtype = GGMLQuantizationType[ttype]
+    if ttype == "F32":
+        w.add_tensor(name, x)
+    elif ttype == "F16":
+        w.add_tensor(name, x.astype(np.float16))
+    elif ttype in ("Q4_K", "Q6_K"):
+        data = random_kquant(x.shape[0], x.shape[1], ttype, seed + zlib.crc32(name.encode()))
+        w.add_tensor(name, data, raw_dtype=qtype)
+    else:
+        w.add_tensor(name, gguf_quants.quantize(x, qtype), raw_dtype=qtype)
+
+
+HF_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight"}
+HF_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+            "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+            "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+            "attn_v.bias": "self_attn.v_proj.bias", "attn_output.weight": "self_attn.o_proj.weight",
+            "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
+            "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in HF_NAMES:
+        return HF_NAMES[gguf_name]
+    _, layer, rest = gguf_name.split(".", 2)
+    return f"model.layers.{layer}.{HF_LAYER[rest]}"
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """Minimal safetensors writer (name -> (dtype, raw array)); BF16 arrays are uint16 bit patterns.
+
+    Written by hand because safetensors' numpy API has no bfloat16.
+    """
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, arr) in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # keep the data section 8-byte aligned, as the official writer does
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even like torch."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def write_tiny_hf(folder: str | Path, spec: TinySpec = TinySpec(), dtype: str = "bf16", shards: int = 1,
+                  chat_template: str | None = CHATML, generation_config: bool = True) -> Path:
+    """An HF folder of `spec`: config.json, safetensors (sharded with an index when shards > 1), tokenizer files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    st_dtype = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[dtype]
+    arrays = {}
+    for name, x in tiny_weights(spec).items():
+        raw = to_bf16_bits(x) if dtype == "bf16" else x.astype(np.float16) if dtype == "f16" else x
+        arrays[hf_tensor_name(name)] = (st_dtype, raw)
+    names = list(arrays)
+    if shards == 1:
+        write_safetensors(folder / "model.safetensors", arrays)
+    else:
+        weight_map, total = {}, 0
+        for k in range(shards):
+            fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: arrays[n] for n in names[k::shards]}
+            write_safetensors(folder / fname, part)
+            weight_map.update({n: fname for n in part})
+            total += sum(a.nbytes for _, a in part.values())
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+
+    hf_arch, model_type = _HF_ARCH[spec.arch]
+    specials = BPE_SPECIALS if spec.tokenizer == "bpe" else SPM_SPECIALS
+    config = {"architectures": [hf_arch], "model_type": model_type, "hidden_size": spec.dim,
+              "intermediate_size": spec.hidden_dim, "num_hidden_layers": spec.n_layers,
+              "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
+              "max_position_embeddings": spec.context_length, "rms_norm_eps": spec.norm_eps,
+              "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_embeddings,
+              "vocab_size": spec.vocab_size, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]}
+    if spec.head_dim * spec.n_heads != spec.dim:
+        config["head_dim"] = spec.head_dim
+    if spec.rope_scaling:
+        config["rope_scaling"] = {"rope_type": "llama3", **spec.rope_scaling}
+    if spec.arch == "mistral":
+        config["sliding_window"] = None
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "tokenizer.json").write_text(_trained(spec.tokenizer, spec.vocab_size), encoding="utf-8")
+    tcfg = {"bos_token": specials[1], "eos_token": specials[2], "add_bos_token": spec.tokenizer == "spm"}
+    if chat_template:
+        tcfg["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1, ensure_ascii=False))
+    if generation_config:
+        (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0]}))
+    return folder
+
+
+# ---- named variants ------------------------------------------------------------------------------------------
+_K = TinySpec(dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512)  # K-quant blocks are 256 wide
+_QWEN2 = TinySpec(arch="qwen2", dim=256, n_heads=4, n_kv_heads=2, hidden_dim=320)
+_L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+VARIANTS = {
+    # GGUF files
+    "llama-gguf-f32": ("gguf", TinySpec(), {"weight_type": "F32"}),
+    "llama-gguf-f16": ("gguf", TinySpec(), {"weight_type": "F16"}),
+    "llama-gguf-q8_0": ("gguf", TinySpec(), {"weight_type": "Q8_0"}),
+    "llama-gguf-q4_0": ("gguf", TinySpec(), {"weight_type": "Q4_0"}),
+    "llama-gguf-q4_1": ("gguf", TinySpec(tie_embeddings=False), {"weight_type": "Q4_1"}),
+    "llama-gguf-q5_0": ("gguf", TinySpec(), {"weight_type": "Q5_0"}),
+    "llama-gguf-q4_k": ("gguf", _K, {"weight_type": "Q4_K"}),
+    "llama-gguf-q6_k": ("gguf", _K, {"weight_type": "Q6_K"}),
+    "llama-spm-gguf-q8_0": ("gguf", TinySpec(tokenizer="spm", vocab_size=640),
+                            {"weight_type": "Q8_0", "chat_template": LLAMA2_TEMPLATE}),
+    "qwen2-gguf-q8_0": ("gguf", _QWEN2, {}),
+    "llama3rope-gguf-f32": ("gguf", TinySpec(rope_scaling=_L3), {"weight_type": "F32"}),
+    # HF folders
+    "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
+    "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
+    "llama-hf-f32": ("hf", TinySpec(), {"dtype": "f32"}),
+    "llama-hf-bf16-sharded": ("hf", TinySpec(tie_embeddings=False), {"dtype": "bf16", "shards": 3}),
+    "qwen2-hf-bf16": ("hf", _QWEN2, {"dtype": "bf16"}),
+    "llama3rope-hf-bf16": ("hf", TinySpec(rope_scaling=_L3), {"dtype": "bf16"}),
+    "mistral-hf-hd128": ("hf", TinySpec(arch="mistral", dim=256, n_heads=2, n_kv_heads=1, head_dim=128,
+                                        hidden_dim=96 * 4), {"dtype": "bf16"}),
+    "llama-hf-awkward": ("hf", TinySpec(vocab_size=1000, dim=96, n_heads=3, n_kv_heads=1, head_dim=64,
+                                        hidden_dim=96 * 3, n_layers=3), {"dtype": "f16"}),
+    "llama-spm-hf-f32": ("hf", TinySpec(tokenizer="spm", vocab_size=640),
+                         {"dtype": "f32", "chat_template": LLAMA2_TEMPLATE}),
+}
+
+
+def make_variant(name: str, dest: str | Path) -> Path:
+    """Write variant `name` under folder `dest`; returns the .gguf path or the HF folder."""
+    kind, spec, kwargs = VARIANTS[name]
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    if kind == "gguf":
+        return write_tiny_gguf(dest / f"{name}.gguf", spec, **kwargs)
+    return write_tiny_hf(dest / name, spec, **kwargs)
+
+
+def variant_spec(name: str) -> TinySpec:
+    return VARIANTS[name][1]
+
+
+__all__ = ["TinySpec", "VARIANTS", "make_variant", "variant_spec", "write_tiny_gguf", "write_tiny_hf",
+           "tiny_weights", "permute_for_gguf", "tokenizer_json", "gguf_tokenizer_metadata", "write_safetensors",
+           "to_bf16_bits", "hf_tensor_name", "random_kquant"]
