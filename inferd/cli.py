@@ -66,6 +66,7 @@ def cmd_generate(args) -> int:
         sys.stdout.write(detok.add(token))
         sys.stdout.flush()
     sys.stdout.write(detok.flush() + "\n")
+    sys.stdout.flush()
     print(f"prompt {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | generated "
           f"{stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | {engine.threads} threads, "
           f"{engine.kernel_path} kernels", file=sys.stderr)
