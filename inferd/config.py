@@ -25,7 +25,7 @@ NonNegFloat = Annotated[float, Meta(ge=0)]
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # model
-    model: str = "smollm2"
+    model: str = "smollm2-135m-instruct"
     served_model_name: str = ""
     model_cache_dir: str = ""
     quantize: str = ""
@@ -59,8 +59,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.quantize not in ("", "q8_0", "q4_0", "f16", "bf16", "f32"):
-            raise ValueError(f"quantize must be empty, q8_0, q4_0, f16, bf16 or f32, got {self.quantize!r}")
+        if self.quantize not in ("", "q8_0", "q4_0"):
+            raise ValueError(f"quantize must be empty, q8_0 or q4_0, got {self.quantize!r}")
 
 
 # One line per setting: shown by `inferd serve --help` and mirrored in config/inferd.toml.
@@ -68,7 +68,7 @@ DOCS: dict[str, str] = {
     "model": "Model to serve: a name known to `inferd pull`, a Hugging Face repo id, or a local GGUF file or folder.",
     "served_model_name": "Name clients use in the `model` field; empty means the model's own name.",
     "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
-    "quantize": "Convert weights at load time: q8_0, q4_0, f16, bf16 or f32; empty keeps the file's types.",
+    "quantize": "Quantize a float (Hugging Face) model at load time: q8_0 or q4_0; empty keeps the file's types.",
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
     "api_keys": "Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list disables auth. Env: comma-separated.",

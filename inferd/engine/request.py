@@ -134,7 +134,13 @@ class TextState:
         text = self.detok.add(token_id)
         if self.stops is None:
             return text, False
-        return self.stops.feed(text)
+        text, matched = self.stops.feed(text)
+        return text, matched is not None
 
     def flush(self) -> str:
-        return self.stops.flush() if self.stops is not None else ""
+        # the detokenizer's incomplete UTF-8 tail goes through the stop checker like any other text
+        tail = self.detok.flush()
+        if self.stops is None:
+            return tail
+        text, matched = self.stops.feed(tail) if tail else ("", None)
+        return text + (self.stops.flush() if matched is None else "")

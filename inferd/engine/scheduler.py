@@ -109,6 +109,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.dead: BaseException | None = None   # set if the loop itself crashed
         self.num_steps = 0
+        self.num_preemptions = 0
 
     # ---- HTTP side (event loop thread) ----------------------------------------------------------------
 
@@ -361,6 +362,7 @@ class Scheduler:
         self.kv.free(st.key)
         st.num_computed = 0
         st.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(st)
         with self._lock:
             self._num_unadmitted += 1

@@ -1,0 +1,250 @@
+"""The aiohttp application: routes, middlewares (errors, API keys, lifecycle gate) and start-up/shutdown.
+
+The app starts answering at once: /health says 503 while the model loads in a worker thread, then the
+scheduler thread starts and the service reports READY=1 to systemd. Shutdown (cleanup_ctx) stops the
+scheduler, which fails whatever is still in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+from typing import Any, Callable
+
+import msgspec
+from aiohttp import web
+
+from inferd.config import Settings
+from inferd.engine.request import Request
+from inferd.server import openai
+from inferd.server import protocol as P
+from inferd.server.protocol import ProtocolError
+from inferd.server.state import STATE, ServerState
+from inferd.server.systemd import Notifier
+
+log = logging.getLogger("inferd.server")
+
+OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def needs_auth(path: str) -> bool:
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+
+
+# ---- middlewares -------------------------------------------------------------------------------------------
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ProtocolError as e:
+        return openai.error_response(e)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[STATE].settings.max_body_bytes
+        return openai.error_response(ProtocolError(f"the request body is larger than the limit of {limit} bytes",
+                                                   status=413, code="request_too_large"))
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = {404: f"no route for {request.method} {request.path}",
+                   405: f"method {request.method} is not allowed on {request.path}"}.get(e.status, e.reason)
+        return openai.error_response(ProtocolError(message, status=e.status))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return openai.error_response(ProtocolError("internal server error; the failure has been logged",
+                                                   status=500))
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    state = request.app[STATE]
+    if state.api_key_digests and needs_auth(request.path):
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        # Compare fixed-length digests of every configured key, without stopping at the first match: the
+        # time taken says nothing about how much of a guess was right, or which key it resembled.
+        digest = key_digest(token.strip())
+        ok = False
+        for d in state.api_key_digests:
+            ok |= hmac.compare_digest(digest, d)
+        if scheme.lower() != "bearer" or not ok:
+            message = ("missing API key: send it as 'Authorization: Bearer KEY'" if not token
+                       else "incorrect API key provided")
+            raise ProtocolError(message, status=401, code="invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+    return await handler(request)
+
+
+@web.middleware
+async def lifecycle_middleware(request: web.Request, handler):
+    state = request.app[STATE]
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    if state.status == "loading":
+        raise ProtocolError("the model is still loading; retry shortly", status=503, headers={"Retry-After": "5"})
+    if state.status == "failed":
+        raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
+    if state.status == "draining":
+        raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
+    state.in_flight += 1
+    state.idle.clear()
+    try:
+        return await handler(request)
+    finally:
+        state.in_flight -= 1
+        if state.in_flight == 0:
+            state.idle.set()
+
+
+# ---- plain endpoints ----------------------------------------------------------------------------------------
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = {"status": state.status}
+    if state.status == "ready":
+        return web.json_response(body)
+    if state.failure:
+        body["error"] = state.failure
+    return web.json_response(body, status=503, headers={"Retry-After": "5"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    from inferd.server.metrics import CONTENT_TYPE
+    state = request.app[STATE]
+    if state.metrics is None:
+        return web.Response(status=503, text="# the model is still loading\n", headers={"Retry-After": "5"})
+    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def openapi_document() -> dict[str, Any]:
+    """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
+    bodies = {"/v1/completions": P.CompletionRequest, "/v1/chat/completions": P.ChatCompletionRequest,
+              "/tokenize": P.TokenizeRequest, "/detokenize": P.DetokenizeRequest,
+              "/v1/cache/warm": P.CacheWarmRequest}
+    _, components = msgspec.json.schema_components(list(bodies.values()),
+                                                   ref_template="#/components/schemas/{name}")
+    paths: dict[str, Any] = {}
+    for path, t in bodies.items():
+        paths[path] = {"post": {
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{t.__name__}"}}}},
+            "responses": {"200": {"description": "OK"}, "400": {"description": "invalid request"}}}}
+    for path in ("/v1/models", "/health", "/metrics"):
+        paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
+    return {"openapi": "3.1.0", "info": {"title": "inferd", "version": "0.1.0"}, "paths": paths,
+            "components": {"schemas": components}}
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app["openapi"])
+
+
+# ---- start-up -----------------------------------------------------------------------------------------------
+
+def load_model_from_settings(settings: Settings):
+    from inferd.model.loader import load_model
+    from inferd.model.pull import resolve
+    if settings.model_cache_dir:
+        os.environ["INFERD_CACHE"] = settings.model_cache_dir
+    elif "INFERD_CACHE" not in os.environ and os.environ.get("CACHE_DIRECTORY"):
+        # systemd's CacheDirectory= (several directories are ':'-separated; the first is ours)
+        os.environ["INFERD_CACHE"] = os.path.join(os.environ["CACHE_DIRECTORY"].split(":")[0], "models")
+    return load_model(resolve(settings.model, progress=False), quantize=settings.quantize or None)
+
+
+def build_engine(model, settings: Settings):
+    from inferd.engine.engine import Engine
+    num_blocks = settings.num_kv_blocks or Engine.kv_blocks_for_bytes(model.config, settings.kv_cache_mib << 20)
+    return Engine(model, num_kv_blocks=num_blocks, max_batch_tokens=settings.max_batch_tokens,
+                  max_seqs=settings.max_running, threads=settings.threads or None)
+
+
+async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
+    from inferd.engine.scheduler import Scheduler
+    from inferd.server.metrics import Metrics, measure_read_bandwidth
+    from inferd.text.chat import ChatTemplate
+    loop = asyncio.get_running_loop()
+    s = state.settings
+    try:
+        if state.model is None:
+            state.notifier.status(f"loading model {s.model}")
+            state.model = await loop.run_in_executor(None, load)
+        state.engine = await loop.run_in_executor(None, build_engine, state.model, s)
+        engine, tok = state.engine, state.model.tokenizer
+        bandwidth = 0.0
+        if s.measure_bandwidth:
+            bandwidth = await loop.run_in_executor(None, measure_read_bandwidth, engine.threads)
+        state.served_model_name = s.served_model_name or state.model.model_name
+        state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
+        state.max_model_len = min(s.max_model_len or engine.context_length, engine.context_length,
+                                  engine.num_kv_blocks * engine.block_size)
+        state.scheduler = Scheduler(engine, max_running=s.max_running, max_waiting=s.max_waiting,
+                                    max_model_len=state.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
+                                    tokenizer=tok, watchdog=state.notifier.watchdog)
+        state.scheduler.start()
+        await warm_up(state)
+        state.metrics = Metrics(state.served_model_name, bandwidth)
+        state.metrics.bind(state.scheduler)
+        state.scheduler.observer = state.metrics   # after the warm-up, which is not a user request
+        state.status = "ready"
+        log.info("serving %s: %d KV blocks (%d positions), context %d, %d threads, %s kernels, read bandwidth "
+                 "%.1f GB/s", state.served_model_name, engine.num_kv_blocks, engine.num_kv_blocks * engine.block_size,
+                 state.max_model_len, engine.threads, getattr(engine, "kernel_path", "?"), bandwidth / 1e9)
+        state.notifier.ready(f"serving {state.served_model_name}")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:   # a missing or corrupt model: say so plainly, keep /health answering
+        state.status = "failed"
+        state.failure = str(e) or type(e).__name__
+        log.error("cannot serve: %s", state.failure)
+        state.notifier.status(f"failed: {state.failure}")
+    finally:
+        state.ready_event.set()
+
+
+async def warm_up(state: ServerState) -> None:
+    """One tiny generation so the first user request does not pay for first-touch page faults."""
+    ids = state.model.tokenizer.encode("Hello", add_special=True) or [0]
+    handle = state.scheduler.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
+    async for out in handle:
+        if out.error_message:
+            raise RuntimeError(f"warm-up generation failed: {out.error_message}")
+
+
+def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load: Callable[[], Any] | None = None,
+               notifier: Notifier | None = None) -> web.Application:
+    """`model`: an already loaded model (tests); otherwise `load()` (default: pull + load per settings)
+    runs in a worker thread after the server starts listening."""
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[error_middleware, auth_middleware, lifecycle_middleware])
+    state = ServerState(settings=settings, notifier=notifier or Notifier(),
+                        api_key_digests=[key_digest(k) for k in api_keys], model=model)
+    state.idle.set()
+    app[STATE] = state
+    app["openapi"] = openapi_document()
+    openai.add_routes(app)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    load = load or (lambda: load_model_from_settings(settings))
+
+    async def lifecycle(app: web.Application):
+        task = asyncio.create_task(start_serving(state, load))
+        app["startup_task"] = task
+        yield
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if state.scheduler is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,194 @@
+"""Prometheus metrics: vLLM-compatible names under the `inferd:` prefix, label `model_name`, plus ours.
+
+Event metrics (tokens, latencies, finished requests) are updated from the scheduler thread through the
+Observer interface; state metrics (queue lengths, KV usage, throughput, bandwidth) are read from the
+scheduler when /metrics is scraped. No metric carries prompt or completion text, only counts and times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import numpy as np
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from inferd.engine.request import FinishReason, RequestState
+from inferd.engine.scheduler import StepStats
+
+# *_created series double the output and no dashboard uses them (vLLM turns them off too).
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+P = "inferd:"
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0]
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+WINDOW_S = 10.0   # throughput and bandwidth gauges average the steps of the last WINDOW_S seconds
+
+
+def measure_read_bandwidth(threads: int, nbytes: int = 256 << 20, repeats: int = 3) -> float:
+    """Bytes per second that `threads` threads can stream from RAM (numpy reductions release the GIL).
+
+    The buffer is far larger than any cache, and the best of `repeats` passes is kept: this is the ceiling
+    the engine's weight+KV reads are compared against.
+    """
+    buf = np.ones(nbytes // 8, dtype=np.int64)
+    chunks = np.array_split(buf, max(1, threads))
+    best = float("inf")
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(np.bitwise_or.reduce, chunks))
+            best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best
+
+
+class Metrics:
+    """Implements the scheduler's Observer; `render()` produces the /metrics body."""
+
+    def __init__(self, model_name: str, read_bandwidth: float = 0.0):
+        self.model_name = model_name
+        self.read_bandwidth = read_bandwidth
+        self.registry = CollectorRegistry()
+        self.scheduler = None
+        self._lock = threading.Lock()
+        self._window: deque[tuple[float, int, int, float, int]] = deque()
+        self._started = time.monotonic()
+        r, m = self.registry, ["model_name"]
+
+        def counter(name, doc, labels=m):
+            return Counter(P + name, doc, labels, registry=r)
+
+        def histogram(name, doc, buckets):
+            return Histogram(P + name, doc, m, buckets=buckets, registry=r).labels(model_name)
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose prefill finished.").labels(model_name)
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
+        self.request_success = counter("request_success", "Finished requests by finish reason.",
+                                       ["model_name", "finished_reason"])
+        self.client_disconnected = counter("http_requests_client_disconnected",
+                                           "Requests whose client went away before the response ended.").labels(model_name)
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens.",
+                             ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled step.",
+                                    LATENCY_BUCKETS)
+        self.registry.register(_StateCollector(self))
+        for reason in FinishReason:   # present from the start, so rate() works on the first request
+            self.request_success.labels(model_name, reason.value)
+
+    def bind(self, scheduler) -> None:
+        self.scheduler = scheduler
+
+    # ---- Observer (scheduler thread) ------------------------------------------------------------------
+
+    def on_step(self, stats: StepStats) -> None:
+        if stats.prompt_tokens_done:
+            self.prompt_tokens.inc(stats.prompt_tokens_done)
+        if stats.num_decode_tokens:
+            self.generation_tokens.inc(stats.num_decode_tokens)
+        for t in stats.ttfts:
+            self.ttft.observe(t)
+        for t in stats.itls:
+            self.itl.observe(t)
+        if stats.num_seqs:
+            now = time.monotonic()
+            with self._lock:
+                self._window.append((now, stats.num_prefill_tokens, stats.num_decode_tokens, stats.duration_s,
+                                     stats.bytes_read))
+                self._trim(now)
+
+    def on_finished(self, states: Sequence[RequestState]) -> None:
+        for st in states:
+            self.request_success.labels(self.model_name, st.finish_reason.value).inc()
+            end = st.finish_time or time.monotonic()
+            self.e2e.observe(end - st.arrival_time)
+            if st.first_scheduled_time is not None:
+                self.queue_time.observe(st.first_scheduled_time - st.arrival_time)
+
+    # ---- HTTP side ---------------------------------------------------------------------------------------
+
+    def on_client_disconnected(self) -> None:
+        self.client_disconnected.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ---- windowed rates ----------------------------------------------------------------------------------
+
+    def _trim(self, now: float) -> None:
+        while self._window and self._window[0][0] < now - WINDOW_S:
+            self._window.popleft()
+
+    def rates(self) -> dict[str, float]:
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            steps = list(self._window)
+        span = min(WINDOW_S, now - self._started) or 1.0
+        busy = sum(s[3] for s in steps)
+        bandwidth = sum(s[4] for s in steps) / busy if busy > 0 else 0.0
+        return {
+            "prefill_tokens_per_second": sum(s[1] for s in steps) / span,
+            "decode_tokens_per_second": sum(s[2] for s in steps) / span,
+            "memory_bandwidth_bytes_per_second": bandwidth,
+            "memory_bandwidth_ratio": bandwidth / self.read_bandwidth if self.read_bandwidth else 0.0,
+        }
+
+
+class _StateCollector:
+    """Values read from the scheduler at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, metrics: Metrics):
+        self.m = metrics
+
+    def collect(self):
+        m, labels = self.m, [self.m.model_name]
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(P + name, doc, labels=["model_name"])
+            c.add_metric(labels, value)
+            return c
+
+        s = m.scheduler
+        kv = s.kv.stats() if s is not None else None
+        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
+        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
+        yield gauge("kv_cache_usage_perc", "Fraction of KV blocks referenced by live requests (1 = full).",
+                    kv.usage if kv else 0.0)
+        yield gauge("kv_cache_cached_blocks", "KV blocks holding a reusable prefix.", kv.num_cached if kv else 0)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      kv.prefix_queries if kv else 0)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", kv.prefix_hits if kv else 0)
+        yield counter("num_preemptions", "Sequences preempted (blocks freed, recomputed later).",
+                      s.num_preemptions if s else 0)
+        rates = m.rates()
+        yield gauge("prefill_tokens_per_second", f"Prompt tokens computed per second over the last {WINDOW_S:g} s.",
+                    rates["prefill_tokens_per_second"])
+        yield gauge("decode_tokens_per_second", f"Tokens generated per second over the last {WINDOW_S:g} s.",
+                    rates["decode_tokens_per_second"])
+        yield gauge("memory_bandwidth_bytes_per_second",
+                    "Weight + KV bytes read per engine step over step time (recent steps).",
+                    rates["memory_bandwidth_bytes_per_second"])
+        yield gauge("memory_bandwidth_ratio",
+                    "memory_bandwidth_bytes_per_second over the read bandwidth measured at start-up.",
+                    rates["memory_bandwidth_ratio"])
+        yield gauge("measured_read_bandwidth_bytes_per_second",
+                    "RAM read bandwidth measured at start-up with numpy (0 if not measured).", m.read_bandwidth)

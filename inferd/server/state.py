@@ -1,0 +1,45 @@
+"""What the HTTP handlers share: settings, the loaded model, the scheduler, metrics, and lifecycle status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from inferd.config import Settings
+from inferd.server.systemd import Notifier
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    notifier: Notifier
+    api_key_digests: list[bytes] = field(default_factory=list)   # sha256 of each accepted key
+    status: str = "loading"          # loading -> ready -> draining; or failed
+    failure: str | None = None
+    model: Any = None                # LoadedModel
+    engine: Any = None
+    scheduler: Any = None            # Scheduler
+    metrics: Any = None              # Metrics
+    chat_template: Any = None        # ChatTemplate
+    served_model_name: str = ""
+    max_model_len: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    system_fingerprint: str = "inferd"
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)   # set on ready or failed
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def model_names(self) -> set[str]:
+        """Names a request's `model` field may use: the served name and the name it was started with."""
+        return {self.served_model_name, self.settings.model}
+
+
+STATE = web.AppKey("inferd_state", ServerState)
