@@ -203,9 +203,11 @@ class _Walker:
         # minimal sizes: a key/value is key length (8) + type (4) + a 1-byte value; a tensor info is
         # name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8)
         if n_kv * 13 > self.size - self.pos:
-            raise self.fail(f"header claims {n_kv} metadata entries, more than the file can hold")
+            raise self.fail(f"header claims {n_kv} metadata entries, more than the file ({self.size} bytes) can "
+                            f"hold: file truncated or corrupt")
         if n_tensors > MAX_TENSORS or n_tensors * 32 > self.size - self.pos:
-            raise self.fail(f"header claims {n_tensors} tensors, more than the file can hold")
+            raise self.fail(f"header claims {n_tensors} tensors, more than the file ({self.size} bytes) can hold: "
+                            f"file truncated or corrupt")
         alignment = DEFAULT_ALIGNMENT
         seen: set[str] = set()
         for i in range(n_kv):

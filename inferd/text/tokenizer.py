@@ -125,7 +125,12 @@ class Tokenizer:
 
         add_special: prepend BOS when the model wants one.
         """
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids = self.hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            if isinstance(text, str):  # tokenizers refuses lone surrogates (valid in JSON, not in UTF-8)
+                raise ValueError("text is not valid Unicode (it holds a lone surrogate code point)") from None
+            raise TypeError(f"text must be a str, got {type(text).__name__}") from None
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         return ids

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 from gguf import quants as gguf_quants
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -95,23 +95,26 @@ def _corpus(seed: int = 1234) -> list[str]:
 
 @lru_cache(maxsize=None)
 def _trained(kind: str, vocab_size: int) -> str:
-    """A trained HF tokenizer as tokenizer.json text: byte-level BPE or SentencePiece-style BPE."""
+    """A trained tokenizer as tokenizer.json text.
+
+    bpe: byte-level BPE as HF's trainer writes it (GPT-2 regex pre-tokenizer), like SmolLM2/Qwen2 files.
+    spm: a SentencePiece-style vocabulary (<unk> <s> </s>, 256 <0xXX> byte tokens, "▁" pieces) written the way
+    transformers' LlamaConverter writes Llama 2's tokenizer.json: Prepend("▁") + Replace(" ", "▁") normalizer, no
+    pre-tokenizer, merges = every split of every piece ranked by the piece's score, byte fallback.
+    """
+    if kind not in ("bpe", "spm"):
+        raise ValueError(f"unknown tokenizer kind {kind!r}")
+    specials = BPE_SPECIALS if kind == "bpe" else SPM_SPECIALS + [f"<0x{b:02X}>" for b in range(256)]
+    tok = HFTokenizer(models.BPE())
     if kind == "bpe":
-        tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BPE_SPECIALS, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    elif kind == "spm":
-        # bytes 0..255 as <0xXX> tokens right after the specials, like Llama 2's vocabulary
-        byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-        tok = HFTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPM_SPECIALS + byte_tokens,
-                                      show_progress=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
     else:
-        raise ValueError(f"unknown tokenizer kind {kind!r}")
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        alphabet = []
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=alphabet)
     tok.train_from_iterator(_corpus(), trainer=trainer)
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
@@ -120,9 +123,27 @@ def _trained(kind: str, vocab_size: int) -> str:
         vocab[f"<|unused_{i}|>"] = i
     if len(vocab) != vocab_size:
         raise ValueError(f"cannot make a {kind} vocabulary of {vocab_size} (got {len(vocab)})")
-    if kind == "spm":
-        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPM_SPECIALS]
-    return json.dumps(spec, ensure_ascii=False)
+    if kind == "bpe":
+        return json.dumps(spec, ensure_ascii=False)
+
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["model"]["merges"]]
+    scores = _spm_scores(vocab, merges)
+    ranked = sorted((-scores[left + right], vocab[left + right], vocab[left], left, right)
+                    for piece in vocab for k in range(1, len(piece))
+                    for left, right in [(piece[:k], piece[k:])] if left in vocab and right in vocab)
+    spm = HFTokenizer(models.BPE(vocab=vocab, merges=[(l, r) for *_, l, r in ranked], unk_token="<unk>",
+                                 byte_fallback=True, fuse_unk=True))
+    spm.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    spm.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    spm.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPM_SPECIALS])
+    return spm.to_str()
+
+
+def _spm_scores(vocab: dict[str, int], merges: list[tuple[str, str]]) -> dict[str, float]:
+    """SentencePiece-style scores: merged pieces by merge order (earlier = higher), everything else 0."""
+    rank = {left + right: i for i, (left, right) in enumerate(merges)}
+    return {t: (-float(rank[t]) if t in rank else 0.0) for t in vocab}
 
 
 def tokenizer_json(spec: TinySpec) -> dict:
@@ -140,9 +161,15 @@ def gguf_tokenizer_metadata(spec: TinySpec) -> dict:
                  else TokenType.NORMAL for t in tokens]
         return {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": types, "merges": merges,
                 "bos": 1, "eos": 2, "add_bos": False}
-    # SentencePiece: merged pieces score by merge order (earlier = higher), other tokens get 0
-    rank = {"".join(m.split(" ")): i for i, m in enumerate(merges)}
-    scores = [-float(rank[t]) if t in rank else 0.0 for t in tokens]
+    # SentencePiece: the scores the merges of tokenizer.json were ranked by
+    pieces = {t: i for i, t in enumerate(tokens)}
+    ranked = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in tj["model"]["merges"]]
+    best = {}
+    for i, (left, right) in enumerate(ranked):
+        best.setdefault(left + right, i)
+    order = sorted(best, key=best.get)  # pieces in merge-rank order = score order
+    score_of = {t: -float(i) for i, t in enumerate(order)}
+    scores = [score_of.get(t, 0.0) for t in pieces]
     types = [TokenType.UNKNOWN if t == "<unk>" else TokenType.CONTROL if t in SPM_SPECIALS
              else TokenType.BYTE if t.startswith("<0x") else TokenType.UNUSED if t.startswith("<|unused_")
              else TokenType.NORMAL for t in tokens]

@@ -1,0 +1,290 @@
+"""GGUF loading: the real SmolLM2 file, every tiny GGUF variant, and corrupt files (each must give a
+ModelLoadError naming the file and the problem, quickly, without allocating what the file merely claims)."""
+from __future__ import annotations
+
+import struct
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import quants as gguf_quants
+
+from inferd.model.errors import ModelLoadError
+from inferd.model.gguf import load_gguf, validate_gguf
+from inferd.model.loader import load_model
+from tests.model.make_tiny import (TinySpec, make_variant, permute_for_gguf, tiny_weights, variant_spec,
+                                   write_tiny_gguf)
+
+
+# ---- the real model ------------------------------------------------------------------------------------------
+def test_smollm2_loads_with_expected_config_and_tensors(smollm2_path):
+    m = load_gguf(smollm2_path)
+    c = m.config
+    assert (c.arch, c.vocab_size, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_dim) == \
+        ("llama", 49152, 576, 30, 9, 3, 64, 1536)
+    assert (c.rope_theta, c.rope_scaling, c.rope_neox, c.tie_embeddings, c.qkv_bias, c.context_length) == \
+        (100000.0, None, False, True, False, 8192)
+    assert c.norm_eps == pytest.approx(1e-5)
+    assert m.version == 3 and m.metadata["tokenizer.ggml.pre"] == "smollm"
+    assert len(m.tensors) == 2 + 30 * 9 and "output.weight" not in m.tensors
+    embd, q, norm = m.tensors["token_embd.weight"], m.tensors["blk.0.attn_q.weight"], m.tensors["output_norm.weight"]
+    assert (embd.type, embd.rows, embd.cols, embd.data.shape, embd.data.dtype) == ("Q8_0", 49152, 576, (49152, 612),
+                                                                                  np.uint8)
+    assert (q.type, q.rows, q.cols, q.data.shape) == ("Q4_1", 576, 576, (576, 360))
+    assert (m.tensors["blk.0.attn_k.weight"].rows, m.tensors["blk.0.ffn_down.weight"].cols) == (192, 1536)
+    assert (norm.type, norm.data.shape, norm.data.dtype) == ("F32", (1, 576), np.float32)
+    # values read straight from the file (recorded once with gguf's GGUFReader)
+    assert m.tensors["blk.0.attn_norm.weight"].data[0, :4].tolist() == \
+        [0.01397705078125, 0.0238037109375, -0.019775390625, -0.0302734375]
+    assert norm.data[0, :4].tolist() == [1.7578125, 1.8203125, 1.78125, 1.6015625]
+    assert embd.data[0, :6].tolist() == [50, 25, 214, 13, 19, 247]
+    assert q.data[0, :6].tolist() == [15, 48, 216, 185, 69, 135]
+
+
+def test_smollm2_load_model_passes_native_types_through_as_views(smollm2_path):
+    m = load_model(smollm2_path)
+    assert m.model_name == "SmolLM2-135M-Instruct.Q4_1"
+    assert {t.type for t in m.tensors.values()} == {"Q8_0", "Q4_1", "F32"}
+    assert not m.tensors["blk.3.ffn_up.weight"].data.flags.owndata  # an mmap view, not a copy
+    assert m.chat_template.startswith("{% for message in messages %}")
+    assert m.tokenizer.encode("Hello world") == [19556, 905]
+
+
+# ---- tiny variants ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,types", [
+    ("llama-gguf-f32", {"F32"}), ("llama-gguf-f16", {"F16", "F32"}), ("llama-gguf-q8_0", {"Q8_0", "F32"}),
+    ("llama-gguf-q4_0", {"Q4_0", "F32"}), ("llama-gguf-q4_1", {"Q4_1", "F32"}),
+    ("qwen2-gguf-q8_0", {"Q8_0", "F32"}), ("llama-spm-gguf-q8_0", {"Q8_0", "F32"}),
+])
+def test_tiny_variants_load_with_file_types(tiny_dir, name, types):
+    m = load_gguf(make_variant(name, tiny_dir))
+    spec = variant_spec(name)
+    assert {t.type for t in m.tensors.values()} == types
+    assert (m.config.dim, m.config.n_layers, m.config.vocab_size) == (spec.dim, spec.n_layers, spec.vocab_size)
+    assert m.config.tie_embeddings == spec.tie_embeddings
+    assert m.config.qkv_bias == (spec.arch == "qwen2") and m.config.rope_neox == (spec.arch == "qwen2")
+
+
+def test_tiny_values_round_trip_exactly(tiny_dir):
+    spec = variant_spec("llama-gguf-f32")
+    w = tiny_weights(spec)
+    f32 = load_gguf(make_variant("llama-gguf-f32", tiny_dir)).tensors
+    np.testing.assert_array_equal(f32["blk.1.ffn_down.weight"].data, w["blk.1.ffn_down.weight"])
+    np.testing.assert_array_equal(f32["output_norm.weight"].data[0], w["output_norm.weight"])
+    # llama GGUFs hold Wq/Wk permuted the way llama.cpp's converter does it
+    np.testing.assert_array_equal(f32["blk.0.attn_q.weight"].data,
+                                  permute_for_gguf(w["blk.0.attn_q.weight"], spec.n_heads))
+    np.testing.assert_array_equal(f32["blk.0.attn_k.weight"].data,
+                                  permute_for_gguf(w["blk.0.attn_k.weight"], spec.n_kv_heads))
+    f16 = load_gguf(make_variant("llama-gguf-f16", tiny_dir)).tensors["blk.0.ffn_up.weight"]
+    assert f16.data.dtype == np.uint16
+    np.testing.assert_array_equal(f16.data.view(np.float16), w["blk.0.ffn_up.weight"].astype(np.float16))
+    q8 = load_gguf(make_variant("llama-gguf-q8_0", tiny_dir)).tensors["blk.0.ffn_gate.weight"]
+    np.testing.assert_array_equal(q8.data, gguf_quants.quantize(w["blk.0.ffn_gate.weight"],
+                                                                GGMLQuantizationType.Q8_0))
+
+
+def test_permutation_matches_llama_cpp_pairing():
+    # after the permutation, adjacent rows (2i, 2i+1) of a head hold HF's rotate-half rows (i, i + head_dim/2)
+    w = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)  # 2 heads of head_dim 4
+    p = permute_for_gguf(w, 2)
+    assert p[:, 0].tolist() == [0, 6, 3, 9, 12, 18, 15, 21]
+
+
+def test_llama3_rope_freqs_tensor_becomes_rope_scaling(tiny_dir):
+    m = load_gguf(make_variant("llama3rope-gguf-f32", tiny_dir))
+    s = m.config.rope_scaling
+    assert "rope_freqs.weight" not in m.tensors
+    assert s["factor"] == pytest.approx(8.0) and s["original_max_position_embeddings"] == 8192
+    # only orig/low and orig/high matter: the recovered ratios equal the written ones (64/1 and 64/4)
+    assert s["original_max_position_embeddings"] / s["low_freq_factor"] == pytest.approx(64.0, rel=1e-3)
+    assert s["original_max_position_embeddings"] / s["high_freq_factor"] == pytest.approx(16.0, rel=1e-3)
+
+
+def test_load_model_accepts_a_folder_with_one_gguf(tmp_path):
+    path = write_tiny_gguf(tmp_path / "only.gguf", TinySpec(), "Q8_0")
+    assert load_model(tmp_path).path == str(path)
+
+
+def test_load_model_missing_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file or folder") as e:
+        load_model(tmp_path / "nope.gguf")
+    assert str(tmp_path / "nope.gguf") in str(e.value)
+
+
+# ---- corrupt files ---------------------------------------------------------------------------------------------
+def _expect(path: Path, message: str) -> ModelLoadError:
+    with pytest.raises(ModelLoadError) as e:
+        load_model(path)
+    assert str(path) in str(e.value) and message in str(e.value), str(e.value)
+    return e.value
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    return write_tiny_gguf(tmp_path / "tiny.gguf", TinySpec(n_layers=1), "Q8_0")
+
+
+def test_truncated_file(tiny, tmp_path):
+    data = tiny.read_bytes()
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(data[: len(data) - 1000])
+    _expect(bad, "lies past the end of the file")
+    bad.write_bytes(data[:200])  # cut inside the metadata
+    _expect(bad, "file truncated or corrupt")
+    bad.write_bytes(data[:10])
+    _expect(bad, "too short to be GGUF")
+
+
+def test_bad_magic_and_version(tiny, tmp_path):
+    data = bytearray(tiny.read_bytes())
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + data[4:])
+    _expect(bad, "not a GGUF file (magic b'GGML'")
+    data[4:8] = struct.pack("<I", 1)
+    bad.write_bytes(bytes(data))
+    _expect(bad, "unsupported GGUF version 1")
+    data[4:8] = struct.pack(">I", 3)
+    bad.write_bytes(bytes(data))
+    _expect(bad, "big-endian GGUF files are not supported")
+
+
+def _raw_gguf(path: Path, kv: list[bytes], tensors: list[bytes], n_tensors: int | None = None,
+              n_kv: int | None = None, data: bytes = b"") -> Path:
+    """Hand-assembled GGUF v3 (for corruptions GGUFWriter refuses to write)."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors) if n_tensors is None else n_tensors,
+                                 len(kv) if n_kv is None else n_kv)
+    body = head + b"".join(kv) + b"".join(tensors)
+    body += b"\0" * (-len(body) % 32)
+    path.write_bytes(body + data)
+    return path
+
+
+def _s(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _kv_u32(key: str, value: int) -> bytes:
+    return _s(key) + struct.pack("<II", 4, value)
+
+
+def _tensor(name: str, dims: tuple[int, ...], type_id: int, offset: int) -> bytes:
+    return _s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + \
+        struct.pack("<IQ", type_id, offset)
+
+
+def test_absurd_counts_and_lengths_fail_without_allocating(tmp_path):
+    cases = [
+        (_raw_gguf(tmp_path / "a.gguf", [], [], n_tensors=1 << 40), "claims 1099511627776 tensors"),
+        (_raw_gguf(tmp_path / "b.gguf", [], [], n_kv=1 << 50), "metadata entries, more than the file (32 bytes)"),
+        (_raw_gguf(tmp_path / "c.gguf", [struct.pack("<Q", 1 << 60) + b"key"], []), "metadata key #0"),
+        (_raw_gguf(tmp_path / "d.gguf", [_s("big") + struct.pack("<IIQ", 9, 4, (1 << 24) - 1)], []),
+         "needs 67108860 bytes"),
+        (_raw_gguf(tmp_path / "e.gguf", [_s("big") + struct.pack("<IIQ", 9, 8, 1 << 23)], []),
+         "(8388608 strings)"),
+        (_raw_gguf(tmp_path / "f.gguf", [_s("big") + struct.pack("<IIQ", 9, 4, 1 << 40)], []),
+         "claims 1099511627776 items"),
+        (_raw_gguf(tmp_path / "g.gguf", [_s("s") + struct.pack("<IQ", 8, 1 << 62)], []), "metadata 's'"),
+    ]
+    for path, message in cases:
+        tracemalloc.start()
+        err = _expect(path, message)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 4 << 20, f"{path.name}: {peak} bytes allocated for {err}"
+
+
+@pytest.mark.parametrize("tensor,message", [
+    (_tensor("w", (32, 4), 0, 1 << 20), "tensor w data [1048672, 1049184) lies past the end of the file (608 bytes)"),
+    (_tensor("w", (32, 4), 0, 3), "offset 3 is not aligned to 32"),
+    (_tensor("w", (32, 4), 99, 0), "tensor w has unknown type id 99"),
+    (_tensor("w", (30, 4), 8, 0), "row length 30 is not a multiple of the Q8_0 block size 32"),
+    (_tensor("w", (32, 0), 0, 0), "has an empty dimension"),
+    (_tensor("w", (2,) * 5, 0, 0), "has 5 dimensions"),
+    (_tensor("w", (1 << 40, 1 << 20), 0, 0), "more than the whole file"),
+], ids=["past-eof", "misaligned", "unknown-type", "partial-block", "empty-dim", "5-dims", "huge"])
+def test_bad_tensor_infos(tmp_path, tensor, message):
+    _expect(_raw_gguf(tmp_path / "t.gguf", [], [tensor], data=b"\0" * 512), message)
+
+
+def test_duplicate_and_overlapping_tensors(tmp_path):
+    t = _tensor("w", (32,), 0, 0)
+    _expect(_raw_gguf(tmp_path / "d.gguf", [], [t, t], data=b"\0" * 256), "duplicate tensor name 'w'")
+    u = _tensor("u", (32,), 0, 64)
+    v = _tensor("v", (64,), 0, 0)
+    _expect(_raw_gguf(tmp_path / "o.gguf", [], [u, v], data=b"\0" * 512), "tensors v and u overlap")
+    _expect(_raw_gguf(tmp_path / "k.gguf", [_kv_u32("a", 1), _kv_u32("a", 2)], []), "duplicate metadata key 'a'")
+    _expect(_raw_gguf(tmp_path / "al.gguf", [_kv_u32("general.alignment", 24)], []), "not a power of two")
+
+
+def _rewrite(src: Path, dst: Path, drop: str | None = None, replace: dict | None = None,
+             extra: dict | None = None) -> Path:
+    """Copy a GGUF through GGUFReader/GGUFWriter, dropping/replacing/adding tensors."""
+    from gguf import GGUFReader, GGUFValueType
+
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = f.contents()
+        if f.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(name, value, f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, value, f.types[0])
+    for t in r.tensors:
+        if t.name == drop:
+            continue
+        if replace and t.name in replace:
+            arr, qtype = replace[t.name]
+            w.add_tensor(t.name, arr, raw_dtype=qtype)
+            continue
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    for name, arr in (extra or {}).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_missing_unexpected_and_unsupported_tensors(tiny, tmp_path):
+    _expect(_rewrite(tiny, tmp_path / "m.gguf", drop="blk.0.ffn_up.weight"), "missing tensor blk.0.ffn_up.weight")
+    _expect(_rewrite(tiny, tmp_path / "u.gguf", extra={"blk.0.ffn_up.bias": np.zeros(192, np.float32)}),
+            "unexpected tensor blk.0.ffn_up.bias")
+    iq4 = np.zeros((64, 128 // 32 * 18), np.uint8)  # IQ4_NL: 32 values in 18 bytes, valid layout, no kernel
+    _expect(_rewrite(tiny, tmp_path / "q.gguf", replace={"blk.0.attn_k.weight": (iq4, GGMLQuantizationType.IQ4_NL)}),
+            "tensor blk.0.attn_k.weight has type IQ4_NL, which is not supported")
+
+
+def test_shape_mismatch_is_named(tiny, tmp_path):
+    wrong = gguf_quants.quantize(np.zeros((32, 128), np.float32), GGMLQuantizationType.Q8_0)
+    _expect(_rewrite(tiny, tmp_path / "s.gguf", replace={"blk.0.attn_k.weight": (wrong, GGMLQuantizationType.Q8_0)}),
+            "tensor blk.0.attn_k.weight has shape (rows, cols) (32, 128), the config implies (64, 128)")
+
+
+def test_unsupported_architecture_and_head_dim(tmp_path):
+    spec = TinySpec(n_layers=1)
+    w = GGUFWriter(str(tmp_path / "arch.gguf"), "gemma")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _expect(tmp_path / "arch.gguf", "unsupported architecture 'gemma'")
+    bad = write_tiny_gguf(tmp_path / "hd.gguf", TinySpec(n_layers=1, dim=96, n_heads=3, head_dim=32), "F32")
+    _expect(bad, "head_dim 32 is not supported")
+    assert spec.n_layers == 1
+
+
+def test_validate_gguf_reports_layout(tiny):
+    header = validate_gguf(str(tiny))
+    assert header.version == 3 and header.alignment == 32 and header.data_offset % 32 == 0
+    names = [t.name for t in header.tensors]
+    assert "token_embd.weight" in names and len(names) == 2 + 9
+    embd = next(t for t in header.tensors if t.name == "token_embd.weight")
+    assert (embd.dims, embd.type, embd.nbytes) == ((128, 512), "Q8_0", 512 * 4 * 34)
