@@ -70,8 +70,16 @@ def _load_hf(path: Path, quantize: str | None) -> LoadedModel:
     model = load_hf_dir(path)
     _check_vocab(path, model.config, model.tokenizer)
     tensors = _convert(path, model.tensors.values(), quantize)
-    return LoadedModel(str(path), model.config, tensors, model.tokenizer, model.chat_template,
-                       path.resolve().name)
+    return LoadedModel(str(path), model.config, tensors, model.tokenizer, model.chat_template, _folder_name(path))
+
+
+def _folder_name(path: Path) -> str:
+    """The folder's name, or "org/name" for a Hugging Face cache snapshot (models--org--name/snapshots/<commit>)."""
+    path = path.resolve()
+    repo = path.parent.parent.name
+    if path.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo[len("models--"):].replace("--", "/")
+    return path.name
 
 
 def _convert(path: Path, tensors, quantize: str | None) -> dict[str, Tensor]:

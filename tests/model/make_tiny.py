@@ -159,7 +159,7 @@ def gguf_tokenizer_metadata(spec: TinySpec) -> dict:
     if spec.tokenizer == "bpe":
         types = [TokenType.CONTROL if t in BPE_SPECIALS else TokenType.UNUSED if t.startswith("<|unused_")
                  else TokenType.NORMAL for t in tokens]
-        return {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": types, "merges": merges,
+        return {"model": "gpt2", "tokens": tokens, "types": types, "merges": merges,
                 "bos": 1, "eos": 2, "add_bos": False}
     # SentencePiece: the scores the merges of tokenizer.json were ranked by
     pieces = {t: i for i, t in enumerate(tokens)}
@@ -232,9 +232,11 @@ GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1
 
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
-                    embd_type: str | None = None, chat_template: str | None = CHATML) -> Path:
+                    embd_type: str | None = None, chat_template: str | None = CHATML,
+                    tokenizer_pre: str = "gpt-2") -> Path:
     """A GGUF file of `spec`: 2-D weights in weight_type (token_embd in embd_type, default Q8_0 for K-quants and
-    weight_type otherwise), norms/biases F32; llama3 rope scaling as a rope_freqs.weight tensor like llama.cpp."""
+    weight_type otherwise), norms/biases F32; llama3 rope scaling as a rope_freqs.weight tensor like llama.cpp.
+    tokenizer_pre: tokenizer.ggml.pre for byte-level vocabularies (selects llama.cpp's pre-tokenizer regexes)."""
     if weight_type not in GGUF_WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
     path = Path(path)
@@ -256,8 +258,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_vocab_size(spec.vocab_size)
     tok = gguf_tokenizer_metadata(spec)
     w.add_tokenizer_model(tok["model"])
-    if "pre" in tok:
-        w.add_tokenizer_pre(tok["pre"])
+    if tok["model"] == "gpt2":
+        w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(tok["tokens"])
     w.add_token_types([int(t) for t in tok["types"]])
     if "merges" in tok and tok["model"] == "gpt2":

@@ -69,6 +69,27 @@ def test_values_and_layouts(tiny_dir):
     np.testing.assert_array_equal(to_bf16_bits(q["blk.1.attn_k.bias"].data[0]), to_bf16_bits(wq["blk.1.attn_k.bias"]))
 
 
+def test_reader_agrees_with_the_safetensors_library(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal((3, 32)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float16),
+              "c": np.zeros((0, 4), np.float32)}
+    save_file(arrays, tmp_path / "x.safetensors", metadata={"format": "np"})
+    header = read_safetensors_header(tmp_path / "x.safetensors")
+    raw = (tmp_path / "x.safetensors").read_bytes()
+    for name, arr in load_file(tmp_path / "x.safetensors").items():
+        e = header[name]
+        assert (e.dtype, e.shape) == ({"float32": "F32", "float16": "F16"}[arr.dtype.name], arr.shape)
+        assert raw[e.start:e.end] == arr.tobytes()
+
+
+def test_model_name_of_a_hub_snapshot(tmp_path):
+    snap = tmp_path / "models--Org--Tiny-Model" / "snapshots" / "0123abcd"
+    write_tiny_hf(snap, TinySpec(n_layers=1), "f32")
+    assert load_model(snap).model_name == "Org/Tiny-Model"
+
+
 def test_hf_and_gguf_of_one_spec_hold_the_same_model(tiny_dir):
     hf = load_model(make_variant("llama-hf-f32", tiny_dir))
     gg = load_model(make_variant("llama-gguf-f32", tiny_dir))
