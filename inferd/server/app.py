@@ -28,6 +28,7 @@ from inferd.server.systemd import Notifier
 log = logging.getLogger("inferd.server")
 
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
+OPENAPI = web.AppKey("openapi", dict)
 
 
 def key_digest(key: str) -> bytes:
@@ -144,7 +145,7 @@ def openapi_document() -> dict[str, Any]:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app["openapi"])
+    return web.json_response(request.app[OPENAPI])
 
 
 # ---- start-up -----------------------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
                         api_key_digests=[key_digest(k) for k in api_keys], model=model)
     state.idle.set()
     app[STATE] = state
-    app["openapi"] = openapi_document()
+    app[OPENAPI] = openapi_document()
     openai.add_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -238,7 +239,6 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
 
     async def lifecycle(app: web.Application):
         task = asyncio.create_task(start_serving(state, load))
-        app["startup_task"] = task
         yield
         if not task.done():
             task.cancel()

@@ -73,10 +73,10 @@ def render_chat(state: ServerState, messages: list[dict[str, str]], add_generati
         raise ProtocolError(str(e), "messages") from None
 
 
-def check_prompt_len(state: ServerState, n: int) -> None:
+def check_prompt_len(state: ServerState, n: int, param: str) -> None:
     cap = min(state.settings.max_prompt_tokens or state.max_model_len, state.max_model_len)
     if n > cap:
-        raise ProtocolError(f"the prompt has {n} tokens; this server accepts at most {cap}", "messages",
+        raise ProtocolError(f"the prompt has {n} tokens; this server accepts at most {cap}", param,
                             code="context_length_exceeded")
 
 
@@ -321,7 +321,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     stops = P.stop_list(req.stop, lim)
     text = render_chat(state, messages, req.add_generation_prompt)
     prompt = await encode(state, text, add_special=False)   # the template wrote BOS itself if it wants one
-    check_prompt_len(state, len(prompt))
+    check_prompt_len(state, len(prompt), "messages")
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = resolve_max_tokens(state, requested, len(prompt), None,
                                     "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
@@ -413,7 +413,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         ids = await encode(state, p, add_special=True) if isinstance(p, str) else p
         if not ids:
             raise ProtocolError("the prompt is empty (it has no tokens)", "prompt")
-        check_prompt_len(state, len(ids))
+        check_prompt_len(state, len(ids), "prompt")
         prompts.append(ids)
         prompt_texts.append(p if isinstance(p, str) else state.tokenizer.decode(p))
     max_tokens = min(resolve_max_tokens(state, req.max_tokens, len(p), 16) for p in prompts)   # OpenAI's default
@@ -564,7 +564,7 @@ async def cache_warm(request: web.Request) -> web.Response:
     else:
         text, add_special = req.prompt, True
     ids = stable_prefix(state, text, await encode(state, text, add_special), add_special)
-    check_prompt_len(state, len(ids))
+    check_prompt_len(state, len(ids), "messages" if req.messages is not None else "prompt")
     target = len(ids) // state.scheduler.block_size * state.scheduler.block_size
     if target == 0:
         return json_response(P.CacheWarmResponse(len(ids), 0, 0))

@@ -61,7 +61,8 @@ def decode(body: bytes, type_: type) -> Any:
     except msgspec.ValidationError as e:
         message = str(e)
         m = _PATH.search(message)
-        param = (m.group(1) or None) if m else None
+        # msgspec writes `[...]` for a dict value; the dict's own name is the useful param
+        param = (m.group(1).replace("[...]", "") or None) if m else None
         missing = _MISSING.match(message)
         if missing:   # name the missing field itself, not the object that lacks it
             param = f"{param}.{missing.group(1)}" if param else missing.group(1)
@@ -307,7 +308,7 @@ class CompletionChoice(Struct):
     finish_reason: str | None
 
 
-class CompletionResponse(Struct, omit_defaults=True):
+class CompletionResponse(Struct):
     id: str
     created: int
     model: str
@@ -346,7 +347,7 @@ class ChatChoice(Struct):
     finish_reason: str | None
 
 
-class ChatCompletionResponse(Struct, omit_defaults=True):
+class ChatCompletionResponse(Struct):
     id: str
     created: int
     model: str
@@ -368,7 +369,7 @@ class ChatChunkChoice(Struct):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(Struct, omit_defaults=True):
+class ChatCompletionChunk(Struct):
     id: str
     created: int
     model: str
