@@ -46,8 +46,11 @@ def load_model(path_or_dir: str | os.PathLike[str], quantize: str | None = None)
             return _load_gguf(ggufs[0], quantize)
         raise ModelLoadError(path, "folder has no config.json and not exactly one .gguf file "
                                    f"({len(ggufs)} found)")
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
     if magic != MAGIC and path.suffix == ".safetensors":
         raise ModelLoadError(path, "a lone .safetensors file is not a model; pass the folder holding config.json")
     return _load_gguf(path, quantize)

@@ -409,6 +409,7 @@ VARIANTS = {
     # GGUF files
     "llama-gguf-f32": ("gguf", TinySpec(), {"weight_type": "F32"}),
     "llama-gguf-f16": ("gguf", TinySpec(), {"weight_type": "F16"}),
+    "llama-gguf-bf16": ("gguf", TinySpec(), {"weight_type": "BF16"}),
     "llama-gguf-q8_0": ("gguf", TinySpec(), {"weight_type": "Q8_0"}),
     "llama-gguf-q4_0": ("gguf", TinySpec(), {"weight_type": "Q4_0"}),
     "llama-gguf-q4_1": ("gguf", TinySpec(tie_embeddings=False), {"weight_type": "Q4_1"}),

@@ -2,6 +2,7 @@
 ModelLoadError naming the file and the problem, quickly, without allocating what the file merely claims)."""
 from __future__ import annotations
 
+import importlib.util
 import struct
 import tracemalloc
 from pathlib import Path
@@ -16,6 +17,7 @@ from inferd.model.gguf import load_gguf, validate_gguf
 from inferd.model.loader import load_model
 from tests.model.make_tiny import (TinySpec, make_variant, permute_for_gguf, tiny_weights, variant_spec,
                                    write_tiny_gguf)
+from tests.model.quant_ref import quantize_reference
 
 
 # ---- the real model ------------------------------------------------------------------------------------------
@@ -57,6 +59,8 @@ def test_smollm2_load_model_passes_native_types_through_as_views(smollm2_path):
     ("llama-gguf-f32", {"F32"}), ("llama-gguf-f16", {"F16", "F32"}), ("llama-gguf-q8_0", {"Q8_0", "F32"}),
     ("llama-gguf-q4_0", {"Q4_0", "F32"}), ("llama-gguf-q4_1", {"Q4_1", "F32"}),
     ("qwen2-gguf-q8_0", {"Q8_0", "F32"}), ("llama-spm-gguf-q8_0", {"Q8_0", "F32"}),
+    ("llama-gguf-bf16", {"BF16", "F32"}), ("llama-gguf-q5_0", {"Q5_0", "F32"}),
+    ("llama-gguf-q4_k", {"Q4_K", "Q8_0", "F32"}), ("llama-gguf-q6_k", {"Q6_K", "Q8_0", "F32"}),
 ])
 def test_tiny_variants_load_with_file_types(tiny_dir, name, types):
     m = load_gguf(make_variant(name, tiny_dir))
@@ -84,6 +88,17 @@ def test_tiny_values_round_trip_exactly(tiny_dir):
     q8 = load_gguf(make_variant("llama-gguf-q8_0", tiny_dir)).tensors["blk.0.ffn_gate.weight"]
     np.testing.assert_array_equal(q8.data, gguf_quants.quantize(w["blk.0.ffn_gate.weight"],
                                                                 GGMLQuantizationType.Q8_0))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("inferd._cpu") is None, reason="inferd._cpu is not built")
+@pytest.mark.parametrize("name", ["llama-gguf-q4_k", "llama-gguf-q6_k", "llama-gguf-q5_0"])
+def test_requantized_variants_load_as_q8_0(tiny_dir, name):
+    path = make_variant(name, tiny_dir)
+    raw = load_gguf(path).tensors["blk.1.ffn_down.weight"]
+    m = load_model(path)
+    assert {t.type for t in m.tensors.values()} == {"Q8_0", "F32"}
+    values = gguf_quants.dequantize(np.asarray(raw.data), GGMLQuantizationType[raw.type]).astype(np.float32)
+    np.testing.assert_array_equal(m.tensors["blk.1.ffn_down.weight"].data, quantize_reference(values, "Q8_0"))
 
 
 def test_permutation_matches_llama_cpp_pairing():
