@@ -220,6 +220,9 @@ cdef class Model:
         return self.weight_bytes + (0 if self.m.output_tied else self.m.tok_embd.nbytes)
 
 
+STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
+               "matmul gate|up", "swiglu", "matmul down", "matmul output", "sample")
+
 SAMPLE_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "seed", "num_logprobs", "history_offset", "history_len", "num_prompt",
                  "bias_offset", "bias_len")
@@ -347,6 +350,18 @@ cdef class Context:
             for j in range(MAX_TOP_LOGPROBS):
                 tid[i, j] = so[i].top_ids[j]
                 tlp[i, j] = so[i].top_logprobs[j]
+
+    def set_profiling(self, bint on):
+        """Start (and zero) or stop timing each stage of forward()."""
+        cdef int i
+        self.c.profile_on = on
+        if on:
+            for i in range(NUM_STAGES):
+                self.c.profile[i] = 0.0
+
+    def profile(self):
+        """Seconds spent per stage since set_profiling(True)."""
+        return {name: self.c.profile[i] for i, name in enumerate(STAGE_NAMES)}
 
     def kv_block(self, int layer, int block):
         """Copies of one KV block (k, v), each (n_kv_heads, 64, head_dim) float16, for tests."""

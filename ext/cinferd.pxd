@@ -96,7 +96,11 @@ cdef extern from "inferd.h" nogil:
         float *logits_out
         sample_out_t *samples
         float *hidden_out
+    enum:
+        NUM_STAGES
     ctypedef struct context_t:
+        int profile_on
+        double profile[16]
         int num_kv_blocks
         uint16_t *k_cache
         uint16_t *v_cache

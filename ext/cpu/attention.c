@@ -1,91 +1,139 @@
 /* Causal attention of one query token over the paged f16 KV cache, for the query heads of one KV head.
- * Online softmax over 64-position blocks in a fixed order, so a token's output is the same whatever else
- * is in the batch. The dot and axpy helpers have scalar and F16C variants with the same operation order. */
+ * Online softmax over 64-position blocks in a fixed order, so a token's output is the same whatever else is
+ * in the batch. Each block's keys and values are converted to f32 once and shared by the query heads of the
+ * group. The helpers have scalar and AVX2 variants with the same operations in the same order (dot products
+ * summed in hsum8_pairs' order, vecmath's exp), so both paths give the same bits. */
 #include <math.h>
 #include <string.h>
 #include "inferd.h"
+#include "vecmath.h"
+
+/* Softmax weights below e^-64 of the largest are set to 0: they cannot change a float32 sum that holds a 1, and
+ * their products with V would be denormals, which cost a hundred cycles each. */
+#define SOFTMAX_CUTOFF -64.0f
+
+static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
+
+static void to_f32_scalar(const uint16_t *h, float *f, int n) {
+    for (int i = 0; i < n; i++) f[i] = f16_to_f32(h[i]);
+}
+
+/* s[j] = scale * dot(q, k_j) for the n keys (n, hd) of a block */
+static void scores_scalar(const float *q, const float *k, int n, int hd, float scale, float *s) {
+    for (int j = 0; j < n; j++) {
+        float a[8] = {0};
+        for (int g = 0; g < hd / 8; g++)
+            for (int l = 0; l < 8; l++) a[l] = __builtin_fmaf(q[8 * g + l], k[(size_t)j * hd + 8 * g + l], a[l]);
+        s[j] = hsum8_pairs_scalar(a) * scale;
+    }
+}
+
+static void weights_scalar(float *s, int n, float m) {
+    for (int j = 0; j < n; j++) s[j] = softmax_weight(s[j] - m);
+}
+
+/* out (hd) += sum_j p[j] * v_j */
+static void accumulate_v_scalar(const float *p, const float *v, int n, int hd, float *out) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p[j], v[(size_t)j * hd + i], out[i]);
+}
+
 #if defined(__x86_64__)
-#include <immintrin.h>
+__attribute__((target("avx2,fma,f16c")))
+static void to_f32_avx2(const uint16_t *h, float *f, int n) {
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+}
+
+/* Eight keys scored side by side: eight independent fma chains instead of one long one; each key still sums
+ * its products in the scalar order. */
+__attribute__((target("avx2,fma,f16c")))
+static void scores_avx2(const float *q, const float *k, int n, int hd, float scale, float *s) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 part[8];
+        for (int c = 0; c < 8; c++) part[c] = _mm256_setzero_ps();
+        for (int g = 0; g < hd / 8; g++) {
+            __m256 qg = _mm256_loadu_ps(q + 8 * g);
+            for (int c = 0; c < 8; c++)
+                part[c] = _mm256_fmadd_ps(qg, _mm256_loadu_ps(k + (size_t)(j + c) * hd + 8 * g), part[c]);
+        }
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8_pairs(part), _mm256_set1_ps(scale)));
+    }
+    for (; j < n; j++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int g = 0; g < hd / 8; g++)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * g), _mm256_loadu_ps(k + (size_t)j * hd + 8 * g), a);
+        s[j] = hsum8_pairs(a) * scale;
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void weights_avx2(float *s, int n, float m) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
+        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        _mm256_storeu_ps(s + j, _mm256_and_ps(exp8(x), keep));
+    }
+    for (; j < n; j++) s[j] = softmax_weight(s[j] - m);
+}
+
+/* 64 output values at a time, kept in eight registers across the block's keys */
+__attribute__((target("avx2,fma,f16c")))
+static void accumulate_v_avx2(const float *p, const float *v, int n, int hd, float *out) {
+    for (int d = 0; d < hd; d += 64) {
+        __m256 o[8];
+        for (int i = 0; i < 8; i++) o[i] = _mm256_loadu_ps(out + d + 8 * i);
+        for (int j = 0; j < n; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vj = v + (size_t)j * hd + d;
+            for (int i = 0; i < 8; i++) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), o[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + d + 8 * i, o[i]);
+    }
+}
 #endif
 
-static float dot_f16_scalar(const float *q, const uint16_t *k, int n) {
-    float a[8] = {0};
-    for (int g = 0; g < n / 8; g++)
-        for (int l = 0; l < 8; l++) a[l] = __builtin_fmaf(q[8 * g + l], f16_to_f32(k[8 * g + l]), a[l]);
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
+size_t attention_scratch_floats(int n_heads, int head_dim) { return KV_BLOCK + 2 * n_heads + 2 * KV_BLOCK * head_dim; }
 
-static void axpy_f16_scalar(float p, const uint16_t *v, float *out, int n) {
-    for (int i = 0; i < n; i++) out[i] = __builtin_fmaf(p, f16_to_f32(v[i]), out[i]);
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const float *q, const uint16_t *k, int n) {
-    __m256 a = _mm256_setzero_ps();
-    for (int g = 0; g < n / 8; g++)
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * g), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 8 * g))), a);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float p, const uint16_t *v, float *out, int n) {
-    __m256 vp = _mm256_set1_ps(p);
-    for (int i = 0; i < n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
-                                                  _mm256_loadu_ps(out + i)));
-}
-#endif
-
-/* q: (group, head_dim) query heads sharing this KV head; k_head/v_head: the cache of one layer, addressed
- * as (block, n_kv_heads, KV_BLOCK, head_dim) with this head's offset applied; out: (group, head_dim);
- * scratch: group * (KV_BLOCK + 2) floats. */
+/* q: (group, head_dim) query heads sharing this KV head; k_head/v_head: one layer's cache addressed as
+ * (block, n_kv_heads, KV_BLOCK, head_dim) with this head's offset applied; out: (group, head_dim);
+ * scratch: attention_scratch_floats(group, head_dim). head_dim is a multiple of 64. */
 void attention_token(const float *q, int group, int n_kv_heads, int head_dim, const uint16_t *k_head,
                      const uint16_t *v_head, const int32_t *block_table, int ctx_len, float *out, float *scratch) {
-    int simd = 0;
+    void (*to_f32)(const uint16_t *, float *, int) = to_f32_scalar;
+    void (*scores)(const float *, const float *, int, int, float, float *) = scores_scalar;
+    void (*weights)(float *, int, float) = weights_scalar;
+    void (*accumulate_v)(const float *, const float *, int, int, float *) = accumulate_v_scalar;
 #if defined(__x86_64__)
-    simd = cpu_path() != PATH_SCALAR;
+    if (cpu_path() != PATH_SCALAR) {
+        to_f32 = to_f32_avx2; scores = scores_avx2; weights = weights_avx2; accumulate_v = accumulate_v_avx2;
+    }
 #endif
     float scale = 1.0f / sqrtf((float)head_dim);
-    float *scores = scratch, *mx = scratch + KV_BLOCK, *sum = mx + group;
+    float *s = scratch, *mx = s + KV_BLOCK, *sum = mx + group;
+    float *kf = sum + group, *vf = kf + KV_BLOCK * head_dim;          /* (KV_BLOCK, head_dim) each */
     size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim;
     for (int g = 0; g < group; g++) { mx[g] = -INFINITY; sum[g] = 0.0f; }
     memset(out, 0, (size_t)group * head_dim * sizeof(float));
     for (int blk = 0; blk * KV_BLOCK < ctx_len; blk++) {
         int n = ctx_len - blk * KV_BLOCK < KV_BLOCK ? ctx_len - blk * KV_BLOCK : KV_BLOCK;
-        const uint16_t *kb = k_head + (size_t)block_table[blk] * block_stride;
-        const uint16_t *vb = v_head + (size_t)block_table[blk] * block_stride;
+        to_f32(k_head + (size_t)block_table[blk] * block_stride, kf, n * head_dim);
+        to_f32(v_head + (size_t)block_table[blk] * block_stride, vf, n * head_dim);
         for (int g = 0; g < group; g++) {
-            const float *qg = q + (size_t)g * head_dim;
             float *og = out + (size_t)g * head_dim;
-            float m = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                const uint16_t *kj = kb + (size_t)j * head_dim;
-#if defined(__x86_64__)
-                float d = simd ? dot_f16_avx2(qg, kj, head_dim) : dot_f16_scalar(qg, kj, head_dim);
-#else
-                float d = dot_f16_scalar(qg, kj, head_dim);
-#endif
-                scores[j] = d * scale;
-                m = fmaxf(m, scores[j]);
-            }
-            if (m > mx[g]) {
-                float corr = expf(mx[g] - m);
+            scores(q + (size_t)g * head_dim, kf, n, head_dim, scale, s);
+            float m = s[0];
+            for (int j = 1; j < n; j++) m = fmaxf(m, s[j]);
+            if (m > mx[g]) {                           /* a new maximum: rescale what was summed so far */
+                float corr = mx[g] == -INFINITY ? 0.0f : softmax_weight(mx[g] - m);
                 sum[g] *= corr;
                 for (int i = 0; i < head_dim; i++) og[i] *= corr;
                 mx[g] = m;
             }
-            for (int j = 0; j < n; j++) {
-                float p = expf(scores[j] - mx[g]);
-                sum[g] += p;
-                const uint16_t *vj = vb + (size_t)j * head_dim;
-#if defined(__x86_64__)
-                if (simd) axpy_f16_avx2(p, vj, og, head_dim); else axpy_f16_scalar(p, vj, og, head_dim);
-#else
-                axpy_f16_scalar(p, vj, og, head_dim);
-#endif
-            }
+            weights(s, n, mx[g]);
+            for (int j = 0; j < n; j++) sum[g] += s[j];
+            accumulate_v(s, vf, n, head_dim, og);
         }
     }
     for (int g = 0; g < group; g++) {

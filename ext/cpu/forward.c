@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "inferd.h"
 
 #define Q_DIM(c) ((c)->n_heads * (c)->head_dim)
@@ -72,10 +73,8 @@ static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
         size_t slot = layer_off + (size_t)bt[pos / KV_BLOCK] * KV_DIM(cfg) * KV_BLOCK;
         for (int h = 0; h < cfg->n_kv_heads; h++) {
             size_t off = slot + ((size_t)h * KV_BLOCK + pos % KV_BLOCK) * cfg->head_dim;
-            for (int i = 0; i < cfg->head_dim; i++) {
-                c->k_cache[off + i] = f32_to_f16(k[h * cfg->head_dim + i]);
-                c->v_cache[off + i] = f32_to_f16(v[h * cfg->head_dim + i]);
-            }
+            store_f16(k + h * cfg->head_dim, c->k_cache + off, cfg->head_dim);
+            store_f16(v + h * cfg->head_dim, c->v_cache + off, cfg->head_dim);
         }
     }
 }
@@ -87,7 +86,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const model_config_t *cfg = &c->model->cfg;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * (KV_BLOCK + 2 * cfg->n_heads);
+    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, cfg->head_dim);
     for (int64_t item = begin; item < end; item++) {
         int t = (int)(item / cfg->n_kv_heads), h = (int)(item % cfg->n_kv_heads);
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
@@ -107,7 +106,7 @@ static void swiglu_fn(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t t = begin; t < end; t++) {
         const float *g = c->gu + t * 2 * hidden, *u = g + hidden;
         float *h = c->h + t * hidden;
-        for (int i = 0; i < hidden; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        swiglu(g, u, h, hidden);
         quantize_act(h, hidden, c->xq + t * (hidden / QK));
     }
 }
@@ -129,18 +128,30 @@ static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* ---- the step ---- */
 
-static void run(context_t *c, int64_t n, int64_t chunk, pool_fn fn, stage_t *s) { pool_run(c->pool, n, chunk, fn, s); }
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
-static void matmul(context_t *c, stage_t *s, const weight_t *w, float *y, int accumulate) {
+/* one parallel region; with profiling on, its wall time is added to the stage's total */
+static void run(context_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, stage_t *s) {
+    if (!c->profile_on) { pool_run(c->pool, n, chunk, fn, s); return; }
+    double t0 = now_seconds();
+    pool_run(c->pool, n, chunk, fn, s);
+    c->profile[stage] += now_seconds() - t0;
+}
+
+static void matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float *y, int accumulate) {
     s->w = w; s->y = y; s->ldy = w->rows; s->accumulate = accumulate;
     int tiles = matmul_num_tiles(w);
     int chunk = tiles / (pool_size(c->pool) * 8);
-    run(c, tiles, chunk < 1 ? 1 : chunk, matmul_fn, s);
+    run(c, stage, tiles, chunk < 1 ? 1 : chunk, matmul_fn, s);
 }
 
 static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma) {
     s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->out = c->xn;
-    run(c, s->ntok, 4, norm_quant_fn, s);
+    run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
 static int check_batch(const context_t *c, const batch_t *b) {
@@ -170,22 +181,22 @@ int forward(context_t *c, const batch_t *b) {
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T};
 
-    run(c, T, 16, embed_fn, &s);                                       /* x = embed(tokens) */
+    run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_t *L = &m->layers[l];
         s.layer = l;
         prepare_input(c, &s, c->x, dim, L->attn_norm);                 /* xn = rmsnorm(x) */
-        matmul(c, &s, &L->wqkv, c->qkv, 0);                            /* qkv = Wqkv xn */
-        run(c, T, 4, rope_kv_fn, &s);                                  /* rope, cache k and v */
-        run(c, (int64_t)T * cfg->n_kv_heads, 1, attention_fn, &s);     /* xn = attention */
+        matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
+        run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);                               /* rope, cache k and v */
+        run(c, STAGE_ATTENTION, (int64_t)T * cfg->n_kv_heads, 1, attention_fn, &s);    /* xn = attention */
         prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL);
-        matmul(c, &s, &L->wo, c->x, 1);                                /* x += Wo attn */
+        matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm);                  /* xn = rmsnorm(x) */
-        matmul(c, &s, &L->wgu, c->gu, 0);                              /* gate|up = Wgu xn */
-        run(c, T, 4, swiglu_fn, &s);                                   /* h = silu(gate) * up */
+        matmul(c, STAGE_GATE_UP, &s, &L->wgu, c->gu, 0);                           /* gate|up = Wgu xn */
+        run(c, STAGE_SWIGLU, T, 4, swiglu_fn, &s);                                /* h = silu(gate) * up */
         s.in = c->h; s.in_dim = cfg->hidden; s.gamma = NULL;
-        matmul(c, &s, &L->wdown, c->x, 1);                             /* x += Wdown h */
+        matmul(c, STAGE_DOWN, &s, &L->wdown, c->x, 1);                          /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
     if (b->num_out == 0) return 0;
@@ -194,8 +205,8 @@ int forward(context_t *c, const batch_t *b) {
         if (b->out_rows[i] != i) memmove(c->x + (size_t)i * dim, c->x + (size_t)b->out_rows[i] * dim, dim * sizeof(float));
     s.ntok = b->num_out;
     prepare_input(c, &s, c->x, dim, m->output_norm);
-    matmul(c, &s, &m->output, c->logits, 0);
-    run(c, b->num_out, 1, sample_fn, &s);
+    matmul(c, STAGE_OUTPUT, &s, &m->output, c->logits, 0);
+    run(c, STAGE_SAMPLE, b->num_out, 1, sample_fn, &s);
     return 0;
 }
 
@@ -224,7 +235,7 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
     c->xq = malloc((size_t)max_tokens * (widest_in / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
-    c->attn_scratch = malloc((size_t)nt * (KV_BLOCK + 2 * cfg->n_heads) * sizeof(float));
+    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
     if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->qkv || !c->gu || !c->h || !c->xq ||
         !c->logits || !c->attn_scratch || !c->sample_scratch) {

@@ -78,8 +78,11 @@ void quantize_act(const float *x, int n, block_q8x *out);                 /* x: 
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
-void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);
+void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
+void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
+void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
+size_t attention_scratch_floats(int n_heads, int head_dim);
 void attention_token(const float *q, int group, int n_kv_heads, int head_dim, const uint16_t *k_head,
                      const uint16_t *v_head, const int32_t *block_table, int ctx_len, float *out, float *scratch);
 
@@ -161,9 +164,15 @@ typedef struct {
     float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
 } batch_t;
 
+/* stages of a step, for the optional profile */
+enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP,
+       STAGE_SWIGLU, STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, NUM_STAGES };
+
 typedef struct {
     const model_t *model;
     pool_t *pool;
+    int profile_on;
+    double profile[NUM_STAGES];        /* seconds per stage, summed over steps while profile_on */
     int max_tokens, max_out;
     int num_kv_blocks;
     uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16 */
@@ -175,7 +184,7 @@ typedef struct {
     float *h;                          /* (max_tokens, hidden) */
     block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) */
     float *logits;                     /* (max_out, vocab) */
-    float *attn_scratch;               /* (threads, n_heads * (KV_BLOCK + head_dim + 2)) */
+    float *attn_scratch;               /* (threads, attention_scratch_floats) */
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
 } context_t;
 

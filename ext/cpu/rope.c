@@ -1,15 +1,8 @@
-/* RMSNorm and rotary embeddings. One implementation for every path (no SIMD variant), so they are
- * trivially identical across paths; they are a small share of a step. */
+/* Rotary embeddings: per-position tables computed once at load, applied to q and k of each token. One
+ * implementation for every path (no SIMD variant), so the paths agree trivially. */
 #include <math.h>
 #include <stdlib.h>
 #include "inferd.h"
-
-void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out) {
-    double ss = 0.0;                       /* double: the mean of squares over thousands of values */
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * gamma[i];
-}
 
 /* cos_sin: (head_dim/2, 2) for this position. neox pairs (i, i + head_dim/2) as Hugging Face does;
  * otherwise adjacent pairs (2i, 2i+1), the layout llama.cpp's converter gives llama GGUF files. */
@@ -57,4 +50,22 @@ int model_init_rope(model_t *m) {
             m->rope_cos_sin[((size_t)p * half + i) * 2 + 1] = (float)sin(a);
         }
     return 0;
+}
+
+/* out: (n) f16, rounded to nearest even; F16C's conversion and f32_to_f16 give the same bits */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,f16c"))) static void store_f16_avx2(const float *x, uint16_t *out, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+#endif
+
+void store_f16(const float *x, uint16_t *out, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { store_f16_avx2(x, out, n); return; }
+#endif
+    for (int i = 0; i < n; i++) out[i] = f32_to_f16(x[i]);
 }

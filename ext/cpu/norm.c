@@ -1,0 +1,54 @@
+/* Row-wise operations around the matmuls: RMSNorm and SwiGLU. Scalar and AVX2 variants use the same
+ * operations in the same order (8 lanes, hsum8_pairs, vecmath's exp), so the paths give the same bits. */
+#include <math.h>
+#include "inferd.h"
+#include "vecmath.h"
+
+static void rmsnorm_scalar(const float *x, const float *gamma, int n, float eps, float *out) {
+    float a[8] = {0};
+    for (int i = 0; i < n; i += 8)
+        for (int l = 0; l < 8; l++) a[l] = __builtin_fmaf(x[i + l], x[i + l], a[l]);
+    float scale = 1.0f / sqrtf(hsum8_pairs_scalar(a) / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * gamma[i];
+}
+
+static void swiglu_scalar(const float *g, const float *u, float *h, int n) {
+    for (int i = 0; i < n; i++) h[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c")))
+static void rmsnorm_avx2(const float *x, const float *gamma, int n, float eps, float *out) {
+    __m256 a = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) { __m256 v = _mm256_loadu_ps(x + i); a = _mm256_fmadd_ps(v, v, a); }
+    float scale = 1.0f / sqrtf(hsum8_pairs(a) / (float)n + eps);
+    __m256 vs = _mm256_set1_ps(scale);
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(gamma + i)));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void swiglu_avx2(const float *g, const float *u, float *h, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_sub_ps(zero, gv));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+}
+#endif
+
+/* n is a multiple of 8 (model dimensions are multiples of 32) */
+void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { rmsnorm_avx2(x, gamma, n, eps, out); return; }
+#endif
+    rmsnorm_scalar(x, gamma, n, eps, out);
+}
+
+void swiglu(const float *g, const float *u, float *h, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { swiglu_avx2(g, u, h, n); return; }
+#endif
+    swiglu_scalar(g, u, h, n);
+}
