@@ -118,6 +118,14 @@ void attention_token(const float *q, int group, int n_kv_heads, int head_dim, co
     memset(out, 0, (size_t)group * head_dim * sizeof(float));
     for (int blk = 0; blk * KV_BLOCK < ctx_len; blk++) {
         int n = ctx_len - blk * KV_BLOCK < KV_BLOCK ? ctx_len - blk * KV_BLOCK : KV_BLOCK;
+        if ((blk + 1) * KV_BLOCK < ctx_len) {         /* the next block is elsewhere in memory: fetch it early */
+            const char *nk = (const char *)(k_head + (size_t)block_table[blk + 1] * block_stride);
+            const char *nv = (const char *)(v_head + (size_t)block_table[blk + 1] * block_stride);
+            for (size_t off = 0; off < (size_t)KV_BLOCK * head_dim * 2; off += 64) {
+                __builtin_prefetch(nk + off);
+                __builtin_prefetch(nv + off);
+            }
+        }
         to_f32(k_head + (size_t)block_table[blk] * block_stride, kf, n * head_dim);
         to_f32(v_head + (size_t)block_table[blk] * block_stride, vf, n * head_dim);
         for (int g = 0; g < group; g++) {
