@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(256) convert_kernel(const ConvertArgs a) {
             amax = 0.0f;
             for (int w = 0; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            for (int k = threadIdx.x; k < K; k += blockDim.x) ((int8_t *)a.q)[row * K + k] = (int8_t)roundf(conv_x[k] * id);
+            for (int k = threadIdx.x; k < K; k += blockDim.x) ((int8_t *)a.q)[row * K + k] = (int8_t)roundf(__fmul_rn(conv_x[k], id));
             if (threadIdx.x == 0) ((float *)a.s)[row] = d;
             break;
         }
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(256) convert_kernel(const ConvertArgs a) {
                 float amax = 0.0f;
                 for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
                 const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-                for (int j = 0; j < 32; ++j) ((int8_t *)a.q)[row * K + g * 32 + j] = (int8_t)roundf(x[j] * id);
+                for (int j = 0; j < 32; ++j) ((int8_t *)a.q)[row * K + g * 32 + j] = (int8_t)roundf(__fmul_rn(x[j], id));
                 ((uint16_t *)a.s)[row * ng + g] = float_to_f16_bits(d);
             }
             break;
@@ -192,8 +192,9 @@ __global__ void __launch_bounds__(256) convert_kernel(const ConvertArgs a) {
                     if (amax < fabsf(x[j])) { amax = fabsf(x[j]); mx = x[j]; }
                 const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
                 for (int j = 0; j < 16; ++j) {
-                    const int x0 = min(15, (int)(int8_t)(x[j] * id + 8.5f));
-                    const int x1 = min(15, (int)(int8_t)(x[16 + j] * id + 8.5f));
+                    /* __fmul_rn: no fused multiply-add, so the codes equal ggml's (and numpy's) bit for bit */
+                    const int x0 = min(15, (int)(int8_t)(__fmul_rn(x[j], id) + 8.5f));
+                    const int x1 = min(15, (int)(int8_t)(__fmul_rn(x[16 + j], id) + 8.5f));
                     ((uint8_t *)a.q)[row * (K / 2) + g * 16 + j] = (uint8_t)(x0 | (x1 << 4));
                 }
                 ((uint16_t *)a.s)[row * ng + g] = float_to_f16_bits(d);
@@ -206,8 +207,8 @@ __global__ void __launch_bounds__(256) convert_kernel(const ConvertArgs a) {
                 for (int j = 0; j < 32; ++j) { mn = fminf(mn, x[j]); mx = fmaxf(mx, x[j]); }
                 const float d = (mx - mn) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
                 for (int j = 0; j < 16; ++j) {
-                    const int x0 = min(15, (int)(int8_t)((x[j] - mn) * id + 0.5f));
-                    const int x1 = min(15, (int)(int8_t)((x[16 + j] - mn) * id + 0.5f));
+                    const int x0 = min(15, (int)(int8_t)(__fmul_rn(x[j] - mn, id) + 0.5f));
+                    const int x1 = min(15, (int)(int8_t)(__fmul_rn(x[16 + j] - mn, id) + 0.5f));
                     ((uint8_t *)a.q)[row * (K / 2) + g * 16 + j] = (uint8_t)(x0 | (x1 << 4));
                 }
                 ((uint16_t *)a.s)[(row * ng + g) * 2] = float_to_f16_bits(d);

@@ -1,0 +1,346 @@
+"""CudaEngine: the Engine interface on an NVIDIA GPU (selected by `--device cuda`).
+
+The same contract as inferd.engine.engine.Engine: step(list[SeqInput]) -> list[SeqOutput], one call per
+scheduler step, blocks of 64 KV positions. Inside, one C call (inferd._cuda.Model.step, without the GIL) runs the
+whole forward pass and the sampler on the GPU: a pure decode batch of up to 32 sequences replays a captured CUDA
+graph; everything else runs the same kernels eagerly with tensor-core GEMMs for the projections.
+
+Weights keep their file's format on the GPU when a kernel reads it directly (Q8_0, Q4_0, Q4_1; F16/BF16/F32
+become bf16), or are converted on the GPU when weight_dtype asks for bf16, int8 (per-row scale) or int4 (groups
+of 32, Q4_0's rule). The KV cache is f16 (as the CPU engine's) or bf16.
+
+Environment: INFERD_CUDA_WEIGHTS (auto|bf16|int8|int4|q8_0), INFERD_CUDA_KV (f16|bf16), INFERD_CUDA_GRAPHS=0,
+INFERD_CUDA_PDL=0, INFERD_CUDA_GEMM=own (our mma kernel instead of cuBLAS), INFERD_CUDA_DEVICE.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import Sequence
+
+import numpy as np
+
+try:
+    from inferd.engine.engine import SamplingParams, SeqInput, SeqOutput
+except ImportError:  # the CPU extension is missing: the dataclasses are all we need from there
+    SamplingParams = SeqInput = SeqOutput = None  # type: ignore[assignment]
+
+BLOCK_SIZE = 64
+MAX_LOGPROBS = 20
+# most precise first; a fused matrix takes the most precise format among its parts
+_PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
+_AUTO = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4", "Q4_1": "q4_1"}
+
+
+def _cuda():
+    try:
+        from inferd import _cuda
+    except ImportError as e:
+        raise RuntimeError("inferd was built without its CUDA backend (inferd._cuda is missing: build with nvcc "
+                           "on PATH, or INFERD_CUDA=1 to make that an error)") from e
+    return _cuda
+
+
+def cuda_available() -> bool:
+    try:
+        return _cuda().device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def rope_inv_freq(cfg) -> np.ndarray:
+    """Per-pair inverse frequencies in float64, llama3 scaling included, exactly as the CPU engine computes them."""
+    half = cfg.head_dim // 2
+    rope = cfg.rope_scaling or {}
+    factor = float(rope.get("factor", 0.0))
+    low = float(rope.get("low_freq_factor", 1.0))
+    high = float(rope.get("high_freq_factor", 4.0))
+    orig = int(rope.get("original_max_position_embeddings", 8192))
+    out = np.empty(half, np.float64)
+    for i in range(half):
+        f = math.pow(float(cfg.rope_theta), -2.0 * i / cfg.head_dim)
+        if factor > 0:
+            low_wl, high_wl = orig / low, orig / high
+            wl = 2.0 * math.pi / f
+            if wl > low_wl:
+                f /= factor
+            elif wl >= high_wl:
+                smooth = (orig / wl - low) / (high - low)
+                f = (1.0 - smooth) * f / factor + smooth * f
+        out[i] = f
+    return out
+
+
+def _vector(t) -> np.ndarray:
+    if t.type == "F32":
+        return np.ascontiguousarray(t.data, np.float32).reshape(-1)
+    if t.type == "F16":
+        return t.data.view(np.float16).astype(np.float32).reshape(-1)
+    if t.type == "BF16":
+        return (t.data.astype(np.uint32) << 16).view(np.float32).reshape(-1)
+    raise ValueError(f"{t.name}: a {t.type} vector is not supported by the CUDA engine")
+
+
+class CudaEngine:
+    block_size = BLOCK_SIZE
+
+    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
+                 threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str | None = None,
+                 kv_dtype: str | None = None, device: int | None = None, use_graphs: bool | None = None,
+                 use_pdl: bool | None = None, gemm: str | None = None):
+        cu = _cuda()
+        if cu.device_count() == 0:
+            raise RuntimeError("no CUDA device is visible")
+        self._cu = cu
+        cfg = model.config
+        self.model = model
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.context_length = cfg.context_length
+        self.max_batch_tokens = max_batch_tokens
+        self.max_seqs = max_seqs
+        self.num_kv_blocks = num_kv_blocks
+        self.threads = threads or 1
+        self.max_logits_rows = min(max_logits_rows or max(64, 5 * max_seqs), max_batch_tokens)
+        self.max_blocks_per_seq = -(-cfg.context_length // BLOCK_SIZE)
+        env = os.environ.get
+        self.weight_dtype = (weight_dtype or env("INFERD_CUDA_WEIGHTS", "auto")).lower()
+        if self.weight_dtype not in ("auto", "bf16", "int8", "int4", "q8_0"):
+            raise ValueError(f"weight_dtype must be auto, bf16, int8, int4 or q8_0, not {self.weight_dtype!r}")
+        kv = (kv_dtype or env("INFERD_CUDA_KV", "f16")).lower()
+        if kv not in ("f16", "bf16"):
+            raise ValueError(f"kv_dtype must be f16 or bf16, not {kv!r}")
+        self.kv_dtype = kv
+        dev = int(device if device is not None else env("INFERD_CUDA_DEVICE", "0"))
+        cu.set_device(dev)
+        self.device_info = cu.device_info(dev)
+        self.kernel_path = f"cuda:{self.device_info['name']}"
+        graphs = use_graphs if use_graphs is not None else env("INFERD_CUDA_GRAPHS", "1") != "0"
+        pdl = use_pdl if use_pdl is not None else env("INFERD_CUDA_PDL", "1") != "0"
+        gemm_kind = 1 if (gemm or env("INFERD_CUDA_GEMM", "cublas")) == "own" else 0
+        self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
+        config = {
+            "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+            "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
+            "context_length": cfg.context_length, "qkv_bias": int(cfg.qkv_bias),
+            "tie_embeddings": int(cfg.tie_embeddings or "output.weight" not in model.tensors),
+            "rope_neox": int(cfg.rope_neox), "norm_eps": float(cfg.norm_eps),
+            "kv_dtype": cu.KV_F16 if kv == "f16" else cu.KV_BF16, "num_kv_blocks": num_kv_blocks,
+            "max_batch_tokens": max_batch_tokens, "max_seqs": max_seqs, "max_logits_rows": self.max_logits_rows,
+            "max_adj": self.max_adj, "use_graphs": int(graphs), "use_pdl": int(pdl), "gemm_kind": gemm_kind,
+        }
+        self._m = cu.Model(config, rope_inv_freq(cfg))
+        self._load(model)
+        self.weight_bytes = self._m.weight_bytes
+        self.kv_bytes_per_token = 2 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
+        self.last_step_used_graph = False
+
+    @staticmethod
+    def kv_blocks_for_bytes(config, nbytes: int) -> int:
+        per_block = 2 * 2 * config.n_layers * config.n_kv_heads * config.head_dim * BLOCK_SIZE
+        return max(1, nbytes // per_block)
+
+    # ---- weights ----
+
+    def _format(self, parts) -> int:
+        if self.weight_dtype != "auto":
+            name = self.weight_dtype
+        else:
+            names = []
+            for p in parts:
+                if p.type not in _AUTO:
+                    raise ValueError(f"{p.name}: tensor type {p.type} is not supported by the CUDA engine")
+                names.append(_AUTO[p.type])
+            name = min(names, key=_PRECISION.index)
+            if name == "q4_1" and any(p.type != "Q4_1" for p in parts):
+                name = "q8_0"
+        return self._cu.FORMATS[name]
+
+    def _matrix(self, which: int, layer: int, parts) -> None:
+        cu = self._cu
+        rows = sum(p.rows for p in parts)
+        cols = parts[0].cols
+        if any(p.cols != cols for p in parts):
+            raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
+        self._m.alloc_weight(which, layer, self._format(parts), rows, cols)
+        row0 = 0
+        for p in parts:
+            self._m.load_weight(which, layer, cu.SRC_TYPES[p.type], p.data, row0)
+            row0 += p.rows
+
+    def _load(self, model) -> None:
+        cu, cfg, ts = self._cu, self.config, model.tensors
+        self._matrix(cu.W_EMB, 0, [ts["token_embd.weight"]])
+        if "output.weight" in ts and not cfg.tie_embeddings:
+            self._matrix(cu.W_OUT, 0, [ts["output.weight"]])
+        self._vec(cu.W_OUT_NORM, 0, _vector(ts["output_norm.weight"]))
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            self._vec(cu.W_ATTN_NORM, i, _vector(ts[p + "attn_norm.weight"]))
+            self._vec(cu.W_FFN_NORM, i, _vector(ts[p + "ffn_norm.weight"]))
+            self._matrix(cu.W_QKV, i, [ts[p + "attn_q.weight"], ts[p + "attn_k.weight"], ts[p + "attn_v.weight"]])
+            if cfg.qkv_bias:
+                self._vec(cu.W_QKV_BIAS, i, np.concatenate([_vector(ts[p + f"attn_{x}.bias"]) for x in "qkv"]))
+            self._matrix(cu.W_O, i, [ts[p + "attn_output.weight"]])
+            self._matrix(cu.W_GU, i, [ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]])
+            self._matrix(cu.W_DOWN, i, [ts[p + "ffn_down.weight"]])
+        self._m.finish_load()
+
+    def _vec(self, which: int, layer: int, v: np.ndarray) -> None:
+        v = np.ascontiguousarray(v, np.float32)
+        self._m.alloc_weight(which, layer, 0, 1, v.size)
+        self._m.load_weight(which, layer, self._cu.SRC_F32, v)
+
+    # ---- steps ----
+
+    def step(self, seqs: list, *, want_hidden: bool = False):
+        """Runs one forward pass over all sequences and samples. Raises ValueError on a bad batch."""
+        if want_hidden:
+            raise NotImplementedError("the CUDA engine does not return hidden states")
+        if not seqs:
+            return []
+        if len(seqs) > self.max_seqs:
+            raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {self.max_seqs}")
+        tokens, positions, seq_of_token, out_rows, sampled = [], [], [], [], []
+        rows_of_seq: list[tuple[int, int, int]] = []
+        width = 1
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            if n == 0:
+                raise ValueError(f"sequence {i} has no tokens")
+            if not 0 <= s.num_sampled <= n:
+                raise ValueError(f"sequence {i}: num_sampled {s.num_sampled} with {n} tokens")
+            end = s.start_pos + n
+            if s.start_pos < 0 or end > self.context_length:
+                raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
+                                 f"of {self.context_length}")
+            if len(s.block_table) * BLOCK_SIZE < end:
+                raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
+            if any(not 0 <= b < self.num_kv_blocks for b in s.block_table[:(end + BLOCK_SIZE - 1) // BLOCK_SIZE]):
+                raise ValueError(f"sequence {i}: a KV block id is outside [0, {self.num_kv_blocks})")
+            if any(not 0 <= t < self.vocab_size for t in s.token_ids):
+                raise ValueError(f"sequence {i}: a token id is outside the vocabulary of {self.vocab_size}")
+            base = len(tokens)
+            tokens.extend(s.token_ids)
+            positions.extend(range(s.start_pos, end))
+            seq_of_token.extend([i] * n)
+            first_row = len(out_rows)
+            first_logit = 0 if s.want_logits else n - s.num_sampled
+            out_rows.extend(range(base + first_logit, base + n))
+            sampled.extend(k >= n - s.num_sampled for k in range(first_logit, n))
+            rows_of_seq.append((first_row, n - first_logit, n - s.num_sampled - first_logit))
+            width = max(width, -(-end // BLOCK_SIZE))
+        if len(tokens) > self.max_batch_tokens:
+            raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {self.max_batch_tokens}")
+        if len(out_rows) > self.max_logits_rows:
+            raise ValueError(f"{len(out_rows)} logits rows in one step; at most {self.max_logits_rows}")
+        tables = np.zeros((len(seqs), width), np.int32)
+        for i, s in enumerate(seqs):
+            k = min(width, len(s.block_table))
+            tables[i, :k] = s.block_table[:k]
+        params, adj_offset, adj, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
+        want_logits = need_logits or any(s.want_logits for s in seqs)
+        out_tok, out_lp, logits, used_graph = self._m.step(
+            np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(seq_of_token, np.int32),
+            tables, np.asarray(out_rows, np.int32), params, adj_offset, adj, want_logits)
+        self.last_step_used_graph = used_graph
+        return [self._output(s, first, count, first_sampled, out_tok, out_lp, logits)
+                for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)]
+
+    def _sampling_arrays(self, seqs, rows_of_seq, positions, out_rows):
+        cu = self._cu
+        n_out = len(out_rows)
+        params = np.zeros(n_out, cu.SAMPLE_PARAMS_DTYPE)
+        params["top_p"] = 1.0
+        params["repetition_penalty"] = 1.0
+        adj_offset = np.zeros(n_out + 1, np.int32)
+        entries: list[np.ndarray] = []
+        n_adj = 0
+        need_logits = False
+        for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
+            sp = s.params or SamplingParams(temperature=0.0)
+            seed = sp.seed if sp.seed is not None else random.getrandbits(64)
+            bias_ids = bias_vals = None
+            if sp.logit_bias:
+                bias_ids = np.array([int(t) for t in sp.logit_bias], np.int64)
+                if np.any((bias_ids < 0) | (bias_ids >= self.vocab_size)):
+                    bad = int(bias_ids[(bias_ids < 0) | (bias_ids >= self.vocab_size)][0])
+                    raise ValueError(f"logit_bias token {bad} is outside the vocabulary of {self.vocab_size}")
+                bias_vals = np.array([float(v) for v in sp.logit_bias.values()], np.float32)
+            if sp.logprobs is not None and sp.logprobs > 0:
+                need_logits = True
+            n = len(s.token_ids)
+            for r in range(first, first + count):
+                adj_offset[r + 1] = n_adj
+                if r < first + first_sampled:
+                    continue                      # a logits-only row: greedy, nothing to adjust
+                k = n - (first + count - r)       # index of this row's token in token_ids
+                p = params[r]
+                p["temperature"] = sp.temperature
+                p["top_p"] = sp.top_p
+                p["min_p"] = sp.min_p
+                p["top_k"] = sp.top_k
+                p["repetition_penalty"] = sp.repetition_penalty
+                p["presence_penalty"] = sp.presence_penalty
+                p["frequency_penalty"] = sp.frequency_penalty
+                p["seed"] = seed & 0xFFFFFFFFFFFFFFFF
+                p["position"] = positions[out_rows[r]] + 1
+                e = self._adjustments(s, sp, k, bias_ids, bias_vals)
+                if e is not None and len(e):
+                    entries.append(e)
+                    n_adj += len(e)
+                adj_offset[r + 1] = n_adj
+        if n_adj > self.max_adj:
+            raise ValueError(f"{n_adj} penalised or biased tokens in one step; the engine takes at most {self.max_adj}")
+        adj = np.concatenate(entries) if entries else np.zeros(0, cu.ADJ_DTYPE)
+        return params, adj_offset, adj, need_logits
+
+    def _adjustments(self, s, sp, k, bias_ids, bias_vals):
+        """This row's logit adjustments: one entry per distinct biased or penalised token."""
+        hist_ids = hist_counts = out_ids = out_counts = None
+        if sp.has_penalties:
+            known = s.start_pos + k + 1
+            hist = np.asarray(list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos):k + 1]),
+                              np.int64)
+            hist = hist[(hist >= 0) & (hist < self.vocab_size)]
+            hist_ids = np.unique(hist)
+            out = hist[s.num_prompt:] if s.num_prompt < len(hist) else hist[:0]
+            out_ids, out_counts = np.unique(out, return_counts=True)
+        if bias_ids is None and hist_ids is None:
+            return None
+        ids = np.unique(np.concatenate([x for x in (bias_ids, hist_ids) if x is not None]))
+        e = np.zeros(len(ids), self._cu.ADJ_DTYPE)
+        e["token"] = ids
+        if bias_ids is not None:
+            b = np.zeros(len(ids), np.float32)
+            np.add.at(b, np.searchsorted(ids, bias_ids), bias_vals)   # a repeated id adds up, as on the CPU
+            e["bias"] = b
+        if hist_ids is not None:
+            flags = np.isin(ids, hist_ids).astype(np.int32)
+            cnt = np.zeros(len(ids), np.int32)
+            cnt[np.searchsorted(ids, out_ids)] = out_counts
+            e["flags"] = flags | (cnt << 1)
+        return e
+
+    @staticmethod
+    def _output(s, first, count, first_sampled, out_tok, out_lp, logits):
+        out = SeqOutput()
+        rows = range(first + first_sampled, first + count)
+        out.tokens = [int(out_tok[r]) for r in rows]
+        sp = s.params
+        if sp is not None and sp.logprobs is not None:
+            out.logprobs = [float(out_lp[r]) for r in rows]
+            k = min(sp.logprobs, MAX_LOGPROBS)
+            out.top_logprobs = [_top_logprobs(logits[r], k) if k > 0 else [] for r in rows]
+        if s.want_logits:
+            out.logits = logits[first:first + count].copy()
+        return out
+
+
+def _top_logprobs(row: np.ndarray, k: int) -> list[tuple[int, float]]:
+    m = float(row.max())
+    lse = m + math.log(float(np.exp((row - m).astype(np.float64)).sum()))
+    idx = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
+    idx = sorted(idx.tolist(), key=lambda i: (-row[i], i))
+    return [(int(i), float(row[i]) - lse) for i in idx]

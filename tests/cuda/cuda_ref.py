@@ -1,0 +1,209 @@
+"""numpy references for the CUDA kernels: the device weight formats (packing and float64 values), ggml's
+quantization rules, and a port of the CPU sampler. Shared by tests/cuda/test_*.py; nothing here needs a GPU."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BF16, I8, Q8, Q4, Q41 = 0, 1, 2, 3, 4
+FORMAT_NAMES = {BF16: "bf16", I8: "int8", Q8: "q8_0", Q4: "int4", Q41: "q4_1"}
+
+
+def to_bf16_bits(x) -> np.ndarray:
+    """float32 -> bf16 bit patterns, round to nearest even."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_bits_to_f32(b) -> np.ndarray:
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_round(x) -> np.ndarray:
+    return bf16_bits_to_f32(to_bf16_bits(x))
+
+
+def roundf(v: np.ndarray) -> np.ndarray:
+    """C's roundf (halves away from zero) on float32, exactly."""
+    v = np.asarray(v, np.float32)
+    t = np.trunc(v)
+    frac = np.abs(v - t)                       # exact in float32
+    return np.where(frac >= np.float32(0.5), t + np.sign(v), t).astype(np.float32)
+
+
+def _safe_inv(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)), np.float32(0.0)).astype(np.float32)
+
+
+def quantize(fmt: int, w: np.ndarray):
+    """ggml's rules, in float32 as the kernels compute them. Returns (q bytes, scale bytes or None, values
+    float64 (rows, cols))."""
+    w = np.ascontiguousarray(w, np.float32)
+    rows, cols = w.shape
+    if fmt == BF16:
+        bits = to_bf16_bits(w)
+        return bits, None, bf16_bits_to_f32(bits).astype(np.float64)
+    if fmt == I8:
+        amax = np.abs(w).max(axis=1)
+        d = (amax / np.float32(127.0)).astype(np.float32)
+        q = roundf(w * _safe_inv(d)[:, None]).astype(np.int8)
+        return q, d.astype(np.float32), q.astype(np.float64) * d[:, None].astype(np.float64)
+    g = w.reshape(rows, cols // 32, 32)
+    if fmt == Q8:
+        amax = np.abs(g).max(axis=2)
+        d = (amax / np.float32(127.0)).astype(np.float32)
+        q = roundf(g * _safe_inv(d)[..., None]).astype(np.int8)
+        d16 = d.astype(np.float16)
+        vals = q.astype(np.float64) * d16.astype(np.float64)[..., None]
+        return q.reshape(rows, cols), d16.view(np.uint16), vals.reshape(rows, cols)
+    if fmt == Q4:
+        idx = np.abs(g).argmax(axis=2)            # first largest magnitude, as ggml's strict '<' scan
+        mx = np.take_along_axis(g, idx[..., None], axis=2)[..., 0]
+        d = (mx / np.float32(-8.0)).astype(np.float32)
+        x = (g * _safe_inv(d)[..., None]).astype(np.float32) + np.float32(8.5)
+        q = np.minimum(15, np.trunc(x).astype(np.int32)).astype(np.uint8)
+        d16 = d.astype(np.float16)
+        vals = (q.astype(np.float64) - 8.0) * d16.astype(np.float64)[..., None]
+        return pack_nibbles(q), d16.view(np.uint16), vals.reshape(rows, cols)
+    if fmt == Q41:
+        mn = g.min(axis=2)
+        mx = g.max(axis=2)
+        d = ((mx - mn) / np.float32(15.0)).astype(np.float32)
+        x = ((g - mn[..., None]).astype(np.float32) * _safe_inv(d)[..., None]).astype(np.float32) + np.float32(0.5)
+        q = np.minimum(15, np.trunc(x).astype(np.int32)).astype(np.uint8)
+        d16, m16 = d.astype(np.float16), mn.astype(np.float16)
+        vals = q.astype(np.float64) * d16.astype(np.float64)[..., None] + m16.astype(np.float64)[..., None]
+        s = np.stack([d16.view(np.uint16), m16.view(np.uint16)], axis=-1)
+        return pack_nibbles(q), s, vals.reshape(rows, cols)
+    raise ValueError(fmt)
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(rows, groups, 32) codes 0..15 -> (rows, groups * 16) bytes: element j low nibble, j + 16 high nibble."""
+    rows, groups, _ = q.shape
+    b = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+    return b.reshape(rows, groups * 16)
+
+
+def gguf_blocks(fmt_name: str, w: np.ndarray) -> np.ndarray:
+    """A float32 matrix in GGUF block layout (uint8 (rows, bytes per row)) for Q8_0 / Q4_0 / Q4_1."""
+    rows, cols = w.shape
+    if fmt_name == "Q8_0":
+        q, d, _ = quantize(Q8, w)
+        blocks = np.concatenate([d.reshape(rows, -1, 1).view(np.uint8).reshape(rows, -1, 2),
+                                 q.reshape(rows, -1, 32).view(np.uint8)], axis=2)
+    elif fmt_name == "Q4_0":
+        q, d, _ = quantize(Q4, w)
+        blocks = np.concatenate([d.reshape(rows, -1, 1).view(np.uint8).reshape(rows, -1, 2),
+                                 q.reshape(rows, -1, 16)], axis=2)
+    elif fmt_name == "Q4_1":
+        q, s, _ = quantize(Q41, w)
+        blocks = np.concatenate([np.ascontiguousarray(s).view(np.uint8).reshape(rows, -1, 4),
+                                 q.reshape(rows, -1, 16)], axis=2)
+    else:
+        raise ValueError(fmt_name)
+    return np.ascontiguousarray(blocks.reshape(rows, -1))
+
+
+def rms_inv(x: np.ndarray, eps: float) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return 1.0 / np.sqrt((x * x).mean(axis=-1) + eps)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+# ---- the CPU sampler (ext/cpu/sample.c), ported line by line ----
+
+def splitmix64(x: int) -> int:
+    M = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
+    return x ^ (x >> 31)
+
+
+def rng_uniform(seed: int, position: int) -> float:
+    r = splitmix64((seed & ((1 << 64) - 1)) ^ splitmix64(position & ((1 << 64) - 1)))
+    return float(np.float32(r >> 40) * np.float32(1.0 / 16777216.0))
+
+
+def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_prompt: int = 0,
+               bias: dict | None = None) -> tuple[int, float]:
+    """(token, logprob) as sample_row chooses them; logits float32 (vocab)."""
+    raw = np.asarray(logits, np.float32).copy()
+    lg = raw.copy()
+    V = lg.size
+    m = float(raw.max())
+    lse = m + math.log(float(np.exp((raw - np.float32(m)).astype(np.float64)).sum()))
+    for tok, val in (bias or {}).items():
+        lg[tok] = np.float32(lg[tok] + np.float32(val))
+    rp, pp, fp = p.get("repetition_penalty", 1.0), p.get("presence_penalty", 0.0), p.get("frequency_penalty", 0.0)
+    if rp != 1.0 or pp != 0.0 or fp != 0.0:
+        seen, counts = set(), {}
+        for i, t in enumerate(history):
+            if t not in seen and rp != 1.0:
+                lg[t] = lg[t] / np.float32(rp) if lg[t] > 0 else lg[t] * np.float32(rp)
+            seen.add(t)
+            if i >= num_prompt:
+                counts[t] = counts.get(t, 0) + 1
+        for t, n in counts.items():
+            lg[t] = lg[t] - (np.float32(pp) + np.float32(fp) * np.float32(n))
+    T = p.get("temperature", 0.0)
+    if T <= 0:
+        chosen = int(np.argmax(lg))
+        return chosen, float(raw[chosen]) - lse
+    m = np.float32(lg.max())
+    w = np.exp((lg - m) * np.float32(1.0 / np.float32(T))).astype(np.float32)
+    z = float(w.astype(np.float64).sum())
+    u = rng_uniform(p.get("seed", 0), position)
+    top_k, top_p, min_p = p.get("top_k", 0), p.get("top_p", 1.0), p.get("min_p", 0.0)
+    filtered = (0 < top_k < V) or top_p < 1.0 or min_p > 0.0
+    if not filtered:
+        c = np.cumsum(w.astype(np.float64))
+        hits = np.nonzero(c > u * z)[0]
+        chosen = int(hits[0]) if hits.size else V - 1
+        return chosen, float(raw[chosen]) - lse
+    floor_w = min_p if min_p > 0 else 0.0
+    ids = np.nonzero(w >= np.float32(floor_w))[0]
+    order = sorted(ids.tolist(), key=lambda i: (-w[i], i))
+    n = top_k if 0 < top_k < len(order) else len(order)
+    cand = order[:n]
+    if top_p < 1.0:
+        zk = float(sum(float(w[i]) for i in cand)) if 0 < top_k < V else z
+        acc, keep = 0.0, len(cand)
+        for j, i in enumerate(cand):
+            acc += float(w[i])
+            if acc >= top_p * zk:
+                keep = j + 1
+                break
+        cand = cand[:keep]
+    total = float(sum(float(w[i]) for i in cand))
+    target, acc = u * total, 0.0
+    chosen = cand[-1]
+    for i in cand:
+        acc += float(w[i])
+        if acc > target:
+            chosen = i
+            break
+    return int(chosen), float(raw[chosen]) - lse
+
+
+def poisoned(cu, nbytes: int):
+    """A device buffer whose every byte is 0xFF (NaN as float32): outputs a kernel skips stay NaN."""
+    buf = cu.DeviceBuffer(max(int(nbytes), 16))
+    buf.fill(0xFF)
+    return buf
+
+
+def upload(cu, arr):
+    return cu.DeviceBuffer.from_array(np.ascontiguousarray(arr))
+
+
+def rel_err(out, ref) -> float:
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
