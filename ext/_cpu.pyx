@@ -405,5 +405,5 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
         sample_row(&lv[0], vocab, &sp, position, &hist[0] if hist.shape[0] else &zero_i,
                    &bids[0] if bids.shape[0] else &zero_i, &bvals[0] if bvals.shape[0] else &zero_f, scratch, &out)
     free(scratch)
-    k = max(sp.num_logprobs, 0)
+    k = min(max(sp.num_logprobs, 0), vocab)
     return (out.token, out.logprob, [out.top_ids[j] for j in range(k)], [out.top_logprobs[j] for j in range(k)])

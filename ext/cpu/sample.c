@@ -68,6 +68,7 @@ void sample_row(float *logits, int vocab, const sample_params_t *sp, int positio
         for (int i = 0; i < vocab; i++) s += exp((double)(raw[i] - m));
         lse = m + (float)log(s);
         int k = sp->num_logprobs < MAX_TOP_LOGPROBS ? sp->num_logprobs : MAX_TOP_LOGPROBS;
+        if (k > vocab) k = vocab;
         if (k > 0) top_logprobs(raw, vocab, lse, k, out);
     }
     for (int i = 0; i < sp->bias_len; i++) {
@@ -112,8 +113,11 @@ void sample_row(float *logits, int vocab, const sample_params_t *sp, int positio
             for (int i = 0; i < vocab; i++) { acc += logits[i]; if (acc > target) { chosen = i; break; } }
         } else {
             /* weights are exp((l - max)/T), so the best token has weight 1 */
-            float floor_w = sp->min_p > 0.0f ? sp->min_p : 0.0f;
-            if (sp->top_p < 1.0f && (sp->top_k <= 0 || sp->top_k >= vocab)) {
+            /* Tokens that cannot survive may be dropped before sorting. With top-k, top-p is taken over the
+             * top k's own mass, so min-p must wait until the end. */
+            int top_k_on = sp->top_k > 0 && sp->top_k < vocab;
+            float floor_w = sp->min_p > 0.0f && !top_k_on ? sp->min_p : 0.0f;
+            if (sp->top_p < 1.0f && !top_k_on) {
                 /* a token below (1 - top_p) / (vocab - 1) of the mass can never enter the nucleus */
                 float lim = (float)((1.0 - sp->top_p) / (vocab - 1) * z);
                 if (lim > floor_w) floor_w = lim;
@@ -126,7 +130,7 @@ void sample_row(float *logits, int vocab, const sample_params_t *sp, int positio
             n = k;
             if (sp->top_p < 1.0f) {
                 double zk = 0.0, acc = 0.0;
-                if (sp->top_k > 0 && sp->top_k < vocab) for (int i = 0; i < n; i++) zk += cand[i].v;
+                if (top_k_on) for (int i = 0; i < n; i++) zk += cand[i].v;
                 else zk = z;
                 int keep = n;
                 for (int i = 0; i < n; i++) { acc += cand[i].v; if (acc >= sp->top_p * zk) { keep = i + 1; break; } }

@@ -166,7 +166,7 @@ class Engine:
             np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(seq_of_token, np.int32),
             tables, np.asarray(out_rows, np.int32), np.asarray(mask, np.int32), params, history, bias_ids,
             bias_values, any(s.want_logits for s in seqs), want_hidden)
-        outputs = [self._output(s, first, count, first_sampled, samples, logits)
+        outputs = [self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
                    for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)]
         return (outputs, hidden) if want_hidden else outputs
 
@@ -216,7 +216,7 @@ class Engine:
                 np.asarray(bias_values, np.float32))
 
     @staticmethod
-    def _output(s: SeqInput, first: int, count: int, first_sampled: int, samples, logits) -> SeqOutput:
+    def _output(s: SeqInput, first: int, count: int, first_sampled: int, samples, logits, vocab: int) -> SeqOutput:
         out = SeqOutput()
         rows = range(first + first_sampled, first + count)
         out.tokens = [int(samples["token"][r]) for r in rows]
@@ -224,7 +224,7 @@ class Engine:
         if sp is not None and sp.logprobs is not None:
             out.logprobs = [float(samples["logprob"][r]) for r in rows]
             out.top_logprobs = [[(int(samples["top_ids"][r, j]), float(samples["top_logprobs"][r, j]))
-                                 for j in range(sp.logprobs)] for r in rows]
+                                 for j in range(min(sp.logprobs, vocab))] for r in rows]
         if s.want_logits:
             out.logits = logits[first:first + count]
         return out
