@@ -1,0 +1,283 @@
+"""Bit identity, the engine's promise (DESIGN.md section 4): the scalar, AVX2 and VNNI paths give the same bits
+for every kernel and type, and a sequence's logits do not depend on how it is batched: alone, as a prefill split
+into chunks, or beside other sequences in mixed prefill + decode steps, with 1 or 2 threads. Comparisons are
+bitwise (float32 bit patterns), never approximate."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferd import _cpu
+from inferd.engine.engine import Engine, SamplingParams, SeqInput
+from tests.reference import make_tensor, random_model
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+ALL_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni")
+
+
+def available_paths() -> list[str]:
+    old, ok = _cpu.get_path(), []
+    for p in ALL_PATHS:
+        try:
+            _cpu.set_path(p)
+            ok.append(p)
+        except ValueError:
+            pass
+    _cpu.set_path(old)
+    return ok
+
+
+PATHS = available_paths()
+
+
+@pytest.fixture(autouse=True)
+def restore_path():
+    old = _cpu.get_path()
+    yield
+    _cpu.set_path(old)
+
+
+def test_simd_paths_are_available_here():
+    """Without a second path every cross-path test below compares scalar with itself."""
+    if len(PATHS) < 2:
+        pytest.skip(f"only {PATHS} can run on this CPU")
+    if "avxvnni" not in PATHS:
+        pytest.skip("this CPU has no AVX-VNNI (VEX): that path is untested here")   # reported, not hidden
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def assert_bitwise(a, b, msg=""):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.shape == b.shape, msg
+    diff = np.nonzero(bits(a).ravel() != bits(b).ravel())[0]
+    assert diff.size == 0, f"{msg}: {diff.size} values differ, first at flat index {diff[0]}: " \
+                           f"{a.ravel()[diff[0]]!r} vs {b.ravel()[diff[0]]!r}"
+
+
+# ---- kernels ---------------------------------------------------------------------------------------------------
+def weight_of(type_name, rows, cols, seed):
+    x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    t = make_tensor("w", x, type_name)
+    return _cpu.Weight(type_name, rows, cols, t.data)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("rows,cols", [(37, 96), (1003, 160), (64, 1024)])
+def test_matmul_identical_on_every_path(type_name, rows, cols):
+    w = weight_of(type_name, rows, cols, rows + cols)
+    x = np.random.default_rng(1).standard_normal((9, cols)).astype(np.float32)
+    x[3] *= 1e-3
+    x[4, :32] = 0
+    results = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        results[p] = w.matmul(x)
+    for p in PATHS[1:]:
+        assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_matmul_row_independent_of_batch_size(type_name):
+    """A token's row is the same in a batch of 1, of 8 (two groups of 4 tokens) and of 37."""
+    w = weight_of(type_name, 45, 160, 5)
+    x = np.random.default_rng(2).standard_normal((37, 160)).astype(np.float32)
+    for p in PATHS:
+        _cpu.set_path(p)
+        full = w.matmul(x)
+        eight = np.concatenate([w.matmul(x[i:i + 8]) for i in range(0, 37, 8)])
+        single = np.concatenate([w.matmul(x[i:i + 1]) for i in range(37)])
+        assert_bitwise(eight, full, f"{type_name} {p}: batch of 8 vs 37")
+        assert_bitwise(single, full, f"{type_name} {p}: batch of 1 vs 37")
+
+
+def test_activation_quantization_identical_on_every_path():
+    x = np.random.default_rng(3).standard_normal(32 * 50).astype(np.float32) * 7
+    x[:32] = np.r_[127.0, np.arange(31) + 0.5]                            # rounding midpoints
+    results = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        results[p] = _cpu.quantize_activations(x)
+    for p in PATHS[1:]:
+        for a, b in zip(results[p], results[PATHS[0]]):
+            np.testing.assert_array_equal(a, b, err_msg=p)
+
+
+def test_rms_norm_and_sampler_identical_on_every_path():
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal(576).astype(np.float32), rng.standard_normal(576).astype(np.float32)
+    logits = rng.standard_normal(1000).astype(np.float32)
+    params = {"temperature": 0.9, "top_k": 50, "top_p": 0.9, "seed": 5, "num_logprobs": 5,
+              "repetition_penalty": 1.3}
+    results = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        results[p] = (_cpu.rms_norm(x, g, 1e-5), [_cpu.sample(logits, params, pos, history=[1, 2, 3])
+                                                   for pos in range(20)])
+    for p in PATHS[1:]:
+        assert_bitwise(results[p][0], results[PATHS[0]][0], p)
+        assert results[p][1] == results[PATHS[0]][1], p
+
+
+# ---- whole steps -----------------------------------------------------------------------------------------------
+def mixed_step_inputs(vocab: int):
+    """One step mixing a prefill (70 tokens, across a KV block boundary), a decode, and a second chunk."""
+    rng = np.random.default_rng(6)
+    p1 = rng.integers(0, vocab, 70).tolist()
+    p2 = rng.integers(0, vocab, 9).tolist()
+    return p1, p2
+
+
+def run_mixed(model, threads=1):
+    """Step 1: seq 0 prefill 70 and seq 1 prefill 9. Step 2: seq 0 decodes, seq 1 prefills 9 more.
+    Returns everything both steps produced."""
+    p1, p2 = mixed_step_inputs(model.config.vocab_size)
+    eng = Engine(model, num_kv_blocks=6, max_batch_tokens=96, max_seqs=4, threads=threads, max_logits_rows=96)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=42, logprobs=3)
+    out1, h1 = eng.step([SeqInput(p1, 0, [4, 1], want_logits=True, params=seeded),
+                         SeqInput(p2, 0, [0], num_sampled=0, want_logits=True)], want_hidden=True)
+    out2, h2 = eng.step([SeqInput(p2[:4] + p2[5:], 9, [0], want_logits=True, params=seeded),
+                         SeqInput([out1[0].tokens[0]], 70, [4, 1], want_logits=True)], want_hidden=True)
+    return {"hidden1": h1, "hidden2": h2, "logits": [o.logits for o in out1 + out2],
+            "tokens": [o.tokens for o in out1 + out2], "logprobs": [o.logprobs for o in out1 + out2],
+            "top": [o.top_logprobs for o in out1 + out2]}
+
+
+def assert_same_run(a, b, what):
+    assert_bitwise(a["hidden1"], b["hidden1"], f"{what}: hidden states, step 1")
+    assert_bitwise(a["hidden2"], b["hidden2"], f"{what}: hidden states, step 2")
+    for i, (x, y) in enumerate(zip(a["logits"], b["logits"])):
+        assert_bitwise(x, y, f"{what}: logits of output {i}")
+    assert a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"] and a["top"] == b["top"], what
+
+
+MODELS = {t: dict(weight_type=t) for t in TYPES}
+MODELS["qwen2-Q4_0-bias"] = dict(arch="qwen2", weight_type="Q4_0", embed_type="Q8_0")
+MODELS["hd128-Q4_1-untied"] = dict(weight_type="Q4_1", n_heads=2, n_kv_heads=1, head_dim=128, tie=False,
+                                   output_type="Q8_0")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_engine_step_identical_on_every_path(name):
+    model = random_model(**MODELS[name])
+    runs = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        runs[p] = run_mixed(model)
+    for p in PATHS[1:]:
+        assert_same_run(runs[p], runs[PATHS[0]], f"{name}: {p} vs {PATHS[0]}")
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "BF16"])
+def test_engine_step_identical_with_more_threads(name):
+    model = random_model(**MODELS[name])
+    assert_same_run(run_mixed(model, threads=2), run_mixed(model, threads=1), f"{name}: 2 threads vs 1")
+
+
+# ---- a sequence alone, chunked, batched --------------------------------------------------------------------------
+PROMPT_LEN = 75
+DECODE = 4
+
+
+def sequence_alone(eng, prompt, params):
+    out = eng.step([SeqInput(prompt, 0, [1, 3], want_logits=True, params=params, history=prompt)])[0]
+    logits, tokens = [out.logits], list(out.tokens)
+    for k in range(DECODE):
+        hist = prompt + tokens
+        out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
+                                 history=hist, num_prompt=len(prompt))])[0]
+        logits.append(out.logits)
+        tokens += out.tokens
+    return np.concatenate(logits), tokens
+
+
+def sequence_chunked(eng, prompt, params, chunks=(17, 30, 28)):
+    logits, start = [], 0
+    for n in chunks:
+        last = start + n == len(prompt)
+        out = eng.step([SeqInput(prompt[start:start + n], start, [1, 3], num_sampled=1 if last else 0,
+                                 want_logits=True, params=params, history=prompt)])[0]
+        logits.append(out.logits)
+        start += n
+    tokens = list(out.tokens)
+    for k in range(DECODE):
+        hist = prompt + tokens
+        out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
+                                 history=hist, num_prompt=len(prompt))])[0]
+        logits.append(out.logits)
+        tokens += out.tokens
+    return np.concatenate(logits), tokens
+
+
+def sequence_batched(eng, prompt, params, vocab):
+    """The sequence's chunks (40, 35) and decodes share every step with other sequences: B decodes all along
+    (after a 12-token prefill in the first step), C prefills in chunks of 20 and then decodes; A sits first,
+    in the middle or last. Other sequences use greedy or other seeds."""
+    rng = np.random.default_rng(9)
+    pb, pc = rng.integers(0, vocab, 12).tolist(), rng.integers(0, vocab, 60).tolist()
+    other = SamplingParams(temperature=1.0, seed=7)
+    tb, pos_b, pos_c = [], 0, 0
+
+    def b_input():
+        nonlocal pos_b
+        if pos_b == 0:
+            s = SeqInput(pb, 0, [0], params=other)
+        else:
+            s = SeqInput([tb[-1]], pos_b, [0], params=other)
+        return s
+
+    def c_input():
+        nonlocal pos_c
+        n = min(20, len(pc) - pos_c) if pos_c < len(pc) else 1
+        toks = pc[pos_c:pos_c + n] if pos_c < len(pc) else [int(rng.integers(0, vocab))]
+        return SeqInput(toks, pos_c, [2, 5], num_sampled=1 if pos_c + n >= len(pc) else 0)
+
+    def run(a_input, a_slot):
+        nonlocal pos_b, pos_c
+        b, c = b_input(), c_input()
+        seqs = [b, c]
+        seqs.insert(a_slot, a_input)
+        outs = eng.step(seqs)
+        ob = outs[seqs.index(b)]
+        tb.extend(ob.tokens)
+        pos_b += len(b.token_ids)
+        pos_c += len(c.token_ids)
+        return outs[a_slot]
+
+    logits = []
+    out = run(SeqInput(prompt[:40], 0, [1, 3], num_sampled=0, want_logits=True, params=params, history=prompt), 1)
+    logits.append(out.logits)
+    out = run(SeqInput(prompt[40:], 40, [1, 3], want_logits=True, params=params, history=prompt), 0)
+    logits.append(out.logits)
+    tokens = list(out.tokens)
+    for k in range(DECODE):
+        hist = prompt + tokens
+        out = run(SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params, history=hist,
+                           num_prompt=len(prompt)), [2, 1, 0, 2][k])
+        logits.append(out.logits)
+        tokens += out.tokens
+    return np.concatenate(logits), tokens
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias"])
+def test_sequence_logits_do_not_depend_on_batching(name):
+    model = random_model(**MODELS[name])
+    vocab = model.config.vocab_size
+    prompt = np.random.default_rng(8).integers(0, vocab, PROMPT_LEN).tolist()
+    params = SamplingParams(temperature=0.8, top_k=40, seed=1234, repetition_penalty=1.2, logprobs=2)
+
+    def engine(threads=1):
+        return Engine(model, num_kv_blocks=6, max_batch_tokens=128, max_seqs=4, threads=threads,
+                      max_logits_rows=128)
+
+    alone_logits, alone_tokens = sequence_alone(engine(), prompt, params)
+    assert alone_logits.shape == (PROMPT_LEN + DECODE, vocab)
+    for what, (logits, tokens) in {
+        "chunked prefill": sequence_chunked(engine(), prompt, params),
+        "batched with others": sequence_batched(engine(), prompt, params, vocab),
+        "batched, 2 threads": sequence_batched(engine(threads=2), prompt, params, vocab),
+    }.items():
+        assert_bitwise(logits, alone_logits, f"{name}, {what}")
+        assert tokens == alone_tokens, f"{name}, {what}: seeded samples differ"

@@ -1,0 +1,293 @@
+"""A float64 numpy forward pass of a llama-family model, written from the model's definition rather than from the
+engine, to check the C engine against (tests/engine/test_forward_reference.py, test_engine.py).
+
+- Weights are dequantized with the `gguf` package's numpy code (not with the engine's tile layout), so a bug in
+  the engine's repacking shows up as a mismatch instead of being shared by both sides.
+- Everything else is float64 with unquantized activations. The engine differs by float32 arithmetic, 8-bit
+  activations for quantized weights, and an f16 KV cache; `kv_dtype=np.float16` makes the reference round
+  K and V to f16 as the cache does, so float-weight models can be held to a tight tolerance.
+
+`random_model()` builds tiny in-memory models (a `config` and GGUF-named `tensors`, what Engine takes) of every
+variant the engine supports, for tests that need a model but not a file.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from inferd.model.arch import ModelConfig
+from inferd.model.tensor import Tensor
+
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
+# ---------------------------------------------------------------------------------------------- weights
+def dequantize(t: Tensor, rows=None) -> np.ndarray:
+    """float64 (rows, cols) values of a Tensor (or of the rows `rows` of it)."""
+    data = np.asarray(t.data)
+    if rows is not None:
+        data = data[rows]
+    if t.type == "F32":
+        return data.astype(np.float64)
+    if t.type == "F16":
+        return data.view(np.float16).astype(np.float64)
+    if t.type == "BF16":
+        return (data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if t.type in QUANT_TYPES:
+        out = gguf_quants.dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.type])
+        return out.reshape(data.shape[0], t.cols).astype(np.float64)
+    raise ValueError(f"reference: unsupported tensor type {t.type}")
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even (finite inputs)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def make_tensor(name: str, values: np.ndarray, type_name: str) -> Tensor:
+    """A Tensor of `type_name` holding float32 `values` (rows, cols); quantized with gguf's numpy quantizers."""
+    x = np.ascontiguousarray(values, np.float32)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    rows, cols = x.shape
+    if type_name == "F32":
+        data = x
+    elif type_name == "F16":
+        data = x.astype(np.float16).view(np.uint16)
+    elif type_name == "BF16":
+        data = to_bf16_bits(x)
+    elif type_name in QUANT_TYPES:
+        data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
+    else:
+        raise ValueError(type_name)
+    return Tensor(name, type_name, rows, cols, np.ascontiguousarray(data))
+
+
+# ---------------------------------------------------------------------------------------------- model math
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """x: (..., n): x / sqrt(mean(x^2) + eps) * gamma."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma
+
+
+def rope_inv_freq(cfg) -> np.ndarray:
+    """(head_dim/2,) angular frequencies theta^(-2i/d), with llama3 scaling as in HF's
+    _compute_llama3_parameters: wavelengths above orig/low are stretched by `factor`, those below orig/high kept,
+    the band between blended linearly in orig/wavelength."""
+    d = cfg.head_dim
+    inv = float(cfg.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    s = cfg.rope_scaling
+    if not s:
+        return inv
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    orig = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > orig / low, inv / factor, inv)
+    smooth = (orig / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= orig / high) & (wavelen <= orig / low)
+    return np.where(medium, blended, scaled)
+
+
+def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
+    """x: (T, heads, head_dim). neox: pairs (i, i + d/2) (Hugging Face's rotate_half); else pairs (2i, 2i+1)."""
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]            # (T, d/2)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    half = x.shape[-1] // 2
+    if neox:
+        a, b = x[..., :half], x[..., half:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    out = np.empty_like(x)
+    if neox:
+        out[..., :half], out[..., half:] = ra, rb
+    else:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    return out
+
+
+def quantize_activations(x: np.ndarray) -> np.ndarray:
+    """x (..., n) rounded as the engine quantizes activations: per 32 values, d = amax/127, q = round-half-even
+    (x/d). Only for `act_quant=True` diagnostics; the reference proper uses unquantized activations."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / 127.0
+    q = np.rint(np.divide(b, d, out=np.zeros_like(b), where=d > 0))
+    return (q * d).reshape(x.shape)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+@dataclass
+class ReferenceOutput:
+    hidden: np.ndarray        # (n_layers + 1, T, dim): the embeddings, then the residual stream after each layer
+    logits: np.ndarray        # (len(logit_rows), vocab)
+    k: list                   # per layer (T, n_kv_heads, head_dim): keys after RoPE (what the cache stores)
+    v: list                   # per layer (T, n_kv_heads, head_dim)
+
+
+class Reference:
+    """The model of `config` with `tensors` (GGUF names), in float64."""
+
+    def __init__(self, config: ModelConfig, tensors: dict):
+        self.cfg = config
+        self.t = tensors
+        self._cache: dict[str, np.ndarray] = {}
+
+    def w(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = dequantize(self.t[name])
+        return self._cache[name]
+
+    def release(self) -> None:
+        """Forget the dequantized weights (they are made again on use)."""
+        self._cache.clear()
+
+    def vec(self, name: str) -> np.ndarray:
+        return self.w(name).reshape(-1)
+
+    def mm(self, x: np.ndarray, name: str, act_quant: bool = False) -> np.ndarray:
+        """x @ W.T for the weight `name` (rows = outputs)."""
+        if act_quant and self.t[name].type in QUANT_TYPES:
+            x = quantize_activations(x)
+        return x @ self.w(name).T
+
+    def forward(self, token_ids, positions=None, logit_rows=None, kv_dtype=None, act_quant: bool = False,
+                keep_weights: bool = True) -> ReferenceOutput:
+        """One sequence from position 0 (or at `positions`, all attending causally to earlier rows of this call).
+
+        logit_rows: the rows to compute logits for (default all). kv_dtype: np.float16 rounds K and V as the
+        engine's cache does. act_quant: round the inputs of quantized matmuls to 8 bits as the engine does (a
+        diagnostic that separates that rounding from real errors). keep_weights=False frees each dequantized
+        matrix after use (big models)."""
+        ids = np.asarray(token_ids, np.int64)
+        pos = np.arange(len(ids)) if positions is None else np.asarray(positions, np.int64)
+        x = self.embed(ids)
+        hidden, ks, vs = [x], [], []
+        for i in range(self.cfg.n_layers):
+            x, k, v = self.layer(i, x, pos, kv_dtype=kv_dtype, act_quant=act_quant)
+            hidden.append(x)
+            ks.append(k)
+            vs.append(v)
+            if not keep_weights:
+                self.release()
+        rows = np.arange(len(ids)) if logit_rows is None else np.asarray(logit_rows, np.int64)
+        return ReferenceOutput(np.stack(hidden), self.logits(x[rows], act_quant=act_quant), ks, vs)
+
+    def embed(self, token_ids) -> np.ndarray:
+        """(T, dim) rows of the token embedding."""
+        return dequantize(self.t["token_embd.weight"], np.asarray(token_ids, np.int64))
+
+    def layer(self, i: int, x: np.ndarray, positions, kv_dtype=None, act_quant: bool = False):
+        """Layer i on the residual stream x (T, dim) of one sequence at `positions` (causal within the call).
+        Returns (x after the layer, k (T, n_kv_heads, head_dim) after RoPE, v)."""
+        cfg = self.cfg
+        T = x.shape[0]
+        pos = np.asarray(positions, np.int64)
+        hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        group = nh // nkv
+        p = f"blk.{i}."
+        h = rms_norm(x, self.vec(p + "attn_norm.weight"), cfg.norm_eps)
+        q = self.mm(h, p + "attn_q.weight", act_quant)
+        k = self.mm(h, p + "attn_k.weight", act_quant)
+        v = self.mm(h, p + "attn_v.weight", act_quant)
+        if cfg.qkv_bias:
+            q = q + self.vec(p + "attn_q.bias")
+            k = k + self.vec(p + "attn_k.bias")
+            v = v + self.vec(p + "attn_v.bias")
+        inv_freq = rope_inv_freq(cfg)
+        q = apply_rope(q.reshape(T, nh, hd), pos, inv_freq, cfg.rope_neox)
+        k = apply_rope(k.reshape(T, nkv, hd), pos, inv_freq, cfg.rope_neox)
+        v = v.reshape(T, nkv, hd)
+        if kv_dtype is not None:
+            k = k.astype(kv_dtype).astype(np.float64)
+            v = v.astype(kv_dtype).astype(np.float64)
+        causal = pos[None, :] <= pos[:, None]                                 # (T query, T key)
+        attn = np.empty((T, nh, hd))
+        for j in range(nh):
+            kv = j // group                                                   # GQA
+            s = (q[:, j, :] @ k[:, kv, :].T) / math.sqrt(hd)                  # (T, T)
+            s = np.where(causal, s, -np.inf)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            attn[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+        x = x + self.mm(attn.reshape(T, nh * hd), p + "attn_output.weight", act_quant)
+        h = rms_norm(x, self.vec(p + "ffn_norm.weight"), cfg.norm_eps)
+        g = self.mm(h, p + "ffn_gate.weight", act_quant)
+        u = self.mm(h, p + "ffn_up.weight", act_quant)
+        x = x + self.mm(silu(g) * u, p + "ffn_down.weight", act_quant)
+        return x, k, v
+
+    def logits(self, x: np.ndarray, act_quant: bool = False) -> np.ndarray:
+        """(rows, vocab) logits of final residual-stream rows x (rows, dim)."""
+        cfg = self.cfg
+        xn = rms_norm(x, self.vec("output_norm.weight"), cfg.norm_eps)
+        out_t = self.t["token_embd.weight"] if cfg.tie_embeddings else self.t["output.weight"]
+        if act_quant and out_t.type in QUANT_TYPES:
+            xn = quantize_activations(xn)
+        logits = np.empty((x.shape[0], cfg.vocab_size))
+        for r0 in range(0, cfg.vocab_size, 8192):                              # bounded memory for big vocabs
+            r1 = min(cfg.vocab_size, r0 + 8192)
+            logits[:, r0:r1] = xn @ dequantize(out_t, slice(r0, r1)).T
+        return logits
+
+
+# ---------------------------------------------------------------------------------------------- tiny models
+def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: str | None = None,
+                 output_type: str | None = None, vocab: int = 203, dim: int = 128, n_layers: int = 2,
+                 n_heads: int = 2, n_kv_heads: int = 1, head_dim: int | None = None, hidden: int = 160,
+                 rope_theta: float = 10000.0, rope_scaling: dict | None = None, rope_neox: bool | None = None,
+                 qkv_bias: bool | None = None, tie: bool = True, context_length: int = 256,
+                 norm_eps: float = 1e-5, seed: int = 0) -> SimpleNamespace:
+    """A random model as the loaders would hand it to Engine: `.config` (ModelConfig) and `.tensors`.
+
+    Defaults are deliberately awkward: vocab 203 (not a multiple of the 8-row tile), hidden 160 (5 blocks).
+    Weights ~ N(0, 1/cols) so activations stay O(1); norm weights and biases are F32 (the loaders convert
+    vectors to F32). embed_type/output_type default to weight_type."""
+    rng = np.random.default_rng(seed)
+    head_dim = head_dim or dim // n_heads
+    neox = (arch != "llama") if rope_neox is None else rope_neox
+    bias = (arch == "qwen2") if qkv_bias is None else qkv_bias
+    cfg = ModelConfig(arch=arch, vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads,
+                      n_kv_heads=n_kv_heads, head_dim=head_dim, hidden_dim=hidden, rope_theta=rope_theta,
+                      rope_scaling=rope_scaling, rope_neox=neox, norm_eps=norm_eps, tie_embeddings=tie,
+                      qkv_bias=bias, context_length=context_length)
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+
+    def mat(rows, cols, gain=1.0):
+        return (rng.standard_normal((rows, cols)) * (gain / math.sqrt(cols))).astype(np.float32)
+
+    def norm_w(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    ts = {}
+
+    def add(name, values, type_name):
+        ts[name] = make_tensor(name, values, type_name)
+
+    add("token_embd.weight", rng.standard_normal((vocab, dim)).astype(np.float32), embed_type or weight_type)
+    add("output_norm.weight", norm_w(dim), "F32")
+    if not tie:
+        add("output.weight", mat(vocab, dim, 2.0), output_type or weight_type)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", norm_w(dim), "F32")
+        add(p + "ffn_norm.weight", norm_w(dim), "F32")
+        add(p + "attn_q.weight", mat(q_dim, dim, 1.5), weight_type)   # > 1: attention that is not uniform
+        add(p + "attn_k.weight", mat(kv_dim, dim, 1.5), weight_type)
+        add(p + "attn_v.weight", mat(kv_dim, dim), weight_type)
+        add(p + "attn_output.weight", mat(dim, q_dim), weight_type)
+        add(p + "ffn_gate.weight", mat(hidden, dim), weight_type)
+        add(p + "ffn_up.weight", mat(hidden, dim), weight_type)
+        add(p + "ffn_down.weight", mat(dim, hidden), weight_type)
+        if bias:
+            add(p + "attn_q.bias", 0.5 * rng.standard_normal(q_dim), "F32")
+            add(p + "attn_k.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
+            add(p + "attn_v.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
+    return SimpleNamespace(config=cfg, tensors=ts, path=None)
