@@ -189,7 +189,8 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
                                   engine.num_kv_blocks * engine.block_size)
         state.scheduler = Scheduler(engine, max_running=s.max_running, max_waiting=s.max_waiting,
                                     max_model_len=state.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-                                    tokenizer=tok, watchdog=state.notifier.watchdog)
+                                    tokenizer=tok, watchdog=state.notifier.watchdog,
+                                    idle_wait_s=idle_wait(state.notifier))
         state.scheduler.start()
         await warm_up(state)
         state.metrics = Metrics(state.served_model_name, bandwidth)
@@ -209,6 +210,12 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.notifier.status(f"failed: {state.failure}")
     finally:
         state.ready_event.set()
+
+
+def idle_wait(notifier: Notifier) -> float:
+    # an idle scheduler still wakes often enough to ping the watchdog several times per interval
+    interval = notifier.watchdog_interval_s
+    return min(0.5, interval / 4) if interval else 0.5
 
 
 async def warm_up(state: ServerState) -> None:

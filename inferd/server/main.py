@@ -98,5 +98,14 @@ async def drain(state, site: web.TCPSite, grace_s: float) -> None:
     await site.stop()
     try:
         await asyncio.wait_for(state.idle.wait(), grace_s)
+        return
     except asyncio.TimeoutError:
-        log.warning("drain timed out with %d requests still running; closing them", state.in_flight)
+        log.warning("drain timed out with %d requests still running; ending them", state.in_flight)
+    if state.scheduler is not None:
+        # Stopping the scheduler ends every request with "the server is shutting down": streams get an
+        # error event and [DONE] instead of a cut connection.
+        await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+        try:
+            await asyncio.wait_for(state.idle.wait(), 2.0)
+        except asyncio.TimeoutError:
+            pass

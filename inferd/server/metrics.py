@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 import prometheus_client
+import prometheus_client.exposition
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -24,7 +25,8 @@ from inferd.engine.scheduler import StepStats
 # *_created series double the output and no dashboard uses them (vLLM turns them off too).
 prometheus_client.disable_created_metrics()
 
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# The classic text format: every name here is valid in it, and every Prometheus version reads it.
+CONTENT_TYPE = getattr(prometheus_client.exposition, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST)
 P = "inferd:"
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -62,6 +64,7 @@ class Metrics:
         self.read_bandwidth = read_bandwidth
         self.registry = CollectorRegistry()
         self.scheduler = None
+        self._base = (0, 0, 0)
         self._lock = threading.Lock()
         self._window: deque[tuple[float, int, int, float, int]] = deque()
         self._started = time.monotonic()
@@ -90,6 +93,10 @@ class Metrics:
             self.request_success.labels(model_name, reason.value)
 
     def bind(self, scheduler) -> None:
+        """Read state from `scheduler` from now on; counters start at zero here (the start-up warm-up
+        request is not traffic)."""
+        kv = scheduler.kv.stats()
+        self._base = (kv.prefix_queries, kv.prefix_hits, scheduler.num_preemptions)
         self.scheduler = scheduler
 
     # ---- Observer (scheduler thread) ------------------------------------------------------------------
@@ -174,11 +181,13 @@ class _StateCollector:
         yield gauge("kv_cache_usage_perc", "Fraction of KV blocks referenced by live requests (1 = full).",
                     kv.usage if kv else 0.0)
         yield gauge("kv_cache_cached_blocks", "KV blocks holding a reusable prefix.", kv.num_cached if kv else 0)
+        base = m._base
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      kv.prefix_queries if kv else 0)
-        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", kv.prefix_hits if kv else 0)
+                      kv.prefix_queries - base[0] if kv else 0)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      kv.prefix_hits - base[1] if kv else 0)
         yield counter("num_preemptions", "Sequences preempted (blocks freed, recomputed later).",
-                      s.num_preemptions if s else 0)
+                      s.num_preemptions - base[2] if s else 0)
         rates = m.rates()
         yield gauge("prefill_tokens_per_second", f"Prompt tokens computed per second over the last {WINDOW_S:g} s.",
                     rates["prefill_tokens_per_second"])

@@ -532,13 +532,16 @@ def _ends_at_boundary(text: str) -> bool:
 
 
 def stable_prefix(state: ServerState, text: str, ids: list[int], add_special: bool) -> list[int]:
-    """The tokens of `text` that will stay the same whatever the user types next.
+    """The tokens of `text` that should stay the same whatever the user types next.
 
-    BPE may merge the last token with what follows (" " + "world" -> " world"), so it is held back unless
-    the text ends in punctuation; then a few probe continuations confirm the kept tokens do not move.
+    BPE may merge the last token with what follows (" " + "world" -> " world"; with GPT-2-style
+    vocabularies a trailing space is such a token too), so it is held back unless the text ends in
+    punctuation; then typical continuations (a space, a letter, a newline, a digit) confirm the kept tokens
+    do not move. A wrong guess costs only a cache miss on one block, never a wrong answer: blocks are
+    matched by their token ids.
     """
     keep = len(ids) if _ends_at_boundary(text) else len(ids) - 1
-    for probe in (" a", "a", "\n", ".", "1"):
+    for probe in (" a", "a", "\n", "1"):
         probe_ids = state.tokenizer.encode(text + probe, add_special=add_special)
         while keep > 0 and probe_ids[:keep] != ids[:keep]:
             keep -= 1

@@ -89,6 +89,22 @@ class ServerThread:
         self.thread.join(30)
         self.loop.close()
 
+    def metrics(self) -> dict[tuple, float]:
+        """/metrics parsed by prometheus-client's own parser: {(sample name, (label pairs...)): value}."""
+        import urllib.request
+        from prometheus_client.parser import text_string_to_metric_families
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    def metric(self, name: str, **labels) -> float:
+        labels.setdefault("model_name", self.state.served_model_name)
+        return self.metrics()[(name, tuple(sorted(labels.items())))]
+
     # ---- state helpers (read from the test thread; plain ints, safe under the GIL) -----------------------
 
     def kv_used(self) -> int:
