@@ -46,7 +46,7 @@ def greedy(SamplingParams):
 def make_engine(engine_mod, model, **kw):
     cuda_engine, _, _ = engine_mod
     return cuda_engine.CudaEngine(model, num_kv_blocks=kw.pop("num_kv_blocks", 24), max_batch_tokens=256,
-                                  max_seqs=8, **kw)
+                                  max_seqs=8, max_logits_rows=256, **kw)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -172,7 +172,7 @@ def test_smollm2_logits_and_greedy_text_match_cpu(engine_mod, smollm2):
     cuda_engine, SamplingParams, SeqInput = engine_mod
     from inferd.engine.engine import Engine
     cpu = Engine(smollm2, num_kv_blocks=8, max_batch_tokens=256, max_seqs=1)
-    gpu = cuda_engine.CudaEngine(smollm2, num_kv_blocks=8, max_batch_tokens=256, max_seqs=1)
+    gpu = cuda_engine.CudaEngine(smollm2, num_kv_blocks=8, max_batch_tokens=256, max_seqs=1, max_logits_rows=64)
     try:
         prompt = list(smollm2.tokenizer.encode("The capital of France is Paris. The capital of Germany is"))
     except Exception:

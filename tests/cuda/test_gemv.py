@@ -37,10 +37,10 @@ def reference(vals, x, gamma, res, swiglu):
     inv = rms_inv(x64, 1e-5) if gamma is not None else np.ones(x.shape[0])
     y = (x64 * g) @ vals.T * inv[:, None]
     bound = (np.abs(x64 * g) @ np.abs(vals).T) * inv[:, None]
-    if swiglu:
+    if swiglu:                       # (the callers check SwiGLU by relative error instead of the bound)
         n = vals.shape[0] // 2
         y = silu(y[:, :n]) * y[:, n:]
-        bound = bound[:, :n] * (np.abs(y).max() + 1) + bound[:, n:] * (np.abs(y).max() + 1)
+        bound = None
     if res is not None:
         y = y + res
     return y, bound
