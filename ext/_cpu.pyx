@@ -31,6 +31,16 @@ def set_path(str name):
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
 
 
+def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
+    """Streaming read bandwidth in bytes/s (best of `repeats` passes over `nbytes` with `threads` threads)."""
+    cdef double bw
+    with nogil:
+        bw = read_bandwidth(nbytes, threads, repeats)
+    if bw < 0:
+        raise MemoryError(f"cannot allocate {nbytes} bytes to measure bandwidth")
+    return bw
+
+
 def row_bytes(str type_name, int cols):
     return gguf_row_bytes(WEIGHT_TYPES[type_name], cols)
 

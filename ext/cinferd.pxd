@@ -34,6 +34,7 @@ cdef extern from "inferd.h" nogil:
         pass
     pool_t *pool_create(int nthreads)
     void pool_destroy(pool_t *p)
+    double read_bandwidth(size_t nbytes, int threads, int repeats)
 
     void quantize_act(const float *x, int n, block_q8x *out)
     void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,

@@ -72,6 +72,8 @@ int pool_size(const pool_t *p);
 /* Runs fn over [0, n) in chunks of `chunk` items claimed from an atomic counter; the caller works too. */
 void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
 
+double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per second */
+
 /* ---- kernels (pure functions over typed buffers) ---- */
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */
 /* y[t, rows] (+)= W x[t] for tiles [tile_begin, tile_end); x: (ntok, cols) f32, xq: (ntok, cols/32) */

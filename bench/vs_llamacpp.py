@@ -1,0 +1,131 @@
+"""inferd vs llama.cpp on the same GGUF files, same thread count, in one run.
+
+    python bench/vs_llamacpp.py [-t 2] [-r 3] [--models smollm2-q4_0,smollm2-q4_1,smollm2-q8_0,tinyllama-q4_0]
+
+For each model: llama-bench (pp128, pp512, tg128; -r repeats) then inferd's equivalent in this process:
+ppN = N prompt tokens from an empty cache in one step; tg128 = 128 single-token decode steps after one prompt
+token. Medians of the repeats. Also prints decode GB/s (weight bytes read per token x tok/s) against the read
+bandwidth this machine measures with the same thread count. The SmolLM2 Q4_0/Q8_0 files are requantized from the
+PyPI Q4_1 file with llama-quantize; the TinyLlama-shaped file is random (bench/make_random_model.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from inferd import _cpu  # noqa: E402
+from inferd.engine.engine import Engine, SeqInput  # noqa: E402
+from inferd.engine.runner import blocks_needed  # noqa: E402
+from inferd.model.loader import load_model  # noqa: E402
+from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve  # noqa: E402
+
+TESTS = [("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 0, 128)]
+
+
+def llama_bin() -> Path:
+    script = HERE.parent.parent / "shared" / "peers" / "llama-cpp.sh"
+    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def model_file(name: str, bin_dir: Path) -> Path:
+    folder = cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = resolve(DEFAULT_MODEL, progress=False)
+    family, qtype = name.split("-")
+    if family == "smollm2":
+        if qtype == "q4_1":
+            return base
+        out = folder / f"SmolLM2-135M-Instruct.{qtype.upper()}.gguf"
+        if not out.exists():
+            subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(base), str(out),
+                            qtype.upper()], check=True, capture_output=True)
+        return out
+    out = folder / f"tinyllama-shape-random.{qtype.upper()}.gguf"
+    if not out.exists():
+        subprocess.run([sys.executable, str(HERE / "make_random_model.py"), str(out), "--type", qtype.upper(),
+                        "--vocab-from", str(base)], check=True)
+    return out
+
+
+def run_llama_bench(bin_dir: Path, path: Path, threads: int, repeats: int) -> dict[str, float]:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", "128,512", "-n", "128",
+           "-r", str(repeats), "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    out = {}
+    for r in rows:
+        key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+        out[key] = float(r["avg_ts"])
+    return out
+
+
+def run_inferd(path: Path, threads: int, repeats: int) -> tuple[dict[str, float], Engine]:
+    model = load_model(path)
+    engine = Engine(model, num_kv_blocks=blocks_needed(512 + 130), max_batch_tokens=512, max_seqs=1,
+                    threads=threads)
+    table = list(range(engine.num_kv_blocks))
+    vocab = engine.vocab_size
+    prompt = [(i * 7919 + 13) % (vocab - 100) + 50 for i in range(512)]
+    engine.step([SeqInput(prompt[:32], 0, table, 1)])                # warm-up: pages, pool, caches
+    results = {}
+    for name, n_prompt, n_gen in TESTS:
+        times = []
+        for _ in range(repeats):
+            if n_prompt:
+                t0 = time.perf_counter()
+                engine.step([SeqInput(prompt[:n_prompt], 0, table, 1)])
+                times.append(time.perf_counter() - t0)
+            else:
+                token = engine.step([SeqInput(prompt[:1], 0, table, 1)])[0].tokens[0]
+                t0 = time.perf_counter()
+                for pos in range(1, n_gen + 1):
+                    token = engine.step([SeqInput([token], pos, table, 1)])[0].tokens[0]
+                times.append(time.perf_counter() - t0)
+        results[name] = (n_prompt or n_gen) / statistics.median(times)
+    return results, engine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--models", default="smollm2-q4_0,smollm2-q4_1,smollm2-q8_0,tinyllama-q4_0")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "vs_llamacpp.md")
+    args = ap.parse_args()
+
+    bin_dir = llama_bin()
+    bandwidth = _cpu.measure_read_bandwidth(512 << 20, args.threads, 5)
+    lines = [f"# inferd vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')}, {args.threads} threads, "
+             f"{_cpu.get_path()} kernels, medians of {args.repeats})", "",
+             f"measured read bandwidth, {args.threads} threads: {bandwidth / 1e9:.1f} GB/s", "",
+             "| model | test | llama.cpp tok/s | inferd tok/s | ratio |", "| --- | --- | ---: | ---: | ---: |"]
+    notes = []
+    for name in args.models.split(","):
+        path = model_file(name, bin_dir)
+        peer = run_llama_bench(bin_dir, path, args.threads, args.repeats)
+        ours, engine = run_inferd(path, args.threads, args.repeats)
+        for test, _, _ in TESTS:
+            lines.append(f"| {name} | {test} | {peer[test]:.1f} | {ours[test]:.1f} | {ours[test] / peer[test]:.2f}x |")
+        gbs = engine.weight_bytes * ours["tg128"] / 1e9
+        notes.append(f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> "
+                     f"{gbs:.1f} GB/s = {gbs * 1e9 / bandwidth:.0%} of measured bandwidth")
+        print("\n".join(lines[-3:]), flush=True)
+        del engine
+    report = "\n".join(lines + [""] + notes) + "\n"
+    print("\n" + report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,69 @@
+/* Streaming read bandwidth: every thread sums its share of a large buffer with 32-byte loads. The engine
+ * compares its decode traffic (weights + KV bytes per step) against this number. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "inferd.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+typedef struct { const uint8_t *buf; size_t chunk_bytes; uint64_t sums[256]; } membw_arg;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a);
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+static uint64_t sum_scalar(const uint8_t *p, size_t n) {
+    const uint64_t *w = (const uint64_t *)p;
+    uint64_t s = 0;
+    for (size_t i = 0; i < n / 8; i++) s += w[i];
+    return s;
+}
+
+static void membw_fn(void *varg, int64_t begin, int64_t end, int thread) {
+    membw_arg *a = varg;
+    for (int64_t c = begin; c < end; c++) {
+        const uint8_t *p = a->buf + (size_t)c * a->chunk_bytes;
+#if defined(__x86_64__)
+        a->sums[thread & 255] += cpu_path() != PATH_SCALAR ? sum_avx2(p, a->chunk_bytes) : sum_scalar(p, a->chunk_bytes);
+#else
+        a->sums[thread & 255] += sum_scalar(p, a->chunk_bytes);
+#endif
+    }
+}
+
+/* Best-of-`repeats` read bandwidth in bytes per second over `nbytes` with `threads` threads. */
+double read_bandwidth(size_t nbytes, int threads, int repeats) {
+    size_t chunk = 1 << 20;
+    nbytes = (nbytes + chunk - 1) / chunk * chunk;
+    uint8_t *buf = aligned_alloc(64, nbytes);
+    if (!buf) return -1.0;
+    memset(buf, 1, nbytes);                       /* touch every page before timing */
+    pool_t *pool = pool_create(threads);
+    membw_arg arg = {.buf = buf, .chunk_bytes = chunk};
+    double best = 0.0;
+    for (int r = 0; r < repeats; r++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        pool_run(pool, (int64_t)(nbytes / chunk), 4, membw_fn, &arg);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (dt > 0 && nbytes / dt > best) best = nbytes / dt;
+    }
+    pool_destroy(pool);
+    free(buf);
+    return best;
+}
