@@ -224,6 +224,7 @@ class Scheduler:
             st.text = TextState(self.tokenizer, req.prompt_ids, req.stop)
         error = self._check_fits(st)
         if error:
+            self._dec_unadmitted()   # counted by submit(), never reaches the waiting queue
             self._fail(st, error, status=400)
             return
         self.waiting.append(st)
@@ -361,6 +362,8 @@ class Scheduler:
         self.running.remove(st)
         self.kv.free(st.key)
         st.num_computed = 0
+        if not st.prompt_logprobs_done:
+            st.prompt_logprobs.clear()   # collected again, from position 1, by the recompute
         st.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(st)
@@ -556,13 +559,6 @@ class RequestHandle:
         if self.done:
             raise StopAsyncIteration
         out = await self.state.queue.get()
-        if out.finish_reason is not None:
-            self.done = True
-        return out
-
-    async def get(self, timeout: float | None = None) -> RequestOutput:
-        """Next output, or asyncio.TimeoutError after `timeout` seconds (for SSE keepalives)."""
-        out = await asyncio.wait_for(self.state.queue.get(), timeout)
         if out.finish_reason is not None:
             self.done = True
         return out

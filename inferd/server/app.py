@@ -110,6 +110,9 @@ async def lifecycle_middleware(request: web.Request, handler):
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = {"status": state.status}
+    if state.scheduler is not None and state.scheduler.dead is not None:
+        body = {"status": "failed", "error": f"the scheduler stopped: {state.scheduler.dead!r}"}
+        return web.json_response(body, status=503)
     if state.status == "ready":
         return web.json_response(body)
     if state.failure:

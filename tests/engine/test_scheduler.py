@@ -202,6 +202,40 @@ async def test_request_beyond_context_fails_with_400():
 
 
 @pytest.mark.asyncio
+async def test_rejected_requests_do_not_count_against_the_queue_limit():
+    s = make_scheduler(FakeEngine(num_kv_blocks=4), max_waiting=2)
+    for i in range(5):
+        h = s.submit(req(f"big{i}", range(300), max_tokens=10))
+        s._drain_inbox()
+    assert s.num_waiting == 0
+    s.submit(req("a", [1]))
+    s.submit(req("b", [1]))
+    assert s.num_waiting == 2
+
+
+@pytest.mark.asyncio
+async def test_preempted_echo_request_reports_each_prompt_position_once():
+    # 3 blocks: the echo request (prompt 100) is preempted by the earlier one while its prompt runs in chunks
+    eng = FakeEngine(num_kv_blocks=3, max_batch_tokens=16)
+    s = make_scheduler(eng, max_model_len=192)
+    first = s.submit(req("first", range(1000, 1060), max_tokens=120))
+    s._drain_inbox()
+    s.step()
+    echo = s.submit(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
+    s._drain_inbox()
+    for _ in range(400):
+        if not s.running and not s.waiting:
+            break
+        s.step()
+    await settle()
+    outs = drain(echo)
+    assert echo.state.num_preemptions >= 1
+    entries = [e for o in outs if o.prompt_logprobs for e in o.prompt_logprobs]
+    assert len(entries) == 99
+    assert tokens_of(drain(first)) == run_alone(range(1000, 1060), 120)
+
+
+@pytest.mark.asyncio
 async def test_abort_frees_blocks_at_next_step():
     s = make_scheduler(FakeEngine())
     h = s.submit(req("a", range(300), max_tokens=100))
