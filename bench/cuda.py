@@ -125,7 +125,7 @@ def bench_gemv(cu, out, bw, quick):
     for fname, fmt in fmts.items():
         for sname, (N, K, sw) in shapes.items():
             nbytes = N * K * fmt_bytes_per_elem(fmt)
-            copies = max(2, min(32, math.ceil(4 * info["l2_bytes"] / nbytes)))
+            copies = max(2, min(128, math.ceil(4 * info["l2_bytes"] / nbytes)))
             mats = []
             for c in range(copies):
                 m = cu.Mat(fmt, N, K)
