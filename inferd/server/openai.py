@@ -427,9 +427,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     if max_tokens == 0 and prompt_lp is None:   # nothing to compute: answer without touching the engine
         usage = P.usage_info(sum(len(p) for p in prompts), 0, 0)
-        return json_response(P.CompletionResponse(rid, created, model, [
-            P.CompletionChoice(i * req.n + j, prompt_texts[i] if req.echo else "", None, "length")
-            for i in range(len(prompts)) for j in range(req.n)], fp, usage=usage))
+        empty = [P.CompletionChoice(i * req.n + j, prompt_texts[i] if req.echo else "", None, "length")
+                 for i in range(len(prompts)) for j in range(req.n)]
+        if not req.stream:
+            return json_response(P.CompletionResponse(rid, created, model, empty, fp, usage=usage))
+        resp = await start_sse(request)
+        for choice in empty:
+            await send_event(resp, P.CompletionResponse(rid, created, model, [choice], fp))
+        if req.stream_options is not None and req.stream_options.include_usage:
+            await send_event(resp, P.CompletionResponse(rid, created, model, [], fp, usage=usage))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
     reqs = [Request(f"{rid}-{i}-{j}", p, sampling_params(req, state, want_lp, j), max_tokens, stops, stop_ids,
                     prompt_logprobs=prompt_lp, timeout_s=timeout)

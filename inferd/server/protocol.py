@@ -242,6 +242,9 @@ def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
                             "response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise ProtocolError("top_logprobs requires logprobs to be true", "top_logprobs")
+    for name in ("max_tokens", "max_completion_tokens"):
+        if getattr(req, name) == 0:
+            raise ProtocolError(f"{name} must be at least 1 for chat completions", name)
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise ProtocolError("max_tokens and max_completion_tokens disagree; send one of them",

@@ -45,6 +45,8 @@ def assert_error(status, payload, want_status, want_param=None, contains=(), typ
     (CHAT, {"messages": MSG, "n": 9}, "n", "n must be at most 8, got 9"),
     (CHAT, {"messages": MSG, "presence_penalty": 2.5}, "presence_penalty", "<= 2.0"),
     (CHAT, {"messages": MSG, "max_tokens": -1}, "max_tokens", ">= 0"),
+    (CHAT, {"messages": MSG, "max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
+    (CHAT, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 6}, "max_completion_tokens", "disagree"),
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "<= 20"),
     (CHAT, {"messages": MSG, "top_logprobs": 2}, "top_logprobs", "requires logprobs"),
     (CHAT, {}, "messages", "missing required field `messages`"),

@@ -74,6 +74,19 @@ def test_completion_default_max_tokens_is_16(client, model_name):
     assert r.usage.completion_tokens == 16
 
 
+def test_zero_max_tokens_echo_returns_the_prompt(client, model_name):
+    r = client.completions.create(model=model_name, prompt="Just the prompt", max_tokens=0, echo=True)
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("Just the prompt", "length", 0)
+    stream = client.completions.create(model=model_name, prompt="Just the prompt", max_tokens=0, echo=True,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream) == "Just the prompt"
+    # with logprobs it scores the prompt without generating
+    r = client.completions.create(model=model_name, prompt="Just the prompt", max_tokens=0, echo=True, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == r.usage.prompt_tokens
+    assert all(x < 0 for x in lp.token_logprobs[1:])
+
+
 def test_n_choices_and_list_prompts(client, model_name, server):
     r = client.completions.create(model=model_name, prompt=["Hello", "The sky is"], n=2, max_tokens=4,
                                   temperature=0.9, seed=3, extra_body={"ignore_eos": True})
