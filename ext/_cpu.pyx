@@ -49,7 +49,7 @@ def quantize(cnp.ndarray x, str type_name):
     """(rows, cols) float32 -> (rows, bytes_per_row) uint8 in GGUF block layout (Q4_0, Q4_1, Q8_0)."""
     if type_name not in ("Q4_0", "Q4_1", "Q8_0"):
         raise ValueError(f"cannot quantize to {type_name}")
-    cdef float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
     cdef int rows = xv.shape[0], cols = xv.shape[1], t = WEIGHT_TYPES[type_name]
     if cols % 32:
         raise ValueError(f"cannot quantize rows of {cols} values: a multiple of 32 is needed")
@@ -139,8 +139,8 @@ cdef class Weight:
 
 
 def rms_norm(cnp.ndarray x, cnp.ndarray gamma, float eps):
-    cdef float[::1] xv = np.ascontiguousarray(x, dtype=np.float32)
-    cdef float[::1] gv = np.ascontiguousarray(gamma, dtype=np.float32)
+    cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef const float[::1] gv = np.ascontiguousarray(gamma, dtype=np.float32)
     out = np.empty_like(np.asarray(xv))
     cdef float[::1] ov = out
     with nogil:

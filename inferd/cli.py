@@ -62,7 +62,7 @@ def cmd_generate(args) -> int:
                     threads=args.threads)
     stats = GenerationStats()
     detok = IncrementalDetokenizer(tok, prompt)
-    for token in generate(engine, prompt, params, max_tokens, tok.eos_ids, stats):
+    for token in generate(engine, prompt, params, max_tokens, tok.eos_ids, stats, args.speculative):
         sys.stdout.write(detok.add(token))
         sys.stdout.flush()
     sys.stdout.write(detok.flush() + "\n")
@@ -70,6 +70,9 @@ def cmd_generate(args) -> int:
     print(f"prompt {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | generated "
           f"{stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | {engine.threads} threads, "
           f"{engine.kernel_path} kernels", file=sys.stderr)
+    if args.speculative:
+        print(f"speculative: {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens accepted",
+              file=sys.stderr)
     return 0
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (same output)")
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")

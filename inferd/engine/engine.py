@@ -138,12 +138,21 @@ class Engine:
                 raise ValueError(f"sequence {i} has no tokens")
             if not 0 <= s.num_sampled <= n:
                 raise ValueError(f"sequence {i}: num_sampled {s.num_sampled} with {n} tokens")
+            bad = [t for t in s.token_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"sequence {i}: token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
             end = s.start_pos + n
             if s.start_pos < 0 or end > self.context_length:
                 raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
                                  f"of {self.context_length}")
             if len(s.block_table) * BLOCK_SIZE < end:
                 raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
+            bad = [b for b in s.block_table[:-(-end // BLOCK_SIZE)] if not 0 <= b < self.num_kv_blocks]
+            if bad:
+                raise ValueError(f"sequence {i}: KV block {bad[0]} does not exist (the cache has "
+                                 f"{self.num_kv_blocks})")
+            if s.params is not None:
+                s.params.validate()
             base = len(tokens)
             tokens.extend(s.token_ids)
             positions.extend(range(s.start_pos, end))

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from inferd.engine.engine import BLOCK_SIZE, Engine, SamplingParams, SeqInput
+from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 
 
 def blocks_needed(num_positions: int) -> int:
@@ -22,6 +23,8 @@ class GenerationStats:
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prefill_tps(self) -> float:
@@ -35,8 +38,10 @@ class GenerationStats:
 
 
 def generate(engine: Engine, prompt: list[int], params: SamplingParams, max_tokens: int,
-             stop_ids: Iterable[int] = (), stats: GenerationStats | None = None) -> Iterator[int]:
-    """Yields sampled token ids until max_tokens, a stop id, or the end of the context."""
+             stop_ids: Iterable[int] = (), stats: GenerationStats | None = None,
+             speculative: bool = False) -> Iterator[int]:
+    """Yields sampled token ids until max_tokens, a stop id, or the end of the context. With `speculative`,
+    prompt-lookup drafts are verified in the same steps; the tokens are the same either way."""
     if not prompt:
         raise ValueError("the prompt is empty")
     params.validate()
@@ -62,18 +67,34 @@ def generate(engine: Engine, prompt: list[int], params: SamplingParams, max_toke
             break
     stats.prefill_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()
-    for i in range(max_tokens):
-        token = out.tokens[0]
-        history.append(token)
-        stats.generated_tokens += 1
-        stats.decode_seconds = time.perf_counter() - t1
-        if token in stop:
-            return
-        yield token
-        if i + 1 == max_tokens:
-            return
-        out = engine.step([SeqInput([token], pos, table, 1, params, history, len(prompt))])[0]
-        pos += 1
+    lookup = PromptLookup(prompt) if speculative else None
+    gate = AcceptanceGate()
+    new_tokens = out.tokens
+    while True:
+        for token in new_tokens:
+            history.append(token)
+            stats.generated_tokens += 1
+            stats.decode_seconds = time.perf_counter() - t1
+            if token in stop:
+                return
+            yield token
+            if stats.generated_tokens == max_tokens:
+                return
+        token = history[-1]
+        # positions pos .. pos + len(new_tokens) - 1 get their KV now; drafts must stay inside the budget
+        pos = len(history) - 1
+        draft: list[int] = []
+        if lookup is not None:
+            lookup.extend(new_tokens)
+            if gate.allow():
+                room = min(max_tokens - stats.generated_tokens, len(table) * BLOCK_SIZE - pos) - 1
+                draft = lookup.propose()[:max(0, room)]
+        out = engine.step([SeqInput([token] + draft, pos, table, 1 + len(draft), params, history,
+                                    len(prompt))])[0]
+        new_tokens = accept(draft, out.tokens)
+        gate.record(len(draft), len(new_tokens) - 1)
+        stats.drafted_tokens += len(draft)
+        stats.accepted_tokens += len(new_tokens) - 1
 
 
 @dataclass

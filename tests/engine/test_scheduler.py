@@ -10,7 +10,7 @@ import pytest
 
 from inferd.engine.request import FinishReason, Request
 from inferd.engine.scheduler import QueueFull, Scheduler
-from fake_engine import EOS, FakeEngine, SamplingParams, run_alone
+from tests.engine.fake_engine import EOS, FakeEngine, SamplingParams, run_alone
 
 GREEDY = SamplingParams(temperature=0.0)
 

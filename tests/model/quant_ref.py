@@ -34,7 +34,8 @@ def quantize_reference(x: np.ndarray, type_name: str) -> np.ndarray:
         # d = amax / 127; q = roundf(x / d) (half away from zero); block = f16 d, 32 x int8
         d = (np.abs(b).max(axis=2) / np.float32(127)).astype(np.float32)
         scaled = b * _safe_inverse(d)[..., None]
-        q = (np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))).astype(np.int8)
+        # the + 0.5 in float64: in float32, 0.49999997 + 0.5 rounds up to 1 where C's roundf gives 0
+        q = (np.sign(scaled) * np.floor(np.abs(scaled).astype(np.float64) + 0.5)).astype(np.int8)
         out = np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=2)
     elif type_name == "Q4_0":
         # the signed value of largest magnitude (first one on ties) maps to -8: d = max / -8
