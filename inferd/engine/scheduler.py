@@ -176,16 +176,19 @@ class Scheduler:
             self._abort_all(FinishReason.ERROR, f"internal scheduler error: {e!r}", status=500)
 
     def step(self) -> StepStats:
+        # The observer of the step's start: one attached meanwhile (after the start-up warm-up) must not
+        # be told about a step it did not see begin.
+        observer = self.observer
         batch = self._schedule()
         stats = StepStats(num_seqs=len(batch))
         if batch:
             outputs = self._run(batch, stats)
             self._postprocess(batch, outputs, stats)
         self.num_steps += 1
-        if self.observer is not None:
-            self.observer.on_step(stats)
+        if observer is not None:
+            observer.on_step(stats)
             if stats.finished:
-                self.observer.on_finished(stats.finished)
+                observer.on_finished(stats.finished)
         return stats
 
     # ---- inbox, aborts, timeouts ---------------------------------------------------------------------
