@@ -9,7 +9,6 @@ request per choice, merged back into one response or one SSE stream here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import unicodedata

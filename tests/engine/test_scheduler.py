@@ -205,7 +205,7 @@ async def test_request_beyond_context_fails_with_400():
 async def test_rejected_requests_do_not_count_against_the_queue_limit():
     s = make_scheduler(FakeEngine(num_kv_blocks=4), max_waiting=2)
     for i in range(5):
-        h = s.submit(req(f"big{i}", range(300), max_tokens=10))
+        s.submit(req(f"big{i}", range(300), max_tokens=10))
         s._drain_inbox()
     assert s.num_waiting == 0
     s.submit(req("a", [1]))
