@@ -11,7 +11,6 @@
 #include <immintrin.h>
 #endif
 
-#define NT 4   /* tokens that share one unpacking of a weight block */
 
 int matmul_num_tiles(const weight_t *w) { return (w->rows + TILE_ROWS - 1) / TILE_ROWS; }
 
@@ -142,88 +141,115 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
     }
 }
 
-/* The integer core: 8 weight vectors (lane r = row r, 4 values each) against 8 broadcast 4-byte groups of
- * the activation block. `w` holds unsigned nibbles (Q4) or |w| with the sign moved onto x (Q8). */
-#define DEFINE_QUANT_TILE(NAME, ATTR, DOT4)                                                                  \
-    ATTR static void NAME(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,    \
-                          int accumulate) {                                                                 \
-        int nb = w->cols / QK, row0 = tile * TILE_ROWS, type = w->type;                                     \
-        int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;                                \
-        size_t bb = weight_tile_block_bytes(type);                                                          \
-        const uint8_t *base = w->data + (size_t)tile * nb * bb;                                             \
-        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                          \
-        for (int t0 = 0; t0 < ntok; t0 += NT) {                                                             \
-            int nt = ntok - t0 < NT ? ntok - t0 : NT;                                                       \
-            __m256 acc[NT];                                                                                 \
-            for (int k = 0; k < NT; k++) acc[k] = _mm256_setzero_ps();                                      \
-            for (int b = 0; b < nb; b++) {                                                                  \
-                const uint8_t *blk = base + b * bb;                                                         \
-                __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                         \
-                __m256 mw = _mm256_setzero_ps();                                                            \
-                __m256i wv[8];                                                                              \
-                if (type == WT_Q8_0) {                                                                      \
-                    for (int j = 0; j < 8; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
-                } else {                                                                                    \
-                    int qoff = type == WT_Q4_1 ? 32 : 16;                                                   \
-                    if (type == WT_Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))); \
-                    for (int p = 0; p < 4; p++) {                                                           \
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * p));             \
-                        wv[p] = _mm256_and_si256(v, m4);                                                    \
-                        wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                          \
-                    }                                                                                       \
-                }                                                                                           \
-                for (int k = 0; k < nt; k++) {                                                              \
-                    const block_q8x *xb = xq + (size_t)(t0 + k) * nb + b;                                   \
-                    __m256i isum = DOT4(type, wv, xb->qs);                                                  \
-                    if (type == WT_Q4_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xb->isum));    \
-                    __m256 dx = _mm256_set1_ps(xb->d);                                                      \
-                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[k]);      \
-                    if (type == WT_Q4_1)                                                                    \
-                        acc[k] = _mm256_fmadd_ps(_mm256_set1_ps((float)xb->isum), _mm256_mul_ps(mw, dx), acc[k]); \
-                }                                                                                           \
-            }                                                                                               \
-            for (int k = 0; k < nt; k++) store_tile_v(y, ldy, t0 + k, row0, nrows, acc[k], accumulate);    \
-        }                                                                                                   \
-    }
+/* The integer core. A block's 8 weight vectors wv[j] hold, in lane r, 4 values of row r (unsigned nibbles for
+ * Q4; signed bytes for Q8, whose sign is moved onto x so the unsigned operand is |w|); each meets the broadcast
+ * 4 bytes x[4j..4j+3] of the activation block. STEP adds one such product into an accumulator, COMBINE merges two
+ * accumulators, FINISH widens to the int32 block sum. Integer sums are exact in any order, so the kernels may
+ * use several accumulator chains (for latency) and stay bit-identical to the scalar path.
+ *   AVX2, Q4: maddubs into int16 (|nibble * x| <= 15 * 127; eight pairs stay below 2^15), one madd at the end.
+ *   AVX2, Q8: maddubs then madd into int32 at every step (pairs of 128 * 127 would overflow int16 if added).
+ *   VNNI: dpbusd accumulates in int32 directly. */
+#define ONES16 _mm256_set1_epi16(1)
+#define AVX2_STEP(Q8, acc, w, x)                                                                              \
+    ((Q8) ? _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),             \
+                                                                         _mm256_sign_epi8(x, w)), ONES16))   \
+          : _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)))
+#define AVX2_COMBINE(Q8, a, b) ((Q8) ? _mm256_add_epi32(a, b) : _mm256_add_epi16(a, b))
+#define AVX2_FINISH(Q8, a) ((Q8) ? (a) : _mm256_madd_epi16(a, ONES16))
+#define VNNI512_STEP(Q8, acc, w, x)                                                                           \
+    ((Q8) ? _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) : _mm256_dpbusd_epi32(acc, w, x))
+#define AVXVNNI_STEP(Q8, acc, w, x)                                                                           \
+    ((Q8) ? _mm256_dpbusd_avx_epi32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))                     \
+          : _mm256_dpbusd_avx_epi32(acc, w, x))
+#define VNNI_COMBINE(Q8, a, b) _mm256_add_epi32(a, b)
+#define VNNI_FINISH(Q8, a) (a)
 
 static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
-SIMD_ATTR_AVX2 static inline __m256i dot4_avx2(int type, const __m256i wv[8], const int8_t *qs) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (type == WT_Q8_0) {
-        __m256i s = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i xj = _mm256_set1_epi32(load_i32(qs + 4 * j));
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(xj, wv[j]));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-        }
-        return s;
-    }
-    /* nibble x int8 pairs stay below 2*15*127, eight of them below 2^15: sum in int16, widen once */
-    __m256i s16 = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++)
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wv[j], _mm256_set1_epi32(load_i32(qs + 4 * j))));
-    return _mm256_madd_epi16(s16, ones);
-}
-
-#define DEFINE_DOT4_VNNI(NAME, ATTR, DPBUSD)                                                                \
-    ATTR static inline __m256i NAME(int type, const __m256i wv[8], const int8_t *qs) {                      \
-        __m256i s = _mm256_setzero_si256();                                                                 \
-        for (int j = 0; j < 8; j++) {                                                                       \
-            __m256i xj = _mm256_set1_epi32(load_i32(qs + 4 * j));                                           \
-            if (type == WT_Q8_0) s = DPBUSD(s, _mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(xj, wv[j])); \
-            else s = DPBUSD(s, wv[j], xj);                                                                  \
+/* NTOK tokens (starting at xq, token stride nb blocks) against one tile of TYPE. With one token, two accumulator
+ * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
+#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH)                                    \
+    ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int row0,     \
+                          int nrows, int accumulate) {                                                       \
+        enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1 };                                     \
+        const size_t bb = (TYPE) == WT_Q4_0 ? 144 : (TYPE) == WT_Q4_1 ? 160 : 272;                         \
+        const int qoff = (TYPE) == WT_Q4_1 ? 32 : 16;                                                       \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                          \
+        __m256 acc[NTOK];                                                                                   \
+        for (int k = 0; k < (NTOK); k++) acc[k] = _mm256_setzero_ps();                                      \
+        for (int b = 0; b < nb; b++) {                                                                      \
+            const uint8_t *blk = base + b * bb;                                                             \
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                             \
+            __m256i wv[8];                                                                                  \
+            if (Q8) {                                                                                       \
+                for (int j = 0; j < 8; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
+            } else {                                                                                        \
+                for (int p = 0; p < 4; p++) {                                                               \
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * p));                 \
+                    wv[p] = _mm256_and_si256(v, m4);                                                        \
+                    wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);                              \
+                }                                                                                           \
+            }                                                                                               \
+            __m256i is[(NTOK) * CHAINS];                                                                    \
+            for (int k = 0; k < (NTOK) * CHAINS; k++) is[k] = _mm256_setzero_si256();                       \
+            for (int j = 0; j < 8; j++)                                                                     \
+                for (int k = 0; k < (NTOK); k++) {                                                          \
+                    __m256i xj = _mm256_set1_epi32(load_i32(xq[(size_t)k * nb + b].qs + 4 * j));            \
+                    is[k * CHAINS + j % CHAINS] = STEP(Q8, is[k * CHAINS + j % CHAINS], wv[j], xj);         \
+                }                                                                                           \
+            for (int k = 0; k < (NTOK); k++) {                                                              \
+                const block_q8x *xb = xq + (size_t)k * nb + b;                                              \
+                __m256i sum = is[k * CHAINS];                                                               \
+                if (CHAINS == 2) sum = COMBINE(Q8, sum, is[k * CHAINS + 1]);                                \
+                sum = FINISH(Q8, sum);                                                                      \
+                if ((TYPE) == WT_Q4_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * xb->isum));        \
+                __m256 dx = _mm256_set1_ps(xb->d);                                                          \
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, dx), acc[k]);           \
+                if ((TYPE) == WT_Q4_1) {                                                                    \
+                    __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));              \
+                    acc[k] = _mm256_fmadd_ps(_mm256_set1_ps((float)xb->isum), _mm256_mul_ps(mw, dx), acc[k]); \
+                }                                                                                           \
+            }                                                                                               \
         }                                                                                                   \
-        return s;                                                                                           \
+        for (int k = 0; k < (NTOK); k++) store_tile_v(y, ldy, k, row0, nrows, acc[k], accumulate);         \
+    }
+
+/* One path: kernels for each type with NT tokens at a time and with one, and the driver over a tile. */
+#define DEFINE_PATH(PATH, ATTR, NT, STEP, COMBINE, FINISH)                                                    \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_n, ATTR, WT_Q4_0, NT, STEP, COMBINE, FINISH)                              \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_1, ATTR, WT_Q4_0, 1, STEP, COMBINE, FINISH)                               \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_n, ATTR, WT_Q4_1, NT, STEP, COMBINE, FINISH)                              \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_1, ATTR, WT_Q4_1, 1, STEP, COMBINE, FINISH)                               \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH)                              \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH)                               \
+    static void PATH(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,          \
+                     int accumulate) {                                                                       \
+        int nb = w->cols / QK, row0 = tile * TILE_ROWS;                                                     \
+        int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;                                \
+        const uint8_t *base = w->data + (size_t)tile * nb * weight_tile_block_bytes(w->type);              \
+        int t = 0;                                                                                          \
+        for (; t + (NT) <= ntok; t += (NT)) {                                                               \
+            const block_q8x *x = xq + (size_t)t * nb;                                                       \
+            float *yt = y + (size_t)t * ldy;                                                                \
+            if (w->type == WT_Q4_0) PATH##_q4_0_n(base, nb, x, yt, ldy, row0, nrows, accumulate);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_n(base, nb, x, yt, ldy, row0, nrows, accumulate);     \
+            else PATH##_q8_0_n(base, nb, x, yt, ldy, row0, nrows, accumulate);                             \
+        }                                                                                                   \
+        for (; t < ntok; t++) {                                                                             \
+            const block_q8x *x = xq + (size_t)t * nb;                                                       \
+            float *yt = y + (size_t)t * ldy;                                                                \
+            if (w->type == WT_Q4_0) PATH##_q4_0_1(base, nb, x, yt, ldy, row0, nrows, accumulate);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_1(base, nb, x, yt, ldy, row0, nrows, accumulate);     \
+            else PATH##_q8_0_1(base, nb, x, yt, ldy, row0, nrows, accumulate);                             \
+        }                                                                                                   \
     }
 
 #define ATTR_512VNNI __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni")))
 #define ATTR_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-DEFINE_DOT4_VNNI(dot4_512vnni, ATTR_512VNNI, _mm256_dpbusd_epi32)
-DEFINE_DOT4_VNNI(dot4_avxvnni, ATTR_AVXVNNI, _mm256_dpbusd_avx_epi32)
-DEFINE_QUANT_TILE(quant_tile_avx2, SIMD_ATTR_AVX2, dot4_avx2)
-DEFINE_QUANT_TILE(quant_tile_512vnni, ATTR_512VNNI, dot4_512vnni)
-DEFINE_QUANT_TILE(quant_tile_avxvnni, ATTR_AVXVNNI, dot4_avxvnni)
+/* AVX-512VL gives 32 vector registers: room for 8 tokens' accumulators; AVX2 and AVX-VNNI have 16. */
+DEFINE_PATH(quant_tile_avx2, SIMD_ATTR_AVX2, 4, AVX2_STEP, AVX2_COMBINE, AVX2_FINISH)
+DEFINE_PATH(quant_tile_512vnni, ATTR_512VNNI, 8, VNNI512_STEP, VNNI_COMBINE, VNNI_FINISH)
+DEFINE_PATH(quant_tile_avxvnni, ATTR_AVXVNNI, 4, AVXVNNI_STEP, VNNI_COMBINE, VNNI_FINISH)
 #endif
 
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
