@@ -79,7 +79,8 @@ static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* one item = (token, kv head): the query heads sharing that KV head read its keys and values together */
+/* one item = (run, kv head): a run is up to ATTN_MAX_TOKENS consecutive tokens of one sequence (prefill), which
+ * share the conversion of each KV block; the query heads sharing a KV head read it together */
 static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     context_t *c = s->c;
@@ -88,13 +89,28 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, cfg->head_dim);
     for (int64_t item = begin; item < end; item++) {
-        int t = (int)(item / cfg->n_kv_heads), h = (int)(item % cfg->n_kv_heads);
+        int run = (int)(item / cfg->n_kv_heads), h = (int)(item % cfg->n_kv_heads);
+        int t = c->runs[run], ntok = c->runs[run + 1] - t;
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
         size_t head_off = layer_off + (size_t)h * KV_BLOCK * cfg->head_dim;
-        attention_token(c->qkv + (size_t)t * qkv_dim + (size_t)h * group * cfg->head_dim, group, cfg->n_kv_heads,
-                        cfg->head_dim, c->k_cache + head_off, c->v_cache + head_off, bt, s->b->positions[t] + 1,
-                        c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h * group * cfg->head_dim, scratch);
+        attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h * group * cfg->head_dim, qkv_dim, ntok, group,
+                         cfg->n_kv_heads, cfg->head_dim, c->k_cache + head_off, c->v_cache + head_off, bt,
+                         s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h * group * cfg->head_dim,
+                         Q_DIM(cfg), scratch);
     }
+}
+
+/* splits the batch into runs of consecutive positions of one sequence, at most ATTN_MAX_TOKENS long */
+static int attention_runs(context_t *c, const batch_t *b) {
+    int n = 0;
+    for (int t = 0; t < b->num_tokens; t++) {
+        int start = c->runs[n > 0 ? n - 1 : 0];
+        if (n == 0 || t - start == ATTN_MAX_TOKENS || b->seq_of_token[t] != b->seq_of_token[t - 1] ||
+            b->positions[t] != b->positions[t - 1] + 1)
+            c->runs[n++] = t;
+    }
+    c->runs[n] = b->num_tokens;
+    return n;
 }
 
 /* h = silu(gate) * up, then quantized for the down projection */
@@ -180,6 +196,7 @@ int forward(context_t *c, const batch_t *b) {
     if (rc) return rc;
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T};
+    int n_runs = attention_runs(c, b);
 
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
@@ -189,7 +206,7 @@ int forward(context_t *c, const batch_t *b) {
         prepare_input(c, &s, c->x, dim, L->attn_norm);                 /* xn = rmsnorm(x) */
         matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
         run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);                               /* rope, cache k and v */
-        run(c, STAGE_ATTENTION, (int64_t)T * cfg->n_kv_heads, 1, attention_fn, &s);    /* xn = attention */
+        run(c, STAGE_ATTENTION, (int64_t)n_runs * cfg->n_kv_heads, 1, attention_fn, &s);    /* xn = attention */
         prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL);
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm);                  /* xn = rmsnorm(x) */
@@ -233,12 +250,13 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->qkv = malloc((size_t)max_tokens * qkv_dim * sizeof(float));
     c->gu = malloc((size_t)max_tokens * 2 * cfg->hidden * sizeof(float));
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
+    c->runs = malloc((size_t)(max_tokens + 1) * sizeof(int32_t));
     c->xq = malloc((size_t)max_tokens * (widest_in / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
     c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
     if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->qkv || !c->gu || !c->h || !c->xq ||
-        !c->logits || !c->attn_scratch || !c->sample_scratch) {
+        !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs) {
         context_free(c);
         return NULL;
     }
@@ -249,6 +267,6 @@ void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->qkv); free(c->gu); free(c->h);
-    free(c->xq); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
+    free(c->xq); free(c->runs); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
     free(c);
 }

@@ -84,9 +84,11 @@ void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out); 
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
+#define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence that share one conversion of each KV block */
 size_t attention_scratch_floats(int n_heads, int head_dim);
-void attention_token(const float *q, int group, int n_kv_heads, int head_dim, const uint16_t *k_head,
-                     const uint16_t *v_head, const int32_t *block_table, int ctx_len, float *out, float *scratch);
+void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int head_dim,
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
+                      float *out, int out_stride, float *scratch);
 
 /* ---- sampling ---- */
 typedef struct {
@@ -187,6 +189,7 @@ typedef struct {
     block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) */
     float *logits;                     /* (max_out, vocab) */
     float *attn_scratch;               /* (threads, attention_scratch_floats) */
+    int32_t *runs;                     /* (max_tokens + 1) first token of each attention run, then num_tokens */
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
 } context_t;
 
