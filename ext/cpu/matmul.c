@@ -148,7 +148,8 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
  * use several accumulator chains (for latency) and stay bit-identical to the scalar path.
  *   AVX2, Q4: maddubs into int16 (|nibble * x| <= 15 * 127; eight pairs stay below 2^15), one madd at the end.
  *   AVX2, Q8: maddubs then madd into int32 at every step (pairs of 128 * 127 would overflow int16 if added).
- *   VNNI: dpbusd accumulates in int32 directly. */
+ *   VNNI: dpbusd accumulates in int32 directly; Q8 weights become unsigned in registers (w ^ 0x80 = w + 128,
+ *   shared by all tokens of the call) and the block sum drops 128 * sum(x), which the activation block carries. */
 #define ONES16 _mm256_set1_epi16(1)
 #define AVX2_STEP(Q8, acc, w, x)                                                                              \
     ((Q8) ? _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),             \
@@ -156,11 +157,8 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
           : _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)))
 #define AVX2_COMBINE(Q8, a, b) ((Q8) ? _mm256_add_epi32(a, b) : _mm256_add_epi16(a, b))
 #define AVX2_FINISH(Q8, a) ((Q8) ? (a) : _mm256_madd_epi16(a, ONES16))
-#define VNNI512_STEP(Q8, acc, w, x)                                                                           \
-    ((Q8) ? _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)) : _mm256_dpbusd_epi32(acc, w, x))
-#define AVXVNNI_STEP(Q8, acc, w, x)                                                                           \
-    ((Q8) ? _mm256_dpbusd_avx_epi32(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))                     \
-          : _mm256_dpbusd_avx_epi32(acc, w, x))
+#define VNNI512_STEP(Q8, acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
+#define AVXVNNI_STEP(Q8, acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
 #define VNNI_COMBINE(Q8, a, b) _mm256_add_epi32(a, b)
 #define VNNI_FINISH(Q8, a) (a)
 
@@ -168,7 +166,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
 
 /* NTOK tokens (starting at xq, token stride nb blocks) against one tile of TYPE. With one token, two accumulator
  * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
-#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH)                                    \
+#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, Q8_UNSIGNED)                       \
     ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int row0,     \
                           int nrows, int accumulate) {                                                       \
         enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1 };                                     \
@@ -182,7 +180,10 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                             \
             __m256i wv[8];                                                                                  \
             if (Q8) {                                                                                       \
-                for (int j = 0; j < 8; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
+                for (int j = 0; j < 8; j++) {                                                               \
+                    wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));                       \
+                    if (Q8_UNSIGNED) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));         \
+                }                                                                                           \
             } else {                                                                                        \
                 for (int p = 0; p < 4; p++) {                                                               \
                     __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * p));                 \
@@ -203,6 +204,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
                 if (CHAINS == 2) sum = COMBINE(Q8, sum, is[k * CHAINS + 1]);                                \
                 sum = FINISH(Q8, sum);                                                                      \
                 if ((TYPE) == WT_Q4_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * xb->isum));        \
+                if (Q8 && Q8_UNSIGNED) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * xb->isum));      \
                 __m256 dx = _mm256_set1_ps(xb->d);                                                          \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, dx), acc[k]);           \
                 if ((TYPE) == WT_Q4_1) {                                                                    \
@@ -215,13 +217,13 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
     }
 
 /* One path: kernels for each type with NT tokens at a time and with one, and the driver over a tile. */
-#define DEFINE_PATH(PATH, ATTR, NT, STEP, COMBINE, FINISH)                                                    \
-    DEFINE_TILE_KERNEL(PATH##_q4_0_n, ATTR, WT_Q4_0, NT, STEP, COMBINE, FINISH)                              \
-    DEFINE_TILE_KERNEL(PATH##_q4_0_1, ATTR, WT_Q4_0, 1, STEP, COMBINE, FINISH)                               \
-    DEFINE_TILE_KERNEL(PATH##_q4_1_n, ATTR, WT_Q4_1, NT, STEP, COMBINE, FINISH)                              \
-    DEFINE_TILE_KERNEL(PATH##_q4_1_1, ATTR, WT_Q4_1, 1, STEP, COMBINE, FINISH)                               \
-    DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH)                              \
-    DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH)                               \
+#define DEFINE_PATH(PATH, ATTR, NT, STEP, COMBINE, FINISH, Q8U)                                               \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_n, ATTR, WT_Q4_0, NT, STEP, COMBINE, FINISH, Q8U)                         \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_1, ATTR, WT_Q4_0, 1, STEP, COMBINE, FINISH, Q8U)                          \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_n, ATTR, WT_Q4_1, NT, STEP, COMBINE, FINISH, Q8U)                         \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_1, ATTR, WT_Q4_1, 1, STEP, COMBINE, FINISH, Q8U)                          \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH, Q8U)                         \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH, Q8U)                          \
     static void PATH(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,          \
                      int accumulate) {                                                                       \
         int nb = w->cols / QK, row0 = tile * TILE_ROWS;                                                     \
@@ -247,9 +249,9 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
 #define ATTR_512VNNI __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni")))
 #define ATTR_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 /* AVX-512VL gives 32 vector registers: room for 8 tokens' accumulators; AVX2 and AVX-VNNI have 16. */
-DEFINE_PATH(quant_tile_avx2, SIMD_ATTR_AVX2, 4, AVX2_STEP, AVX2_COMBINE, AVX2_FINISH)
-DEFINE_PATH(quant_tile_512vnni, ATTR_512VNNI, 8, VNNI512_STEP, VNNI_COMBINE, VNNI_FINISH)
-DEFINE_PATH(quant_tile_avxvnni, ATTR_AVXVNNI, 4, AVXVNNI_STEP, VNNI_COMBINE, VNNI_FINISH)
+DEFINE_PATH(quant_tile_avx2, SIMD_ATTR_AVX2, 4, AVX2_STEP, AVX2_COMBINE, AVX2_FINISH, 0)
+DEFINE_PATH(quant_tile_512vnni, ATTR_512VNNI, 8, VNNI512_STEP, VNNI_COMBINE, VNNI_FINISH, 1)
+DEFINE_PATH(quant_tile_avxvnni, ATTR_AVXVNNI, 4, AVXVNNI_STEP, VNNI_COMBINE, VNNI_FINISH, 1)
 #endif
 
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
