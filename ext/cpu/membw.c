@@ -11,17 +11,19 @@
 typedef struct { const uint8_t *buf; size_t chunk_bytes; uint64_t sums[256]; } membw_arg;
 
 #if defined(__x86_64__)
+/* eight streams an eighth of the chunk apart, read side by side: more misses in flight than one stream gives */
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_t n) {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i + 128 <= n; i += 128) {
-        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
-    }
-    __m256i a = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    __m256i a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_si256();
+    size_t q = n / 8;
+    for (size_t i = 0; i + 64 <= q; i += 64)
+        for (int k = 0; k < 8; k++) {
+            a[k] = _mm256_add_epi64(a[k], _mm256_load_si256((const __m256i *)(p + k * q + i)));
+            a[k] = _mm256_add_epi64(a[k], _mm256_load_si256((const __m256i *)(p + k * q + i + 32)));
+        }
+    for (int k = 1; k < 8; k++) a[0] = _mm256_add_epi64(a[0], a[k]);
     uint64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)lanes, a);
+    _mm256_storeu_si256((__m256i *)lanes, a[0]);
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 #endif
