@@ -26,7 +26,8 @@ try:
 except ImportError:  # the CPU extension is missing: the dataclasses are all we need from there
     SamplingParams = SeqInput = SeqOutput = None  # type: ignore[assignment]
 
-BLOCK_SIZE = 64
+from inferd.engine.batch import BLOCK_SIZE, flatten, penalty_history
+
 MAX_LOGPROBS = 20
 # most precise first; a fused matrix takes the most precise format among its parts
 _PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
@@ -200,50 +201,14 @@ class CudaEngine:
             raise NotImplementedError("the CUDA engine does not return hidden states")
         if not seqs:
             return []
-        if len(seqs) > self.max_seqs:
-            raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {self.max_seqs}")
-        tokens, positions, seq_of_token, out_rows, sampled = [], [], [], [], []
-        rows_of_seq: list[tuple[int, int, int]] = []
-        width = 1
-        for i, s in enumerate(seqs):
-            n = len(s.token_ids)
-            if n == 0:
-                raise ValueError(f"sequence {i} has no tokens")
-            if not 0 <= s.num_sampled <= n:
-                raise ValueError(f"sequence {i}: num_sampled {s.num_sampled} with {n} tokens")
-            end = s.start_pos + n
-            if s.start_pos < 0 or end > self.context_length:
-                raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
-                                 f"of {self.context_length}")
-            if len(s.block_table) * BLOCK_SIZE < end:
-                raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
-            if any(not 0 <= b < self.num_kv_blocks for b in s.block_table[:(end + BLOCK_SIZE - 1) // BLOCK_SIZE]):
-                raise ValueError(f"sequence {i}: a KV block id is outside [0, {self.num_kv_blocks})")
-            if any(not 0 <= t < self.vocab_size for t in s.token_ids):
-                raise ValueError(f"sequence {i}: a token id is outside the vocabulary of {self.vocab_size}")
-            base = len(tokens)
-            tokens.extend(s.token_ids)
-            positions.extend(range(s.start_pos, end))
-            seq_of_token.extend([i] * n)
-            first_row = len(out_rows)
-            first_logit = 0 if s.want_logits else n - s.num_sampled
-            out_rows.extend(range(base + first_logit, base + n))
-            sampled.extend(k >= n - s.num_sampled for k in range(first_logit, n))
-            rows_of_seq.append((first_row, n - first_logit, n - s.num_sampled - first_logit))
-            width = max(width, -(-end // BLOCK_SIZE))
-        if len(tokens) > self.max_batch_tokens:
-            raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {self.max_batch_tokens}")
-        if len(out_rows) > self.max_logits_rows:
-            raise ValueError(f"{len(out_rows)} logits rows in one step; at most {self.max_logits_rows}")
-        tables = np.zeros((len(seqs), width), np.int32)
-        for i, s in enumerate(seqs):
-            k = min(width, len(s.block_table))
-            tables[i, :k] = s.block_table[:k]
+        b = flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
+                    num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
+                    max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+        rows_of_seq, positions, out_rows = b.rows_of_seq, b.positions, b.out_rows
         params, adj_offset, adj, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
         want_logits = need_logits or any(s.want_logits for s in seqs)
         out_tok, out_lp, logits, used_graph = self._m.step(
-            np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(seq_of_token, np.int32),
-            tables, np.asarray(out_rows, np.int32), params, adj_offset, adj, want_logits)
+            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, params, adj_offset, adj, want_logits)
         self.last_step_used_graph = used_graph
         return [self._output(s, first, count, first_sampled, out_tok, out_lp, logits)
                 for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)]
@@ -300,9 +265,7 @@ class CudaEngine:
         """This row's logit adjustments: one entry per distinct biased or penalised token."""
         hist_ids = hist_counts = out_ids = out_counts = None
         if sp.has_penalties:
-            known = s.start_pos + k + 1
-            hist = np.asarray(list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos):k + 1]),
-                              np.int64)
+            hist = np.asarray(penalty_history(s, k), np.int64)
             hist = hist[(hist >= 0) & (hist < self.vocab_size)]
             hist_ids = np.unique(hist)
             out = hist[s.num_prompt:] if s.num_prompt < len(hist) else hist[:0]

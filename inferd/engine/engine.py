@@ -10,9 +10,10 @@ from typing import Sequence
 import numpy as np
 
 from inferd import _cpu
+from inferd.engine.batch import BLOCK_SIZE, flatten, penalty_history
 from inferd.engine.weights import build_cpu_model
 
-BLOCK_SIZE = _cpu.BLOCK_SIZE
+assert BLOCK_SIZE == _cpu.BLOCK_SIZE
 MAX_LOGPROBS = _cpu.MAX_LOGPROBS
 
 
@@ -127,56 +128,15 @@ class Engine:
         """Runs one forward pass over all sequences and samples. Raises ValueError on a bad batch."""
         if not seqs:
             return []
-        if len(seqs) > self.max_seqs:
-            raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {self.max_seqs}")
-        tokens, positions, seq_of_token, out_rows, mask = [], [], [], [], []
-        rows_of_seq: list[tuple[int, int, int]] = []          # (first out row, number of rows, first sampled)
-        width = 1
-        for i, s in enumerate(seqs):
-            n = len(s.token_ids)
-            if n == 0:
-                raise ValueError(f"sequence {i} has no tokens")
-            if not 0 <= s.num_sampled <= n:
-                raise ValueError(f"sequence {i}: num_sampled {s.num_sampled} with {n} tokens")
-            bad = [t for t in s.token_ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"sequence {i}: token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
-            end = s.start_pos + n
-            if s.start_pos < 0 or end > self.context_length:
-                raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
-                                 f"of {self.context_length}")
-            if len(s.block_table) * BLOCK_SIZE < end:
-                raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
-            bad = [b for b in s.block_table[:-(-end // BLOCK_SIZE)] if not 0 <= b < self.num_kv_blocks]
-            if bad:
-                raise ValueError(f"sequence {i}: KV block {bad[0]} does not exist (the cache has "
-                                 f"{self.num_kv_blocks})")
-            if s.params is not None:
-                s.params.validate()
-            base = len(tokens)
-            tokens.extend(s.token_ids)
-            positions.extend(range(s.start_pos, end))
-            seq_of_token.extend([i] * n)
-            first_row = len(out_rows)
-            first_logit = 0 if s.want_logits else n - s.num_sampled
-            out_rows.extend(range(base + first_logit, base + n))
-            mask.extend(0 if k < n - s.num_sampled else 1 for k in range(first_logit, n))
-            rows_of_seq.append((first_row, n - first_logit, n - s.num_sampled - first_logit))
-            width = max(width, len(s.block_table))
-        if len(tokens) > self.max_batch_tokens:
-            raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {self.max_batch_tokens}")
-        if len(out_rows) > self.max_logits_rows:
-            raise ValueError(f"{len(out_rows)} logits rows in one step; at most {self.max_logits_rows}")
-        tables = np.zeros((len(seqs), width), np.int32)
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.block_table)] = s.block_table
-        params, history, bias_ids, bias_values = self._sampling_arrays(seqs, rows_of_seq, len(out_rows))
+        b = flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
+                    num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
+                    max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+        params, history, bias_ids, bias_values = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
         samples, logits, hidden = self._ctx.forward(
-            np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(seq_of_token, np.int32),
-            tables, np.asarray(out_rows, np.int32), np.asarray(mask, np.int32), params, history, bias_ids,
-            bias_values, any(s.want_logits for s in seqs), want_hidden)
+            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask, params, history,
+            bias_ids, bias_values, any(s.want_logits for s in seqs), want_hidden)
         outputs = [self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
-                   for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)]
+                   for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)]
         return (outputs, hidden) if want_hidden else outputs
 
     def _sampling_arrays(self, seqs, rows_of_seq, n_out):
@@ -214,9 +174,7 @@ class Engine:
                 p["bias_offset"][r] = bias_offset
                 p["bias_len"][r] = len(bias_ids) - bias_offset
                 if sp.has_penalties:
-                    # the sequence as known at this row: its history, plus draft tokens not yet in it
-                    known = s.start_pos + k + 1
-                    hist = list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos):k + 1])
+                    hist = penalty_history(s, k)
                     p["history_offset"][r] = len(history)
                     p["history_len"][r] = len(hist)
                     p["num_prompt"][r] = s.num_prompt

@@ -1,0 +1,80 @@
+"""A step's sequences -> the flat arrays both engines take (tokens of every sequence one after another, prefill
+chunks and decode tokens mixed), with every input checked and named when wrong."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+BLOCK_SIZE = 64   # positions per KV block: the attention kernels' tile
+
+
+@dataclass
+class FlatBatch:
+    tokens: np.ndarray          # (num_tokens,) int32
+    positions: np.ndarray       # (num_tokens,) int32
+    seq_of_token: np.ndarray    # (num_tokens,) int32
+    block_tables: np.ndarray    # (num_seqs, blocks of the longest) int32
+    out_rows: np.ndarray        # (num_out,) int32: token index of each logits row, ascending
+    sample_mask: np.ndarray     # (num_out,) int32: 1 where the row is sampled
+    rows_of_seq: list[tuple[int, int, int]]   # per sequence: (first out row, rows, first sampled row within)
+
+
+def flatten(seqs: Sequence, *, vocab_size: int, context_length: int, num_kv_blocks: int, max_seqs: int,
+            max_batch_tokens: int, max_logits_rows: int) -> FlatBatch:
+    """Raises ValueError naming the sequence and the problem."""
+    if len(seqs) > max_seqs:
+        raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {max_seqs}")
+    tokens, positions, seq_of_token, out_rows, mask = [], [], [], [], []
+    rows_of_seq: list[tuple[int, int, int]] = []
+    width = 1
+    for i, s in enumerate(seqs):
+        n = len(s.token_ids)
+        if n == 0:
+            raise ValueError(f"sequence {i} has no tokens")
+        if not 0 <= s.num_sampled <= n:
+            raise ValueError(f"sequence {i}: num_sampled {s.num_sampled} with {n} tokens")
+        bad = [t for t in s.token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"sequence {i}: token id {bad[0]} is outside the vocabulary of {vocab_size}")
+        end = s.start_pos + n
+        if s.start_pos < 0 or end > context_length:
+            raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
+                             f"of {context_length}")
+        used = -(-end // BLOCK_SIZE)
+        if len(s.block_table) < used:
+            raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
+        bad = [b for b in s.block_table[:used] if not 0 <= b < num_kv_blocks]
+        if bad:
+            raise ValueError(f"sequence {i}: KV block {bad[0]} does not exist (the cache has {num_kv_blocks})")
+        if s.params is not None:
+            s.params.validate()
+        base = len(tokens)
+        tokens.extend(s.token_ids)
+        positions.extend(range(s.start_pos, end))
+        seq_of_token.extend([i] * n)
+        first_row = len(out_rows)
+        first_logit = 0 if s.want_logits else n - s.num_sampled
+        out_rows.extend(range(base + first_logit, base + n))
+        mask.extend(int(k >= n - s.num_sampled) for k in range(first_logit, n))
+        rows_of_seq.append((first_row, n - first_logit, n - s.num_sampled - first_logit))
+        width = max(width, used)
+    if len(tokens) > max_batch_tokens:
+        raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {max_batch_tokens}")
+    if len(out_rows) > max_logits_rows:
+        raise ValueError(f"{len(out_rows)} logits rows in one step; at most {max_logits_rows}")
+    tables = np.zeros((len(seqs), width), np.int32)
+    for i, s in enumerate(seqs):
+        k = min(width, len(s.block_table))
+        tables[i, :k] = s.block_table[:k]
+    return FlatBatch(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                     np.asarray(seq_of_token, np.int32), tables, np.asarray(out_rows, np.int32),
+                     np.asarray(mask, np.int32), rows_of_seq)
+
+
+def penalty_history(s, k: int) -> list[int]:
+    """The sequence as known when sampling after token_ids[k]: its history, plus the tokens of this step (draft
+    tokens of speculative decoding) that the history does not hold yet."""
+    known = s.start_pos + k + 1
+    return list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos):k + 1])
