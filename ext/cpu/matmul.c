@@ -119,25 +119,43 @@ SIMD_ATTR_AVX2 static inline float hsum8_v(__m256 c) {
     return _mm_cvtss_f32(s);
 }
 
+/* Two tokens per pass share each converted weight vector; each token keeps its own 4 accumulators in the
+ * scalar order (group g into accumulator g % 4). */
 SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x,
                                            float *y, int ldy, int accumulate) {
     size_t rb = gguf_row_bytes(w->type, w->cols);
     int ng = w->cols / 8;
-    for (int t = 0; t < ntok; t++) {
-        float out[8];
-        const float *xt = x + (size_t)t * w->cols;
+    for (int t = 0; t < ntok; t += 2) {
+        int pair = t + 1 < ntok;
+        float out0[8], out1[8];
+        const float *x0 = x + (size_t)t * w->cols, *x1 = pair ? x0 + w->cols : x0;
         for (int r = 0; r < nrows; r++) {
             const uint8_t *row = w->data + (size_t)(row0 + r) * rb;
-            __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256 a[4], b[4];
+            for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();
             int g = 0;
-            for (; g + 4 <= ng; g += 4)
-                for (int k = 0; k < 4; k++)
-                    a[k] = _mm256_fmadd_ps(load_w8(w->type, row, 8 * (g + k)), _mm256_loadu_ps(xt + 8 * (g + k)), a[k]);
-            for (; g < ng; g++)
-                a[g % 4] = _mm256_fmadd_ps(load_w8(w->type, row, 8 * g), _mm256_loadu_ps(xt + 8 * g), a[g % 4]);
-            out[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            if (pair) {
+                for (; g + 4 <= ng; g += 4)
+                    for (int k = 0; k < 4; k++) {
+                        __m256 wv = load_w8(w->type, row, 8 * (g + k));
+                        a[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + 8 * (g + k)), a[k]);
+                        b[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + 8 * (g + k)), b[k]);
+                    }
+            } else {
+                for (; g + 4 <= ng; g += 4)
+                    for (int k = 0; k < 4; k++)
+                        a[k] = _mm256_fmadd_ps(load_w8(w->type, row, 8 * (g + k)), _mm256_loadu_ps(x0 + 8 * (g + k)), a[k]);
+            }
+            for (; g < ng; g++) {
+                __m256 wv = load_w8(w->type, row, 8 * g);
+                a[g % 4] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + 8 * g), a[g % 4]);
+                b[g % 4] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + 8 * g), b[g % 4]);
+            }
+            out0[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            out1[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
         }
-        store_tile(y, ldy, t, row0, nrows, out, accumulate);
+        store_tile(y, ldy, t, row0, nrows, out0, accumulate);
+        if (pair) store_tile(y, ldy, t + 1, row0, nrows, out1, accumulate);
     }
 }
 
