@@ -13,6 +13,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
                    help="quantize a float (Hugging Face) model on load")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="run the model on the CPU (default) or an NVIDIA GPU")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -27,9 +29,11 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
+    from inferd.engine.device import check_device
     from inferd.model.loader import load_model
     from inferd.model.pull import resolve
 
+    check_device(args.device)   # before the download and load: say at once when the GPU cannot be used
     return load_model(resolve(args.model), quantize=args.quantize)
 
 
@@ -41,7 +45,8 @@ def cmd_pull(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from inferd.engine.engine import Engine, SamplingParams
+    from inferd.engine.device import engine_class
+    from inferd.engine.engine import SamplingParams
     from inferd.engine.runner import GenerationStats, blocks_needed, generate
     from inferd.text.tokenizer import IncrementalDetokenizer
 
@@ -58,8 +63,8 @@ def cmd_generate(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty,
                             args.presence_penalty, args.frequency_penalty, seed=args.seed)
     max_tokens = min(args.max_tokens, model.config.context_length - len(prompt))
-    engine = Engine(model, num_kv_blocks=blocks_needed(len(prompt) + max(max_tokens, 1)), max_seqs=1,
-                    threads=args.threads)
+    engine = engine_class(args.device)(model, num_kv_blocks=blocks_needed(len(prompt) + max(max_tokens, 1)),
+                                       max_seqs=1, threads=args.threads)
     stats = GenerationStats()
     detok = IncrementalDetokenizer(tok, prompt)
     for token in generate(engine, prompt, params, max_tokens, tok.eos_ids, stats, args.speculative):
@@ -77,7 +82,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from inferd.engine.engine import Engine
+    from inferd.engine.device import engine_class
     from inferd.engine.runner import blocks_needed, perplexity
 
     model = _load(args)
@@ -86,8 +91,8 @@ def cmd_perplexity(args) -> int:
     tokens = model.tokenizer.encode(text, add_special=False)
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     batch = min(args.ctx, 512)
-    engine = Engine(model, num_kv_blocks=blocks_needed(args.ctx), max_batch_tokens=batch, max_seqs=1,
-                    threads=args.threads, max_logits_rows=batch)
+    engine = engine_class(args.device)(model, num_kv_blocks=blocks_needed(args.ctx), max_batch_tokens=batch,
+                                       max_seqs=1, threads=args.threads, max_logits_rows=batch)
 
     def progress(done, total, ppl):
         print(f"[{done}/{total}] ppl {ppl:.4f}", file=sys.stderr)

@@ -40,6 +40,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_tokens_limit: NonNegInt = 0
     max_n: PosInt = 8
     # engine and scheduler
+    device: str = "cpu"
     threads: NonNegInt = 0
     kv_cache_mib: PosInt = 1024
     num_kv_blocks: NonNegInt = 0
@@ -48,6 +49,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0
     enable_prefix_caching: bool = True
+    speculative: bool = False
     # requests and lifecycle
     request_timeout_s: NonNegFloat = 600.0
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
@@ -59,6 +61,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.quantize not in ("", "q8_0", "q4_0"):
             raise ValueError(f"quantize must be empty, q8_0 or q4_0, got {self.quantize!r}")
 
@@ -78,6 +82,7 @@ DOCS: dict[str, str] = {
     "max_prompt_tokens": "Most prompt tokens accepted in one request; 0 means the context length.",
     "max_tokens_limit": "Largest max_tokens a request may ask for; 0 means the context length.",
     "max_n": "Largest `n` (choices per request).",
+    "device": "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs inferd built with nvcc).",
     "threads": "Compute threads; 0 means one per physical core.",
     "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",
     "num_kv_blocks": "KV cache size in blocks of 64 positions; 0 derives it from kv_cache_mib.",
@@ -86,6 +91,7 @@ DOCS: dict[str, str] = {
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
+    "speculative": "Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a request's `speculative` field overrides it.",
     "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
     "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
     "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",

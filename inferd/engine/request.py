@@ -33,6 +33,7 @@ class Request:
     prompt_logprobs: int | None = None     # echo + logprobs: top-k of every prompt position (0: chosen only)
     warm: bool = False                     # prefill the prompt's full blocks into the prefix cache, no output
     timeout_s: float | None = None
+    speculative: bool | None = None        # prompt-lookup speculative decoding; None: the server's setting
 
 
 @dataclass
@@ -77,6 +78,9 @@ class RequestState:
     prompt_logprobs_done: bool = False
     prompt_logprobs: list = field(default_factory=list)
     _prompt_logprobs_sent: int = 0
+    speculative: bool = False                              # resolved at admission (request, else server)
+    lookup: Any = None                                     # speculative.PromptLookup over token_ids
+    gate: Any = None                                       # speculative.AcceptanceGate
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

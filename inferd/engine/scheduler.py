@@ -25,6 +25,7 @@ from inferd.engine.engine import SeqInput
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import (FinishReason, Request, RequestOutput, RequestState, TextState,
                                    log_softmax_top)
+from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 
 log = logging.getLogger("inferd.scheduler")
 
@@ -43,9 +44,11 @@ class StepStats:
     duration_s: float = 0.0
     num_seqs: int = 0
     num_prefill_tokens: int = 0      # prompt (or recomputed) positions run this step
-    num_decode_tokens: int = 0       # tokens sampled this step
+    num_decode_tokens: int = 0       # tokens generated this step (accepted drafts included)
     bytes_read: int = 0              # weights once + K/V of every attended position
     prompt_tokens_done: int = 0      # prompt lengths of requests whose prefill finished this step
+    num_draft_tokens: int = 0        # speculative tokens proposed and verified this step
+    num_accepted_tokens: int = 0     # of which the model agreed with
     ttfts: list[float] = field(default_factory=list)
     itls: list[float] = field(default_factory=list)
     finished: list[RequestState] = field(default_factory=list)
@@ -70,15 +73,16 @@ class EngineLike(Protocol):
 @dataclass
 class _Scheduled:
     state: RequestState
-    num_new: int        # positions run this step, starting at state.num_computed
-    num_sampled: int    # 0 or 1
+    num_new: int        # positions run this step, starting at state.num_computed (1 + len(draft) for a decode)
+    num_sampled: int    # 0 or 1, or 1 + len(draft)
+    draft: list[int] = field(default_factory=list)   # speculative tokens verified after the decode token
 
 
 class Scheduler:
     def __init__(self, engine: EngineLike, *, max_running: int | None = None, max_waiting: int = 256,
                  max_model_len: int, enable_prefix_caching: bool = True, tokenizer=None,
                  observer: Observer | None = None, watchdog: Callable[[], None] | None = None,
-                 idle_wait_s: float = 0.5):
+                 idle_wait_s: float = 0.5, speculative: bool = False):
         self.engine = engine
         self.block_size = engine.block_size
         self.kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
@@ -91,6 +95,8 @@ class Scheduler:
         self.observer = observer
         self.watchdog = watchdog
         self.idle_wait_s = idle_wait_s
+        # prompt-lookup speculative decoding for requests that do not say (Request.speculative is None)
+        self.speculative = speculative
         # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
         self.max_logits_rows = getattr(engine, "max_logits_rows", engine.max_batch_tokens)
         # Test hook (fault injection): called with the states of a batch before Engine.step; may raise.
@@ -222,6 +228,7 @@ class Scheduler:
             st.params = params
         st.token_ids = list(req.prompt_ids)
         st.num_prompt = len(req.prompt_ids)
+        st.speculative = (self.speculative if req.speculative is None else req.speculative) and not req.warm
         st.warm_target = len(req.prompt_ids) // self.block_size * self.block_size
         if not req.warm and self.tokenizer is not None and req.detokenize:
             st.text = TextState(self.tokenizer, req.prompt_ids, req.stop)
@@ -282,13 +289,17 @@ class Scheduler:
                 if (remaining == 1) != want_decode:
                     continue
                 n = self._chunk(st, min(remaining, budget), rows_left)
-                if not self._reserve(st, st.num_computed + n, in_batch):
+                draft = self._draft(st, budget, rows_left) if want_decode and st.speculative else []
+                if not self._reserve(st, st.num_computed + n + len(draft), in_batch):
                     preempted = True
                     continue
-                s = _Scheduled(st, n, self._num_sampled(st, n))
+                if draft:
+                    s = _Scheduled(st, n + len(draft), 1 + len(draft), draft)
+                else:
+                    s = _Scheduled(st, n, self._num_sampled(st, n))
                 scheduled.append(s)
                 in_batch.add(id(st))
-                budget -= n
+                budget -= s.num_new
                 rows_left -= self._rows(s)
 
         # Then waiting ones, strictly in arrival order, only if nothing had to be preempted (no room).
@@ -319,6 +330,30 @@ class Scheduler:
             rows_left -= self._rows(s)
         return scheduled
 
+    def _draft(self, st: RequestState, budget: int, rows_left: int) -> list[int]:
+        """Prompt-lookup draft tokens to verify after `st`'s decode token this step (maybe none).
+
+        The drafts are cut to what can still be used (max_tokens, the context), to the step's token budget and
+        logits rows, and to the KV blocks the sequence holds or can take while one free block per running
+        sequence stays for plain decodes: a draft is a bet, never worth preempting anyone for."""
+        if self._wants_logits(st):
+            return []
+        req = st.request
+        room = min(req.max_tokens - len(st.output_ids), self.max_model_len - len(st.token_ids),
+                   budget, rows_left) - 1
+        spare = max(0, self.kv.num_free_blocks - len(self.running))
+        capacity = (len(self.kv.block_table(st.key)) + spare) * self.block_size
+        room = min(room, capacity - (st.num_computed + 1))
+        if room <= 0:
+            return []
+        if st.lookup is None:
+            st.lookup = PromptLookup()
+            st.gate = AcceptanceGate()
+        st.lookup.extend(st.token_ids[len(st.lookup.tokens):])   # generated since the last look
+        if not st.gate.allow():
+            return []
+        return st.lookup.propose()[:room]
+
     def _wants_logits(self, st: RequestState) -> bool:
         return st.request.prompt_logprobs is not None and not st.prompt_logprobs_done
 
@@ -348,6 +383,8 @@ class Scheduler:
     def _reserve(self, st: RequestState, num_positions: int, in_batch: set[int]) -> bool:
         """Make room for `st` by preempting the latest-arrived unscheduled running sequences."""
         while not self.kv.can_allocate(st.key, num_positions):
+            if self._release_waiting():
+                continue
             victim = next((v for v in reversed(self.running) if id(v) not in in_batch), None)
             if victim is None or victim is st:
                 if len(self.running) == 1 and not in_batch:   # alone and still no room: never will be
@@ -358,6 +395,18 @@ class Scheduler:
             self._preempt(victim)
         self.kv.allocate(st.key, num_positions)
         return True
+
+    def _release_waiting(self) -> bool:
+        """Drop the prefix-cache hits that waiting sequences hold (matched at the head of the queue, then not
+        admitted for want of room); they match again when admitted. Cheaper than preempting a running
+        sequence, and a sequence running alone must never be failed for blocks that waiting ones hold."""
+        released = False
+        for w in self.waiting:
+            if self.kv.has_seq(w.key):
+                self.kv.free(w.key)
+                w.num_computed = 0
+                released = True
+        return released
 
     def _preempt(self, st: RequestState) -> None:
         # Recompute later: drop the blocks (full ones stay in the prefix cache, so the recompute is mostly
@@ -382,13 +431,18 @@ class Scheduler:
     def _seq_input(self, s: _Scheduled):
         st = s.state
         start = st.num_computed
+        token_ids = st.token_ids[start:start + s.num_new]
+        history = st.token_ids
+        if s.draft:   # the decode token, then the drafts; the history as it would be if all were accepted
+            token_ids = token_ids + s.draft
+            history = st.token_ids + s.draft
         return SeqInput(
-            token_ids=st.token_ids[start:start + s.num_new],
+            token_ids=token_ids,
             start_pos=start,
             block_table=list(self.kv.block_table(st.key)),
             num_sampled=s.num_sampled,
             params=st.params,
-            history=st.token_ids,
+            history=history,
             num_prompt=st.num_prompt,
             want_logits=self._wants_logits(st),
         )
@@ -436,13 +490,27 @@ class Scheduler:
                 self._finish(st, FinishReason.ERROR, f"internal engine error: {out}", status=500)
                 stats.finished.append(st)
                 continue
-            is_decode = s.num_new == 1 and st.prompt_done
+            is_decode = s.num_new == 1 + len(s.draft) and st.prompt_done
             if st.request.prompt_logprobs is not None and not st.prompt_logprobs_done:
                 self._collect_prompt_logprobs(st, s, out.logits)
-            st.num_computed += s.num_new
-            if not is_decode:
-                stats.num_prefill_tokens += s.num_new
-            self.kv.cache_blocks(st.key, st.token_ids, st.num_computed)
+            tokens = out.tokens
+            if s.draft:
+                # Keep the drafts up to the first disagreement, plus the model's own token there. The K/V of
+                # the decode token and of the accepted drafts is valid; what the rejected drafts wrote lies at
+                # positions >= num_computed, never read, overwritten by the next step.
+                tokens = accept(s.draft, out.tokens)
+                num_accepted = len(tokens) - 1
+                st.gate.record(len(s.draft), num_accepted)
+                stats.num_draft_tokens += len(s.draft)
+                stats.num_accepted_tokens += num_accepted
+                st.num_computed += 1 + num_accepted
+                # only blocks full of accepted tokens get a prefix hash
+                self.kv.cache_blocks(st.key, st.token_ids + tokens[:num_accepted], st.num_computed)
+            else:
+                st.num_computed += s.num_new
+                if not is_decode:
+                    stats.num_prefill_tokens += s.num_new
+                self.kv.cache_blocks(st.key, st.token_ids, st.num_computed)
 
             if st.request.warm:
                 if st.num_computed >= st.target_len:
@@ -464,17 +532,19 @@ class Scheduler:
             else:
                 stats.itls.append(now - st.last_token_time)
             st.last_token_time = now
-            stats.num_decode_tokens += len(out.tokens)
-            if self._append_tokens(st, out):
+            num_before = len(st.output_ids)
+            if self._append_tokens(st, out, tokens):
                 stats.finished.append(st)
+            stats.num_decode_tokens += len(st.output_ids) - num_before
 
-    def _append_tokens(self, st: RequestState, out) -> bool:
-        """Add sampled tokens, check every stop condition, deliver; True if the request finished."""
+    def _append_tokens(self, st: RequestState, out, tokens: Sequence[int]) -> bool:
+        """Add sampled tokens in order, checking every stop condition after each (a stop discards the rest),
+        deliver; True if the request finished."""
         req = st.request
         new_ids: list[int] = []
         reason: FinishReason | None = None
         text = ""
-        for i, tok in enumerate(out.tokens):
+        for tok in tokens:
             st.token_ids.append(tok)
             st.output_ids.append(tok)
             new_ids.append(tok)

@@ -165,10 +165,11 @@ def load_model_from_settings(settings: Settings):
 
 
 def build_engine(model, settings: Settings):
-    from inferd.engine.engine import Engine
-    num_blocks = settings.num_kv_blocks or Engine.kv_blocks_for_bytes(model.config, settings.kv_cache_mib << 20)
-    return Engine(model, num_kv_blocks=num_blocks, max_batch_tokens=settings.max_batch_tokens,
-                  max_seqs=settings.max_running, threads=settings.threads or None)
+    from inferd.engine.device import engine_class
+    engine_cls = engine_class(settings.device)
+    num_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(model.config, settings.kv_cache_mib << 20)
+    return engine_cls(model, num_kv_blocks=num_blocks, max_batch_tokens=settings.max_batch_tokens,
+                      max_seqs=settings.max_running, threads=settings.threads or None)
 
 
 async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
@@ -178,6 +179,9 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
     loop = asyncio.get_running_loop()
     s = state.settings
     try:
+        if s.device != "cpu":   # before the model load: a missing GPU should not cost a download first
+            from inferd.engine.device import check_device
+            await loop.run_in_executor(None, check_device, s.device)
         if state.model is None:
             state.notifier.status(f"loading model {s.model}")
             state.model = await loop.run_in_executor(None, load)
@@ -193,7 +197,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.scheduler = Scheduler(engine, max_running=s.max_running, max_waiting=s.max_waiting,
                                     max_model_len=state.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
                                     tokenizer=tok, watchdog=state.notifier.watchdog,
-                                    idle_wait_s=idle_wait(state.notifier))
+                                    idle_wait_s=idle_wait(state.notifier), speculative=s.speculative)
         state.scheduler.start()
         await warm_up(state)
         state.metrics = Metrics(state.served_model_name, bandwidth)

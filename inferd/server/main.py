@@ -37,6 +37,13 @@ def serve_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"inferd serve: error: {e}", file=sys.stderr)
         return 2
+    if settings.device != "cpu":
+        from inferd.engine.device import DeviceError, check_device
+        try:
+            check_device(settings.device)
+        except DeviceError as e:
+            print(f"inferd serve: error: {e}", file=sys.stderr)
+            return 1
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.debug("settings: %s", describe(settings))
     if settings.host not in ("127.0.0.1", "::1", "localhost") and not api_keys:

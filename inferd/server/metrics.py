@@ -80,6 +80,10 @@ class Metrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self.request_success = counter("request_success", "Finished requests by finish reason.",
                                        ["model_name", "finished_reason"])
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens",
+                                         "Speculative (prompt-lookup) tokens proposed and verified.").labels(model_name)
+        self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                            "Speculative tokens the model agreed with (kept).").labels(model_name)
         self.client_disconnected = counter("http_requests_client_disconnected",
                                            "Requests whose client went away before the response ended.").labels(model_name)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
@@ -106,6 +110,9 @@ class Metrics:
             self.prompt_tokens.inc(stats.prompt_tokens_done)
         if stats.num_decode_tokens:
             self.generation_tokens.inc(stats.num_decode_tokens)
+        if stats.num_draft_tokens:
+            self.spec_draft_tokens.inc(stats.num_draft_tokens)
+            self.spec_accepted_tokens.inc(stats.num_accepted_tokens)
         for t in stats.ttfts:
             self.ttft.observe(t)
         for t in stats.itls:

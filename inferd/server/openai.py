@@ -329,7 +329,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     stop_ids = frozenset() if req.ignore_eos else frozenset(state.tokenizer.eos_ids)
     timeout = state.settings.request_timeout_s or None
     reqs = [Request(f"{rid}-{j}", prompt, sampling_params(req, state, logprobs, j), max_tokens, stops, stop_ids,
-                    timeout_s=timeout) for j in range(req.n)]
+                    timeout_s=timeout, speculative=req.speculative) for j in range(req.n)]
     choices = [Choice(h, j, 0) for j, h in enumerate(submit_all(state, reqs))]
     created = int(time.time())
     model = state.served_model_name
@@ -439,7 +439,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return resp
 
     reqs = [Request(f"{rid}-{i}-{j}", p, sampling_params(req, state, want_lp, j), max_tokens, stops, stop_ids,
-                    prompt_logprobs=prompt_lp, timeout_s=timeout)
+                    prompt_logprobs=prompt_lp, timeout_s=timeout, speculative=req.speculative)
             for i, p in enumerate(prompts) for j in range(req.n)]
     handles = submit_all(state, reqs)
     choices = [Choice(h, k, k // req.n) for k, h in enumerate(handles)]

@@ -113,7 +113,9 @@ class _SamplingRequest(Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # extensions (vLLM-style extra fields; the openai SDK sends them with extra_body)
     ignore_eos: bool = False
+    speculative: bool | None = None    # prompt-lookup speculative decoding; null: the server's setting
 
 
 class ChatCompletionRequest(_SamplingRequest, kw_only=True):

@@ -71,17 +71,20 @@ class FakeEngine:
             for j, tok in enumerate(s.token_ids):
                 pos = s.start_pos + j
                 self.kv[s.block_table[pos // bs], pos % bs] = tok
-            end = s.start_pos + len(s.token_ids)
+            n = len(s.token_ids)
             tokens = []
+            seed = s.params.seed if s.params is not None else None
             if s.num_sampled:
-                hist = list(s.history[:end])
-                n_gen = end - s.num_prompt
-                seed = s.params.seed if s.params is not None else None
                 self.seeds_seen.append(seed)
+            # one token per sampled row (several when speculative drafts are verified), each from the history
+            # up to and including that row's token
+            for k in range(n - s.num_sampled, n):
+                hist = list(s.history[:s.start_pos + k + 1])
+                n_gen = len(hist) - s.num_prompt
                 if self.eos_after.get(hist[0]) == n_gen + 1:
-                    tokens = [EOS]
+                    tokens.append(EOS)
                 else:
-                    tokens = [fake_next_token(hist, seed)]
+                    tokens.append(self.next_token(hist, seed))
             want_lp = s.params is not None and s.params.logprobs is not None
             logits = None
             if s.want_logits:
@@ -90,6 +93,9 @@ class FakeEngine:
             outs.append(FakeOut(tokens, [-0.5] * len(tokens) if want_lp else [],
                                 [[(t, -0.5)] for t in tokens] if want_lp else [], logits))
         return outs
+
+    def next_token(self, history, seed=None) -> int:
+        return fake_next_token(history, seed)
 
 
 def run_alone(prompt, max_tokens, seed=None):
