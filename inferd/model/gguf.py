@@ -27,6 +27,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_ITEMS = 1 << 24  # far above any vocabulary; GGUFReader keeps a numpy view per item
 MAX_TENSORS = 1 << 20
 DEFAULT_ALIGNMENT = 32
+TENSORS_PER_LAYER = 9  # norms, q/k/v/o, gate/up/down
 # GGUF value types -> byte size of fixed-size scalars (8 = string, 9 = array are variable)
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
@@ -68,6 +69,7 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
                     if not name.startswith("GGUF.")}
     except Exception as e:  # the walk above should leave nothing for GGUFReader to trip on; still, name the file
         raise ModelLoadError(path, f"GGUF parse error: {type(e).__name__}: {e}") from e
+    _check_tokenizer_metadata(path, metadata)
     if int(metadata.get("split.count", 1)) > 1:
         raise ModelLoadError(path, "split GGUF files are not supported; merge them with llama-gguf-split --merge")
 
@@ -80,8 +82,13 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
         rope_freqs = np.asarray(t.data, dtype=np.float64)
     try:
         config = ModelConfig.from_gguf(metadata, by_name.keys(), rope_freqs)
-    except ValueError as e:
-        raise ModelLoadError(path, str(e)) from e
+    except (ValueError, TypeError, KeyError, ArithmeticError) as e:   # e.g. int() of a float metadata value
+        raise ModelLoadError(path, str(e) or type(e).__name__) from e
+    # A corrupt block_count must be refused before anything loops over the layers (2**31 layers would
+    # take minutes and gigabytes just to list the tensors they need): each layer has at least 9 tensors.
+    if config.n_layers * TENSORS_PER_LAYER > len(by_name):
+        raise ModelLoadError(path, f"{config.arch}.block_count {config.n_layers} needs at least "
+                                   f"{config.n_layers * TENSORS_PER_LAYER} tensors; the file has {len(by_name)}")
 
     infos = {t.name: t for t in header.tensors}
     for info in infos.values():
@@ -98,6 +105,29 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
                                        f"(supported: {', '.join(LOADABLE_TYPES)})")
     tensors = {name: _to_tensor(name, t.data, infos[name]) for name, t in by_name.items()}
     return GGUFModel(path, header.version, metadata, config, tensors)
+
+
+def _check_tokenizer_metadata(path: str, metadata: dict[str, Any]) -> None:
+    """The vocabulary's structure, before a tokenizer library sees it (and fails with a bare Exception).
+
+    A byte-level BPE merge "a b" needs a, b and the joined "ab" in the vocabulary.
+    """
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelLoadError(path, "tokenizer.ggml.tokens is not a list of strings")
+    merges = metadata.get("tokenizer.ggml.merges")
+    if merges is None or metadata.get("tokenizer.ggml.model") != "gpt2":
+        return
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise ModelLoadError(path, "tokenizer.ggml.merges is not a list of strings")
+    vocab = set(tokens)
+    for i, m in enumerate(merges):
+        left, sep, right = m.partition(" ")
+        if not sep or left not in vocab or right not in vocab or left + right not in vocab:
+            raise ModelLoadError(path, f"tokenizer.ggml.merges[{i}] {m!r} does not join two vocabulary tokens "
+                                       f"into a third")
 
 
 def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:

@@ -85,14 +85,46 @@ def _to_hf_names(message: str) -> str:
                   lambda m: hf_name(m.group(0)), message)
 
 
+# The JSON types ModelConfig.from_hf and the tokenizer expect of config.json's keys (absent or null: their
+# defaults). Checked first, so that a wrong type is named instead of surfacing as a TypeError deep inside.
+_CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "architectures": (list,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
+    "num_attention_heads": (int,), "num_key_value_heads": (int,), "head_dim": (int,), "vocab_size": (int,),
+    "max_position_embeddings": (int,), "sliding_window": (int,), "rope_theta": (int, float),
+    "rms_norm_eps": (int, float), "rope_scaling": (dict,), "rope_parameters": (dict,),
+    "quantization_config": (dict,), "hidden_act": (str,), "tie_word_embeddings": (bool,),
+    "use_sliding_window": (bool,), "attention_bias": (bool,), "mlp_bias": (bool,), "eos_token_id": (int, list),
+    "bos_token_id": (int,),
+}
+# Each layer has at least this many tensors (norms, q/k/v/o, gate/up/down): a layer count beyond what the
+# weights could hold is corrupt, and must be refused before anything loops over the layers.
+TENSORS_PER_LAYER = 9
+
+
+def check_config_types(path: Path, cfg: dict) -> None:
+    for key, types in _CONFIG_TYPES.items():
+        value = cfg.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+        if ok and isinstance(value, list):
+            item = str if key == "architectures" else int
+            ok = all(isinstance(v, item) and not isinstance(v, bool) for v in value)
+        if not ok:
+            names = " or ".join({int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                                 dict: "an object", list: "a list"}[t] for t in types)
+            raise ModelLoadError(path, f"{key} must be {names}, got {json.dumps(value)[:80]}")
+
+
 def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
     root = Path(path)
     cfg_path = root / "config.json"
     raw_cfg = _json(cfg_path)
+    check_config_types(cfg_path, raw_cfg)
     try:
         config = ModelConfig.from_hf(raw_cfg)
-    except ValueError as e:
-        raise ModelLoadError(cfg_path, str(e)) from e
+    except (ValueError, TypeError, KeyError, ArithmeticError) as e:   # the values inside rope_scaling & co.
+        raise ModelLoadError(cfg_path, str(e) or type(e).__name__) from e
 
     entries: dict[str, tuple[Path, SafetensorsEntry]] = {}
     for file in safetensors_files(root):
@@ -101,6 +133,9 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
                 raise ModelLoadError(file, f"tensor {e.name} also appears in {entries[e.name][0].name}")
             entries[e.name] = (file, e)
 
+    if config.n_layers * TENSORS_PER_LAYER > len(entries):
+        raise ModelLoadError(cfg_path, f"num_hidden_layers {config.n_layers} needs at least "
+                                       f"{config.n_layers * TENSORS_PER_LAYER} tensors; the weights have {len(entries)}")
     wanted: dict[str, tuple[Path, SafetensorsEntry]] = {}
     for hf_name, (file, e) in entries.items():
         if hf_name.endswith("rotary_emb.inv_freq"):
@@ -146,11 +181,16 @@ def load_hf_tokenizer(root: Path, raw_cfg: dict) -> tuple[Tokenizer, str | None]
     gen_path = root / "generation_config.json"
     cfg_eos = raw_cfg.get("eos_token_id")
     extra_eos = cfg_eos if isinstance(cfg_eos, list) else [] if cfg_eos is None else [cfg_eos]
+    # the small files are parsed here first so that a broken one is named (tokenizer.json is named below)
+    for small in (tcfg_path, gen_path):
+        if small.is_file():
+            _json(small)
     try:
         tokenizer = Tokenizer.from_hf_files(tok_json, tcfg_path if tcfg_path.is_file() else None,
                                             gen_path if gen_path.is_file() else None, extra_eos_ids=extra_eos)
-    except ValueError as e:
-        raise ModelLoadError(tok_json, str(e)) from e
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
+        # tokenizer files come from strangers: wrong types or absurd nesting are their fault, said plainly
+        raise ModelLoadError(tok_json, str(e) or type(e).__name__) from e
     return tokenizer, _chat_template(root, tcfg_path)
 
 
@@ -208,6 +248,8 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(path, f"header is not valid JSON: {e}") from e
+    except RecursionError:
+        raise ModelLoadError(path, "header is not valid JSON: nested too deeply") from None
     if not isinstance(header, dict):
         raise ModelLoadError(path, "header is not a JSON object")
     base, data_size = 8 + n, size - 8 - n
@@ -227,7 +269,7 @@ def _entry(path: Path, name: str, info: Any, base: int, data_size: int) -> Safet
     if not isinstance(info, dict):
         raise ModelLoadError(path, f"header entry for {name} is not an object")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in ITEM_SIZES:
+    if not isinstance(dtype, str) or dtype not in ITEM_SIZES:
         raise ModelLoadError(path, f"tensor {name} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                 for d in shape):
@@ -262,6 +304,8 @@ def _json(path: Path) -> dict:
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(path, f"not valid JSON: {e}") from e
+    except RecursionError:
+        raise ModelLoadError(path, "not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ModelLoadError(path, "expected a JSON object")
     return data
