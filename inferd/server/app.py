@@ -174,10 +174,12 @@ def build_engine(model, settings: Settings):
 
 async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
     from inferd.engine.scheduler import Scheduler
+    from inferd.server.memory import pin_mmap_threshold
     from inferd.server.metrics import Metrics, measure_read_bandwidth
     from inferd.text.chat import ChatTemplate
     loop = asyncio.get_running_loop()
     s = state.settings
+    pin_mmap_threshold()   # before the model's big allocations: RSS must not creep up over months
     try:
         if s.device != "cpu":   # before the model load: a missing GPU should not cost a download first
             from inferd.engine.device import check_device
