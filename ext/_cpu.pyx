@@ -41,6 +41,24 @@ def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3
     return bw
 
 
+cdef extern from *:
+    """
+    #if defined(__GLIBC__)
+    #include <malloc.h>
+    static int inferd_set_mmap_threshold(int nbytes) { return mallopt(M_MMAP_THRESHOLD, nbytes); }
+    #else
+    static int inferd_set_mmap_threshold(int nbytes) { (void)nbytes; return 0; }
+    #endif
+    """
+    int inferd_set_mmap_threshold(int nbytes)
+
+
+def set_mmap_threshold(int nbytes):
+    """Fix glibc malloc's mmap threshold (blocks of nbytes and more are mmapped and returned to the kernel on
+    free). False where the C library is not glibc or refused."""
+    return bool(inferd_set_mmap_threshold(nbytes))
+
+
 def row_bytes(str type_name, int cols):
     return gguf_row_bytes(WEIGHT_TYPES[type_name], cols)
 

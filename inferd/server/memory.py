@@ -11,15 +11,12 @@ are always mmapped and handed back to the kernel when freed.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import sys
 
 log = logging.getLogger("inferd.server")
 
-M_MMAP_THRESHOLD = -3         # glibc's mallopt parameter number
 MMAP_THRESHOLD_BYTES = 4 << 20
 _pinned = False
 
@@ -32,13 +29,9 @@ def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ \
             or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        if not hasattr(libc, "gnu_get_libc_version"):   # musl and others: their malloc works differently
-            return False
-        _pinned = bool(libc.mallopt(M_MMAP_THRESHOLD, nbytes))
-    except (OSError, AttributeError):
-        return False
+    from inferd import _cpu
+
+    _pinned = _cpu.set_mmap_threshold(nbytes)     # musl and others: their malloc works differently (False)
     if _pinned:
         log.debug("malloc: blocks of %d bytes and more are mmapped and returned on free", nbytes)
     return _pinned
