@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inferd.model.pull import PullError
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, OSError) as e:   # ModelLoadError is a ValueError: one clear line, no traceback
+    except (ValueError, OSError, PullError) as e:   # ModelLoadError is a ValueError: one clear line
         print(f"inferd: error: {e}", file=sys.stderr)
         return 1
 

@@ -334,8 +334,6 @@ def test_pull_refuses_traversing_names(name, message, tmp_path):
     assert created == [], created      # nothing written: no cache folder, no file next to or above cwd
 
 
-@pytest.mark.xfail(reason="inferd/cli.py catches ValueError and OSError, but PullError is a RuntimeError: "
-                          "`inferd pull <bad name>` prints a traceback instead of one line", strict=False)
 def test_pull_of_a_bad_name_says_one_line_without_a_traceback(tmp_path):
     r = pull("../x", tmp_path)
     assert "Traceback" not in r.stderr and r.stderr.startswith("inferd: error:"), r.stderr
