@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "inferd.h"
+#include "vecmath.h"
 
 typedef struct { float v; int32_t id; } cand_t;
 
@@ -15,6 +16,38 @@ static uint64_t splitmix64(uint64_t x) {
 }
 
 uint64_t rng_u64(uint64_t seed, uint64_t position) { return splitmix64(seed ^ splitmix64(position)); }
+
+/* w[i] = exp((w[i] - m) * inv_t) over the vocabulary; returns their sum, accumulated in double in eight
+ * lanes (lane l takes i % 8 == l, full groups of 8 only), lanes combined in a fixed order, then the tail. */
+static double temperature_weights_scalar(float *w, int n, float m, float inv_t) {
+    double lanes[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) { w[i + l] = exp_scalar((w[i + l] - m) * inv_t); lanes[l] += w[i + l]; }
+    double z = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; i < n; i++) { w[i] = exp_scalar((w[i] - m) * inv_t); z += w[i]; }
+    return z;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c")))
+static double temperature_weights_avx2(float *w, int n, float m, float inv_t) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();       /* lanes 0-3 and 4-7 */
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(w + i), _mm256_set1_ps(m)), _mm256_set1_ps(inv_t)));
+        _mm256_storeu_ps(w + i, e);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    __m256d s = _mm256_add_pd(lo, hi);                                 /* (l0+l4), (l1+l5), (l2+l6), (l3+l7) */
+    double q[4];
+    _mm256_storeu_pd(q, s);
+    double z = (q[0] + q[1]) + (q[2] + q[3]);
+    for (; i < n; i++) { w[i] = exp_scalar((w[i] - m) * inv_t); z += w[i]; }
+    return z;
+}
+#endif
 
 /* larger value first; equal values by smaller id, so ties resolve the same way everywhere */
 static int cand_cmp(const void *a, const void *b) {
@@ -104,7 +137,12 @@ void sample_row(float *logits, int vocab, const sample_params_t *sp, int positio
         for (int i = 0; i < vocab; i++) m = fmaxf(m, logits[i]);
         float inv_t = 1.0f / sp->temperature;
         double z = 0.0;
-        for (int i = 0; i < vocab; i++) { float e = expf((logits[i] - m) * inv_t); logits[i] = e; z += e; }
+#if defined(__x86_64__)
+        z = cpu_path() != PATH_SCALAR ? temperature_weights_avx2(logits, vocab, m, inv_t)
+                                      : temperature_weights_scalar(logits, vocab, m, inv_t);
+#else
+        z = temperature_weights_scalar(logits, vocab, m, inv_t);
+#endif
         float u = (float)(rng_u64(sp->seed, (uint64_t)position) >> 40) * (1.0f / 16777216.0f);   /* [0, 1) */
         int filtered = (sp->top_k > 0 && sp->top_k < vocab) || sp->top_p < 1.0f || sp->min_p > 0.0f;
         if (!filtered) {
