@@ -1,14 +1,19 @@
 /* Persistent worker pool. Workers spin on an epoch counter for about a millisecond after each job (decode
  * steps come back-to-back, and a condition-variable wake costs tens of microseconds), then sleep. Work is
  * claimed in chunks from an atomic counter so cores of different speed finish together; the caller works
- * too, so a pool of n threads has n-1 workers. */
+ * too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls sched_yield between
+ * polls: on a core shared with other work (another process, the server's own Python threads) it hands the
+ * core over instead of burning the time slice the working thread needs; back-to-back regions of one step
+ * never wait that long, so the quiet case keeps its pure spin. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include "inferd.h"
 
 #define SPIN_NS 1000000LL
+#define YIELD_AFTER_NS 50000LL
 
 struct pool {
     int nthreads;
@@ -49,11 +54,15 @@ static void *worker(void *varg) {
     free(wa);
     uint64_t seen = 0;
     for (;;) {
-        int64_t spin_until = now_ns() + SPIN_NS;
+        int64_t start = now_ns(), spin_until = start + SPIN_NS;
         uint64_t e;
-        int spins = 0;
+        int spins = 0, yielding = 0;
         while ((e = atomic_load_explicit(&p->epoch, memory_order_acquire)) == seen) {
-            if (++spins % 1024 == 0 && now_ns() > spin_until) {
+            if (yielding) sched_yield();
+            if (++spins % 256 == 0) {
+                int64_t t = now_ns();
+                yielding = t - start > YIELD_AFTER_NS;
+                if (t <= spin_until) continue;
                 pthread_mutex_lock(&p->mu);
                 p->sleepers++;
                 while ((e = atomic_load(&p->epoch)) == seen && !p->stop) pthread_cond_wait(&p->wake, &p->mu);
@@ -122,8 +131,13 @@ void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg) {
     if (p->sleepers) pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    /* Wait for the workers: spin first (they are usually a few microseconds behind), then sleep. */
+    /* Wait for the workers: spin first (they are usually a few microseconds behind), yield after 50 us, sleep
+     * after many polls. */
+    int64_t start = now_ns();
+    int yielding = 0;
     for (int spins = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; spins++) {
+        if (yielding) sched_yield();
+        else if (spins % 256 == 255) yielding = now_ns() - start > YIELD_AFTER_NS;
         if (spins > 100000) {
             pthread_mutex_lock(&p->mu);
             while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
