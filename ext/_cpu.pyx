@@ -116,7 +116,6 @@ cdef int init_weight(weight_t *w, tuple spec) except -1:
 cdef class Weight:
     """One weight matrix in the engine's tile layout; for kernel tests and benchmarks."""
     cdef weight_t w
-    cdef object _threads_pool
 
     def __init__(self, str type_name, int rows, int cols, data):
         init_weight(&self.w, (type_name, rows, cols, data))

@@ -101,7 +101,7 @@ cdef extern from "inferd.h" nogil:
         NUM_STAGES
     ctypedef struct context_t:
         int profile_on
-        double profile[16]
+        double profile[NUM_STAGES]
         int num_kv_blocks
         uint16_t *k_cache
         uint16_t *v_cache
