@@ -73,6 +73,40 @@ def flatten(seqs: Sequence, *, vocab_size: int, context_length: int, num_kv_bloc
                      np.asarray(mask, np.int32), rows_of_seq)
 
 
+def kv_bytes_per_token(config) -> int:
+    """K and V in 16 bits, every layer."""
+    return 2 * 2 * config.n_layers * config.n_kv_heads * config.head_dim
+
+
+class EngineShape:
+    """What both engines were sized for, and the check of a step against it."""
+
+    block_size = BLOCK_SIZE
+
+    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int, max_seqs: int,
+                 max_logits_rows: int | None):
+        cfg = model.config
+        self.model = model
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.context_length = cfg.context_length
+        self.max_batch_tokens = max_batch_tokens
+        self.max_seqs = max_seqs
+        self.num_kv_blocks = num_kv_blocks
+        # speculative verification samples up to 5 rows per sequence
+        self.max_logits_rows = min(max_logits_rows or max(64, 5 * max_seqs), max_batch_tokens)
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg)
+
+    @staticmethod
+    def kv_blocks_for_bytes(config, nbytes: int) -> int:
+        return max(1, nbytes // (kv_bytes_per_token(config) * BLOCK_SIZE))
+
+    def flatten(self, seqs: Sequence) -> FlatBatch:
+        return flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
+                       num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
+                       max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+
+
 def penalty_history(s, k: int) -> list[int]:
     """The sequence as known when sampling after token_ids[k]: its history, plus the tokens of this step (draft
     tokens of speculative decoding) that the history does not hold yet."""

@@ -26,7 +26,7 @@ try:
 except ImportError:  # the CPU extension is missing: the dataclasses are all we need from there
     SamplingParams = SeqInput = SeqOutput = None  # type: ignore[assignment]
 
-from inferd.engine.batch import BLOCK_SIZE, flatten, penalty_history
+from inferd.engine.batch import EngineShape, penalty_history
 
 MAX_LOGPROBS = 20
 # most precise first; a fused matrix takes the most precise format among its parts
@@ -83,8 +83,7 @@ def _vector(t) -> np.ndarray:
     raise ValueError(f"{t.name}: a {t.type} vector is not supported by the CUDA engine")
 
 
-class CudaEngine:
-    block_size = BLOCK_SIZE
+class CudaEngine(EngineShape):
 
     def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
                  threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str | None = None,
@@ -94,17 +93,10 @@ class CudaEngine:
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")
         self._cu = cu
+        super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
+                         max_logits_rows=max_logits_rows)
         cfg = model.config
-        self.model = model
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.context_length = cfg.context_length
-        self.max_batch_tokens = max_batch_tokens
-        self.max_seqs = max_seqs
-        self.num_kv_blocks = num_kv_blocks
         self.threads = threads or 1
-        self.max_logits_rows = min(max_logits_rows or max(64, 5 * max_seqs), max_batch_tokens)
-        self.max_blocks_per_seq = -(-cfg.context_length // BLOCK_SIZE)
         env = os.environ.get
         self.weight_dtype = (weight_dtype or env("INFERD_CUDA_WEIGHTS", "auto")).lower()
         if self.weight_dtype not in ("auto", "bf16", "int8", "int4", "q8_0"):
@@ -134,13 +126,7 @@ class CudaEngine:
         self._m = cu.Model(config, rope_inv_freq(cfg))
         self._load(model)
         self.weight_bytes = self._m.weight_bytes
-        self.kv_bytes_per_token = 2 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
         self.last_step_used_graph = False
-
-    @staticmethod
-    def kv_blocks_for_bytes(config, nbytes: int) -> int:
-        per_block = 2 * 2 * config.n_layers * config.n_kv_heads * config.head_dim * BLOCK_SIZE
-        return max(1, nbytes // per_block)
 
     # ---- weights ----
 
@@ -201,9 +187,7 @@ class CudaEngine:
             raise NotImplementedError("the CUDA engine does not return hidden states")
         if not seqs:
             return []
-        b = flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
-                    num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
-                    max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+        b = self.flatten(seqs)
         rows_of_seq, positions, out_rows = b.rows_of_seq, b.positions, b.out_rows
         params, adj_offset, adj, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
         want_logits = need_logits or any(s.want_logits for s in seqs)

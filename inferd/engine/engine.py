@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from inferd import _cpu
-from inferd.engine.batch import BLOCK_SIZE, flatten, penalty_history
+from inferd.engine.batch import BLOCK_SIZE, EngineShape, penalty_history
 from inferd.engine.weights import build_cpu_model
 
 assert BLOCK_SIZE == _cpu.BLOCK_SIZE
@@ -96,41 +96,22 @@ def physical_cores() -> int:
     return max(1, min(len(cores) or len(allowed), len(allowed)))
 
 
-class Engine:
-    block_size = BLOCK_SIZE
-
+class Engine(EngineShape):
     def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
                  threads: int | None = None, max_logits_rows: int | None = None):
-        cfg = model.config
-        self.model = model
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.context_length = cfg.context_length
-        self.max_batch_tokens = max_batch_tokens
-        self.max_seqs = max_seqs
-        self.num_kv_blocks = num_kv_blocks
+        super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
+                         max_logits_rows=max_logits_rows)
         self.threads = threads or physical_cores()
-        # speculative verification samples up to 5 rows per sequence
-        self.max_logits_rows = min(max_logits_rows or max(64, 5 * max_seqs), max_batch_tokens)
-        self.max_blocks_per_seq = -(-cfg.context_length // BLOCK_SIZE)
         self._model = build_cpu_model(model)
         self._ctx = _cpu.Context(self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads)
         self.weight_bytes = self._model.weight_bytes
-        self.kv_bytes_per_token = 2 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
         self.kernel_path = _cpu.get_path()
-
-    @staticmethod
-    def kv_blocks_for_bytes(config, nbytes: int) -> int:
-        per_block = 2 * 2 * config.n_layers * config.n_kv_heads * config.head_dim * BLOCK_SIZE
-        return max(1, nbytes // per_block)
 
     def step(self, seqs: list[SeqInput], *, want_hidden: bool = False):
         """Runs one forward pass over all sequences and samples. Raises ValueError on a bad batch."""
         if not seqs:
             return []
-        b = flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
-                    num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
-                    max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+        b = self.flatten(seqs)
         params, history, bias_ids, bias_values = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
         samples, logits, hidden = self._ctx.forward(
             b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask, params, history,
