@@ -4,19 +4,16 @@
  * int32, then accumulates fma(float(isum), d_w * d_x, acc) block after block (Q4_1 adds its min term with a
  * second fma). So the scalar, AVX2 (maddubs+madd) and VNNI (dpbusd) paths give bit-identical results, and
  * a token's row does not depend on which other tokens share the call. Float weights use 4 accumulators of
- * 8 lanes (group g into accumulator g % 4), combined (a0+a1)+(a2+a3), then a fixed horizontal order. */
+ * 8 lanes (group g into accumulator g % 4), combined (a0+a1)+(a2+a3), then summed in vecmath.h's hsum8_pairs order. */
 #include <string.h>
 #include "inferd.h"
+#include "vecmath.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 
 int matmul_num_tiles(const weight_t *w) { return (w->rows + TILE_ROWS - 1) / TILE_ROWS; }
-
-static inline float hsum8_scalar(const float c[8]) {
-    return ((c[0] + c[4]) + (c[2] + c[6])) + ((c[1] + c[5]) + (c[3] + c[7]));
-}
 
 static inline float load_w(const weight_t *w, const uint8_t *row, int i) {
     if (w->type == WT_F32) return ((const float *)row)[i];
@@ -43,7 +40,7 @@ static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, 
                 for (int l = 0; l < 8; l++) a[g % 4][l] = __builtin_fmaf(load_w(w, row, 8 * g + l), xt[8 * g + l], a[g % 4][l]);
             float c[8];
             for (int l = 0; l < 8; l++) c[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
-            out[r] = hsum8_scalar(c);
+            out[r] = hsum8_pairs_scalar(c);
         }
         store_tile(y, ldy, t, row0, nrows, out, accumulate);
     }
@@ -112,13 +109,6 @@ SIMD_ATTR_AVX2 static inline __m256 load_w8(int type, const uint8_t *row, int i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-SIMD_ATTR_AVX2 static inline float hsum8_v(__m256 c) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1)); /* c0+c4 .. c3+c7 */
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                        /* (c0+c4)+(c2+c6), (c1+c5)+(c3+c7) */
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* Two tokens per pass share each converted weight vector; each token keeps its own 4 accumulators in the
  * scalar order (group g into accumulator g % 4). */
 SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x,
@@ -151,8 +141,8 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
                 a[g % 4] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + 8 * g), a[g % 4]);
                 b[g % 4] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + 8 * g), b[g % 4]);
             }
-            out0[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
-            out1[r] = hsum8_v(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
+            out0[r] = hsum8_pairs(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+            out1[r] = hsum8_pairs(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
         }
         store_tile(y, ldy, t, row0, nrows, out0, accumulate);
         if (pair) store_tile(y, ldy, t + 1, row0, nrows, out1, accumulate);
