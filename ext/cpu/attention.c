@@ -1,12 +1,19 @@
-/* Causal attention of one query token over the paged f16 KV cache, for the query heads of one KV head.
- * Online softmax over 64-position blocks in a fixed order, so a token's output is the same whatever else is
- * in the batch. Each block's keys and values are converted to f32 once and shared by the query heads of the
- * group. The helpers have scalar and AVX2 variants with the same operations in the same order (dot products
- * summed in hsum8_pairs' order, vecmath's exp), so both paths give the same bits. */
+/* Causal attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query
+ * heads of one KV head. Online softmax over 64-position blocks in a fixed order, so a token's output is the same
+ * whatever else is in the batch.
+ *
+ * The query rows (token, head) are taken three at a time: each key or value is converted from f16 once per row
+ * set, straight from the cache into registers, and meets all three rows there (three rows by four keys of fma
+ * chains fill AVX2's 16 registers). Per row the arithmetic is fixed: a score is eight lanes of fma chains over the
+ * head dimension summed in hsum8_pairs' order, then scaled; the weights use vecmath's exp; the output adds
+ * p[j] * v_j key after key. The scalar and AVX2 variants do exactly those operations, so both give the same bits,
+ * and no row's result depends on which other rows share its set. */
 #include <math.h>
 #include <string.h>
 #include "inferd.h"
 #include "vecmath.h"
+
+#define ROWS_PER_SET 3
 
 /* Softmax weights below e^-64 of the largest are set to 0: they cannot change a float32 sum that holds a 1, and
  * their products with V would be denormals, which cost a hundred cycles each. */
@@ -14,18 +21,48 @@
 
 static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
-static void to_f32_scalar(const uint16_t *h, float *f, int n) {
-    for (int i = 0; i < n; i++) f[i] = f16_to_f32(h[i]);
+/* A row set: up to ROWS_PER_SET query rows, each with its query, its output and how many keys of the current
+ * block it sees (n rises with the row index: later tokens of the run see more). */
+typedef struct {
+    int nr;
+    const float *q[ROWS_PER_SET];
+    float *out[ROWS_PER_SET];
+    float *s[ROWS_PER_SET];           /* scores, then softmax weights, of the current block */
+    int n[ROWS_PER_SET];
+    const char *next_k, *next_v;      /* the block to read after this one, fetched while this one is scored */
+} rowset_t;
+
+/* ---------------- scalar ---------------- */
+
+/* s[r][j] = scale * dot(q_r, k_j) for the first n keys (n, hd) of a block */
+static void scores_scalar(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale) {
+    for (int r = 0; r < rs->nr; r++)
+        for (int j = 0; j < n; j++) {
+            float a[8] = {0};
+            for (int g = 0; g < hd / 8; g++)
+                for (int l = 0; l < 8; l++)
+                    a[l] = __builtin_fmaf(rs->q[r][8 * g + l], f16_to_f32(k[(size_t)j * hd + 8 * g + l]), a[l]);
+            rs->s[r][j] = hsum8_pairs_scalar(a) * scale;
+        }
 }
 
-/* s[j] = scale * dot(q, k_j) for the n keys (n, hd) of a block */
-static void scores_scalar(const float *q, const float *k, int n, int hd, float scale, float *s) {
-    for (int j = 0; j < n; j++) {
-        float a[8] = {0};
-        for (int g = 0; g < hd / 8; g++)
-            for (int l = 0; l < 8; l++) a[l] = __builtin_fmaf(q[8 * g + l], k[(size_t)j * hd + 8 * g + l], a[l]);
-        s[j] = hsum8_pairs_scalar(a) * scale;
+/* the largest of s[0..n), in a fixed order (lane l of full groups of 8 takes s[8i + l], lanes combined pairwise,
+ * then the tail), written x > m ? x : m like maxps so both paths agree even on NaN */
+static inline float max2(float a, float b) { return a > b ? a : b; }
+
+static float max_scalar(const float *s, int n) {
+    float m = -INFINITY;
+    int j = 0;
+    if (n >= 8) {
+        float lanes[8];
+        for (int l = 0; l < 8; l++) lanes[l] = s[l];
+        for (j = 8; j + 8 <= n; j += 8)
+            for (int l = 0; l < 8; l++) lanes[l] = max2(s[j + l], lanes[l]);
+        m = max2(max2(max2(lanes[0], lanes[4]), max2(lanes[2], lanes[6])),
+                 max2(max2(lanes[1], lanes[5]), max2(lanes[3], lanes[7])));
     }
+    for (; j < n; j++) m = max2(s[j], m);
+    return m;
 }
 
 /* s[j] = exp(s[j] - m); returns their sum, in a fixed order: lane l of full groups of 8 sums s[8i + l], the
@@ -40,43 +77,92 @@ static float weights_scalar(float *s, int n, float m) {
     return total;
 }
 
-/* out (hd) += sum_j p[j] * v_j */
-static void accumulate_v_scalar(const float *p, const float *v, int n, int hd, float *out) {
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p[j], v[(size_t)j * hd + i], out[i]);
+/* out_r (hd) += sum_{j < n_r} p_r[j] * v_j */
+static void accumulate_v_scalar(const rowset_t *rs, const uint16_t *v, int hd) {
+    for (int r = 0; r < rs->nr; r++)
+        for (int j = 0; j < rs->n[r]; j++)
+            for (int i = 0; i < hd; i++)
+                rs->out[r][i] = __builtin_fmaf(rs->s[r][j], f16_to_f32(v[(size_t)j * hd + i]), rs->out[r][i]);
 }
 
+/* ---------------- AVX2 ---------------- */
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c")))
-static void to_f32_avx2(const uint16_t *h, float *f, int n) {
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* Fetch the next block's rows j..j+3 of K and V (4 * hd * 2 bytes each) while this block's keys j..j+3 are
+ * scored: spread over the block like this, the fetches overlap the arithmetic instead of stalling on a full
+ * miss queue, as one burst of a whole block's lines would. */
+static inline void prefetch_keys(const rowset_t *rs, int j, int hd) {
+    if (!rs->next_k) return;
+    size_t off = (size_t)j * hd * 2, len = (size_t)4 * hd * 2;
+    for (size_t b = 0; b < len; b += 64) {
+        __builtin_prefetch(rs->next_k + off + b);
+        __builtin_prefetch(rs->next_v + off + b);
+    }
 }
 
-/* Eight keys scored side by side: eight independent fma chains instead of one long one; each key still sums
- * its products in the scalar order. */
-__attribute__((target("avx2,fma,f16c")))
-static void scores_avx2(const float *q, const float *k, int n, int hd, float scale, float *s) {
+ATTN_AVX2 static inline __m256 load_h8(const uint16_t *h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* the four horizontal sums of v[0..3], each in hsum8_pairs' order (hsum8x8_pairs cut to four vectors) */
+ATTN_AVX2 static inline __m128 hsum4x8_pairs(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* Four keys at a time against every row of the set: each converted key vector feeds NR fma chains. Inlined with
+ * NR constant (1 to ROWS_PER_SET) so the chains live in registers. */
+#define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))
+ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale, const int NR) {
+    const __m256 vscale = _mm256_set1_ps(scale);
     int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 part[8];
-        for (int c = 0; c < 8; c++) part[c] = _mm256_setzero_ps();
-        for (int g = 0; g < hd / 8; g++) {
-            __m256 qg = _mm256_loadu_ps(q + 8 * g);
-            for (int c = 0; c < 8; c++)
-                part[c] = _mm256_fmadd_ps(qg, _mm256_loadu_ps(k + (size_t)(j + c) * hd + 8 * g), part[c]);
-        }
-        _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8_pairs(part), _mm256_set1_ps(scale)));
-    }
-    for (; j < n; j++) {
-        __m256 a = _mm256_setzero_ps();
+    for (; j + 4 <= n; j += 4) {
+        prefetch_keys(rs, j, hd);
+        __m256 a[ROWS_PER_SET][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) a[r][c] = _mm256_setzero_ps();
         for (int g = 0; g < hd / 8; g++)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * g), _mm256_loadu_ps(k + (size_t)j * hd + 8 * g), a);
-        s[j] = hsum8_pairs(a) * scale;
+            for (int c = 0; c < 4; c++) {
+                __m256 kc = load_h8(k + (size_t)(j + c) * hd + 8 * g);
+                for (int r = 0; r < NR; r++) a[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(rs->q[r] + 8 * g), kc, a[r][c]);
+            }
+        for (int r = 0; r < NR; r++)
+            _mm_storeu_ps(rs->s[r] + j, _mm_mul_ps(hsum4x8_pairs(a[r][0], a[r][1], a[r][2], a[r][3]),
+                                                   _mm256_castps256_ps128(vscale)));
+    }
+    for (; j < n; j++)
+        for (int r = 0; r < NR; r++) {
+            __m256 a = _mm256_setzero_ps();
+            for (int g = 0; g < hd / 8; g++)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(rs->q[r] + 8 * g), load_h8(k + (size_t)j * hd + 8 * g), a);
+            rs->s[r][j] = hsum8_pairs(a) * scale;
+        }
+}
+
+ATTN_AVX2 static void scores_avx2(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale) {
+    switch (rs->nr) {
+    case 1: scores_nr(rs, k, n, hd, scale, 1); break;
+    case 2: scores_nr(rs, k, n, hd, scale, 2); break;
+    default: scores_nr(rs, k, n, hd, scale, 3); break;
     }
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static float weights_avx2(float *s, int n, float m) {
+ATTN_AVX2 static float max_avx2(const float *s, int n) {
+    float m = -INFINITY;
+    int j = 0;
+    if (n >= 8) {
+        __m256 lanes = _mm256_loadu_ps(s);
+        for (j = 8; j + 8 <= n; j += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(s + j), lanes);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));  /* l vs l + 4 */
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));                                                     /* 0|4 vs 2|6 */
+        m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));                                       /* even vs odd */
+    }
+    for (; j < n; j++) m = max2(s[j], m);
+    return m;
+}
+
+ATTN_AVX2 static float weights_avx2(float *s, int n, float m) {
     __m256 lanes = _mm256_setzero_ps();
     int j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -91,87 +177,118 @@ static float weights_avx2(float *s, int n, float m) {
     return total;
 }
 
-/* 64 output values at a time, kept in eight registers across the block's keys */
-__attribute__((target("avx2,fma,f16c")))
-static void accumulate_v_avx2(const float *p, const float *v, int n, int hd, float *out) {
-    for (int d = 0; d < hd; d += 64) {
-        __m256 o[8];
-        for (int i = 0; i < 8; i++) o[i] = _mm256_loadu_ps(out + d + 8 * i);
-        for (int j = 0; j < n; j++) {
-            __m256 pj = _mm256_set1_ps(p[j]);
-            const float *vj = v + (size_t)j * hd + d;
-            for (int i = 0; i < 8; i++) o[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * i), o[i]);
+/* 16 output values of every row at a time, kept in registers across the keys all rows see; the few keys only
+ * the later rows see are added row by row afterwards (the same fma per element, in key order). */
+ATTN_AVX2_INLINE void accumulate_v_nr(const rowset_t *rs, const uint16_t *v, int hd, const int NR) {
+    int common = rs->n[0];
+    for (int d = 0; d < hd; d += 16) {
+        __m256 o[ROWS_PER_SET][2];
+        for (int r = 0; r < NR; r++) {
+            o[r][0] = _mm256_loadu_ps(rs->out[r] + d);
+            o[r][1] = _mm256_loadu_ps(rs->out[r] + d + 8);
         }
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(out + d + 8 * i, o[i]);
+        for (int j = 0; j < common; j++) {
+            __m256 v0 = load_h8(v + (size_t)j * hd + d), v1 = load_h8(v + (size_t)j * hd + d + 8);
+            for (int r = 0; r < NR; r++) {
+                __m256 p = _mm256_broadcast_ss(rs->s[r] + j);
+                o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
+                o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            _mm256_storeu_ps(rs->out[r] + d, o[r][0]);
+            _mm256_storeu_ps(rs->out[r] + d + 8, o[r][1]);
+        }
+    }
+    for (int r = 1; r < NR; r++)
+        for (int j = common; j < rs->n[r]; j++) {
+            __m256 p = _mm256_broadcast_ss(rs->s[r] + j);
+            for (int d = 0; d < hd; d += 8)
+                _mm256_storeu_ps(rs->out[r] + d, _mm256_fmadd_ps(p, load_h8(v + (size_t)j * hd + d),
+                                                                 _mm256_loadu_ps(rs->out[r] + d)));
+        }
+}
+
+ATTN_AVX2 static void accumulate_v_avx2(const rowset_t *rs, const uint16_t *v, int hd) {
+    switch (rs->nr) {
+    case 1: accumulate_v_nr(rs, v, hd, 1); break;
+    case 2: accumulate_v_nr(rs, v, hd, 2); break;
+    default: accumulate_v_nr(rs, v, hd, 3); break;
     }
 }
 #endif
 
+/* ---------------- the run ---------------- */
+
 size_t attention_scratch_floats(int n_heads, int head_dim) {
-    return KV_BLOCK + 2 * ATTN_MAX_TOKENS * n_heads + 2 * KV_BLOCK * head_dim;
+    (void)head_dim;
+    return (size_t)ATTN_MAX_TOKENS * n_heads * (KV_BLOCK + 2);
 }
 
 /* A run of ntok consecutive tokens of one sequence, the first attending to positions [0, ctx_len), the next to
- * one more, and so on; for the query heads of one KV head. Each KV block is converted to f32 once for the whole
- * run; every token and head still goes through the blocks in the same order as it would alone.
+ * one more, and so on; for the query heads of one KV head. Every token and head goes through the blocks in the
+ * same order, with the same operations, as it would alone.
  * q: rows of `q_stride` floats, (group, head_dim) at the start of each; out: rows of `out_stride` floats;
  * k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK, head_dim) with this head's offset
- * applied; scratch: attention_scratch_floats(group, head_dim). head_dim is a multiple of 64. */
+ * applied; scratch: attention_scratch_floats(group, head_dim); next_k/next_v: the first K and V block the caller
+ * reads next (fetched during this run's last block), or NULL. head_dim is a multiple of 64. */
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
-                      float *out, int out_stride, float *scratch) {
-    void (*to_f32)(const uint16_t *, float *, int) = to_f32_scalar;
-    void (*scores)(const float *, const float *, int, int, float, float *) = scores_scalar;
+                      float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v) {
+    void (*scores)(const rowset_t *, const uint16_t *, int, int, float) = scores_scalar;
+    float (*max_of)(const float *, int) = max_scalar;
     float (*weights)(float *, int, float) = weights_scalar;
-    void (*accumulate_v)(const float *, const float *, int, int, float *) = accumulate_v_scalar;
+    void (*accumulate_v)(const rowset_t *, const uint16_t *, int) = accumulate_v_scalar;
 #if defined(__x86_64__)
     if (cpu_path() != PATH_SCALAR) {
-        to_f32 = to_f32_avx2; scores = scores_avx2; weights = weights_avx2; accumulate_v = accumulate_v_avx2;
+        scores = scores_avx2; max_of = max_avx2; weights = weights_avx2; accumulate_v = accumulate_v_avx2;
     }
 #endif
+    int rows = ntok * group;                                /* row r: token r / group, head r % group */
     float scale = 1.0f / sqrtf((float)head_dim);
-    float *s = scratch, *mx = s + KV_BLOCK, *sum = mx + ntok * group;     /* (ntok, group) each */
-    float *kf = sum + ntok * group, *vf = kf + KV_BLOCK * head_dim;      /* (KV_BLOCK, head_dim) each */
+    float *s = scratch, *mx = s + (size_t)rows * KV_BLOCK, *sum = mx + rows;
     size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim;
     int last_ctx = ctx_len + ntok - 1;
-    for (int i = 0; i < ntok * group; i++) { mx[i] = -INFINITY; sum[i] = 0.0f; }
+    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.0f; }
     for (int t = 0; t < ntok; t++) memset(out + (size_t)t * out_stride, 0, (size_t)group * head_dim * sizeof(float));
     for (int blk = 0; blk * KV_BLOCK < last_ctx; blk++) {
-        int n_max = last_ctx - blk * KV_BLOCK < KV_BLOCK ? last_ctx - blk * KV_BLOCK : KV_BLOCK;
-        if ((blk + 1) * KV_BLOCK < last_ctx) {        /* the next block is elsewhere in memory: fetch it early */
-            const char *nk = (const char *)(k_head + (size_t)block_table[blk + 1] * block_stride);
-            const char *nv = (const char *)(v_head + (size_t)block_table[blk + 1] * block_stride);
-            for (size_t off = 0; off < (size_t)KV_BLOCK * head_dim * 2; off += 64) {
-                __builtin_prefetch(nk + off);
-                __builtin_prefetch(nv + off);
-            }
+        const uint16_t *kb = k_head + (size_t)block_table[blk] * block_stride;
+        const uint16_t *vb = v_head + (size_t)block_table[blk] * block_stride;
+        /* rows of tokens that see none of this block come first (a token sees one more key than the one before) */
+        int r = 0;
+        while (r < rows && ctx_len + r / group - blk * KV_BLOCK <= 0) r++;
+        const uint16_t *nk = next_k, *nv = next_v;
+        if ((blk + 1) * KV_BLOCK < last_ctx) {
+            nk = k_head + (size_t)block_table[blk + 1] * block_stride;
+            nv = v_head + (size_t)block_table[blk + 1] * block_stride;
         }
-        to_f32(k_head + (size_t)block_table[blk] * block_stride, kf, n_max * head_dim);
-        to_f32(v_head + (size_t)block_table[blk] * block_stride, vf, n_max * head_dim);
-        for (int t = 0; t < ntok; t++) {
-            int n = ctx_len + t - blk * KV_BLOCK;
-            if (n <= 0) continue;
-            if (n > KV_BLOCK) n = KV_BLOCK;
-            for (int g = 0; g < group; g++) {
-                int i = t * group + g;
-                float *og = out + (size_t)t * out_stride + (size_t)g * head_dim;
-                scores(q + (size_t)t * q_stride + (size_t)g * head_dim, kf, n, head_dim, scale, s);
-                float m = s[0];
-                for (int j = 1; j < n; j++) m = fmaxf(m, s[j]);
-                if (m > mx[i]) {                       /* a new maximum: rescale what was summed so far */
-                    float corr = mx[i] == -INFINITY ? 0.0f : softmax_weight(mx[i] - m);
-                    sum[i] *= corr;
-                    for (int d = 0; d < head_dim; d++) og[d] *= corr;
-                    mx[i] = m;
-                }
-                sum[i] += weights(s, n, mx[i]);
-                accumulate_v(s, vf, n, head_dim, og);
+        for (int first = 1; r < rows; r += ROWS_PER_SET, first = 0) {
+            rowset_t rs = {.nr = rows - r < ROWS_PER_SET ? rows - r : ROWS_PER_SET,
+                           .next_k = first ? (const char *)nk : NULL, .next_v = first ? (const char *)nv : NULL};
+            for (int i = 0; i < rs.nr; i++) {
+                int t = (r + i) / group, g = (r + i) % group, n = ctx_len + t - blk * KV_BLOCK;
+                rs.q[i] = q + (size_t)t * q_stride + (size_t)g * head_dim;
+                rs.out[i] = out + (size_t)t * out_stride + (size_t)g * head_dim;
+                rs.s[i] = s + (size_t)(r + i) * KV_BLOCK;
+                rs.n[i] = n < KV_BLOCK ? n : KV_BLOCK;
             }
+            scores(&rs, kb, rs.n[rs.nr - 1], head_dim, scale);
+            for (int i = 0; i < rs.nr; i++) {
+                int n = rs.n[i];
+                float *si = rs.s[i], m = max_of(si, n);
+                if (m > mx[r + i]) {                   /* a new maximum: rescale what was summed so far */
+                    float corr = mx[r + i] == -INFINITY ? 0.0f : softmax_weight(mx[r + i] - m);
+                    sum[r + i] *= corr;
+                    for (int d = 0; d < head_dim; d++) rs.out[i][d] *= corr;
+                    mx[r + i] = m;
+                }
+                sum[r + i] += weights(si, n, mx[r + i]);
+            }
+            accumulate_v(&rs, vb, head_dim);
         }
     }
-    for (int t = 0; t < ntok; t++)
-        for (int g = 0; g < group; g++) {
-            float inv = 1.0f / sum[t * group + g], *og = out + (size_t)t * out_stride + (size_t)g * head_dim;
-            for (int d = 0; d < head_dim; d++) og[d] *= inv;
-        }
+    for (int r = 0; r < rows; r++) {
+        float inv = 1.0f / sum[r], *o = out + (size_t)(r / group) * out_stride + (size_t)(r % group) * head_dim;
+        for (int d = 0; d < head_dim; d++) o[d] *= inv;
+    }
 }

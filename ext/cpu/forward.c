@@ -93,10 +93,20 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         int t = c->runs[run], ntok = c->runs[run + 1] - t;
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
         size_t head_off = layer_off + (size_t)h * KV_BLOCK * cfg->head_dim;
+        /* this thread's next item: its first K and V block is fetched during this item's last block */
+        const uint16_t *next_k = NULL, *next_v = NULL;
+        if (item + 1 < end) {
+            int nrun = (int)((item + 1) / cfg->n_kv_heads), nh = (int)((item + 1) % cfg->n_kv_heads);
+            const int32_t *nbt = s->b->block_tables + (size_t)s->b->seq_of_token[c->runs[nrun]] * s->b->max_blocks_per_seq;
+            size_t off = layer_off + (size_t)nh * KV_BLOCK * cfg->head_dim +
+                         (size_t)nbt[0] * cfg->n_kv_heads * KV_BLOCK * cfg->head_dim;
+            next_k = c->k_cache + off;
+            next_v = c->v_cache + off;
+        }
         attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h * group * cfg->head_dim, qkv_dim, ntok, group,
                          cfg->n_kv_heads, cfg->head_dim, c->k_cache + head_off, c->v_cache + head_off, bt,
                          s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h * group * cfg->head_dim,
-                         Q_DIM(cfg), scratch);
+                         Q_DIM(cfg), scratch, next_k, next_v);
     }
 }
 
@@ -196,7 +206,11 @@ int forward(context_t *c, const batch_t *b) {
     if (rc) return rc;
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T};
-    int n_runs = attention_runs(c, b);
+    /* attention items are (run, kv head), claimed a few at a time so that each item can fetch the next one's
+     * first KV block while it computes */
+    int64_t attn_items = (int64_t)attention_runs(c, b) * cfg->n_kv_heads;
+    int64_t attn_chunk = attn_items / (pool_size(c->pool) * 4);
+    attn_chunk = attn_chunk < 1 ? 1 : attn_chunk > 8 ? 8 : attn_chunk;
 
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
@@ -206,7 +220,7 @@ int forward(context_t *c, const batch_t *b) {
         prepare_input(c, &s, c->x, dim, L->attn_norm);                 /* xn = rmsnorm(x) */
         matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
         run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);                               /* rope, cache k and v */
-        run(c, STAGE_ATTENTION, (int64_t)n_runs * cfg->n_kv_heads, 1, attention_fn, &s);    /* xn = attention */
+        run(c, STAGE_ATTENTION, attn_items, attn_chunk, attention_fn, &s);              /* xn = attention */
         prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL);
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm);                  /* xn = rmsnorm(x) */

@@ -88,7 +88,7 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
 size_t attention_scratch_floats(int n_heads, int head_dim);
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
-                      float *out, int out_stride, float *scratch);
+                      float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v);
 
 /* ---- sampling ---- */
 typedef struct {
