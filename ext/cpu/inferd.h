@@ -20,10 +20,13 @@ enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 
 enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };
 
 /* An activation row quantized to 8 bits: one block per 32 values. `isum` is sum(qs), kept exact so
- * Q4 weights stored unsigned (w + 8) can subtract 8 * isum and Q4_1 can add its min term. */
+ * Q4 weights stored unsigned (w + 8) can subtract 8 * isum and Q4_1 can add its min term; the corrections
+ * -8 * isum (unsigned Q4) and -128 * isum (Q8 made unsigned for dpbusd) are stored too, so the kernels
+ * start a block's integer sum from a broadcast load instead of computing them for every tile. */
 typedef struct {
     float d;
     int32_t isum;
+    int32_t q4_corr, q8_corr;
     int8_t qs[QK];
 } block_q8x;
 

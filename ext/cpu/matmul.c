@@ -156,8 +156,9 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
  * use several accumulator chains (for latency) and stay bit-identical to the scalar path.
  *   AVX2, Q4: maddubs into int16 (|nibble * x| <= 15 * 127; eight pairs stay below 2^15), one madd at the end.
  *   AVX2, Q8: maddubs then madd into int32 at every step (pairs of 128 * 127 would overflow int16 if added).
- *   VNNI: dpbusd accumulates in int32 directly; Q8 weights become unsigned in registers (w ^ 0x80 = w + 128,
- *   shared by all tokens of the call) and the block sum drops 128 * sum(x), which the activation block carries. */
+ *   VNNI: dpbusd accumulates in int32 directly, starting from the block's correction (-8 * sum(x) for Q4, whose
+ *   nibbles are unsigned; -128 * sum(x) for Q8, whose weights become unsigned in registers as w ^ 0x80 = w + 128,
+ *   shared by all tokens of the call), broadcast from the activation block. */
 #define ONES16 _mm256_set1_epi16(1)
 #define AVX2_STEP(Q8, acc, w, x)                                                                              \
     ((Q8) ? _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),             \
@@ -174,10 +175,10 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
 
 /* NTOK tokens (starting at xq, token stride nb blocks) against one tile of TYPE. With one token, two accumulator
  * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
-#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, Q8_UNSIGNED)                       \
+#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, VNNI)                       \
     ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int row0,     \
                           int nrows, int accumulate) {                                                       \
-        enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1 };                                     \
+        enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1, CORR_IN_SUM = (VNNI) };               \
         const size_t bb = (TYPE) == WT_Q4_0 ? 144 : (TYPE) == WT_Q4_1 ? 160 : 272;                         \
         const int qoff = (TYPE) == WT_Q4_1 ? 32 : 16;                                                       \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                          \
@@ -190,7 +191,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
             if (Q8) {                                                                                       \
                 for (int j = 0; j < 8; j++) {                                                               \
                     wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));                       \
-                    if (Q8_UNSIGNED) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));         \
+                    if (VNNI) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));         \
                 }                                                                                           \
             } else {                                                                                        \
                 for (int p = 0; p < 4; p++) {                                                               \
@@ -201,6 +202,12 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
             }                                                                                               \
             __m256i is[(NTOK) * CHAINS];                                                                    \
             for (int k = 0; k < (NTOK) * CHAINS; k++) is[k] = _mm256_setzero_si256();                       \
+            if (CORR_IN_SUM)   /* VNNI: the block sum starts from its correction (integer sums: any order) */ \
+                for (int k = 0; k < (NTOK); k++) {                                                          \
+                    const block_q8x *xb = xq + (size_t)k * nb + b;                                          \
+                    if ((TYPE) == WT_Q4_0) is[k * CHAINS] = _mm256_set1_epi32(xb->q4_corr);                 \
+                    if (Q8) is[k * CHAINS] = _mm256_set1_epi32(xb->q8_corr);                                \
+                }                                                                                           \
             for (int j = 0; j < 8; j++)                                                                     \
                 for (int k = 0; k < (NTOK); k++) {                                                          \
                     __m256i xj = _mm256_set1_epi32(load_i32(xq[(size_t)k * nb + b].qs + 4 * j));            \
@@ -211,8 +218,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
                 __m256i sum = is[k * CHAINS];                                                               \
                 if (CHAINS == 2) sum = COMBINE(Q8, sum, is[k * CHAINS + 1]);                                \
                 sum = FINISH(Q8, sum);                                                                      \
-                if ((TYPE) == WT_Q4_0) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * xb->isum));        \
-                if (Q8 && Q8_UNSIGNED) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * xb->isum));      \
+                if ((TYPE) == WT_Q4_0 && !CORR_IN_SUM) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xb->q4_corr)); \
                 __m256 dx = _mm256_set1_ps(xb->d);                                                          \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, dx), acc[k]);           \
                 if ((TYPE) == WT_Q4_1) {                                                                    \
@@ -225,13 +231,13 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
     }
 
 /* One path: kernels for each type with NT tokens at a time and with one, and the driver over a tile. */
-#define DEFINE_PATH(PATH, ATTR, NT, STEP, COMBINE, FINISH, Q8U)                                               \
-    DEFINE_TILE_KERNEL(PATH##_q4_0_n, ATTR, WT_Q4_0, NT, STEP, COMBINE, FINISH, Q8U)                         \
-    DEFINE_TILE_KERNEL(PATH##_q4_0_1, ATTR, WT_Q4_0, 1, STEP, COMBINE, FINISH, Q8U)                          \
-    DEFINE_TILE_KERNEL(PATH##_q4_1_n, ATTR, WT_Q4_1, NT, STEP, COMBINE, FINISH, Q8U)                         \
-    DEFINE_TILE_KERNEL(PATH##_q4_1_1, ATTR, WT_Q4_1, 1, STEP, COMBINE, FINISH, Q8U)                          \
-    DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH, Q8U)                         \
-    DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH, Q8U)                          \
+#define DEFINE_PATH(PATH, ATTR, NT, STEP, COMBINE, FINISH, VNNI)                                               \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_n, ATTR, WT_Q4_0, NT, STEP, COMBINE, FINISH, VNNI)                         \
+    DEFINE_TILE_KERNEL(PATH##_q4_0_1, ATTR, WT_Q4_0, 1, STEP, COMBINE, FINISH, VNNI)                          \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_n, ATTR, WT_Q4_1, NT, STEP, COMBINE, FINISH, VNNI)                         \
+    DEFINE_TILE_KERNEL(PATH##_q4_1_1, ATTR, WT_Q4_1, 1, STEP, COMBINE, FINISH, VNNI)                          \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH, VNNI)                         \
+    DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH, VNNI)                          \
     static void PATH(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,          \
                      int accumulate) {                                                                       \
         int nb = w->cols / QK, row0 = tile * TILE_ROWS;                                                     \

@@ -25,6 +25,8 @@ static void quantize_act_scalar(const float *x, int n, block_q8x *out) {
         }
         out[b].d = d;
         out[b].isum = isum;
+        out[b].q4_corr = -8 * isum;
+        out[b].q8_corr = -128 * isum;
     }
 }
 
@@ -57,6 +59,8 @@ static void quantize_act_avx2(const float *x, int n, block_q8x *out) {
         _mm256_storeu_si256((__m256i *)out[b].qs, p8);
         out[b].d = d;
         out[b].isum = _mm_cvtsi128_si32(s4);
+        out[b].q4_corr = -8 * out[b].isum;
+        out[b].q8_corr = -128 * out[b].isum;
     }
 }
 #endif
