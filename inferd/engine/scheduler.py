@@ -105,6 +105,7 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self._states: dict[str, RequestState] = {}
+        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}   # outputs not yet handed to their loops
 
         self._lock = threading.Lock()
         self._inbox: list[RequestState] = []
@@ -191,6 +192,7 @@ class Scheduler:
             outputs = self._run(batch, stats)
             self._postprocess(batch, outputs, stats)
         self.num_steps += 1
+        self._flush()
         if observer is not None:
             observer.on_step(stats)
             if stats.finished:
@@ -213,6 +215,7 @@ class Scheduler:
             if st is not None:
                 self._finish(st, FinishReason.ABORT)
                 finished.append(st)
+        self._flush()
         if finished and self.observer is not None:
             self.observer.on_finished(finished)
         return stop
@@ -257,6 +260,7 @@ class Scheduler:
             if t is not None and now - st.arrival_time > t:
                 self._finish(st, FinishReason.ERROR, f"request timed out after {t:g} s", status=504)
                 finished.append(st)
+        self._flush()
         if finished and self.observer is not None:
             self.observer.on_finished(finished)
 
@@ -267,6 +271,7 @@ class Scheduler:
             self._states[st.request.request_id] = st
         for st in list(self._states.values()):
             self._finish(st, reason, message, status=status)
+        self._flush()
 
     # ---- schedule ---------------------------------------------------------------------------------------
 
@@ -610,10 +615,22 @@ class Scheduler:
                 prompt_logprobs=st.take_prompt_logprobs(), usage=st.usage()))
 
     def _deliver(self, st: RequestState, out: RequestOutput) -> None:
-        try:
-            st.loop.call_soon_threadsafe(st.queue.put_nowait, out)
-        except RuntimeError:
-            pass   # the event loop is closed (shutdown); nobody is listening any more
+        self._outbox.setdefault(st.loop, []).append((st.queue, out))
+
+    def _flush(self) -> None:
+        """Hand the outputs gathered since the last flush to their event loops: one wake-up per loop, not one
+        per output (each call_soon_threadsafe writes to the loop's self-pipe, a system call)."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                pass   # the event loop is closed (shutdown); nobody is listening any more
+
+
+def _put_all(items: list) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
 
 
 class RequestHandle:
