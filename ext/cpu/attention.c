@@ -89,15 +89,15 @@ static void accumulate_v_scalar(const rowset_t *rs, const uint16_t *v, int hd) {
 #if defined(__x86_64__)
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* Fetch the next block's rows j..j+3 of K and V (4 * hd * 2 bytes each) while this block's keys j..j+3 are
- * scored: spread over the block like this, the fetches overlap the arithmetic instead of stalling on a full
- * miss queue, as one burst of a whole block's lines would. */
-static inline void prefetch_keys(const rowset_t *rs, int j, int hd) {
-    if (!rs->next_k) return;
-    size_t off = (size_t)j * hd * 2, len = (size_t)4 * hd * 2;
-    for (size_t b = 0; b < len; b += 64) {
-        __builtin_prefetch(rs->next_k + off + b);
-        __builtin_prefetch(rs->next_v + off + b);
+/* Fetch rows [r0, r1) of the next block's K and V (hd * 2 bytes each). The scoring loop spreads the whole next
+ * block over its groups of four keys, however few keys this block has, so the fetches overlap the arithmetic
+ * instead of stalling on a full miss queue, as one burst of a whole block's lines would. */
+static inline void prefetch_rows(const rowset_t *rs, int r0, int r1, int hd) {
+    if (!rs->next_k || r0 >= r1) return;
+    size_t begin = (size_t)r0 * hd * 2, end = (size_t)r1 * hd * 2;
+    for (size_t b = begin; b < end; b += 64) {
+        __builtin_prefetch(rs->next_k + b);
+        __builtin_prefetch(rs->next_v + b);
     }
 }
 
@@ -116,9 +116,10 @@ ATTN_AVX2 static inline __m128 hsum4x8_pairs(__m256 v0, __m256 v1, __m256 v2, __
 #define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))
 ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale, const int NR) {
     const __m256 vscale = _mm256_set1_ps(scale);
-    int j = 0;
+    int groups = n / 4, per_group = groups ? (KV_BLOCK + groups - 1) / groups : 0, j = 0;
     for (; j + 4 <= n; j += 4) {
-        prefetch_keys(rs, j, hd);
+        int g0 = j / 4 * per_group;
+        prefetch_rows(rs, g0 < KV_BLOCK ? g0 : KV_BLOCK, g0 + per_group < KV_BLOCK ? g0 + per_group : KV_BLOCK, hd);
         __m256 a[ROWS_PER_SET][4];
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm256_setzero_ps();
@@ -131,6 +132,7 @@ ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, in
             _mm_storeu_ps(rs->s[r] + j, _mm_mul_ps(hsum4x8_pairs(a[r][0], a[r][1], a[r][2], a[r][3]),
                                                    _mm256_castps256_ps128(vscale)));
     }
+    if (groups == 0) prefetch_rows(rs, 0, KV_BLOCK, hd);
     for (; j < n; j++)
         for (int r = 0; r < NR; r++) {
             __m256 a = _mm256_setzero_ps();
