@@ -29,7 +29,8 @@ typedef struct {
     float *out[ROWS_PER_SET];
     float *s[ROWS_PER_SET];           /* scores, then softmax weights, of the current block */
     int n[ROWS_PER_SET];
-    const char *next_k, *next_v;      /* the block to read after this one, fetched while this one is scored */
+    const char *next_k, *next_v;      /* bytes [pf_begin, pf_end) of the K and V read after this set's, fetched */
+    size_t pf_begin, pf_end;          /* while this set is scored */
 } rowset_t;
 
 /* ---------------- scalar ---------------- */
@@ -89,16 +90,21 @@ static void accumulate_v_scalar(const rowset_t *rs, const uint16_t *v, int hd) {
 #if defined(__x86_64__)
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-/* Fetch rows [r0, r1) of the next block's K and V (hd * 2 bytes each). The scoring loop spreads the whole next
- * block over its groups of four keys, however few keys this block has, so the fetches overlap the arithmetic
- * instead of stalling on a full miss queue, as one burst of a whole block's lines would. */
-static inline void prefetch_rows(const rowset_t *rs, int r0, int r1, int hd) {
-    if (!rs->next_k || r0 >= r1) return;
-    size_t begin = (size_t)r0 * hd * 2, end = (size_t)r1 * hd * 2;
-    for (size_t b = begin; b < end; b += 64) {
-        __builtin_prefetch(rs->next_k + b);
-        __builtin_prefetch(rs->next_v + b);
+/* Fetch bytes [b0, b1) of the next K and V. The scoring loop spreads its share over its groups of four keys,
+ * however few keys it has, so the fetches overlap the arithmetic instead of stalling on a full miss queue, as one
+ * burst of a whole block's lines would. */
+static inline void prefetch_span(const rowset_t *rs, size_t b0, size_t b1) {
+    if (!rs->next_k) return;
+    for (size_t b = b0 & ~(size_t)63; b < b1; b += 64) {
+        __builtin_prefetch(rs->next_k + b, 0, 2);
+        __builtin_prefetch(rs->next_v + b, 0, 2);
     }
+}
+
+/* the part of the set's span that group gi of `groups` fetches */
+static inline void prefetch_group(const rowset_t *rs, int gi, int groups) {
+    size_t len = rs->pf_end - rs->pf_begin;
+    prefetch_span(rs, rs->pf_begin + len * gi / groups, rs->pf_begin + len * (gi + 1) / groups);
 }
 
 ATTN_AVX2 static inline __m256 load_h8(const uint16_t *h) {
@@ -116,10 +122,9 @@ ATTN_AVX2 static inline __m128 hsum4x8_pairs(__m256 v0, __m256 v1, __m256 v2, __
 #define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))
 ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale, const int NR) {
     const __m256 vscale = _mm256_set1_ps(scale);
-    int groups = n / 4, per_group = groups ? (KV_BLOCK + groups - 1) / groups : 0, j = 0;
+    int groups = n / 4, j = 0;
     for (; j + 4 <= n; j += 4) {
-        int g0 = j / 4 * per_group;
-        prefetch_rows(rs, g0 < KV_BLOCK ? g0 : KV_BLOCK, g0 + per_group < KV_BLOCK ? g0 + per_group : KV_BLOCK, hd);
+        prefetch_group(rs, j / 4, groups);
         __m256 a[ROWS_PER_SET][4];
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm256_setzero_ps();
@@ -132,7 +137,7 @@ ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, in
             _mm_storeu_ps(rs->s[r] + j, _mm_mul_ps(hsum4x8_pairs(a[r][0], a[r][1], a[r][2], a[r][3]),
                                                    _mm256_castps256_ps128(vscale)));
     }
-    if (groups == 0) prefetch_rows(rs, 0, KV_BLOCK, hd);
+    if (groups == 0) prefetch_group(rs, 0, 1);
     for (; j < n; j++)
         for (int r = 0; r < NR; r++) {
             __m256 a = _mm256_setzero_ps();
@@ -228,13 +233,16 @@ size_t attention_scratch_floats(int n_heads, int head_dim) {
 }
 
 /* A run of ntok consecutive tokens of one sequence, the first attending to positions [0, ctx_len), the next to
- * one more, and so on; for the query heads of one KV head. Every token and head goes through the blocks in the
- * same order, with the same operations, as it would alone.
- * q: rows of `q_stride` floats, (group, head_dim) at the start of each; out: rows of `out_stride` floats;
- * k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK, head_dim) with this head's offset
- * applied; scratch: attention_scratch_floats(group, head_dim); next_k/next_v: the first K and V block the caller
- * reads next (fetched during this run's last block), or NULL. head_dim is a multiple of 64. */
-void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int head_dim,
+ * one more, and so on; for the query heads of `kv_heads` adjacent KV heads. Every token and head goes through the
+ * blocks in the same order, with the same operations, as it would alone.
+ * The blocks are the outer loop: a block's K (then V) slices of adjacent KV heads lie side by side in the cache, so
+ * each block is read as one contiguous piece, which streams at twice the rate of separate 8 KB slices.
+ * q: rows of `q_stride` floats, the query heads of the first KV head at the start of each, the others after them;
+ * out: the same with `out_stride`; k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK,
+ * head_dim) with the first KV head's offset applied; scratch: attention_scratch_floats(n_heads, head_dim);
+ * next_k/next_v: where the caller reads next (the same span is fetched during this run's last block), or NULL.
+ * head_dim is a multiple of 64. */
+void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
                       float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v) {
     void (*scores)(const rowset_t *, const uint16_t *, int, int, float) = scores_scalar;
@@ -246,51 +254,60 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
         scores = scores_avx2; max_of = max_avx2; weights = weights_avx2; accumulate_v = accumulate_v_avx2;
     }
 #endif
-    int rows = ntok * group;                                /* row r: token r / group, head r % group */
+    /* row r: KV head r / per_head, then token and query head: (r % per_head) / group and r % group */
+    int per_head = ntok * group, rows = per_head * kv_heads;
     float scale = 1.0f / sqrtf((float)head_dim);
     float *s = scratch, *mx = s + (size_t)rows * KV_BLOCK, *sum = mx + rows;
-    size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim;
+    size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim, slice = (size_t)KV_BLOCK * head_dim;
+    size_t span = kv_heads * slice * sizeof(uint16_t);           /* bytes of a block's K (or V) for these heads */
     int last_ctx = ctx_len + ntok - 1;
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.0f; }
-    for (int t = 0; t < ntok; t++) memset(out + (size_t)t * out_stride, 0, (size_t)group * head_dim * sizeof(float));
+    for (int t = 0; t < ntok; t++)
+        memset(out + (size_t)t * out_stride, 0, (size_t)kv_heads * group * head_dim * sizeof(float));
     for (int blk = 0; blk * KV_BLOCK < last_ctx; blk++) {
         const uint16_t *kb = k_head + (size_t)block_table[blk] * block_stride;
         const uint16_t *vb = v_head + (size_t)block_table[blk] * block_stride;
-        /* rows of tokens that see none of this block come first (a token sees one more key than the one before) */
-        int r = 0;
-        while (r < rows && ctx_len + r / group - blk * KV_BLOCK <= 0) r++;
         const uint16_t *nk = next_k, *nv = next_v;
         if ((blk + 1) * KV_BLOCK < last_ctx) {
             nk = k_head + (size_t)block_table[blk + 1] * block_stride;
             nv = v_head + (size_t)block_table[blk + 1] * block_stride;
         }
-        for (int first = 1; r < rows; r += ROWS_PER_SET, first = 0) {
-            rowset_t rs = {.nr = rows - r < ROWS_PER_SET ? rows - r : ROWS_PER_SET,
-                           .next_k = first ? (const char *)nk : NULL, .next_v = first ? (const char *)nv : NULL};
-            for (int i = 0; i < rs.nr; i++) {
-                int t = (r + i) / group, g = (r + i) % group, n = ctx_len + t - blk * KV_BLOCK;
-                rs.q[i] = q + (size_t)t * q_stride + (size_t)g * head_dim;
-                rs.out[i] = out + (size_t)t * out_stride + (size_t)g * head_dim;
-                rs.s[i] = s + (size_t)(r + i) * KV_BLOCK;
-                rs.n[i] = n < KV_BLOCK ? n : KV_BLOCK;
-            }
-            scores(&rs, kb, rs.n[rs.nr - 1], head_dim, scale);
-            for (int i = 0; i < rs.nr; i++) {
-                int n = rs.n[i];
-                float *si = rs.s[i], m = max_of(si, n);
-                if (m > mx[r + i]) {                   /* a new maximum: rescale what was summed so far */
-                    float corr = mx[r + i] == -INFINITY ? 0.0f : softmax_weight(mx[r + i] - m);
-                    sum[r + i] *= corr;
-                    for (int d = 0; d < head_dim; d++) rs.out[i][d] *= corr;
-                    mx[r + i] = m;
+        /* tokens that see none of this block come first (a token sees one more key than the one before) */
+        int skip = 0;
+        while (skip < ntok && ctx_len + skip - blk * KV_BLOCK <= 0) skip++;
+        int sets_per_head = (per_head - skip * group + ROWS_PER_SET - 1) / ROWS_PER_SET;
+        int total_sets = sets_per_head * kv_heads, set = 0;
+        for (int h = 0; h < kv_heads; h++)
+            for (int r = h * per_head + skip * group; r < (h + 1) * per_head; r += ROWS_PER_SET, set++) {
+                rowset_t rs = {.nr = (h + 1) * per_head - r < ROWS_PER_SET ? (h + 1) * per_head - r : ROWS_PER_SET,
+                               .next_k = (const char *)nk, .next_v = (const char *)nv,
+                               .pf_begin = span * set / total_sets, .pf_end = span * (set + 1) / total_sets};
+                for (int i = 0; i < rs.nr; i++) {
+                    int t = (r + i - h * per_head) / group, qh = h * group + (r + i) % group;
+                    int n = ctx_len + t - blk * KV_BLOCK;
+                    rs.q[i] = q + (size_t)t * q_stride + (size_t)qh * head_dim;
+                    rs.out[i] = out + (size_t)t * out_stride + (size_t)qh * head_dim;
+                    rs.s[i] = s + (size_t)(r + i) * KV_BLOCK;
+                    rs.n[i] = n < KV_BLOCK ? n : KV_BLOCK;
                 }
-                sum[r + i] += weights(si, n, mx[r + i]);
+                scores(&rs, kb + h * slice, rs.n[rs.nr - 1], head_dim, scale);
+                for (int i = 0; i < rs.nr; i++) {
+                    int n = rs.n[i];
+                    float *si = rs.s[i], m = max_of(si, n);
+                    if (m > mx[r + i]) {                   /* a new maximum: rescale what was summed so far */
+                        float corr = mx[r + i] == -INFINITY ? 0.0f : softmax_weight(mx[r + i] - m);
+                        sum[r + i] *= corr;
+                        for (int d = 0; d < head_dim; d++) rs.out[i][d] *= corr;
+                        mx[r + i] = m;
+                    }
+                    sum[r + i] += weights(si, n, mx[r + i]);
+                }
+                accumulate_v(&rs, vb + h * slice, head_dim);
             }
-            accumulate_v(&rs, vb, head_dim);
-        }
     }
     for (int r = 0; r < rows; r++) {
-        float inv = 1.0f / sum[r], *o = out + (size_t)(r / group) * out_stride + (size_t)(r % group) * head_dim;
+        int t = (r % per_head) / group, qh = r / per_head * group + r % group;
+        float inv = 1.0f / sum[r], *o = out + (size_t)t * out_stride + (size_t)qh * head_dim;
         for (int d = 0; d < head_dim; d++) o[d] *= inv;
     }
 }

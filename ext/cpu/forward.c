@@ -23,6 +23,7 @@ typedef struct {
     int ntok, in_dim;
     float *y;                /* (ntok, ldy) */
     int ldy, accumulate;
+    int heads_per_item, items_per_run;   /* attention: KV heads per item, items per run */
 } stage_t;
 
 static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
@@ -79,33 +80,34 @@ static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* one item = (run, kv head): a run is up to ATTN_MAX_TOKENS consecutive tokens of one sequence (prefill), which
- * share the conversion of each KV block; the query heads sharing a KV head read it together */
+/* one item = (run, kv heads [h0, h0 + heads_per_item)): a run is up to ATTN_MAX_TOKENS consecutive tokens of one
+ * sequence (prefill), which share each KV block; the query heads of a KV head read it together; adjacent KV heads
+ * are read block by block as one contiguous piece */
 static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     context_t *c = s->c;
     const model_config_t *cfg = &c->model->cfg;
-    int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
+    int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, cfg->head_dim);
+    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
     for (int64_t item = begin; item < end; item++) {
-        int run = (int)(item / cfg->n_kv_heads), h = (int)(item % cfg->n_kv_heads);
+        int run = (int)(item / s->items_per_run), h0 = (int)(item % s->items_per_run) * s->heads_per_item;
+        int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
         int t = c->runs[run], ntok = c->runs[run + 1] - t;
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
-        size_t head_off = layer_off + (size_t)h * KV_BLOCK * cfg->head_dim;
-        /* this thread's next item: its first K and V block is fetched during this item's last block */
+        size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
+        /* this thread's next item: its first KV block is fetched during this item's last block */
         const uint16_t *next_k = NULL, *next_v = NULL;
         if (item + 1 < end) {
-            int nrun = (int)((item + 1) / cfg->n_kv_heads), nh = (int)((item + 1) % cfg->n_kv_heads);
+            int nrun = (int)((item + 1) / s->items_per_run), nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
             const int32_t *nbt = s->b->block_tables + (size_t)s->b->seq_of_token[c->runs[nrun]] * s->b->max_blocks_per_seq;
-            size_t off = layer_off + (size_t)nh * KV_BLOCK * cfg->head_dim +
-                         (size_t)nbt[0] * cfg->n_kv_heads * KV_BLOCK * cfg->head_dim;
+            size_t off = layer_off + ((size_t)nbt[0] * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
             next_k = c->k_cache + off;
             next_v = c->v_cache + off;
         }
-        attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h * group * cfg->head_dim, qkv_dim, ntok, group,
-                         cfg->n_kv_heads, cfg->head_dim, c->k_cache + head_off, c->v_cache + head_off, bt,
-                         s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h * group * cfg->head_dim,
+        attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
+                         cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt,
+                         s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd,
                          Q_DIM(cfg), scratch, next_k, next_v);
     }
 }
@@ -206,10 +208,15 @@ int forward(context_t *c, const batch_t *b) {
     if (rc) return rc;
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T};
-    /* attention items are (run, kv head), claimed a few at a time so that each item can fetch the next one's
-     * first KV block while it computes */
-    int64_t attn_items = (int64_t)attention_runs(c, b) * cfg->n_kv_heads;
-    int64_t attn_chunk = attn_items / (pool_size(c->pool) * 4);
+    /* Attention items: a run with all its KV heads, or, when there are too few runs to keep every thread busy, with
+     * a share of them. Claimed two or more at a time, so that an item can fetch the next one's first block. */
+    int n_runs = attention_runs(c, b), threads = pool_size(c->pool);
+    int splits = (2 * threads + n_runs - 1) / n_runs;
+    splits = splits > cfg->n_kv_heads ? cfg->n_kv_heads : splits;
+    s.heads_per_item = (cfg->n_kv_heads + splits - 1) / splits;
+    s.items_per_run = (cfg->n_kv_heads + s.heads_per_item - 1) / s.heads_per_item;
+    int64_t attn_items = (int64_t)n_runs * s.items_per_run;
+    int64_t attn_chunk = attn_items / (threads * 2);
     attn_chunk = attn_chunk < 1 ? 1 : attn_chunk > 8 ? 8 : attn_chunk;
 
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
