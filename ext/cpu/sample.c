@@ -49,6 +49,44 @@ static double temperature_weights_avx2(float *w, int n, float m, float inv_t) {
 }
 #endif
 
+/* the first index of the largest value, NaNs skipped (a NaN at index 0 wins, as in a scan with `>`) */
+static int argmax_scalar(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+#if defined(__x86_64__)
+/* the same answer: the largest value over eight lanes (max_ps keeps the running value against a NaN), then the
+ * first index holding it */
+__attribute__((target("avx2,fma,f16c")))
+static int argmax_avx2(const float *x, int n) {
+    if (n < 16 || x[0] != x[0]) return argmax_scalar(x, n);
+    __m256 m = _mm256_set1_ps(x[0]);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float lanes[8], best;
+    _mm256_storeu_ps(lanes, m);
+    best = lanes[0];
+    for (int l = 1; l < 8; l++) if (lanes[l] > best) best = lanes[l];
+    for (; i < n; i++) if (x[i] > best) best = x[i];
+    __m256 b = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz(hit);
+    }
+    for (; i < n; i++) if (x[i] == best) return i;
+    return 0;
+}
+#endif
+
+static int argmax(const float *x, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) return argmax_avx2(x, n);
+#endif
+    return argmax_scalar(x, n);
+}
+
 /* larger value first; equal values by smaller id, so ties resolve the same way everywhere */
 static int cand_cmp(const void *a, const void *b) {
     const cand_t *x = a, *y = b;
@@ -131,7 +169,7 @@ void sample_row(float *logits, int vocab, const sample_params_t *sp, int positio
     }
     int chosen = 0;
     if (sp->temperature <= 0.0f) {                           /* greedy: first maximum */
-        for (int i = 1; i < vocab; i++) if (logits[i] > logits[chosen]) chosen = i;
+        chosen = argmax(logits, vocab);
     } else {
         float m = -INFINITY;
         for (int i = 0; i < vocab; i++) m = fmaxf(m, logits[i]);

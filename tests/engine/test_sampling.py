@@ -78,6 +78,39 @@ def test_greedy_is_argmax_first_on_ties():
     assert {sample(x, pos, temperature=0.0, top_k=1, top_p=0.1, seed=pos)[0] for pos in range(20)} == {1}
 
 
+GREEDY_CASES = [
+    ("ties keep the first", [1.0, 3.0, 0.0, 3.0] * 10 + [3.0]),
+    ("maximum in the tail after the last group of 8", [0.0] * 37 + [5.0, 1.0]),
+    ("maximum in the first lane", [9.0] + [1.0] * 40),
+    ("NaNs are skipped", [1.0, float("nan"), 2.0] * 9 + [float("nan"), 0.5]),
+    ("a NaN at index 0 wins, as in a scan", [float("nan")] + [1.0] * 30),
+    ("-0.0 and 0.0 tie: the first wins", [-1.0] * 9 + [-0.0, 0.0, -0.0] + [-2.0] * 20),
+    ("all -inf", [float("-inf")] * 33),
+    ("shorter than a vector", [0.1, 0.7, 0.7]),
+]
+
+
+@pytest.mark.parametrize("name,logits", GREEDY_CASES, ids=[c[0] for c in GREEDY_CASES])
+def test_greedy_pick_is_the_same_on_every_path(name, logits):
+    def scan(x):   # the definition: the first index whose value beats every earlier one
+        best = 0
+        for i in range(1, len(x)):
+            if x[i] > x[best]:
+                best = i
+        return best
+    expected = scan(logits)
+    old = _cpu.get_path()
+    try:
+        for path in ("scalar", "avx2", "avx512vnni", "avxvnni"):
+            try:
+                _cpu.set_path(path)
+            except ValueError:
+                continue   # not on this CPU
+            assert sample(logits, temperature=0.0)[0] == expected, (name, path)
+    finally:
+        _cpu.set_path(old)
+
+
 def test_top_k_1_and_tiny_top_p_are_greedy():
     rng = np.random.default_rng(1)
     x = rng.standard_normal(500).astype(np.float32)
