@@ -1,12 +1,16 @@
-/* Rotary embeddings: per-position tables computed once at load, applied to q and k of each token. One
- * implementation for every path (no SIMD variant), so the paths agree trivially. */
+/* Rotary embeddings: per-position tables computed once at load, applied to q and k of each token. The AVX2
+ * variant does the same IEEE operations per element (two products, then their difference or sum), so the paths
+ * give the same bits. */
 #include <math.h>
 #include <stdlib.h>
 #include "inferd.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* cos_sin: (head_dim/2, 2) for this position. neox pairs (i, i + head_dim/2) as Hugging Face does;
  * otherwise adjacent pairs (2i, 2i+1), the layout llama.cpp's converter gives llama GGUF files. */
-void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox) {
+static void rope_scalar(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox) {
     int half = head_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = vec + h * head_dim;
@@ -18,6 +22,43 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
             v[b] = x0 * s + x1 * c;
         }
     }
+}
+
+#if defined(__x86_64__)
+/* head_dim is a multiple of 16 here, so every group of 8 is whole */
+__attribute__((target("avx2,fma,f16c")))
+static void rope_avx2(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox) {
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + h * head_dim;
+        if (neox) {
+            for (int i = 0; i < half; i += 8) {
+                __m256 p = _mm256_loadu_ps(cos_sin + 2 * i), q = _mm256_loadu_ps(cos_sin + 2 * i + 8);
+                __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p, q, 0x88)), 0xD8));
+                __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(p, q, 0xDD)), 0xD8));
+                __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + half);
+                _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s)));
+                _mm256_storeu_ps(v + i + half, _mm256_add_ps(_mm256_mul_ps(x0, s), _mm256_mul_ps(x1, c)));
+            }
+        } else {
+            /* lanes hold pairs (x0, x1): even lanes x0*c - x1*s, odd lanes x1*c + x0*s (the scalar x0*s + x1*c:
+             * a sum of the same two products) */
+            for (int i = 0; i < head_dim; i += 8) {
+                __m256 cs = _mm256_loadu_ps(cos_sin + i), x = _mm256_loadu_ps(v + i);
+                __m256 a = _mm256_mul_ps(x, _mm256_moveldup_ps(cs));
+                __m256 b = _mm256_mul_ps(_mm256_permute_ps(x, 0xB1), _mm256_movehdup_ps(cs));
+                _mm256_storeu_ps(v + i, _mm256_addsub_ps(a, b));
+            }
+        }
+    }
+}
+#endif
+
+void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR && head_dim % 16 == 0) { rope_avx2(vec, n_heads, head_dim, cos_sin, neox); return; }
+#endif
+    rope_scalar(vec, n_heads, head_dim, cos_sin, neox);
 }
 
 /* Per-position tables, computed once at load: (context_length, head_dim/2, 2). Llama 3 scaling stretches
@@ -54,7 +95,6 @@ int model_init_rope(model_t *m) {
 
 /* out: (n) f16, rounded to nearest even; F16C's conversion and f32_to_f16 give the same bits */
 #if defined(__x86_64__)
-#include <immintrin.h>
 __attribute__((target("avx2,f16c"))) static void store_f16_avx2(const float *x, uint16_t *out, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
