@@ -185,6 +185,8 @@ cdef class Model:
         c.rope_original_ctx = config.get("rope_original_ctx", 8192)
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
             raise ValueError("unsupported head layout")
+        if c.dim % 32 or c.hidden % 32:
+            raise ValueError(f"dim {c.dim} and hidden {c.hidden} must be multiples of 32 (8-bit activation blocks)")
         self._keep = []
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:
@@ -248,7 +250,7 @@ cdef class Model:
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-               "matmul gate|up", "swiglu", "matmul down", "matmul output", "sample")
+               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample")
 
 SAMPLE_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "seed", "num_logprobs", "history_offset", "history_len", "num_prompt",

@@ -21,6 +21,7 @@ typedef struct {
     const float *gamma;      /* rmsnorm weights or NULL */
     float *out;              /* (ntok, in_dim) normed copy (NULL: normalize nothing, quantize `in`) */
     int ntok, in_dim;
+    const block_q8x *xq;     /* the matmul's quantized input: (ntok, in_dim / 32) */
     float *y;                /* (ntok, ldy) */
     int ldy, accumulate;
     int heads_per_item, items_per_run;   /* attention: KV heads per item, items per run */
@@ -51,7 +52,28 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     const float *x = s->gamma ? s->out : s->in;
-    matmul_tiles(s->w, (int)begin, (int)end, s->ntok, x, s->c->xq, s->y, s->ldy, s->accumulate);
+    matmul_tiles(s->w, (int)begin, (int)end, s->ntok, x, s->xq, s->y + begin * TILE_ROWS, s->ldy, s->accumulate);
+}
+
+/* One item = 32 hidden units: the 8 tiles of Wgu holding their gate rows then their up rows (weights.py orders
+ * them so) give gate and up for every token; h = silu(gate) * up is then quantized as the down projection's
+ * input block right away, while it is in cache, instead of in a pass of its own over the whole (tokens, 2 hidden)
+ * result. h is copied out in floats only for a float-weight down projection, the one reader of c->h. */
+static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    int hidden = c->model->cfg.hidden, nb = hidden / QK, half = QK / TILE_ROWS, T = s->ntok;
+    int float_down = !weight_is_quantized(c->model->layers[s->layer].wdown.type);
+    float *g = c->gu + (size_t)thread * c->max_tokens * 2 * QK, *u = g + (size_t)c->max_tokens * QK;  /* (T, 32) */
+    for (int64_t j = begin; j < end; j++) {
+        int tile = (int)j * 2 * half;
+        matmul_tiles(s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
+        matmul_tiles(s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
+        swiglu(g, u, g, T * QK);                                              /* h, in place of gate */
+        quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */
+        if (float_down)
+            for (int t = 0; t < T; t++) memcpy(c->h + (size_t)t * hidden + j * QK, g + (size_t)t * QK, QK * sizeof(float));
+    }
 }
 
 /* QKV bias, RoPE on q and k, k and v written to the cache at the token's position */
@@ -125,20 +147,6 @@ static int attention_runs(context_t *c, const batch_t *b) {
     return n;
 }
 
-/* h = silu(gate) * up, then quantized for the down projection */
-static void swiglu_fn(void *arg, int64_t begin, int64_t end, int thread) {
-    stage_t *s = arg;
-    context_t *c = s->c;
-    int hidden = c->model->cfg.hidden;
-    (void)thread;
-    for (int64_t t = begin; t < end; t++) {
-        const float *g = c->gu + t * 2 * hidden, *u = g + hidden;
-        float *h = c->h + t * hidden;
-        swiglu(g, u, h, hidden);
-        quantize_act(h, hidden, c->xq + t * (hidden / QK));
-    }
-}
-
 static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     context_t *c = s->c;
@@ -178,7 +186,7 @@ static void matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float
 }
 
 static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma) {
-    s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->out = c->xn;
+    s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->out = c->xn; s->xq = c->xq;
     run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
@@ -219,6 +227,8 @@ int forward(context_t *c, const batch_t *b) {
     int64_t attn_chunk = attn_items / (threads * 2);
     attn_chunk = attn_chunk < 1 ? 1 : attn_chunk > 8 ? 8 : attn_chunk;
 
+    int gate_up_chunk = cfg->hidden / QK / (threads * 8) > 1 ? cfg->hidden / QK / (threads * 8) : 1;
+
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -231,9 +241,9 @@ int forward(context_t *c, const batch_t *b) {
         prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL);
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm);                  /* xn = rmsnorm(x) */
-        matmul(c, STAGE_GATE_UP, &s, &L->wgu, c->gu, 0);                           /* gate|up = Wgu xn */
-        run(c, STAGE_SWIGLU, T, 4, swiglu_fn, &s);                                /* h = silu(gate) * up */
-        s.in = c->h; s.in_dim = cfg->hidden; s.gamma = NULL;
+        s.w = &L->wgu;                                             /* h = silu(Wgate xn) * (Wup xn) */
+        run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, gate_up_chunk, gate_up_swiglu_fn, &s);
+        s.in = c->h; s.in_dim = cfg->hidden; s.gamma = NULL; s.xq = c->xq_h;
         matmul(c, STAGE_DOWN, &s, &L->wdown, c->x, 1);                          /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
@@ -269,14 +279,15 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));
     c->xn = malloc((size_t)max_tokens * wide * sizeof(float));
     c->qkv = malloc((size_t)max_tokens * qkv_dim * sizeof(float));
-    c->gu = malloc((size_t)max_tokens * 2 * cfg->hidden * sizeof(float));
+    c->gu = malloc((size_t)nt * max_tokens * 2 * QK * sizeof(float));
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
     c->runs = malloc((size_t)(max_tokens + 1) * sizeof(int32_t));
     c->xq = malloc((size_t)max_tokens * (widest_in / QK) * sizeof(block_q8x));
+    c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
     c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
-    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->qkv || !c->gu || !c->h || !c->xq ||
+    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->qkv || !c->gu || !c->h || !c->xq || !c->xq_h ||
         !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs) {
         context_free(c);
         return NULL;
@@ -288,6 +299,6 @@ void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->qkv); free(c->gu); free(c->h);
-    free(c->xq); free(c->runs); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
+    free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
     free(c);
 }

@@ -79,7 +79,9 @@ double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per s
 
 /* ---- kernels (pure functions over typed buffers) ---- */
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */
-/* y[t, rows] (+)= W x[t] for tiles [tile_begin, tile_end); x: (ntok, cols) f32, xq: (ntok, cols/32) */
+void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride);   /* block b to out[b * stride] */
+/* y[t, rows - 8 * tile_begin] (+)= W x[t] for the rows of tiles [tile_begin, tile_end); x: (ntok, cols) f32,
+ * xq: (ntok, cols/32); y's first column is tile_begin's first row */
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
@@ -135,7 +137,7 @@ typedef struct {
     float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
     weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
     weight_t wo;                       /* (dim, q_dim) */
-    weight_t wgu;                      /* (2 hidden, dim): gate rows then up rows */
+    weight_t wgu;                      /* (2 hidden, dim): per 32 hidden units, their 32 gate rows then 32 up rows */
     weight_t wdown;                    /* (dim, hidden) */
 } layer_t;
 
@@ -172,8 +174,8 @@ typedef struct {
 } batch_t;
 
 /* stages of a step, for the optional profile */
-enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP,
-       STAGE_SWIGLU, STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, NUM_STAGES };
+enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP_SWIGLU,
+       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, NUM_STAGES };
 
 typedef struct {
     const model_t *model;
@@ -187,9 +189,10 @@ typedef struct {
     float *x;                          /* (max_tokens, dim) residual stream */
     float *xn;                         /* (max_tokens, max(dim, q_dim)) normed input / attention output */
     float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
-    float *gu;                         /* (max_tokens, 2 hidden) */
+    float *gu;                         /* (threads, max_tokens, 64): gate and up of 32 hidden units */
     float *h;                          /* (max_tokens, hidden) */
-    block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) */
+    block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) the matmuls' quantized input */
+    block_q8x *xq_h;                   /* (max_tokens, hidden / 32) h quantized, for the down projection */
     float *logits;                     /* (max_out, vocab) */
     float *attn_scratch;               /* (threads, attention_scratch_floats) */
     int32_t *runs;                     /* (max_tokens + 1) first token of each attention run, then num_tokens */

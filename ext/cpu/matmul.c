@@ -21,14 +21,14 @@ static inline float load_w(const weight_t *w, const uint8_t *row, int i) {
     return w->type == WT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
 }
 
-static void store_tile(float *y, int ldy, int t, int row0, int nrows, const float acc[8], int accumulate) {
-    float *o = y + (size_t)t * ldy + row0;
+static void store_tile(float *y, int ldy, int t, int ycol, int nrows, const float acc[8], int accumulate) {
+    float *o = y + (size_t)t * ldy + ycol;
     for (int r = 0; r < nrows; r++) o[r] = accumulate ? o[r] + acc[r] : acc[r];
 }
 
 /* ---------------- scalar ---------------- */
 static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y,
-                              int ldy, int accumulate) {
+                              int ldy, int ycol, int accumulate) {
     size_t rb = gguf_row_bytes(w->type, w->cols);
     for (int t = 0; t < ntok; t++) {
         float out[8];
@@ -42,12 +42,12 @@ static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, 
             for (int l = 0; l < 8; l++) c[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
             out[r] = hsum8_pairs_scalar(c);
         }
-        store_tile(y, ldy, t, row0, nrows, out, accumulate);
+        store_tile(y, ldy, t, ycol, nrows, out, accumulate);
     }
 }
 
 static void quant_tile_scalar(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,
-                              int accumulate) {
+                              int ycol, int accumulate) {
     int nb = w->cols / QK, row0 = tile * TILE_ROWS;
     int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;
     size_t bb = weight_tile_block_bytes(w->type);
@@ -82,7 +82,7 @@ static void quant_tile_scalar(const weight_t *w, int tile, int ntok, const block
                 }
             }
         }
-        store_tile(y, ldy, t, row0, nrows, acc, accumulate);
+        store_tile(y, ldy, t, ycol, nrows, acc, accumulate);
     }
 }
 
@@ -90,15 +90,15 @@ static void quant_tile_scalar(const weight_t *w, int tile, int ntok, const block
 #if defined(__x86_64__)
 #define SIMD_ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-SIMD_ATTR_AVX2 static inline void store_tile_v(float *y, int ldy, int t, int row0, int nrows, __m256 acc,
+SIMD_ATTR_AVX2 static inline void store_tile_v(float *y, int ldy, int t, int ycol, int nrows, __m256 acc,
                                                int accumulate) {
-    float *o = y + (size_t)t * ldy + row0;
+    float *o = y + (size_t)t * ldy + ycol;
     if (nrows == TILE_ROWS) {
         _mm256_storeu_ps(o, accumulate ? _mm256_add_ps(_mm256_loadu_ps(o), acc) : acc);
     } else {
         float tmp[8];
         _mm256_storeu_ps(tmp, acc);
-        store_tile(y, ldy, t, row0, nrows, tmp, accumulate);
+        store_tile(y, ldy, t, ycol, nrows, tmp, accumulate);
     }
 }
 
@@ -112,7 +112,7 @@ SIMD_ATTR_AVX2 static inline __m256 load_w8(int type, const uint8_t *row, int i)
 /* Two tokens per pass share each converted weight vector; each token keeps its own 4 accumulators in the
  * scalar order (group g into accumulator g % 4). */
 SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x,
-                                           float *y, int ldy, int accumulate) {
+                                           float *y, int ldy, int ycol, int accumulate) {
     size_t rb = gguf_row_bytes(w->type, w->cols);
     int ng = w->cols / 8;
     for (int t = 0; t < ntok; t += 2) {
@@ -144,8 +144,8 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
             out0[r] = hsum8_pairs(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
             out1[r] = hsum8_pairs(_mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
         }
-        store_tile(y, ldy, t, row0, nrows, out0, accumulate);
-        if (pair) store_tile(y, ldy, t + 1, row0, nrows, out1, accumulate);
+        store_tile(y, ldy, t, ycol, nrows, out0, accumulate);
+        if (pair) store_tile(y, ldy, t + 1, ycol, nrows, out1, accumulate);
     }
 }
 
@@ -181,7 +181,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
 /* NTOK tokens (starting at xq, token stride nb blocks) against one tile of TYPE. With one token, two accumulator
  * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
 #define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, VNNI)                       \
-    ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int row0,     \
+    ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int ycol,     \
                           int nrows, int accumulate) {                                                       \
         enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1, CORR_IN_SUM = (VNNI) };               \
         const size_t bb = (TYPE) == WT_Q4_0 ? 144 : (TYPE) == WT_Q4_1 ? 160 : 272;                         \
@@ -233,7 +233,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
-        for (int k = 0; k < (NTOK); k++) store_tile_v(y, ldy, k, row0, nrows, acc[k], accumulate);         \
+        for (int k = 0; k < (NTOK); k++) store_tile_v(y, ldy, k, ycol, nrows, acc[k], accumulate);         \
     }
 
 /* One path: kernels for each type with NT tokens at a time and with one, and the driver over a tile. */
@@ -245,7 +245,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
     DEFINE_TILE_KERNEL(PATH##_q8_0_n, ATTR, WT_Q8_0, NT, STEP, COMBINE, FINISH, VNNI)                         \
     DEFINE_TILE_KERNEL(PATH##_q8_0_1, ATTR, WT_Q8_0, 1, STEP, COMBINE, FINISH, VNNI)                          \
     static void PATH(const weight_t *w, int tile, int ntok, const block_q8x *xq, float *y, int ldy,          \
-                     int accumulate) {                                                                       \
+                     int ycol, int accumulate) {                                                             \
         int nb = w->cols / QK, row0 = tile * TILE_ROWS;                                                     \
         int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;                                \
         const uint8_t *base = w->data + (size_t)tile * nb * weight_tile_block_bytes(w->type);              \
@@ -253,16 +253,16 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
         for (; t + (NT) <= ntok; t += (NT)) {                                                               \
             const block_q8x *x = xq + (size_t)t * nb;                                                       \
             float *yt = y + (size_t)t * ldy;                                                                \
-            if (w->type == WT_Q4_0) PATH##_q4_0_n(base, nb, x, yt, ldy, row0, nrows, accumulate);          \
-            else if (w->type == WT_Q4_1) PATH##_q4_1_n(base, nb, x, yt, ldy, row0, nrows, accumulate);     \
-            else PATH##_q8_0_n(base, nb, x, yt, ldy, row0, nrows, accumulate);                             \
+            if (w->type == WT_Q4_0) PATH##_q4_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);     \
+            else PATH##_q8_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);                             \
         }                                                                                                   \
         for (; t < ntok; t++) {                                                                             \
             const block_q8x *x = xq + (size_t)t * nb;                                                       \
             float *yt = y + (size_t)t * ldy;                                                                \
-            if (w->type == WT_Q4_0) PATH##_q4_0_1(base, nb, x, yt, ldy, row0, nrows, accumulate);          \
-            else if (w->type == WT_Q4_1) PATH##_q4_1_1(base, nb, x, yt, ldy, row0, nrows, accumulate);     \
-            else PATH##_q8_0_1(base, nb, x, yt, ldy, row0, nrows, accumulate);                             \
+            if (w->type == WT_Q4_0) PATH##_q4_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);     \
+            else PATH##_q8_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);                             \
         }                                                                                                   \
     }
 
@@ -278,21 +278,22 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
                   const block_q8x *xq, float *y, int ldy, int accumulate) {
     int path = cpu_path();
     for (int tile = tile_begin; tile < tile_end; tile++) {
+        int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */
         if (!weight_is_quantized(w->type)) {
             int row0 = tile * TILE_ROWS, nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;
 #if defined(__x86_64__)
-            if (path != PATH_SCALAR) { float_rows_avx2(w, row0, nrows, ntok, x, y, ldy, accumulate); continue; }
+            if (path != PATH_SCALAR) { float_rows_avx2(w, row0, nrows, ntok, x, y, ldy, ycol, accumulate); continue; }
 #endif
-            float_rows_scalar(w, row0, nrows, ntok, x, y, ldy, accumulate);
+            float_rows_scalar(w, row0, nrows, ntok, x, y, ldy, ycol, accumulate);
             continue;
         }
         switch (path) {
 #if defined(__x86_64__)
-        case PATH_AVX2: quant_tile_avx2(w, tile, ntok, xq, y, ldy, accumulate); break;
-        case PATH_AVX512VNNI: quant_tile_512vnni(w, tile, ntok, xq, y, ldy, accumulate); break;
-        case PATH_AVXVNNI: quant_tile_avxvnni(w, tile, ntok, xq, y, ldy, accumulate); break;
+        case PATH_AVX2: quant_tile_avx2(w, tile, ntok, xq, y, ldy, ycol, accumulate); break;
+        case PATH_AVX512VNNI: quant_tile_512vnni(w, tile, ntok, xq, y, ldy, ycol, accumulate); break;
+        case PATH_AVXVNNI: quant_tile_avxvnni(w, tile, ntok, xq, y, ldy, ycol, accumulate); break;
 #endif
-        default: quant_tile_scalar(w, tile, ntok, xq, y, ldy, accumulate);
+        default: quant_tile_scalar(w, tile, ntok, xq, y, ldy, ycol, accumulate);
         }
     }
 }

@@ -11,31 +11,33 @@
 /* ---- activations ----
  * q = nearbyint(x * (127 / amax)) in round-to-nearest-even, which is what cvtps2dq does, so the SIMD
  * routine below writes exactly these bytes. */
-static void quantize_act_scalar(const float *x, int n, block_q8x *out) {
+static void quantize_act_scalar(const float *x, int n, block_q8x *out, size_t stride) {
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
+        block_q8x *o = out + (size_t)b * stride;
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t isum = 0;
         for (int i = 0; i < QK; i++) {
             int q = (int)nearbyintf(xb[i] * id);
-            out[b].qs[i] = (int8_t)q;
+            o->qs[i] = (int8_t)q;
             isum += q;
         }
-        out[b].d = d;
-        out[b].isum = isum;
-        out[b].q4_corr = -8 * isum;
-        out[b].q8_corr = -128 * isum;
+        o->d = d;
+        o->isum = isum;
+        o->q4_corr = -8 * isum;
+        o->q8_corr = -128 * isum;
     }
 }
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma")))
-static void quantize_act_avx2(const float *x, int n, block_q8x *out) {
+static void quantize_act_avx2(const float *x, int n, block_q8x *out, size_t stride) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
+        block_q8x *o = out + (size_t)b * stride;
         __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
         __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
         __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
@@ -56,21 +58,23 @@ static void quantize_act_avx2(const float *x, int n, block_q8x *out) {
         __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
         __m256i p8 = _mm256_packs_epi16(p16a, p16b);
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)out[b].qs, p8);
-        out[b].d = d;
-        out[b].isum = _mm_cvtsi128_si32(s4);
-        out[b].q4_corr = -8 * out[b].isum;
-        out[b].q8_corr = -128 * out[b].isum;
+        _mm256_storeu_si256((__m256i *)o->qs, p8);
+        o->d = d;
+        o->isum = _mm_cvtsi128_si32(s4);
+        o->q4_corr = -8 * o->isum;
+        o->q8_corr = -128 * o->isum;
     }
 }
 #endif
 
-void quantize_act(const float *x, int n, block_q8x *out) {
+void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride) {
 #if defined(__x86_64__)
-    if (cpu_path() != PATH_SCALAR) { quantize_act_avx2(x, n, out); return; }
+    if (cpu_path() != PATH_SCALAR) { quantize_act_avx2(x, n, out, stride); return; }
 #endif
-    quantize_act_scalar(x, n, out);
+    quantize_act_scalar(x, n, out, stride);
 }
+
+void quantize_act(const float *x, int n, block_q8x *out) { quantize_act_strided(x, n, out, 1); }
 
 /* ---- GGUF block formats ---- */
 size_t gguf_row_bytes(int type, int cols) {

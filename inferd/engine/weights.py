@@ -32,13 +32,22 @@ def _convert(t, target: str) -> np.ndarray:
     return _cpu.quantize(x, target)
 
 
-def fuse(parts) -> tuple:
-    """(type, rows, cols, data) of the row-wise concatenation of `parts`."""
+def fuse(parts, interleave: int = 0) -> tuple:
+    """(type, rows, cols, data) of the row-wise concatenation of `parts`; with `interleave`, of their groups of that
+    many rows in turn (group 0 of every part, then group 1, ...), so that one stretch of rows holds the same units
+    of every part."""
     target = min((p.type for p in parts), key=PRECISION.index)
     cols = parts[0].cols
     if any(p.cols != cols for p in parts):
         raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
-    data = np.concatenate([_convert(p, target) for p in parts], axis=0)
+    datas = [np.asarray(_convert(p, target)) for p in parts]
+    if interleave:
+        if any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
+            raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
+        groups = [d.reshape(parts[0].rows // interleave, interleave, -1) for d in datas]
+        data = np.stack(groups, axis=1).reshape(len(parts) * parts[0].rows, -1)
+    else:
+        data = np.concatenate(datas, axis=0)
     return (target, sum(p.rows for p in parts), cols, data)
 
 
@@ -76,6 +85,8 @@ def build_cpu_model(model) -> _cpu.Model:
             bias = np.concatenate([_to_f32(ts[p + f"attn_{x}.bias"]).reshape(-1) for x in "qkv"])
             tensors[p + "qkv_bias"] = ("F32", 1, bias.size, bias)
         tensors[p + "wo"] = _spec(ts[p + "attn_output.weight"])
-        tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]])
+        # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies SwiGLU and
+        # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)
+        tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]], interleave=32)
         tensors[p + "wdown"] = _spec(ts[p + "ffn_down.weight"])
     return _cpu.Model(config, tensors)
