@@ -1,17 +1,20 @@
 """Serving benchmark: `inferd serve` vs `llama-server` under closed-loop streaming clients, in one run.
 
-    python bench/serve.py [-t 2] [--concurrency 1,4,8,16] [--rounds 4] [--quick] [--model smollm2-q4_0]
+    python bench/serve.py [-t 2] [--concurrency 1,4,8,16] [--rounds 4] [--repeats 3] [--quick] [--model smollm2-q4_0]
 
 For each concurrency c, each server in turn runs as a subprocess on 127.0.0.1 (llama-server with -np c, a context
 of c slots, the same GGUF and threads; inferd with the same threads), gets one warm-up request, then c clients each
-send `rounds` streaming /v1/completions requests back to back (closed loop). Every request has its own prompt of
+send `rounds` streaming /v1/completions requests back to back (closed loop). The pair runs `repeats` times,
+alternating (llama, inferd, llama, inferd, ...), and each server's repeats are pooled: on a machine whose speed
+drifts from minute to minute (a shared VM moved single runs by 15%), both servers then see the same conditions. Every request has its own prompt of
 about 100 tokens (different offsets into a long text, so no two share a prefix block) and generates exactly 64
 tokens (`ignore_eos`, greedy). Measured per server and c:
   throughput  output tokens / wall time of the whole level (first request sent -> last one finished)
   TTFT        request sent -> first text chunk (p50, p95)
   ITL         gap between consecutive text chunks (p50; a chunk is one token for both servers here)
 Prints a markdown table with the inferd/llama ratios, and writes it with the raw numbers (JSON) and a PNG plot
-under bench/results/. --quick: c = 1 and 4, 2 rounds (checks that the script works, numbers are noisy).
+under bench/results/, with each repeat's own throughput ratio. --quick: c = 1 and 4, 2 rounds, 1 repeat (checks
+that the script works, numbers are noisy).
 """
 from __future__ import annotations
 
@@ -162,6 +165,15 @@ class LevelResult:
     def itl(self, q: float) -> float:
         return percentile(self.itls, q)
 
+    def add(self, other: "LevelResult") -> None:
+        """Pool another repeat of the same level: throughput becomes all tokens over all wall time."""
+        self.requests += other.requests
+        self.output_tokens += other.output_tokens
+        self.wall_s += other.wall_s
+        self.ttfts += other.ttfts
+        self.itls += other.itls
+        self.errors += other.errors
+
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
@@ -299,38 +311,53 @@ def plot(results: dict[int, dict[str, LevelResult]], path: Path, title: str) -> 
 async def main_async(args) -> int:
     levels = [1, 4] if args.quick else [int(c) for c in args.concurrency.split(",")]
     rounds = 2 if args.quick else args.rounds
+    repeats = 1 if args.quick else args.repeats
     bin_dir = llama_bin()
     path = model_file(args.model, bin_dir)
-    per_server = sum(c * rounds for c in levels)
+    per_server = sum(c * rounds for c in levels) * repeats
     prompts = make_prompts(path, 2 * per_server)
     log_dir = Path(tempfile.mkdtemp(prefix="inferd-bench-serve-"))   # the servers' output, for post-mortems
     extra = args.inferd_args.split() if args.inferd_args else []
     from inferd import _cpu
     title = (f"inferd vs llama-server, {path.name}, {args.threads} threads, {_cpu.get_path()} kernels, "
-             f"{PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output tokens, {rounds} requests per client")
+             f"{PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output tokens, {rounds} requests per client, "
+             f"{repeats} alternating repeats pooled")
     print(title, flush=True)
     warning = busy_warning()
     if warning:
         print("WARNING: " + warning, flush=True)
 
     results: dict[int, dict[str, LevelResult]] = {}
+    spread: dict[int, list[float]] = {}    # per-repeat throughput ratios
     used = 0
     for c in levels:
         results[c] = {}
-        for server in (llama_server(bin_dir, path, args.threads, c), inferd_server(path, args.threads, c, extra)):
-            mine = prompts[used:used + c * rounds]
-            used += c * rounds
-            r = await bench_server(server, c, mine, log_dir)
-            results[c][server.name] = r
-            print(f"c={c:<3} {server.name:<13} {r.throughput:7.1f} tok/s  TTFT p50 {r.ttft(0.5) * 1e3:7.1f} ms  "
-                  f"p95 {r.ttft(0.95) * 1e3:7.1f} ms  ITL p50 {r.itl(0.5) * 1e3:6.1f} ms  "
-                  f"({r.requests} requests, {r.wall_s:.1f} s{', ERRORS: ' + str(len(r.errors)) if r.errors else ''})",
-                  flush=True)
-            for e in r.errors[:3]:
-                print(f"    {e}", flush=True)
+        spread[c] = []
+        # llama, inferd, llama, inferd, ...: a machine whose speed drifts (a shared VM) slows both alike
+        for rep in range(repeats):
+            this = {}
+            for server in (llama_server(bin_dir, path, args.threads, c), inferd_server(path, args.threads, c, extra)):
+                mine = prompts[used:used + c * rounds]
+                used += c * rounds
+                r = await bench_server(server, c, mine, log_dir)
+                this[server.name] = r
+                print(f"c={c:<3} {server.name:<13} {r.throughput:7.1f} tok/s  TTFT p50 {r.ttft(0.5) * 1e3:7.1f} ms  "
+                      f"p95 {r.ttft(0.95) * 1e3:7.1f} ms  ITL p50 {r.itl(0.5) * 1e3:6.1f} ms  ({r.requests} requests, "
+                      f"{r.wall_s:.1f} s{', ERRORS: ' + str(len(r.errors)) if r.errors else ''})", flush=True)
+                for e in r.errors[:3]:
+                    print(f"    {e}", flush=True)
+                if server.name in results[c]:
+                    results[c][server.name].add(r)
+                else:
+                    results[c][server.name] = r
+            if this["llama-server"].throughput:
+                spread[c].append(this["inferd"].throughput / this["llama-server"].throughput)
 
     stamp = time.strftime("%Y-%m-%d %H:%M")
     lines = [f"# {title} ({stamp})", ""] + table(results)
+    if repeats > 1:
+        lines += ["", "Throughput ratio of each repeat on its own: " + "; ".join(
+            f"c={c}: " + ", ".join(f"{x:.2f}x" for x in xs) for c, xs in spread.items())]
     if warning:
         lines += ["", f"**Warning**: {warning}."]
     errors = sum(len(r.errors) for pair in results.values() for r in pair.values())
@@ -341,7 +368,7 @@ async def main_async(args) -> int:
     suffix = "-quick" if args.quick else ""
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"serve{suffix}.md").write_text(report)
-    raw = {str(c): {name: {"requests": r.requests, "output_tokens": r.output_tokens, "wall_s": r.wall_s,
+    raw = {str(c): {name: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens, "wall_s": r.wall_s,
                            "throughput": r.throughput, "ttft_p50": r.ttft(0.5), "ttft_p95": r.ttft(0.95),
                            "itl_p50": r.itl(0.5), "errors": r.errors}
                     for name, r in pair.items()} for c, pair in results.items()}
@@ -382,6 +409,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="1,4,8,16", help="comma-separated client counts")
     ap.add_argument("--rounds", type=int, default=4, help="requests per client at each concurrency")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="times each level runs per server, alternating the servers; the table pools them")
     ap.add_argument("--quick", action="store_true", help="c = 1 and 4, 2 rounds: check that it works")
     ap.add_argument("--model", default="smollm2-q4_0", help="smollm2-q4_0|q4_1|q8_0 (see vs_llamacpp.py)")
     ap.add_argument("--inferd-args", default="", help="extra `inferd serve` options, e.g. '--speculative'")
