@@ -111,12 +111,6 @@ ATTN_AVX2 static inline __m256 load_h8(const uint16_t *h) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* the four horizontal sums of v[0..3], each in hsum8_pairs' order (hsum8x8_pairs cut to four vectors) */
-ATTN_AVX2 static inline __m128 hsum4x8_pairs(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 /* Four keys at a time against every row of the set: each converted key vector feeds NR fma chains. Inlined with
  * NR constant (1 to ROWS_PER_SET) so the chains live in registers. */
 #define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))

@@ -89,7 +89,7 @@ void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out); 
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
-#define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence that share one conversion of each KV block */
+#define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
 size_t attention_scratch_floats(int n_heads, int head_dim);
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,

@@ -171,12 +171,14 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
 #define VNNI_COMBINE(Q8, a, b) _mm256_add_epi32(a, b)
 #define VNNI_FINISH(Q8, a) (a)
 
-/* With several tokens, each block fetches the same block PREFETCH_TILES tiles ahead into L2: the arithmetic per
- * byte is high enough that the hardware prefetcher alone falls behind on matrices that stream from memory (decode
- * steps of a batch, the 49152-row output matrix). A/B medians on a decode step of 8 sequences (SmolLM2 Q4_0, 2
- * threads): none 9.80 ms, 2 tiles into L1 8.40, 8 tiles into L2 8.10; 4 to 24 tiles and the other hints were
- * within noise of these. One token streams the weights at the memory's pace and is best left to the hardware:
- * TinyLlama-shaped tg 52.6 tok/s without, 45.8 with 8 tiles. */
+/* Each block fetches the same block PREFETCH_TILES tiles ahead into L2 when the hardware prefetcher alone falls
+ * behind: with several tokens the arithmetic per byte is high enough for that on matrices that stream from memory
+ * (decode steps of a batch, the 49152-row output matrix), and a single token's small matrices (a few hundred KB)
+ * end before it has ramped up. A single token streaming a large matrix runs at the memory's pace and is best left to
+ * the hardware. A/B medians: decode step of 8 sequences (SmolLM2 Q4_0, 2 threads) none 9.80 ms, 2 tiles into L1
+ * 8.40, 8 tiles into L2 8.10 (4 to 24 tiles and the other hints within noise); single-token tg with 8 tiles vs
+ * none: SmolLM2 229 vs 215 tok/s, TinyLlama-shaped 45 vs 48.6. */
+#define SMALL_MATRIX_BYTES (2u << 20)
 #define PREFETCH_TILES 8
 static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
@@ -184,7 +186,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
  * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
 #define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, VNNI)                       \
     ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int ycol,     \
-                          int nrows, int accumulate) {                                                       \
+                          int nrows, int accumulate, int prefetch) {                                         \
         enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1, CORR_IN_SUM = (VNNI) };               \
         const size_t bb = (TYPE) == WT_Q4_0 ? 144 : (TYPE) == WT_Q4_1 ? 160 : 272;                         \
         const int qoff = (TYPE) == WT_Q4_1 ? 32 : 16;                                                       \
@@ -193,7 +195,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
         for (int k = 0; k < (NTOK); k++) acc[k] = _mm256_setzero_ps();                                      \
         for (int b = 0; b < nb; b++) {                                                                      \
             const uint8_t *blk = base + b * bb;                                                             \
-            if ((NTOK) > 1)                                                                                 \
+            if ((NTOK) > 1 || prefetch)                                                                     \
                 for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + PREFETCH_TILES * nb * bb + o, 0, 2); \
             __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                             \
             __m256i wv[8];                                                                                  \
@@ -252,20 +254,21 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
         int nb = w->cols / QK, row0 = tile * TILE_ROWS;                                                     \
         int nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;                                \
         const uint8_t *base = w->data + (size_t)tile * nb * weight_tile_block_bytes(w->type);              \
+        int small = w->nbytes < SMALL_MATRIX_BYTES;                                                         \
         int t = 0;                                                                                          \
         for (; t + (NT) <= ntok; t += (NT)) {                                                               \
             const block_q8x *x = xq + (size_t)t * nb;                                                       \
             float *yt = y + (size_t)t * ldy;                                                                \
-            if (w->type == WT_Q4_0) PATH##_q4_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);          \
-            else if (w->type == WT_Q4_1) PATH##_q4_1_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);     \
-            else PATH##_q8_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate);                             \
+            if (w->type == WT_Q4_0) PATH##_q4_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_n(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);     \
+            else PATH##_q8_0_n(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);                             \
         }                                                                                                   \
         for (; t < ntok; t++) {                                                                             \
             const block_q8x *x = xq + (size_t)t * nb;                                                       \
             float *yt = y + (size_t)t * ldy;                                                                \
-            if (w->type == WT_Q4_0) PATH##_q4_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);          \
-            else if (w->type == WT_Q4_1) PATH##_q4_1_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);     \
-            else PATH##_q8_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate);                             \
+            if (w->type == WT_Q4_0) PATH##_q4_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);          \
+            else if (w->type == WT_Q4_1) PATH##_q4_1_1(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);     \
+            else PATH##_q8_0_1(base, nb, x, yt, ldy, ycol, nrows, accumulate, small);                             \
         }                                                                                                   \
     }
 

@@ -64,14 +64,11 @@ AVX2_FN float hsum8_pairs(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-/* the eight horizontal sums of v[0..7], each in hsum8_pairs' order */
-AVX2_FN __m256 hsum8x8_pairs(const __m256 v[8]) {
-    __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    /* lane k of the low halves holds (c0+c1)+(c2+c3) of vector k, the high halves (c4+c5)+(c6+c7) */
-    __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
-    return _mm256_add_ps(lo, hi);
+/* the four horizontal sums of v0..v3, each in hsum8_pairs' order */
+AVX2_FN __m128 hsum4x8_pairs(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    /* lane k of the low half holds (c0+c1)+(c2+c3) of vector k, of the high half (c4+c5)+(c6+c7) */
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 #endif
 #endif
