@@ -184,10 +184,10 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
 
 /* NTOK tokens (starting at xq, token stride nb blocks) against one tile of TYPE. With one token, two accumulator
  * chains split the 8 steps so the dependent dpbusd/add latency does not bound the block. */
-#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, VNNI)                       \
+#define DEFINE_TILE_KERNEL(NAME, ATTR, TYPE, NTOK, STEP, COMBINE, FINISH, VNNI)                              \
     ATTR static void NAME(const uint8_t *base, int nb, const block_q8x *xq, float *y, int ldy, int ycol,     \
                           int nrows, int accumulate, int prefetch) {                                         \
-        enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1, CORR_IN_SUM = (VNNI) };               \
+        enum { Q8 = (TYPE) == WT_Q8_0, CHAINS = (NTOK) == 1 ? 2 : 1 };                                     \
         const size_t bb = (TYPE) == WT_Q4_0 ? 144 : (TYPE) == WT_Q4_1 ? 160 : 272;                         \
         const int qoff = (TYPE) == WT_Q4_1 ? 32 : 16;                                                       \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                          \
@@ -202,7 +202,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
             if (Q8) {                                                                                       \
                 for (int j = 0; j < 8; j++) {                                                               \
                     wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));                       \
-                    if (VNNI) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));         \
+                    if (VNNI) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));                \
                 }                                                                                           \
             } else {                                                                                        \
                 for (int p = 0; p < 4; p++) {                                                               \
@@ -213,7 +213,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
             }                                                                                               \
             __m256i is[(NTOK) * CHAINS];                                                                    \
             for (int k = 0; k < (NTOK) * CHAINS; k++) is[k] = _mm256_setzero_si256();                       \
-            if (CORR_IN_SUM)   /* VNNI: the block sum starts from its correction (integer sums: any order) */ \
+            if (VNNI)   /* the block sum starts from its correction (integer sums: any order) */        \
                 for (int k = 0; k < (NTOK); k++) {                                                          \
                     const block_q8x *xb = xq + (size_t)k * nb + b;                                          \
                     if ((TYPE) == WT_Q4_0) is[k * CHAINS] = _mm256_set1_epi32(xb->q4_corr);                 \
@@ -229,7 +229,7 @@ static inline int32_t load_i32(const int8_t *p) { int32_t v; memcpy(&v, p, 4); r
                 __m256i sum = is[k * CHAINS];                                                               \
                 if (CHAINS == 2) sum = COMBINE(Q8, sum, is[k * CHAINS + 1]);                                \
                 sum = FINISH(Q8, sum);                                                                      \
-                if ((TYPE) == WT_Q4_0 && !CORR_IN_SUM) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xb->q4_corr)); \
+                if ((TYPE) == WT_Q4_0 && !(VNNI)) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xb->q4_corr)); \
                 __m256 dx = _mm256_set1_ps(xb->d);                                                          \
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, dx), acc[k]);           \
                 if ((TYPE) == WT_Q4_1) {                                                                    \
