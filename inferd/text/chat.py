@@ -49,9 +49,30 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+# Bounds on what one operator may build: a chat template comes with the model file, and one line of it such as
+# {{ 'x' * 10**9 }} would otherwise hold the event loop and gigabytes of memory for every request.
+MAX_REPEAT_LEN = 1 << 20        # items of a string or list made by `*`
+MAX_POWER_BITS = 4096           # bits of an integer made by `**`
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_REPEAT_LEN:
+                    raise jinja2.sandbox.SecurityError(f"repetition makes {len(seq) * n} items, more than "
+                                                       f"{MAX_REPEAT_LEN}")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
+                raise jinja2.sandbox.SecurityError(f"power of {right} makes more than {MAX_POWER_BITS} bits")
+        return super().call_binop(context, operator, left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTags, jinja2.ext.loopcontrols])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                          extensions=[_GenerationTags, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -89,6 +89,22 @@ def test_sandbox_refuses_escapes_and_mutation(source):
     assert msgs == [{"role": "user", "content": "x"}]
 
 
+@pytest.mark.parametrize("source", [
+    "{{ 'x' * 1000000000 }}",
+    "{{ 1000000000 * 'x' }}",
+    "{{ [0] * 10**9 }}",
+    "{{ 7 ** 100000 }}",
+])
+def test_sandbox_bounds_what_one_operator_builds(source):
+    with pytest.raises(ChatTemplateError, match="chat template failed: .*(repetition|power)"):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_sandbox_still_allows_ordinary_arithmetic():
+    t = ChatTemplate("{{ '=' * 3 }}{{ 2 ** 10 }}{{ [1, 2] * 2 }}{{ 3 * 4 }}{{ 'ab' + 'c' }}")
+    assert t.render([]) == "===1024[1, 2, 1, 2]12abc"
+
+
 def _run(stops, pieces):
     checker = StopChecker(stops)
     out, matched = [], None
