@@ -1,28 +1,13 @@
 """Every error case of the API through raw aiohttp: status, the OpenAI envelope, and a message that helps."""
 
 import asyncio
-import json
 import threading
 import time
 
 import aiohttp
 import pytest
 
-CHAT = "/v1/chat/completions"
-CMPL = "/v1/completions"
-MSG = [{"role": "user", "content": "hi"}]
-
-
-async def call(base, path, body=None, *, method="POST", raw=None, headers=None):
-    async with aiohttp.ClientSession() as s:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        async with s.request(method, base + path, data=data, headers=headers) as r:
-            text = await r.text()
-            try:
-                payload = json.loads(text)
-            except ValueError:
-                payload = text
-            return r.status, payload, r.headers
+from tests.server.http_calls import CHAT, CMPL, MSG, call
 
 
 def assert_error(status, payload, want_status, want_param=None, contains=(), type_=None):

@@ -18,21 +18,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.server.http_calls import CHAT, CMPL, MSG, call
+
 ROOT = Path(__file__).resolve().parents[2]
-CHAT = "/v1/chat/completions"
-CMPL = "/v1/completions"
-MSG = [{"role": "user", "content": "hi"}]
-
-
-async def call(base, path, body=None, *, method="POST", raw=None, headers=None):
-    async with aiohttp.ClientSession() as s:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        async with s.request(method, base + path, data=data, headers=headers) as r:
-            text = await r.text()
-            try:
-                return r.status, json.loads(text)
-            except ValueError:
-                return r.status, text
 
 
 def error_of(status, payload, want_status, param=None, contains=""):
@@ -66,7 +54,7 @@ async def test_api_keys_are_compared_in_constant_time_and_never_logged(make_serv
     for header, want in [(f"Bearer {wrong}", 401), (f"Bearer {KEYS[0]}", 200), (f"Bearer {KEYS[2]}", 200),
                          (f"Bearer {KEYS[1][:-1]}", 401), (f"Basic {KEYS[0]}", 401), (KEYS[0], 401), ("", 401)]:
         calls.clear()
-        status, payload = await call(srv.url, CMPL, {"prompt": "hi", "max_tokens": 1},
+        status, payload, _ = await call(srv.url, CMPL, {"prompt": "hi", "max_tokens": 1},
                                      headers={"Authorization": header} if header else None)
         assert status == want, (header, payload)
         assert calls == [(32, 32)] * len(KEYS), (header, calls)
@@ -161,7 +149,7 @@ def limited(loaded_model):
 
 async def test_body_size_limit_with_and_without_content_length(limited):
     big = {"prompt": "x " * 3000, "max_tokens": 1}
-    status, payload = await call(limited.url, CMPL, big)
+    status, payload, _ = await call(limited.url, CMPL, big)
     err = error_of(status, payload, 413, None, "larger than the limit of 4096 bytes")
     assert err["code"] == "request_too_large"
 
@@ -173,13 +161,13 @@ async def test_body_size_limit_with_and_without_content_length(limited):
             assert r.status == 413
             assert "larger than the limit of 4096 bytes" in (await r.json())["error"]["message"]
     # a huge header is refused by the HTTP parser, not by a crash
-    status, _ = await call(limited.url, "/v1/models", method="GET", headers={"X-Big": "a" * 100_000})
+    status, _, _ = await call(limited.url, "/v1/models", method="GET", headers={"X-Big": "a" * 100_000})
     assert status in (400, 431)
 
 
 @pytest.mark.parametrize("path", [CHAT, "/tokenize", "/v1/cache/warm"])
 async def test_message_count_limit(limited, path):
-    status, payload = await call(limited.url, path, {"messages": [{"role": "user", "content": "x"}] * 5})
+    status, payload, _ = await call(limited.url, path, {"messages": [{"role": "user", "content": "x"}] * 5})
     error_of(status, payload, 400, "messages", "too many messages: 5 > 4")
 
 
@@ -191,7 +179,7 @@ async def test_message_count_limit(limited, path):
     ("/v1/cache/warm", {"prompt": " word" * 40}, "prompt"),
 ])
 async def test_prompt_length_limit(limited, path, body, param):
-    status, payload = await call(limited.url, path, body)
+    status, payload, _ = await call(limited.url, path, body)
     err = error_of(status, payload, 400, param, "this server accepts at most 32")
     assert err["code"] == "context_length_exceeded"
 
@@ -200,14 +188,14 @@ async def test_max_tokens_limit_and_default(limited):
     for path, body, param in [(CMPL, {"prompt": "x", "max_tokens": 9}, "max_tokens"),
                               (CHAT, {"messages": MSG, "max_tokens": 9}, "max_tokens"),
                               (CHAT, {"messages": MSG, "max_completion_tokens": 1000000}, "max_completion_tokens")]:
-        status, payload = await call(limited.url, path, body)
+        status, payload, _ = await call(limited.url, path, body)
         error_of(status, payload, 400, param, "must be at most 8")
-    status, payload = await call(limited.url, CHAT, {"messages": MSG, "n": 3})
+    status, payload, _ = await call(limited.url, CHAT, {"messages": MSG, "n": 3})
     error_of(status, payload, 400, "n", "n must be at most 2")
-    status, payload = await call(limited.url, CHAT, {"messages": MSG, "stop": ["a"] * 17})
+    status, payload, _ = await call(limited.url, CHAT, {"messages": MSG, "stop": ["a"] * 17})
     error_of(status, payload, 400, "stop", "at most 16 stop sequences")
     # no max_tokens at all: the limit is the default, not the context length
-    status, payload = await call(limited.url, CHAT, {"messages": MSG, "ignore_eos": True})
+    status, payload, _ = await call(limited.url, CHAT, {"messages": MSG, "ignore_eos": True})
     assert status == 200 and payload["usage"]["completion_tokens"] == 8
 
 
@@ -258,12 +246,12 @@ async def test_hostile_template_from_a_model_file_cannot_run_code(hostile_server
                        (CHAT, {"messages": MSG, "max_tokens": 2, "stream": True}),
                        ("/tokenize", {"messages": MSG}),
                        ("/v1/cache/warm", {"messages": MSG})]:
-        status, payload = await call(srv.url, path, body)
+        status, payload, _ = await call(srv.url, path, body)
         err = error_of(status, payload, 400, "messages", "chat template failed")
         assert "unsafe" in err["message"]
     assert not mark.exists()
     # the server is fine otherwise: completions do not use the template
-    status, payload = await call(srv.url, CMPL, {"prompt": "hello", "max_tokens": 2})
+    status, payload, _ = await call(srv.url, CMPL, {"prompt": "hello", "max_tokens": 2})
     assert status == 200
 
 
@@ -274,7 +262,7 @@ async def test_every_sandbox_escape_fails_cleanly(hostile_server):
     tok = srv.state.model.tokenizer
     for attack in ATTACKS:
         srv.state.chat_template = ChatTemplate(attack.replace("MARK", str(mark)), tok.bos_token, tok.eos_token)
-        status, payload = await call(srv.url, CHAT, {"messages": MSG, "max_tokens": 2})
+        status, payload, _ = await call(srv.url, CHAT, {"messages": MSG, "max_tokens": 2})
         assert status == 400, (attack, payload)
         assert payload["error"]["message"].startswith("chat template failed"), (attack, payload)
         assert "root:" not in json.dumps(payload)
@@ -308,7 +296,7 @@ def test_model_paths_do_not_traverse(server, target):
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "..", "org/../../x", "~/.ssh/id_rsa"])
 async def test_model_field_does_not_traverse(server, name):
-    status, payload = await call(server.url, CHAT, {"model": name, "messages": MSG, "max_tokens": 1})
+    status, payload, _ = await call(server.url, CHAT, {"model": name, "messages": MSG, "max_tokens": 1})
     error_of(status, payload, 404, "model", "does not exist")
     assert "root:" not in json.dumps(payload)
 
@@ -356,11 +344,11 @@ async def test_metrics_and_logs_carry_no_prompt_text(server, caplog):
         (CHAT, {"messages": [{"role": marker, "content": "x"}]}),   # 400
     ]
     for path, body in sent:
-        status, _ = await call(server.url, path, body)
+        status, _, _ = await call(server.url, path, body)
         assert status in (200, 400, 404)
     await asyncio.sleep(0.1)
     for path in ("/metrics", "/health", "/v1/models", "/openapi.json"):
-        status, text = await call(server.url, path, method="GET")
+        status, text, _ = await call(server.url, path, method="GET")
         assert status == 200
         assert marker.lower() not in json.dumps(text).lower(), path
     assert marker not in caplog.text, "prompt text in the logs"
