@@ -192,6 +192,23 @@ def total_usage(choices: list[Choice]) -> P.UsageInfo:
 async def merged_outputs(handles: list[RequestHandle], keepalive_s: float
                          ) -> AsyncIterator[tuple[int, RequestOutput] | None]:
     """Outputs of several requests as they arrive; None when `keepalive_s` passed without any."""
+    if len(handles) == 1 and hasattr(asyncio, "timeout"):
+        # The common case (one prompt, n = 1) waits on its queue directly: no task and no asyncio.wait per token,
+        # which cost twice the event loop's time that writing the token out does (profiled at c = 8).
+        handle, queue = handles[0], handles[0].state.queue
+        while not handle.done:
+            if queue.empty():
+                try:
+                    async with asyncio.timeout(keepalive_s):
+                        out = await queue.get()
+                except TimeoutError:
+                    yield None
+                    continue
+            else:
+                out = queue.get_nowait()
+            handle.done = out.finish_reason is not None
+            yield 0, out
+        return
     tasks = {asyncio.ensure_future(h.state.queue.get()): i for i, h in enumerate(handles) if not h.done}
     try:
         while tasks:
