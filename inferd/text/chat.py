@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
@@ -53,6 +56,9 @@ def _strftime_now(fmt: str) -> str:
 # {{ 'x' * 10**9 }} would otherwise hold the event loop and gigabytes of memory for every request.
 MAX_REPEAT_LEN = 1 << 20        # items of a string or list made by `*`
 MAX_POWER_BITS = 4096           # bits of an integer made by `**`
+# Loops are bounded one by one (jinja's sandbox caps range() at 100k items), not in how they nest, so a render
+# also has a time budget; real templates render in well under a millisecond.
+RENDER_BUDGET_S = 1.0
 
 
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -98,12 +104,39 @@ class ChatTemplate:
         it), so tokenize it with add_special=False, as transformers' apply_chat_template does."""
         msgs = [_flatten(m, i) for i, m in enumerate(messages)]
         try:
-            return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt, tools=tools,
-                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            with _time_budget(RENDER_BUDGET_S):
+                return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                             tools=tools, bos_token=self.bos_token, eos_token=self.eos_token,
+                                             **extra)
+        except ChatTemplateError:
+            raise
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e.message or e}") from e
         except Exception as e:  # a template bug (e.g. a None + str) is still the template's fault, not ours
             raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+
+
+@contextmanager
+def _time_budget(seconds: float) -> Iterator[None]:
+    """Interrupts the block with ChatTemplateError after `seconds`, by SIGALRM. Signals reach only the main thread,
+    which is where the server's event loop renders; elsewhere (a test's server thread) the block is not timed."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    active = True
+
+    def expired(signum: int, frame: Any) -> None:
+        if active:   # not once the block has ended, even if the timer fired just before it was cancelled
+            raise ChatTemplateError(f"chat template took more than {seconds:g} s to render (a runaway loop?)")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        active = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @lru_cache(maxsize=32)

@@ -105,6 +105,26 @@ def test_sandbox_still_allows_ordinary_arithmetic():
     assert t.render([]) == "===1024[1, 2, 1, 2]12abc"
 
 
+def test_a_render_that_runs_away_is_stopped_by_its_time_budget(monkeypatch):
+    import signal
+    import time
+
+    import inferd.text.chat as chat
+    monkeypatch.setattr(chat, "RENDER_BUDGET_S", 0.2)
+    handler_before = signal.getsignal(signal.SIGALRM)
+    # each loop is within the sandbox's bounds; nested, they would run for hours
+    t = ChatTemplate("{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% for c in r %}"
+                     "{% endfor %}{% endfor %}{% endfor %}")
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="took more than 0.2 s to render"):
+        t.render([{"role": "user", "content": "x"}])
+    assert time.monotonic() - start < 2.0
+    # the timer is gone and the previous SIGALRM handler is back: later renders and alarms are unaffected
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == handler_before
+    assert ChatTemplate(None).render([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi")
+
+
 def _run(stops, pieces):
     checker = StopChecker(stops)
     out, matched = [], None
