@@ -25,6 +25,7 @@ typedef struct {
     float *y;                /* (ntok, ldy) */
     int ldy, accumulate;
     int heads_per_item, items_per_run;   /* attention: KV heads per item, items per run */
+    int fused_rope;                      /* attention items do their tokens' RoPE and K/V writes too */
 } stage_t;
 
 static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
@@ -78,30 +79,36 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
     }
 }
 
-/* QKV bias, RoPE on q and k, k and v written to the cache at the token's position */
-static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
-    stage_t *s = arg;
-    context_t *c = s->c;
+/* QKV bias, RoPE on q and k, and k and v written to the cache at the token's position: for token t's KV heads
+ * [h0, h0 + heads) and their query heads (each head's arithmetic is its own, so any split gives the same bits) */
+static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int heads) {
     const model_config_t *cfg = &c->model->cfg;
     const layer_t *L = &c->model->layers[s->layer];
-    int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), half = cfg->head_dim / 2;
-    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    (void)thread;
-    for (int64_t t = begin; t < end; t++) {
-        float *q = c->qkv + t * qkv_dim, *k = q + Q_DIM(cfg), *v = k + KV_DIM(cfg);
-        if (L->qkv_bias) for (int i = 0; i < qkv_dim; i++) q[i] += L->qkv_bias[i];
-        int pos = s->b->positions[t];
-        const float *cs = c->model->rope_cos_sin + (size_t)pos * half * 2;
-        rope_apply(q, cfg->n_heads, cfg->head_dim, cs, cfg->rope_neox);
-        rope_apply(k, cfg->n_kv_heads, cfg->head_dim, cs, cfg->rope_neox);
-        const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
-        size_t slot = layer_off + (size_t)bt[pos / KV_BLOCK] * KV_DIM(cfg) * KV_BLOCK;
-        for (int h = 0; h < cfg->n_kv_heads; h++) {
-            size_t off = slot + ((size_t)h * KV_BLOCK + pos % KV_BLOCK) * cfg->head_dim;
-            store_f16(k + h * cfg->head_dim, c->k_cache + off, cfg->head_dim);
-            store_f16(v + h * cfg->head_dim, c->v_cache + off, cfg->head_dim);
-        }
+    int hd = cfg->head_dim, group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
+    float *q = c->qkv + t * qkv_dim + (size_t)h0 * group * hd;
+    float *k = c->qkv + t * qkv_dim + Q_DIM(cfg) + (size_t)h0 * hd, *v = k + KV_DIM(cfg);
+    if (L->qkv_bias) {
+        const float *bq = L->qkv_bias + (size_t)h0 * group * hd, *bk = L->qkv_bias + Q_DIM(cfg) + (size_t)h0 * hd;
+        for (int i = 0; i < heads * group * hd; i++) q[i] += bq[i];
+        for (int i = 0; i < heads * hd; i++) { k[i] += bk[i]; v[i] += bk[KV_DIM(cfg) + i]; }
     }
+    int pos = s->b->positions[t];
+    const float *cs = c->model->rope_cos_sin + (size_t)pos * hd;
+    rope_apply(q, heads * group, hd, cs, cfg->rope_neox);
+    rope_apply(k, heads, hd, cs, cfg->rope_neox);
+    const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
+    size_t slot = ((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
+    for (int h = 0; h < heads; h++) {
+        size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
+        store_f16(k + h * hd, c->k_cache + off, hd);
+        store_f16(v + h * hd, c->v_cache + off, hd);
+    }
+}
+
+static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++) rope_kv_token(s->c, s, t, 0, s->c->model->cfg.n_kv_heads);
 }
 
 /* one item = (run, kv heads [h0, h0 + heads_per_item)): a run is up to ATTN_MAX_TOKENS consecutive tokens of one
@@ -129,10 +136,17 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
             next_k = c->k_cache + off;
             next_v = c->v_cache + off;
         }
+        if (s->fused_rope)
+            for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                          cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt,
                          s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd,
                          Q_DIM(cfg), scratch, next_k, next_v);
+        for (int i = 0; i < ntok; i++) {                     /* Wo's input: blocks of 32 never straddle heads */
+            size_t first = (size_t)h0 * group * hd;
+            quantize_act(c->xn + (size_t)(t + i) * Q_DIM(cfg) + first, heads * group * hd,
+                         c->xq + (size_t)(t + i) * (Q_DIM(cfg) / QK) + first / QK);
+        }
     }
 }
 
@@ -232,6 +246,12 @@ int forward(context_t *c, const batch_t *b) {
     int64_t attn_chunk = attn_items / (threads * 2);
     attn_chunk = attn_chunk < 1 ? 1 : attn_chunk > 8 ? 8 : attn_chunk;
 
+    /* Each attention item quantizes its heads' output for Wo itself. When every sequence has a single run, the item
+     * also does its tokens' RoPE and K/V writes first: no other item reads them. A sequence with several runs (a
+     * prefill chunk) needs a stage of its own for those, since its later runs read the K/V its earlier runs write.
+     * Two parallel regions fewer per layer of a decode step: 1% of its time (interleaved A/B, 8 sequences). */
+    s.fused_rope = n_runs == b->num_seqs;
+
     int gate_up_chunk = cfg->hidden / QK / (threads * 8) > 1 ? cfg->hidden / QK / (threads * 8) : 1;
 
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
@@ -241,9 +261,9 @@ int forward(context_t *c, const batch_t *b) {
         s.layer = l;
         prepare_input(c, &s, c->x, dim, L->attn_norm, &L->wqkv);                 /* rmsnorm(x) */
         matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
-        run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);                               /* rope, cache k and v */
+        if (!s.fused_rope) run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);           /* rope, cache k and v */
         run(c, STAGE_ATTENTION, attn_items, attn_chunk, attention_fn, &s);              /* xn = attention */
-        prepare_input(c, &s, c->xn, Q_DIM(cfg), NULL, &L->wo);
+        s.in = c->xn; s.in_dim = Q_DIM(cfg); s.gamma = NULL; s.out = NULL; s.xq = c->xq;  /* xq: quantized by it */
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm, &L->wgu);                   /* rmsnorm(x) */
         s.w = &L->wgu;                                             /* h = silu(Wgate xn) * (Wup xn) */
