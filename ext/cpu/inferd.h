@@ -187,7 +187,7 @@ typedef struct {
     uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16 */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
-    float *xn;                         /* (max_tokens, max(dim, q_dim)) normed input (for float weights) / attention output */
+    float *xn;                         /* (max_tokens, max(dim, q_dim)) attention output; normed input of float weights */
     float *norm_rows;                  /* (threads, dim) a token's normed row on its way to quantization */
     float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
     float *gu;                         /* (threads, max_tokens, 64): gate and up of 32 hidden units */
