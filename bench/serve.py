@@ -6,9 +6,9 @@ For each concurrency c, each server in turn runs as a subprocess on 127.0.0.1 (l
 of c slots, the same GGUF and threads; inferd with the same threads), gets one warm-up request, then c clients each
 send `rounds` streaming /v1/completions requests back to back (closed loop). The pair runs `repeats` times,
 alternating (llama, inferd, llama, inferd, ...), and each server's repeats are pooled: on a machine whose speed
-drifts from minute to minute (a shared VM moved single runs by 15%), both servers then see the same conditions. Every request has its own prompt of
-about 100 tokens (different offsets into a long text, so no two share a prefix block) and generates exactly 64
-tokens (`ignore_eos`, greedy). Measured per server and c:
+drifts from minute to minute (a shared VM moved single runs by 15%), both servers then see the same conditions.
+Every request has its own prompt of about 100 tokens (different offsets into a long text, so no two share a prefix
+block) and generates exactly 64 tokens (`ignore_eos`, greedy). Measured per server and c:
   throughput  output tokens / wall time of the whole level (first request sent -> last one finished)
   TTFT        request sent -> first text chunk (p50, p95)
   ITL         gap between consecutive text chunks (p50; a chunk is one token for both servers here)
@@ -369,7 +369,8 @@ async def main_async(args) -> int:
     suffix = "-quick" if args.quick else ""
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"serve{suffix}.md").write_text(report)
-    raw = {str(c): {name: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens, "wall_s": r.wall_s,
+    raw = {str(c): {name: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens,
+                           "wall_s": r.wall_s,
                            "throughput": r.throughput, "ttft_p50": r.ttft(0.5), "ttft_p95": r.ttft(0.95),
                            "itl_p50": r.itl(0.5), "errors": r.errors}
                     for name, r in pair.items()} for c, pair in results.items()}

@@ -1,5 +1,5 @@
 /* Causal attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query
- * heads of one KV head. Online softmax over 64-position blocks in a fixed order, so a token's output is the same
+ * heads of adjacent KV heads. Online softmax over 64-position blocks in a fixed order, so a token's output is the same
  * whatever else is in the batch.
  *
  * The query rows (token, head) are taken three at a time: each key or value is converted from f16 once per row
@@ -221,8 +221,7 @@ ATTN_AVX2 static void accumulate_v_avx2(const rowset_t *rs, const uint16_t *v, i
 
 /* ---------------- the run ---------------- */
 
-size_t attention_scratch_floats(int n_heads, int head_dim) {
-    (void)head_dim;
+size_t attention_scratch_floats(int n_heads) {
     return (size_t)ATTN_MAX_TOKENS * n_heads * (KV_BLOCK + 2);
 }
 
@@ -233,7 +232,7 @@ size_t attention_scratch_floats(int n_heads, int head_dim) {
  * each block is read as one contiguous piece, which streams at twice the rate of separate 8 KB slices.
  * q: rows of `q_stride` floats, the query heads of the first KV head at the start of each, the others after them;
  * out: the same with `out_stride`; k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK,
- * head_dim) with the first KV head's offset applied; scratch: attention_scratch_floats(n_heads, head_dim);
+ * head_dim) with the first KV head's offset applied; scratch: attention_scratch_floats(n_heads);
  * next_k/next_v: where the caller reads next (the same span is fetched during this run's last block), or NULL.
  * head_dim is a multiple of 64. */
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,

@@ -71,7 +71,8 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
         swiglu(g, u, g, T * QK);                                              /* h, in place of gate */
         quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */
         if (float_down)
-            for (int t = 0; t < T; t++) memcpy(c->h + (size_t)t * hidden + j * QK, g + (size_t)t * QK, QK * sizeof(float));
+            for (int t = 0; t < T; t++)
+                memcpy(c->h + (size_t)t * hidden + j * QK, g + (size_t)t * QK, QK * sizeof(float));
     }
 }
 
@@ -116,7 +117,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const model_config_t *cfg = &c->model->cfg;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
+    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads);
     for (int64_t item = begin; item < end; item++) {
         int run = (int)(item / s->items_per_run), h0 = (int)(item % s->items_per_run) * s->heads_per_item;
         int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
@@ -126,9 +127,11 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         /* this thread's next item: its first KV block is fetched during this item's last block */
         const uint16_t *next_k = NULL, *next_v = NULL;
         if (item + 1 < end) {
-            int nrun = (int)((item + 1) / s->items_per_run), nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
-            const int32_t *nbt = s->b->block_tables + (size_t)s->b->seq_of_token[c->runs[nrun]] * s->b->max_blocks_per_seq;
-            size_t off = layer_off + ((size_t)nbt[0] * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
+            int nrun = (int)((item + 1) / s->items_per_run);
+            int nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
+            int nseq = s->b->seq_of_token[c->runs[nrun]];
+            int32_t first_block = s->b->block_tables[(size_t)nseq * s->b->max_blocks_per_seq];
+            size_t off = layer_off + ((size_t)first_block * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
             next_k = c->k_cache + off;
             next_v = c->v_cache + off;
         }
@@ -197,6 +200,11 @@ static void matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float
     run(c, stage, tiles, chunk < 1 ? 1 : chunk, matmul_fn, s);
 }
 
+/* the next matmul reads `in` (floats, for a float weight) and xq, quantized already */
+static void set_input(stage_t *s, const float *in, int in_dim, const block_q8x *xq) {
+    s->in = in; s->in_dim = in_dim; s->gamma = NULL; s->out = NULL; s->xq = xq;
+}
+
 /* xq = quantize(rmsnorm(in)) for the matmul by `reader` (and xn = rmsnorm(in) if that weight is in floats) */
 static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma,
                           const weight_t *reader) {
@@ -232,7 +240,8 @@ int forward(context_t *c, const batch_t *b) {
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T};
     /* Attention items: a run with all its KV heads, or, when there are too few runs to keep every thread busy, with
-     * a share of them. Claimed two or more at a time, so that an item can fetch the next one's first block. */
+     * a share of them. Claimed several at a time when there are enough, so that an item can fetch the next one's
+     * first block. */
     int n_runs = attention_runs(c, b), threads = pool_size(c->pool);
     int splits = (2 * threads + n_runs - 1) / n_runs;
     splits = splits > cfg->n_kv_heads ? cfg->n_kv_heads : splits;
@@ -259,12 +268,12 @@ int forward(context_t *c, const batch_t *b) {
         matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
         if (!s.fused_rope) run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);           /* rope, cache k and v */
         run(c, STAGE_ATTENTION, attn_items, attn_chunk, attention_fn, &s);              /* xn = attention */
-        s.in = c->xn; s.in_dim = Q_DIM(cfg); s.gamma = NULL; s.xq = c->xq;   /* the items quantized xn into xq */
+        set_input(&s, c->xn, Q_DIM(cfg), c->xq);                    /* the attention items quantized it */
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm, &L->wgu);                   /* rmsnorm(x) */
         s.w = &L->wgu;                                             /* h = silu(Wgate xn) * (Wup xn) */
         run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, gate_up_chunk, gate_up_swiglu_fn, &s);
-        s.in = c->h; s.in_dim = cfg->hidden; s.gamma = NULL; s.xq = c->xq_h;
+        set_input(&s, c->h, cfg->hidden, c->xq_h);                  /* gate|up quantized h into xq_h */
         matmul(c, STAGE_DOWN, &s, &L->wdown, c->x, 1);                          /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
@@ -293,7 +302,6 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     int nt = pool_size(c->pool);
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
-    int widest_in = wide > cfg->hidden ? wide : cfg->hidden;
     size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     c->k_cache = calloc(kv, sizeof(uint16_t));
     c->v_cache = calloc(kv, sizeof(uint16_t));
@@ -304,13 +312,13 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->gu = malloc((size_t)nt * max_tokens * 2 * QK * sizeof(float));
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
     c->runs = malloc((size_t)(max_tokens + 1) * sizeof(int32_t));
-    c->xq = malloc((size_t)max_tokens * (widest_in / QK) * sizeof(block_q8x));
+    c->xq = malloc((size_t)max_tokens * (wide / QK) * sizeof(block_q8x));
     c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
-    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
+    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
-    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h || !c->xq || !c->xq_h ||
-        !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs) {
+    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
+        !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs) {
         context_free(c);
         return NULL;
     }
@@ -320,7 +328,8 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
 void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
-    free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu); free(c->h);
-    free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch); free(c->sample_scratch);
+    free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
+    free(c->h); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
+    free(c->sample_scratch);
     free(c);
 }

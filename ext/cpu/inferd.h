@@ -90,7 +90,7 @@ void swiglu(const float *g, const float *u, float *h, int n);                   
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
 #define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
-size_t attention_scratch_floats(int n_heads, int head_dim);
+size_t attention_scratch_floats(int n_heads);
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
                       float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v);
@@ -192,7 +192,7 @@ typedef struct {
     float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
     float *gu;                         /* (threads, max_tokens, 64): gate and up of 32 hidden units */
     float *h;                          /* (max_tokens, hidden) */
-    block_q8x *xq;                     /* (max_tokens, max(dim, hidden) / 32) the matmuls' quantized input */
+    block_q8x *xq;                     /* (max_tokens, max(dim, q_dim) / 32) the matmuls' quantized input */
     block_q8x *xq_h;                   /* (max_tokens, hidden / 32) h quantized, for the down projection */
     float *logits;                     /* (max_out, vocab) */
     float *attn_scratch;               /* (threads, attention_scratch_floats) */

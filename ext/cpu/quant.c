@@ -8,8 +8,16 @@
 #include <immintrin.h>
 #endif
 
-/* ---- activations ----
- * q = nearbyint(x * (127 / amax)) in round-to-nearest-even, which is what cvtps2dq does, so the SIMD
+/* ---- activations ---- */
+
+/* the block's integer sum and the corrections the kernels start from (see block_q8x) */
+static inline void set_sums(block_q8x *o, int32_t isum) {
+    o->isum = isum;
+    o->q4_corr = -8 * isum;
+    o->q8_corr = -128 * isum;
+}
+
+/* q = nearbyint(x * (127 / amax)) in round-to-nearest-even, which is what cvtps2dq does, so the SIMD
  * routine below writes exactly these bytes. */
 static void quantize_act_scalar(const float *x, int n, block_q8x *out, size_t stride) {
     for (int b = 0; b < n / QK; b++) {
@@ -25,9 +33,7 @@ static void quantize_act_scalar(const float *x, int n, block_q8x *out, size_t st
             isum += q;
         }
         o->d = d;
-        o->isum = isum;
-        o->q4_corr = -8 * isum;
-        o->q8_corr = -128 * isum;
+        set_sums(o, isum);
     }
 }
 
@@ -60,9 +66,7 @@ static void quantize_act_avx2(const float *x, int n, block_q8x *out, size_t stri
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)o->qs, p8);
         o->d = d;
-        o->isum = _mm_cvtsi128_si32(s4);
-        o->q4_corr = -8 * o->isum;
-        o->q8_corr = -128 * o->isum;
+        set_sums(o, _mm_cvtsi128_si32(s4));
     }
 }
 #endif
