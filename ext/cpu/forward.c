@@ -195,9 +195,7 @@ static void run(context_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, s
 
 static void matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float *y, int accumulate) {
     s->w = w; s->y = y; s->ldy = w->rows; s->accumulate = accumulate;
-    int tiles = matmul_num_tiles(w);
-    int chunk = tiles / (pool_size(c->pool) * 8);
-    run(c, stage, tiles, chunk < 1 ? 1 : chunk, matmul_fn, s);
+    run(c, stage, matmul_num_tiles(w), 1, matmul_fn, s);
 }
 
 /* the next matmul reads `in` (floats, for a float weight) and xq, quantized already */
@@ -257,8 +255,6 @@ int forward(context_t *c, const batch_t *b) {
      * Two parallel regions fewer per layer of a decode step: 1% of its time (interleaved A/B, 8 sequences). */
     s.fused_rope = n_runs == b->num_seqs;
 
-    int gate_up_chunk = cfg->hidden / QK / (threads * 8) > 1 ? cfg->hidden / QK / (threads * 8) : 1;
-
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -272,7 +268,7 @@ int forward(context_t *c, const batch_t *b) {
         matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm, &L->wgu);                   /* rmsnorm(x) */
         s.w = &L->wgu;                                             /* h = silu(Wgate xn) * (Wup xn) */
-        run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, gate_up_chunk, gate_up_swiglu_fn, &s);
+        run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, 1, gate_up_swiglu_fn, &s);
         set_input(&s, c->h, cfg->hidden, c->xq_h);                  /* gate|up quantized h into xq_h */
         matmul(c, STAGE_DOWN, &s, &L->wdown, c->x, 1);                          /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));

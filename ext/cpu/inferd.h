@@ -72,7 +72,8 @@ typedef struct pool pool_t;
 pool_t *pool_create(int nthreads);
 void pool_destroy(pool_t *p);
 int pool_size(const pool_t *p);
-/* Runs fn over [0, n) in chunks of `chunk` items claimed from an atomic counter; the caller works too. */
+/* Runs fn over [0, n) in claims from an atomic counter, each 1/nthreads of what is left but at least `chunk` items
+ * (the smallest piece worth a call); the caller works too. */
 void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
 
 double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per second */

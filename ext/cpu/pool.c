@@ -1,7 +1,7 @@
 /* Persistent worker pool. Workers spin on an epoch counter for about a millisecond after each job (decode
  * steps come back-to-back, and a condition-variable wake costs tens of microseconds), then sleep. Work is
- * claimed in chunks from an atomic counter so cores of different speed finish together; the caller works
- * too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls sched_yield between
+ * claimed from an atomic counter in shrinking (guided) claims so cores of different speed finish together; the
+ * caller works too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls sched_yield between
  * polls: on a core shared with other work (another process, the server's own Python threads) it hands the
  * core over instead of burning the time slice the working thread needs; back-to-back regions of one step
  * never wait that long, so the quiet case keeps its pure spin. */
@@ -38,12 +38,21 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Guided claims: each takes 1/nthreads of what is left, never less than `chunk`. The threads start on long
+ * contiguous stretches (a matmul's weights stream in long runs) and the claims shrink towards the end, so they
+ * finish within one small claim of each other. Fixed claims of 1/16 of a matmul left one thread waiting 3 to 7 us
+ * at the end of each matmul region of a decode step, 40 us on the output matrix; guided claims made decode steps of
+ * 8 sequences and prefill 4% faster, 10% in the VM's slow phases (interleaved A/B). */
 static void drain(pool_t *p, int thread) {
-    for (;;) {
-        int64_t begin = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed);
-        if (begin >= p->n) break;
-        int64_t end = begin + p->chunk < p->n ? begin + p->chunk : p->n;
-        p->fn(p->arg, begin, end, thread);
+    int64_t begin = atomic_load_explicit(&p->next, memory_order_relaxed);
+    while (begin < p->n) {
+        int64_t size = (p->n - begin) / p->nthreads;
+        if (size < p->chunk) size = p->chunk;
+        if (!atomic_compare_exchange_weak_explicit(&p->next, &begin, begin + size, memory_order_relaxed,
+                                                   memory_order_relaxed))
+            continue;                                  /* another thread claimed first: begin is reloaded */
+        p->fn(p->arg, begin, begin + size < p->n ? begin + size : p->n, thread);
+        begin = atomic_load_explicit(&p->next, memory_order_relaxed);
     }
 }
 
