@@ -436,3 +436,14 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     free(scratch)
     k = min(max(sp.num_logprobs, 0), vocab)
     return (out.token, out.logprob, [out.top_ids[j] for j in range(k)], [out.top_logprobs[j] for j in range(k)])
+
+
+cdef extern from "<unistd.h>":
+    ssize_t write(int fd, const void *buf, size_t count)
+
+
+def write_byte_holding_gil(int fd):
+    """Writes one zero byte to fd and returns what write(2) returned (-1 on error, e.g. a full non-blocking pipe),
+    without releasing the GIL, unlike os.write and socket.send (see inferd/engine/loop_waker.py for why)."""
+    cdef char zero = 0
+    return write(fd, &zero, 1)

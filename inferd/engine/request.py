@@ -62,7 +62,7 @@ class RequestOutput:
 @dataclass(eq=False)
 class RequestState:
     request: Request
-    loop: asyncio.AbstractEventLoop
+    waker: Any                                             # the LoopWaker of the loop reading `queue`
     queue: asyncio.Queue
     arrival_time: float
     params: Any = None

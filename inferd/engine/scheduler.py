@@ -5,7 +5,7 @@ schedule (pick decode tokens and prefill chunks under a token budget) -> run (on
 postprocess (append tokens, detokenize, check stops, deliver to the requests' asyncio queues).
 
 Everything here except `submit`/`abort`/`stop` runs in the scheduler thread; the HTTP side talks to it only
-through a lock-guarded inbox and results come back with `loop.call_soon_threadsafe`.
+through a lock-guarded inbox and results come back through each loop's LoopWaker.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from inferd.engine.engine import SeqInput
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import (FinishReason, Request, RequestOutput, RequestState, TextState,
                                    log_softmax_top)
+from inferd.engine.loop_waker import LoopWaker
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 
 log = logging.getLogger("inferd.scheduler")
@@ -105,7 +106,8 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self._states: dict[str, RequestState] = {}
-        self._outbox: dict[asyncio.AbstractEventLoop, list] = {}   # outputs not yet handed to their loops
+        self._outbox: dict[LoopWaker, list] = {}    # outputs not yet handed to their loops
+        self._wakers: dict[asyncio.AbstractEventLoop, LoopWaker] = {}
 
         self._lock = threading.Lock()
         self._inbox: list[RequestState] = []
@@ -131,14 +133,20 @@ class Scheduler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():   # nothing pushes any more
+            for waker in list(self._wakers.values()):
+                waker.close()
 
     def submit(self, request: Request) -> "RequestHandle":
         """Queue a request; must be called from the asyncio loop that will consume its outputs."""
         if self.dead is not None or self._stop:
             raise SchedulerStopped("the scheduler is not running")
         loop = asyncio.get_running_loop()
+        waker = self._wakers.get(loop)
+        if waker is None or waker.closed:
+            waker = self._wakers[loop] = LoopWaker(loop)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        state = RequestState(request=request, loop=loop, queue=queue, arrival_time=time.monotonic())
+        state = RequestState(request=request, waker=waker, queue=queue, arrival_time=time.monotonic())
         with self._lock:
             if self._num_unadmitted >= self.max_waiting:
                 raise QueueFull(f"{self._num_unadmitted} requests are already waiting")
@@ -615,22 +623,19 @@ class Scheduler:
                 prompt_logprobs=st.take_prompt_logprobs(), usage=st.usage()))
 
     def _deliver(self, st: RequestState, out: RequestOutput) -> None:
-        self._outbox.setdefault(st.loop, []).append((st.queue, out))
+        self._outbox.setdefault(st.waker, []).append((st.queue, out))
 
     def _flush(self) -> None:
         """Hand the outputs gathered since the last flush to their event loops: one wake-up per loop, not one
-        per output (each call_soon_threadsafe writes to the loop's self-pipe, a system call)."""
+        per output."""
         outbox, self._outbox = self._outbox, {}
-        for loop, items in outbox.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:
-                pass   # the event loop is closed (shutdown); nobody is listening any more
-
-
-def _put_all(items: list) -> None:
-    for queue, out in items:
-        queue.put_nowait(out)
+        for waker, items in outbox.items():
+            if waker.loop.is_closed():        # nobody is listening any more; this thread is its only pusher
+                waker.close()
+                if self._wakers.get(waker.loop) is waker:
+                    del self._wakers[waker.loop]
+            else:
+                waker.push(items)
 
 
 class RequestHandle:

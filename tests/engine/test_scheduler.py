@@ -35,7 +35,7 @@ def drain(handle):
 
 
 async def settle():
-    await asyncio.sleep(0)   # let call_soon_threadsafe callbacks run
+    await asyncio.sleep(0)   # let the LoopWaker see its byte and deliver
     await asyncio.sleep(0)
 
 
@@ -420,3 +420,27 @@ async def test_stop_aborts_everything_in_flight(running):
     outs = await collect(h)
     assert outs[-1].finish_reason == FinishReason.ABORT
     assert s.kv.stats().num_used == 0
+
+
+def test_a_closed_loop_is_forgotten_and_a_new_one_served():
+    s = make_scheduler(FakeEngine())
+    s.start()
+    try:
+        async def submit_only():
+            return s.submit(req("a", range(5), max_tokens=1000))
+
+        loop = asyncio.new_event_loop()
+        waker = loop.run_until_complete(submit_only()).state.waker
+        loop.close()            # "a" goes on generating for a loop that is gone
+        deadline = time.monotonic() + 10
+        while not waker.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert waker.closed and loop not in s._wakers
+
+        async def fresh():
+            return await collect(s.submit(req("b", range(5), max_tokens=3)))
+
+        outs = asyncio.run(fresh())
+        assert len(tokens_of(outs)) == 3 and outs[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        s.stop()
