@@ -1,10 +1,10 @@
 /* Persistent worker pool. Workers spin on an epoch counter for about a millisecond after each job (decode
  * steps come back-to-back, and a condition-variable wake costs tens of microseconds), then sleep. Work is
- * claimed from an atomic counter in shrinking (guided) claims so cores of different speed finish together; the
- * caller works too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls sched_yield between
- * polls: on a core shared with other work (another process, the server's own Python threads) it hands the
- * core over instead of burning the time slice the working thread needs; back-to-back regions of one step
- * never wait that long, so the quiet case keeps its pure spin. */
+ * claimed from an atomic counter in shrinking (guided) claims so cores of different speed finish together;
+ * the caller works too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls
+ * sched_yield between polls: on a core shared with other work (another process, the server's own Python
+ * threads) it hands the core over instead of burning the time slice the working thread needs; back-to-back
+ * regions of one step never wait that long, so the quiet case keeps its pure spin. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>

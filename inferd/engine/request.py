@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inferd.engine.loop_waker import LoopWaker
 
 
 class FinishReason(str, enum.Enum):
@@ -62,7 +65,7 @@ class RequestOutput:
 @dataclass(eq=False)
 class RequestState:
     request: Request
-    waker: Any                                             # the LoopWaker of the loop reading `queue`
+    waker: LoopWaker                                       # hands outputs to the loop reading `queue`
     queue: asyncio.Queue
     arrival_time: float
     params: Any = None
