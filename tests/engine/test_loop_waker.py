@@ -5,8 +5,6 @@ import asyncio
 import os
 import threading
 
-import pytest
-
 from inferd import _cpu
 from inferd.engine.loop_waker import LoopWaker
 
@@ -104,6 +102,3 @@ def test_write_byte_holding_gil_reports_a_full_pipe():
     finally:
         os.close(r)
         os.close(w)
-    with pytest.raises(OSError):
-        os.fstat(w)
-    assert _cpu.write_byte_holding_gil(w) == -1      # a closed fd: an error code, not a crash
