@@ -97,15 +97,22 @@ def quantize_activations(cnp.ndarray x):
     return d, isum, qs
 
 
-cdef int init_weight(weight_t *w, tuple spec) except -1:
-    """spec: (type_name, rows, cols, data)"""
+cdef size_t layout_bytes(tuple spec):
+    """Bytes of the engine's layout of spec (type_name, rows, cols, data), rounded up to 64; 0 if it is bad."""
+    if spec[0] not in WEIGHT_TYPES:
+        return 0
+    return (weight_layout_bytes(WEIGHT_TYPES[spec[0]], spec[1], spec[2]) + 63) & ~(<size_t>63)
+
+
+cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL) except -1:
+    """spec: (type_name, rows, cols, data); dst: layout_bytes(spec) of memory to build it in (NULL: its own)"""
     cdef str type_name = spec[0]
     cdef int rows = spec[1], cols = spec[2]
     data = spec[3]
     if type_name not in WEIGHT_TYPES:
         raise ValueError(f"weight type {type_name} is not supported by the engine")
     cdef cnp.ndarray arr = np.ascontiguousarray(data)
-    cdef int rc = weight_init(w, WEIGHT_TYPES[type_name], rows, cols, <const void *>arr.data, arr.nbytes)
+    cdef int rc = weight_init(w, WEIGHT_TYPES[type_name], rows, cols, <const void *>arr.data, arr.nbytes, dst)
     if rc == -2:
         raise MemoryError(f"out of memory for a {rows}x{cols} {type_name} weight")
     if rc:
@@ -172,6 +179,8 @@ cdef class Model:
     cdef model_t m
     cdef list _keep
     cdef int n_built
+    cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
+    cdef size_t arena_bytes, arena_used
 
     def __init__(self, dict config, dict tensors):
         cdef model_config_t *c = &self.m.cfg
@@ -191,9 +200,15 @@ cdef class Model:
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:
             raise MemoryError()
-        init_weight(&self.m.tok_embd, tensors["tok_embd"])
+        names = ["tok_embd"] + (["output"] if "output" in tensors else []) + [
+            f"blk.{i}.{w}" for i in range(c.n_layers) for w in ("wqkv", "wo", "wgu", "wdown")]
+        self.arena_bytes = sum(layout_bytes(tensors[n]) for n in names if n in tensors)
+        self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
+        if self.arena == NULL:
+            raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
+        self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
         if "output" in tensors:
-            init_weight(&self.m.output, tensors["output"])
+            self._init_weight(&self.m.output, tensors["output"])
         else:
             self.m.output = self.m.tok_embd
             self.m.output_tied = 1
@@ -207,13 +222,27 @@ cdef class Model:
             L.ffn_norm = self._floats(tensors[p + "ffn_norm"], c.dim)
             if p + "qkv_bias" in tensors:
                 L.qkv_bias = self._floats(tensors[p + "qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
-            init_weight(&L.wqkv, tensors[p + "wqkv"])
-            init_weight(&L.wo, tensors[p + "wo"])
-            init_weight(&L.wgu, tensors[p + "wgu"])
-            init_weight(&L.wdown, tensors[p + "wdown"])
+            self._init_weight(&L.wqkv, tensors[p + "wqkv"])
+            self._init_weight(&L.wo, tensors[p + "wo"])
+            self._init_weight(&L.wgu, tensors[p + "wgu"])
+            self._init_weight(&L.wdown, tensors[p + "wdown"])
             self.n_built = i + 1
         if model_init_rope(&self.m):
             raise MemoryError()
+
+    cdef int _init_weight(self, weight_t *w, tuple spec) except -1:
+        """Builds the weight in the next piece of the arena (a bad spec raises in init_weight)."""
+        cdef size_t n = layout_bytes(spec)
+        if self.arena_used + n > self.arena_bytes:
+            raise ValueError("weights do not fit the arena they were counted for")
+        init_weight(w, spec, self.arena + self.arena_used if n else NULL)
+        self.arena_used += n
+        return 0
+
+    @property
+    def weight_buffer(self):
+        """(address, bytes) of the memory holding every weight (for the huge-page test)."""
+        return <size_t>self.arena, self.arena_bytes
 
     cdef float *_floats(self, tuple t, int n) except NULL:
         arr = np.ascontiguousarray(t[3], dtype=np.float32).reshape(-1)
@@ -233,6 +262,7 @@ cdef class Model:
                 weight_free(&self.m.layers[i].wgu); weight_free(&self.m.layers[i].wdown)
             free(self.m.layers)
         free(self.m.rope_cos_sin)
+        huge_free(self.arena, self.arena_bytes)
 
     @property
     def weight_bytes(self):

@@ -16,7 +16,9 @@ cdef extern from "inferd.h" nogil:
         int rows, cols, padded_rows
         size_t nbytes
         uint8_t *data
-    int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes)
+        int owned
+    size_t weight_layout_bytes(int type, int rows, int cols)
+    int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst)
     void weight_free(weight_t *w)
     void weight_dequant_row(const weight_t *w, int row, float *out)
     int weight_is_quantized(int type)
@@ -35,6 +37,8 @@ cdef extern from "inferd.h" nogil:
     pool_t *pool_create(int nthreads)
     void pool_destroy(pool_t *p)
     double read_bandwidth(size_t nbytes, int threads, int repeats)
+    void *huge_alloc(size_t n)
+    void huge_free(void *p, size_t n)
 
     void quantize_act(const float *x, int n, block_q8x *out)
     void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,

@@ -299,6 +299,9 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
     size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    /* 4 KB pages, faulted as blocks are first used: a 2 MB page costs this VM ~2 ms to fault, which would land
+     * on the first requests' prefill (one per layer and cache per 85 blocks), while huge pages gained decode only
+     * 2% on the KV cache against 12% on the weights. */
     c->k_cache = calloc(kv, sizeof(uint16_t));
     c->v_cache = calloc(kv, sizeof(uint16_t));
     c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));

@@ -42,12 +42,16 @@ typedef struct {
     int rows, cols;
     int padded_rows;     /* rows rounded up to TILE_ROWS for quantized types, == rows otherwise */
     size_t nbytes;
-    uint8_t *data;       /* 64-byte aligned, owned */
+    uint8_t *data;       /* 64-byte aligned */
+    int owned;           /* data was allocated by weight_init (else it lies in the caller's buffer) */
 } weight_t;
 
 size_t weight_tile_block_bytes(int type);
 int weight_is_quantized(int type);
-int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes);
+/* bytes of the engine's layout of a (rows, cols) weight of `type` (0 for a bad shape or type) */
+size_t weight_layout_bytes(int type, int rows, int cols);
+/* dst: weight_layout_bytes of 64-byte aligned memory to build it in, or NULL to allocate it */
+int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst);
 void weight_free(weight_t *w);
 void weight_dequant_row(const weight_t *w, int row, float *out);           /* out: (cols) */
 size_t gguf_row_bytes(int type, int cols);
@@ -77,6 +81,11 @@ int pool_size(const pool_t *p);
 void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
 
 double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per second */
+
+/* zeroed memory for big long-lived buffers, in transparent huge pages where the kernel allows (hugemem.c); NULL
+ * when out of memory. huge_free takes the size given to huge_alloc. */
+void *huge_alloc(size_t n);
+void huge_free(void *p, size_t n);
 
 /* ---- kernels (pure functions over typed buffers) ---- */
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */

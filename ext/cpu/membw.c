@@ -51,7 +51,7 @@ static void membw_fn(void *varg, int64_t begin, int64_t end, int thread) {
 double read_bandwidth(size_t nbytes, int threads, int repeats) {
     size_t chunk = 1 << 20;
     nbytes = (nbytes + chunk - 1) / chunk * chunk;
-    uint8_t *buf = aligned_alloc(64, nbytes);
+    uint8_t *buf = huge_alloc(nbytes);            /* in the pages the engine's weights use */
     if (!buf) return -1.0;
     memset(buf, 1, nbytes);                       /* touch every page before timing */
     pool_t *pool = pool_create(threads);
@@ -66,6 +66,6 @@ double read_bandwidth(size_t nbytes, int threads, int repeats) {
         if (dt > 0 && nbytes / dt > best) best = nbytes / dt;
     }
     pool_destroy(pool);
-    free(buf);
+    huge_free(buf, nbytes);
     return best;
 }

@@ -150,26 +150,28 @@ int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *ou
 }
 
 /* ---- weights in the engine's layout ---- */
-int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes) {
+size_t weight_layout_bytes(int type, int rows, int cols) {
+    if (rows <= 0 || cols <= 0 || type < WT_F32 || type > WT_Q8_0) return 0;
+    if (weight_is_quantized(type) ? cols % QK : cols % 8) return 0;
+    if (!weight_is_quantized(type)) return gguf_row_bytes(type, cols) * (size_t)rows;
+    return (size_t)((rows + TILE_ROWS - 1) / TILE_ROWS) * (cols / QK) * weight_tile_block_bytes(type);
+}
+
+int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst) {
     memset(w, 0, sizeof *w);
-    if (rows <= 0 || cols <= 0 || type < WT_F32 || type > WT_Q8_0) return -1;
-    if (weight_is_quantized(type) ? cols % QK : cols % 8) return -1;
-    if (src_bytes != gguf_row_bytes(type, cols) * (size_t)rows) return -1;
-    w->type = type; w->rows = rows; w->cols = cols;
+    size_t nbytes = weight_layout_bytes(type, rows, cols);
+    if (!nbytes || src_bytes != gguf_row_bytes(type, cols) * (size_t)rows) return -1;
+    w->type = type; w->rows = rows; w->cols = cols; w->nbytes = nbytes;
+    w->padded_rows = weight_is_quantized(type) ? (rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : rows;
+    w->owned = dst == NULL;
+    w->data = dst ? dst : aligned_alloc(64, (nbytes + 63) & ~(size_t)63);
+    if (!w->data) return -2;
     if (!weight_is_quantized(type)) {
-        w->padded_rows = rows;
-        w->nbytes = src_bytes;
-        w->data = aligned_alloc(64, (w->nbytes + 63) & ~(size_t)63);
-        if (!w->data) return -2;
         memcpy(w->data, src, src_bytes);
         return 0;
     }
     int nb = cols / QK;
-    w->padded_rows = (rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
     size_t bb = weight_tile_block_bytes(type), rb = gguf_row_bytes(type, cols);
-    w->nbytes = (size_t)(w->padded_rows / TILE_ROWS) * nb * bb;
-    w->data = aligned_alloc(64, (w->nbytes + 63) & ~(size_t)63);
-    if (!w->data) return -2;
     memset(w->data, 0, w->nbytes);          /* padding rows: zero scales, so they compute 0 */
     const uint8_t *s = src;
     for (int r = 0; r < rows; r++) {
@@ -194,7 +196,7 @@ int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size
 }
 
 void weight_free(weight_t *w) {
-    free(w->data);
+    if (w->owned) free(w->data);
     w->data = NULL;
 }
 

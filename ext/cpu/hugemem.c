@@ -1,0 +1,31 @@
+/* Big long-lived buffers (a model's weights, the KV cache) in transparent huge pages where the kernel allows them.
+ * A decode step streams every weight byte and much of the KV cache: about 100 MB for SmolLM2, some 25k pages of
+ * 4 KB, far past what the TLB maps (Zen 4: 3072 entries, 12 MB), so the stream keeps paying page walks, two-level
+ * ones under a hypervisor. In 2 MB pages the same bytes take about 50 entries. Decode steps of 8 sequences
+ * (SmolLM2 Q4_0, 2 threads, three pairs of processes): 7.0-7.25 -> 6.1-6.2 ms; prefill, compute-bound, unchanged.
+ * The mapping is 2 MB aligned and advised MADV_HUGEPAGE (the kernel's "madvise" mode needs both); where THP is
+ * off it is plain anonymous memory. */
+#include <stdint.h>
+#include <sys/mman.h>
+#include "inferd.h"
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static size_t mapped_len(size_t n) { return n ? (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1) : HUGE_PAGE; }
+
+void *huge_alloc(size_t n) {
+    size_t len = mapped_len(n);
+    uint8_t *p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));                           /* the unaligned head */
+    if (p + HUGE_PAGE > a) munmap(a + len, (size_t)(p + HUGE_PAGE - a));   /* what is left past the end */
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE);                 /* advice: refused or unavailable means 4 KB pages */
+#endif
+    return a;
+}
+
+void huge_free(void *p, size_t n) {
+    if (p) munmap(p, mapped_len(n));
+}
