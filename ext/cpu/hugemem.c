@@ -1,10 +1,11 @@
-/* Big long-lived buffers (a model's weights, the KV cache) in transparent huge pages where the kernel allows them.
- * A decode step streams every weight byte and much of the KV cache: about 100 MB for SmolLM2, some 25k pages of
- * 4 KB, far past what the TLB maps (Zen 4: 3072 entries, 12 MB), so the stream keeps paying page walks, two-level
- * ones under a hypervisor. In 2 MB pages the same bytes take about 50 entries. Decode steps of 8 sequences
- * (SmolLM2 Q4_0, 2 threads, three pairs of processes): 7.0-7.25 -> 6.1-6.2 ms; prefill, compute-bound, unchanged.
- * The mapping is 2 MB aligned and advised MADV_HUGEPAGE (the kernel's "madvise" mode needs both); where THP is
- * off it is plain anonymous memory. */
+/* Big long-lived buffers in transparent huge pages where the kernel allows them: a model's weights (one mapping
+ * for all of them) and the bandwidth probe's buffer, which should read the same kind of memory. A decode step
+ * streams every weight byte, about 90 MB for SmolLM2 Q4_0: some 22k pages of 4 KB, far past what the TLB maps
+ * (Zen 4: 3072 entries, 12 MB), so the stream keeps paying page walks, two-level ones under a hypervisor. In 2 MB
+ * pages the same bytes take about 45 entries. Decode step of 8 sequences (SmolLM2 Q4_0, 2 threads, 5 alternating
+ * pairs of processes): 6.95 -> 6.30 ms; prefill, compute-bound, unchanged. The KV cache stays on 4 KB pages (see
+ * context_create). The mapping is 2 MB aligned and advised MADV_HUGEPAGE (the kernel's "madvise" mode needs
+ * both); where THP is off it is plain anonymous memory. */
 #include <stdint.h>
 #include <sys/mman.h>
 #include "inferd.h"
@@ -19,7 +20,7 @@ void *huge_alloc(size_t n) {
     if (p == MAP_FAILED) return NULL;
     uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
     if (a > p) munmap(p, (size_t)(a - p));                           /* the unaligned head */
-    if (p + HUGE_PAGE > a) munmap(a + len, (size_t)(p + HUGE_PAGE - a));   /* what is left past the end */
+    munmap(a + len, (size_t)(p + HUGE_PAGE - a));                     /* the rest past the end (a < p + 2 MB) */
 #ifdef MADV_HUGEPAGE
     madvise(a, len, MADV_HUGEPAGE);                 /* advice: refused or unavailable means 4 KB pages */
 #endif
