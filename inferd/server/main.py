@@ -108,10 +108,10 @@ async def drain(state, site: web.TCPSite, grace_s: float) -> None:
         return
     except asyncio.TimeoutError:
         log.warning("drain timed out with %d requests still running; ending them", state.in_flight)
-    if state.scheduler is not None:
+    if state.engine_loop is not None:
         # Stopping the scheduler ends every request with "the server is shutting down": streams get an
         # error event and [DONE] instead of a cut connection.
-        await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+        await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         try:
             await asyncio.wait_for(state.idle.wait(), 2.0)
         except asyncio.TimeoutError:

@@ -22,7 +22,7 @@ class ServerState:
     failure: str | None = None
     model: Any = None                # LoadedModel
     engine: Any = None
-    scheduler: Any = None            # Scheduler
+    engine_loop: Any = None          # EngineLoop
     metrics: Any = None              # Metrics
     chat_template: Any = None        # ChatTemplate
     served_model_name: str = ""
