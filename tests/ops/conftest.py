@@ -3,18 +3,17 @@ on a busy 2-core machine) and a skip that names the apt-get command when a binar
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.ops.procs import APT_HINT
+from tests.ops.procs import APT_HINT, binary
 
 
-def require(binary: str) -> str:
-    path = shutil.which(binary)
+def require(name: str) -> str:
+    path = binary(name)
     if path is None:
-        pytest.skip(f"{binary} is not installed (Debian: {APT_HINT})")
+        pytest.skip(f"{name} is not installed (Debian: {APT_HINT})")
     return path
 
 

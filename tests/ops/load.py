@@ -133,6 +133,7 @@ class Restart:
     out_before_exit: bool   # HAProxy marked it DOWN while the process was still draining
     drain_s: float          # SIGTERM -> process exit
     rejoin_s: float         # start again -> marked UP by HAProxy's checks
+    sigterm_at: float = 0.0  # seconds since the load started
 
 
 @dataclass
@@ -144,6 +145,7 @@ class RollingReport:
     after_tps: float        # tokens/s after that
     min_second: int         # fewest tokens in one second while rolling
     rolling_s: float
+    per_second: list[int] = field(default_factory=list)   # tokens in each second since the load started
 
 
 async def rolling_restart(replicas: list[Replica], haproxy: HAProxy, url: str, *, concurrency: int,
@@ -173,7 +175,7 @@ async def rolling_restart(replicas: list[Replica], haproxy: HAProxy, url: str, *
             await asyncio.to_thread(r.wait_ready, start_timeout_s)
             await wait_up(haproxy, r.name, 30)
             restarts.append(Restart(r.name, r.in_flight_at_last_drain(), code, out_before_exit, t1 - t0,
-                                    time.monotonic() - t1))
+                                    time.monotonic() - t1, t0 - t_start))
         t_back = time.monotonic()
         await asyncio.sleep(settle_s)
     finally:
@@ -184,7 +186,7 @@ async def rolling_restart(replicas: list[Replica], haproxy: HAProxy, url: str, *
     return RollingReport(load, restarts, baseline_tps=load.tokens_per_second(t_start + 1.0, t_roll),
                          rolling_tps=load.tokens_per_second(t_roll, t_back),
                          after_tps=load.tokens_per_second(t_back, t_end - 0.5), min_second=min(rolling),
-                         rolling_s=t_back - t_roll)
+                         rolling_s=t_back - t_roll, per_second=load.per_second(t_start, t_end))
 
 
 async def wait_up(haproxy: HAProxy, server: str, timeout: float) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,12 +18,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = ROOT / "config" / "haproxy" / "inferd.cfg"
 APT_HINT = "apt-get update && apt-get install -y prometheus haproxy"
+
+
+def binary(name: str) -> str | None:
+    """The program's path; also looks in the sbin folders (Debian puts haproxy in /usr/sbin, which a normal
+    user's PATH may lack)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
 
 
 def free_port() -> int:
@@ -42,7 +49,7 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes] | None:
         return None
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str, proc: "Process | None" = None) -> None:
+def wait_for(check: Callable[[], bool], timeout: float, what: str, proc: Process | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -111,7 +118,7 @@ class Replica(Process):
         r = http_get(self.url + "/health")
         return r is not None and r[0] == 200
 
-    def wait_ready(self, timeout: float = 120) -> "Replica":
+    def wait_ready(self, timeout: float = 120) -> Replica:
         wait_for(self.healthy, timeout, f"{self.name} ready", self)
         return self
 
@@ -142,11 +149,12 @@ class HAProxy(Process):
     def __init__(self, config_text: str, workdir: Path, stats_socket: Path):
         cfg = workdir / "haproxy.cfg"
         cfg.write_text(config_text)
-        super().__init__(["haproxy", "-db", "-f", str(cfg)], workdir / "haproxy.log")
+        self.exe = binary("haproxy") or "haproxy"
+        super().__init__([self.exe, "-db", "-f", str(cfg)], workdir / "haproxy.log")
         self.cfg, self.stats_socket = cfg, stats_socket
 
     def start(self) -> None:
-        check = subprocess.run(["haproxy", "-c", "-f", str(self.cfg)], capture_output=True, text=True, timeout=30)
+        check = subprocess.run([self.exe, "-c", "-f", str(self.cfg)], check=False, capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c rejected the config:\n{check.stdout}{check.stderr}")
         super().start()
@@ -180,7 +188,7 @@ class Prometheus(Process):
         cfg.write_text(config_text)
         data = workdir / "prometheus-data"
         data.mkdir(exist_ok=True)
-        super().__init__(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+        super().__init__([binary("prometheus") or "prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",
                           f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], workdir / "prometheus.log")
         self.url = f"http://127.0.0.1:{port}"
 

@@ -16,8 +16,17 @@ import yaml
 from tests.ops.conftest import require
 from tests.ops.load import run_load
 from tests.ops.procs import ROOT, Prometheus, Replica, free_port, wait_for
-from tests.ops.promql import (RULES, SYNTHETIC, board, board_expressions, board_panels, exported_names, metric_names,
-                              recorded_names, rendered_metrics)
+from tests.ops.promql import (
+    RULES,
+    SYNTHETIC,
+    board,
+    board_expressions,
+    board_panels,
+    exported_names,
+    metric_names,
+    recorded_names,
+    rendered_metrics,
+)
 
 RATE_INTERVAL = "30s"   # what Grafana puts in $__rate_interval: longer than the load, so rates cover all of it
 
@@ -96,7 +105,7 @@ def fill(expr: str) -> str:
 
 
 def test_every_panel_query_returns_data_from_a_real_prometheus(monitored):
-    replica, prometheus = monitored
+    _, prometheus = monitored
     empty, not_finite = [], []
     for panel in board_panels():
         for t in panel["targets"]:
@@ -124,7 +133,7 @@ def test_variable_queries_find_the_model_and_replica(monitored):
 
 
 def test_rules_evaluate_cleanly_and_recordings_have_data(monitored):
-    replica, prometheus = monitored
+    _, prometheus = monitored
     groups = prometheus.api("rules")["groups"]
     loaded = [r for g in groups for r in g["rules"]]
     assert len(loaded) == len(yaml.safe_load(RULES.read_text())["groups"][0]["rules"]) + \
@@ -137,7 +146,7 @@ def test_rules_evaluate_cleanly_and_recordings_have_data(monitored):
 
 
 def test_every_name_the_board_and_rules_use_is_exported_by_the_live_server(monitored):
-    replica, prometheus = monitored
+    replica, _ = monitored
     with urllib.request.urlopen(replica.url + "/metrics", timeout=10) as r:
         live = exported_names(r.read().decode())
     assert live == exported_names(rendered_metrics())   # the static checks read the same names

@@ -5,10 +5,10 @@ scrape config, the HPA's metric and the endpoint picker's metric names agree wit
 from __future__ import annotations
 
 import re
-import tomllib
 
 import msgspec
 import pytest
+import tomllib
 import yaml
 
 from inferd.config import Settings
