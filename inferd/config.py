@@ -71,6 +71,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_s: NonNegFloat = 600.0
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     drain_timeout_s: NonNegFloat = 30.0
+    drain_delay_s: NonNegFloat = 0.0
     measure_bandwidth: bool = True
     log_level: str = "info"
     log_requests: bool = True
@@ -122,6 +123,7 @@ DOCS: dict[str, str] = {
     "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
     "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
     "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",
+    "drain_delay_s": "On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer takes the replica out before it stops listening (more than its check interval x fall count); 0 stops listening at once.",
     "measure_bandwidth": "Measure memory read bandwidth at start-up (for the bandwidth-utilisation metric).",
     "log_level": "Logging level: debug, info, warning, error or critical.",
     "log_requests": "Log one line per request (id, tokens in/out, cached, TTFT, tokens/s).",

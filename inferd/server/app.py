@@ -92,7 +92,7 @@ async def lifecycle_middleware(request: web.Request, handler):
         raise ProtocolError("the model is still loading; retry shortly", status=503, headers={"Retry-After": "5"})
     if state.status == "failed":
         raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
-    if state.status == "draining":
+    if state.status == "draining" and not state.accepting:
         raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
     state.in_flight += 1
     state.idle.clear()
