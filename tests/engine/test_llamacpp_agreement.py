@@ -26,7 +26,6 @@ import pytest
 
 from inferd.engine.engine import Engine
 from inferd.engine.types import SeqInput
-from inferd.model.loader import load_model
 from inferd.text.chat import render_chat
 
 NEAR_TIE = 0.2   # logits; the largest gap we have seen at a disagreement is 0.14
@@ -45,8 +44,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    model = load_model(smollm2_path)
+def smollm2(smollm2_model):
+    model = smollm2_model
     engine = Engine(model, num_kv_blocks=8, max_batch_tokens=128, max_seqs=1, max_logits_rows=128)
     return model, engine
 

@@ -45,8 +45,8 @@ def test_smollm2_loads_with_expected_config_and_tensors(smollm2_path):
     assert q.data[0, :6].tolist() == [15, 48, 216, 185, 69, 135]
 
 
-def test_smollm2_load_model_passes_native_types_through_as_views(smollm2_path):
-    m = load_model(smollm2_path)
+def test_smollm2_load_model_passes_native_types_through_as_views(smollm2_model):
+    m = smollm2_model
     assert m.model_name == "SmolLM2-135M-Instruct.Q4_1"
     assert {t.type for t in m.tensors.values()} == {"Q8_0", "Q4_1", "F32"}
     assert not m.tensors["blk.3.ffn_up.weight"].data.flags.owndata  # an mmap view, not a copy
