@@ -21,15 +21,18 @@ enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 
 /* Kernel paths, best last. */
 enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };
 
-/* An activation row quantized to 8 bits: one block per 32 values. `isum` is sum(qs), kept exact so
+/* An activation row quantized to 8 bits: one block per 32 values, 64 bytes. `isum` is sum(qs), kept exact so
  * Q4 weights stored unsigned (w + 8) can subtract 8 * isum and Q4_1 can add its min term; the corrections
  * -8 * isum (unsigned Q4) and -128 * isum (Q8 made unsigned for dpbusd) are stored too, so the kernels
- * start a block's integer sum from a broadcast load instead of computing them for every tile. `hsum` holds the
- * sums of the two halves (values 0-15 and 16-31): Q6_K's sub-blocks of 16 subtract 32 * hsum. */
+ * start a block's integer sum from a broadcast load instead of computing them for every tile. dsum = d * isum is
+ * the min term's factor (types with a min add dsum * m_w). Q6_K's sub-blocks of 16 need the sums of the two halves
+ * (values 0-15 and 16-31): hsum, and q6_corr = -32 * hsum (its values are stored as q + 32). */
 typedef struct {
     float d;
     int32_t isum;
     int32_t q4_corr, q8_corr;
+    float dsum;
+    int32_t q6_corr[2];
     int16_t hsum[2];
     int8_t qs[QK];
 } block_q8x;

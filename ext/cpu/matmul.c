@@ -3,7 +3,7 @@
  *
  * Every quantized path computes, for each row and each 32-value block, the block's integer dot product exactly in
  * int32, then accumulates fma(float(isum), d_w * d_x, acc) block after block (types with a min add
- * fma(float(sum x), m_w * d_x, acc) right after). So the scalar, AVX2 (maddubs+madd) and VNNI (dpbusd) paths give
+ * fma(m_w, d_x * sum x, acc) right after). So the scalar, AVX2 (maddubs+madd) and VNNI (dpbusd) paths give
  * bit-identical results, and a token's row does not depend on which other tokens share the call. Float weights use
  * 4 accumulators of 8 lanes (group g into accumulator g % 4), combined (a0+a1)+(a2+a3), then summed in vecmath.h's
  * hsum8_pairs order. */
@@ -56,7 +56,8 @@ static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, 
  *   Q4_K, Q5_K    isum = sum q x          (sub-block s of super-block)   dw = d * sc[s], mw = -(dmin * mn[s])
  *   Q6_K          isum = sc[2s] (sum_0..15 q x - 32 sum_0..15 x) + sc[2s+1] (sum_16..31 q x - 32 sum_16..31 x),
  *                                                                        dw = d
- * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(float(sum x), mw * dx, acc). */
+ * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
+ * computed once per activation block. */
 static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok,
                               float *y, int ldy, int ycol, int nrows, int accumulate) {
     int nsub = type_is_k(type) ? 8 : 1, q[32];
@@ -92,7 +93,7 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
                     }
                     }
                     acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
-                    if (has_min) acc[r] = __builtin_fmaf((float)xb->isum, mw * xb->d, acc[r]);
+                    if (has_min) acc[r] = __builtin_fmaf(mw, xb->dsum, acc[r]);
                 }
             }
         }

@@ -7,7 +7,7 @@
  * One call: ntok tokens against one tile (8 rows). For every 32-value block, in column order:
  *   1. the block's 8 weight vectors wv[j] (lane r: values 4j..4j+3 of row r, unsigned; signed for Q8_0),
  *   2. for each token, its exact int32 block sum isum (tile.h and matmul.c's scalar kernel define it per type),
- *   3. acc = fma(float(isum), dw * dx, acc), and for the types with a min, acc = fma(float(sum x), mw * dx, acc),
+ *   3. acc = fma(float(isum), dw * dx, acc), and for the types with a min, acc = fma(mw, dx * sum x, acc),
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
  * are the same operations in the same order on every path and for every ntok: bit-identical results. */
@@ -87,25 +87,25 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
     if (type == WT_Q6_K) {
-        __m256i sum;
 #if KVNNI
-        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        /* each half's sum starts from -32 * its sum of x (values are stored as q + 32) */
+        __m256i a = _mm256_set1_epi32(xb->q6_corr[0]), b = _mm256_set1_epi32(xb->q6_corr[1]);
         for (int j = 0; j < 4; j++) {
             a = DPBUSD(a, wv[j], x[j]);
             b = DPBUSD(b, wv[4 + j], x[4 + j]);
         }
-        sum = _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
+        return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
 #else
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {   /* maddubs pairs <= 2 * 63 * 127: no int16 overflow before the madd */
             a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x[j]), q6->sc16[0]));
             b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4 + j], x[4 + j]), q6->sc16[1]));
         }
-        sum = _mm256_add_epi32(a, b);
-#endif
+        __m256i sum = _mm256_add_epi32(a, b);
         /* values are stored as q + 32: subtract 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) */
         __m256i corr = _mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum));
         return _mm256_sub_epi32(sum, _mm256_slli_epi32(corr, 5));
+#endif
     }
     if (type == WT_Q8_0) {
 #if KVNNI
@@ -189,7 +189,7 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
                 __m256i isum = KFN(block_isum)(type, chains, wv, xb, &q6);
                 __m256 dx = _mm256_set1_ps(xb->d);
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[k]);
-                if (has_min) acc[k] = _mm256_fmadd_ps(_mm256_set1_ps((float)xb->isum), _mm256_mul_ps(mw, dx), acc[k]);
+                if (has_min) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc[k]);
             }
         }
     }

@@ -14,6 +14,9 @@ static inline void set_sums(block_q8x *o, int32_t isum, int32_t lo16) {
     o->isum = isum;
     o->hsum[0] = (int16_t)lo16;
     o->hsum[1] = (int16_t)(isum - lo16);
+    o->q6_corr[0] = -32 * lo16;
+    o->q6_corr[1] = -32 * (isum - lo16);
+    o->dsum = o->d * (float)isum;
     o->q4_corr = -8 * isum;
     o->q8_corr = -128 * isum;
 }
@@ -35,7 +38,7 @@ static void quantize_act_scalar(const float *x, int n, block_q8x *out, size_t st
             if (i == 15) lo16 = isum;
         }
         o->d = d;
-        set_sums(o, isum, lo16);
+        set_sums(o, isum, lo16);   /* after d: dsum = d * isum */
     }
 }
 
