@@ -247,10 +247,11 @@ cdef class Model:
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
     cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
-    cdef object progress
+    cdef object progress, release
 
-    def __init__(self, dict config, dict tensors, int threads=1, progress=None):
-        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight."""
+    def __init__(self, dict config, dict tensors, int threads=1, progress=None, release=None):
+        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
+        release(spec) after each weight's source arrays are no longer needed."""
         cdef model_config_t *c = &self.m.cfg
         c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
         c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
@@ -275,6 +276,7 @@ cdef class Model:
         if self.arena == NULL:
             raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
         self.progress = progress
+        self.release = release
         if threads > 1:
             self.load_pool = pool_create(threads)
         try:
@@ -283,7 +285,7 @@ cdef class Model:
             if self.load_pool != NULL:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
-            self.progress = None
+            self.progress = self.release = None
 
     cdef _build(self, model_config_t *c, dict tensors):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
@@ -317,6 +319,8 @@ cdef class Model:
             raise ValueError("weights do not fit the arena they were counted for")
         init_weight(w, spec, self.arena + self.arena_used if n else NULL, self.load_pool)
         self.arena_used += n
+        if self.release is not None:
+            self.release(spec)
         if self.progress is not None:
             self.progress(self.arena_used, self.arena_bytes)
         return 0

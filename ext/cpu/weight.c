@@ -199,7 +199,13 @@ static int weight_setup(weight_t *w, int nseg, const int *types, const int *rows
     w->owned = dst == NULL;
     w->data = dst ? dst : aligned_alloc(64, (nbytes + 63) & ~(size_t)63);
     if (!w->data) return -2;
-    if (weight_is_quantized(w->type)) memset(w->data, 0, nbytes);   /* padding rows: zero scales, so they compute 0 */
+    /* padding rows get zero scales, so they compute 0: only a segment's last tile has them (all of the memory is
+     * written by weight_fill otherwise, and zeroing it first would touch every page twice) */
+    for (int i = 0; i < nseg && weight_is_quantized(types[i]); i++)
+        if (rows[i] % TILE_ROWS) {
+            size_t tile = (size_t)(cols / weight_block_cols(types[i])) * weight_tile_block_bytes(types[i]);
+            memset(w->data + w->seg[i].offset + weight_layout_bytes(types[i], rows[i], cols) - tile, 0, tile);
+        }
     return 0;
 }
 

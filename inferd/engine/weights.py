@@ -5,6 +5,8 @@ segments). Parts are converted only where segments cannot hold them: float parts
 interleaved parts (gate|up) of different types; then they are brought to the most precise of their types."""
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from inferd import _cpu
@@ -70,8 +72,32 @@ def _vector(t) -> tuple:
     return ("F32", 1, t.rows * t.cols, _to_f32(t).reshape(-1))
 
 
+def release_file_pages(data: np.ndarray) -> None:
+    """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
+    built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
+    bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
+    base = data
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None or data.nbytes == 0:
+        return
+    start = np.frombuffer(base, np.uint8, count=1).ctypes.data
+    offset = data.ctypes.data - start
+    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _release(spec: tuple) -> None:
+    for part in spec[1] if spec[0] == "parts" else [spec]:
+        if isinstance(part[3], np.ndarray):
+            release_file_pages(part[3])
+
+
 def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
-    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight."""
+    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
+    inferd.engine.load_progress)."""
     cfg = model.config
     ts = model.tensors
     rope = cfg.rope_scaling or {}
@@ -101,4 +127,4 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
         # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)
         tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]], interleave=32)
         tensors[p + "wdown"] = _spec(ts[p + "ffn_down.weight"])
-    return _cpu.Model(config, tensors, threads, progress)
+    return _cpu.Model(config, tensors, threads, progress, _release)
