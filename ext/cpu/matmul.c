@@ -194,6 +194,10 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             continue;
         }
         const qkernel_t *k = &table[type];
+        if (k->batch && ntok >= 2 * k->ntok && nb32 <= BATCH_MAX_BLOCKS) {
+            k->batch(base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
+            continue;
+        }
         int t = 0;
         for (; t + k->ntok <= ntok; t += k->ntok)
             k->many(base, nb, xq + (size_t)t * nb32, nb32, y + (size_t)t * ldy, ldy, ycol, nrows, accumulate, small);

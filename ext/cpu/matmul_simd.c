@@ -9,6 +9,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+/* the types whose prefill unpacks each tile once (tile.h's qbatch_fn): all but Q4_0 and Q8_0, whose vectors are
+ * a load and a mask or a load away */
+#define KBATCH(type) ((type) != WT_Q4_0 && (type) != WT_Q8_0)
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define KSUFFIX avx2

@@ -155,44 +155,29 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
  * or the matrix is large (the hardware prefetcher alone falls behind there; see bench/results for the A/B). */
 #define PREFETCH_TILES 8
 
-KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int nb, const block_q8x *xq, int nb32,
-                       float *y, int ldy, int ycol, int nrows, int accumulate, int prefetch) {
-    const int nsub = type_is_k(type) ? 8 : 1, chains = ntok == 1 ? 2 : 1;
-    const int has_min = type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K;
-    const size_t bb = tile_block_bytes(type);
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 acc[8];
-    for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = base + (size_t)b * bb;
-        if (ntok > 1 || prefetch)
-            for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)PREFETCH_TILES * nb * bb + o, 0, 2);
-        __m256 d = KFN(load_f16x8)(blk), dmin = d;
-        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
-        for (int s = 0; s < nsub; s++) {
-            __m256i wv[8];
-            KFN(load_wv)(type, blk, s, wv);
-            __m256 dw = d, mw = d;
-            KFN(q6scales) q6;
-            if (type == WT_Q4_K || type == WT_Q5_K) {
-                const uint8_t *sm = blk + tile_scales_off(type, s);
-                dw = _mm256_mul_ps(d, KFN(load_u8x8_ps)(sm));
-                mw = _mm256_xor_ps(_mm256_mul_ps(dmin, KFN(load_u8x8_ps)(sm + 8)), sign);
-            } else if (type == WT_Q4_1 || type == WT_Q5_1) {
-                mw = KFN(load_f16x8)(blk + 16);
-            } else if (type == WT_Q6_K) {
-                KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
-            }
-            const block_q8x *xb0 = xq + (size_t)b * nsub + s;
-            for (int k = 0; k < ntok; k++) {
-                const block_q8x *xb = xb0 + (size_t)k * nb32;
-                __m256i isum = KFN(block_isum)(type, chains, wv, xb, &q6);
-                __m256 dx = _mm256_set1_ps(xb->d);
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[k]);
-                if (has_min) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc[k]);
-            }
-        }
+/* the rows' scale dw and min mw of block s of a tile block (d, dmin: its super-block's, for the K-quants) */
+KINLINE void KFN(block_scales)(const int type, const uint8_t *blk, int s, __m256 d, __m256 dmin, __m256 *dw,
+                               __m256 *mw) {
+    *dw = d;
+    *mw = d;
+    if (type == WT_Q4_K || type == WT_Q5_K) {
+        const uint8_t *sm = blk + tile_scales_off(type, s);
+        *dw = _mm256_mul_ps(d, KFN(load_u8x8_ps)(sm));
+        *mw = _mm256_xor_ps(_mm256_mul_ps(dmin, KFN(load_u8x8_ps)(sm + 8)), _mm256_set1_ps(-0.0f));
+    } else if (type == WT_Q4_1 || type == WT_Q5_1) {
+        *mw = KFN(load_f16x8)(blk + 16);
     }
+}
+
+/* one token's block: acc = fma(float(isum), dw * dx, acc), then the min term */
+KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 dw, __m256 mw, const block_q8x *xb) {
+    const int has_min = type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), acc);
+    if (has_min) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc);
+    return acc;
+}
+
+KINLINE void KFN(store)(const __m256 *acc, int ntok, float *y, int ldy, int ycol, int nrows, int accumulate) {
     for (int k = 0; k < ntok; k++) {
         float *o = y + (size_t)k * ldy + ycol;
         if (nrows == TILE_ROWS) {
@@ -205,6 +190,69 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
     }
 }
 
+KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int nb, const block_q8x *xq, int nb32,
+                       float *y, int ldy, int ycol, int nrows, int accumulate, int prefetch) {
+    const int nsub = type_is_k(type) ? 8 : 1, chains = ntok == 1 ? 2 : 1;
+    const size_t bb = tile_block_bytes(type);
+    __m256 acc[8];
+    for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * bb;
+        if (ntok > 1 || prefetch)
+            for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)PREFETCH_TILES * nb * bb + o, 0, 2);
+        __m256 d = KFN(load_f16x8)(blk), dmin = d;
+        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+        for (int s = 0; s < nsub; s++) {
+            __m256i wv[8];
+            KFN(load_wv)(type, blk, s, wv);
+            __m256 dw, mw;
+            KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
+            KFN(q6scales) q6;
+            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
+            const block_q8x *xb0 = xq + (size_t)b * nsub + s;
+            for (int k = 0; k < ntok; k++) {
+                const block_q8x *xb = xb0 + (size_t)k * nb32;
+                acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, wv, xb, &q6), dw, mw, xb);
+            }
+        }
+    }
+    KFN(store)(acc, ntok, y, ldy, ycol, nrows, accumulate);
+}
+
+/* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
+ * vectors, scales) on the stack, then every group of tokens reads them: the unpacking (nibbles, high bits, the
+ * K-quants' scale products) is no longer repeated for every group of KNT tokens. Same operations per token and
+ * block as KFN(tile): the same bits. */
+typedef struct { __m256i wv[8]; __m256 dw, mw; KFN(q6scales) q6; } KFN(prepared);
+
+KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(prepared) *p) {
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const size_t bb = tile_block_bytes(type);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * bb;
+        __m256 d = KFN(load_f16x8)(blk), dmin = d;
+        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+        for (int s = 0; s < nsub; s++, p++) {
+            KFN(load_wv)(type, blk, s, p->wv);
+            KFN(block_scales)(type, blk, s, d, dmin, &p->dw, &p->mw);
+            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &p->q6);
+        }
+    }
+}
+
+KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prepared) *p, int nb32,
+                                  const block_q8x *xq, float *y, int ldy, int ycol, int nrows, int accumulate) {
+    const int chains = ntok == 1 ? 2 : 1;
+    __m256 acc[8];
+    for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb32; b++, p++)
+        for (int k = 0; k < ntok; k++) {
+            const block_q8x *xb = xq + (size_t)k * nb32 + b;
+            acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, p->wv, xb, &p->q6), p->dw, p->mw, xb);
+        }
+    KFN(store)(acc, ntok, y, ldy, ycol, nrows, accumulate);
+}
+
 /* the kernels of one type: KNT(type) tokens per call, and one */
 #define KDEFINE(name, TYPE)                                                                                      \
     static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
@@ -214,6 +262,18 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
     static void KFN(name##_1)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
                               int ycol, int nrows, int accumulate, int prefetch) {                               \
         KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
+    }                                                                                                            \
+    static void KFN(name##_b)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,     \
+                              int ldy, int ycol, int nrows, int accumulate) {                                    \
+        KFN(prepared) p[nb32];                                                                                   \
+        KFN(prepare_tile)(TYPE, base, nb, p);                                                                    \
+        int t = 0;                                                                                               \
+        for (; t + KNT(TYPE) <= ntok; t += KNT(TYPE))                                                            \
+            KFN(prepared_tokens)(TYPE, KNT(TYPE), p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,\
+                                 nrows, accumulate);                                                             \
+        for (; t < ntok; t++)                                                                                    \
+            KFN(prepared_tokens)(TYPE, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows, \
+                                 accumulate);                                                                    \
     }
 KDEFINE(q4_0, WT_Q4_0)
 KDEFINE(q4_1, WT_Q4_1)
@@ -225,7 +285,8 @@ KDEFINE(q5_k, WT_Q5_K)
 KDEFINE(q6_k, WT_Q6_K)
 #undef KDEFINE
 
-#define KENTRY(name, TYPE) [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1)}
+/* KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
+#define KENTRY(name, TYPE) [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL}
 const qkernel_t KFN(qkernels)[NUM_WEIGHT_TYPES] = {
     KENTRY(q4_0, WT_Q4_0), KENTRY(q4_1, WT_Q4_1), KENTRY(q5_0, WT_Q5_0), KENTRY(q5_1, WT_Q5_1),
     KENTRY(q8_0, WT_Q8_0), KENTRY(q4_k, WT_Q4_K), KENTRY(q5_k, WT_Q5_K), KENTRY(q6_k, WT_Q6_K),

@@ -52,7 +52,11 @@ static inline size_t tile_block_bytes(int type) {
  * tokens per call of the many-token kernel (its block size) and a one-token kernel for the rest. */
 typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
                          int nrows, int accumulate, int prefetch);
-typedef struct { int ntok; qtile_fn many, one; } qkernel_t;
+/* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
+typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
+                          int ycol, int nrows, int accumulate);
+typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; } qkernel_t;
+#define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
     qkernels_avxvnni[NUM_WEIGHT_TYPES];
 
