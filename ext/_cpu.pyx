@@ -11,7 +11,9 @@ from cinferd cimport *
 
 cnp.import_array()
 
-WEIGHT_TYPES = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5}
+WEIGHT_TYPES = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5, "Q4_K": 6, "Q5_K": 7, "Q6_K": 8,
+                "Q5_0": 9, "Q5_1": 10}
+FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
 PATHS = {"scalar": 0, "avx2": 1, "avx512vnni": 2, "avxvnni": 3}
 BLOCK_SIZE = KV_BLOCK
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
@@ -83,7 +85,8 @@ def quantize(cnp.ndarray x, str type_name):
 
 
 def quantize_activations(cnp.ndarray x):
-    """(n,) float32, n % 32 == 0 -> (d (n/32,), isum (n/32,), qs (n/32, 32)) with the active path."""
+    """(n,) float32, n % 32 == 0 -> (d (n/32,), isum (n/32,), qs (n/32, 32), hsum (n/32, 2)) with the active
+    path."""
     cdef float[::1] xv = np.ascontiguousarray(x, dtype=np.float32)
     cdef int n = xv.shape[0], nb = n // 32, i
     if n % 32 or n == 0:
@@ -92,34 +95,91 @@ def quantize_activations(cnp.ndarray x):
     with nogil:
         quantize_act(&xv[0], n, blocks)
     d = np.empty(nb, np.float32); isum = np.empty(nb, np.int32); qs = np.empty((nb, 32), np.int8)
+    hsum = np.empty((nb, 2), np.int32)
     for i in range(nb):
         d[i] = blocks[i].d
         isum[i] = blocks[i].isum
         qs[i] = [blocks[i].qs[j] for j in range(32)]
+        hsum[i] = [blocks[i].hsum[0], blocks[i].hsum[1]]
     free(blocks)
-    return d, isum, qs
+    return d, isum, qs, hsum
 
 
-cdef size_t layout_bytes(tuple spec):
-    """Bytes of the engine's layout of spec (type_name, rows, cols, data), rounded up to 64; 0 if it is bad."""
-    if spec[0] not in WEIGHT_TYPES:
+cdef list spec_parts(tuple spec):
+    """A weight spec is (type_name, rows, cols, data), or ("parts", [such tuples], interleave): the row-wise
+    concatenation of the parts, or with interleave > 0 their groups of that many rows in turn (group 0 of every
+    part, then group 1, ...). Returns the list of parts."""
+    if spec[0] == "parts":
+        return list(spec[1])
+    return [spec]
+
+
+cdef int spec_segments(tuple spec, int *types, int *rows) except -1:
+    """The segments (types, rows) of the weight a spec builds; their number (0 for a bad spec)."""
+    parts = spec_parts(spec)
+    cdef int n = 0
+    for part in parts:
+        if part[0] not in WEIGHT_TYPES or part[2] != parts[0][2]:
+            return 0
+    interleave = spec[2] if spec[0] == "parts" else 0
+    if interleave and any(part[0] != parts[0][0] for part in parts):
         return 0
-    return (weight_layout_bytes(WEIGHT_TYPES[spec[0]], spec[1], spec[2]) + 63) & ~(<size_t>63)
+    for part in parts:
+        if n and types[n - 1] == WEIGHT_TYPES[part[0]]:
+            rows[n - 1] += part[1]
+            continue
+        if n == MAX_SEGMENTS:
+            return 0
+        types[n] = WEIGHT_TYPES[part[0]]
+        rows[n] = part[1]
+        n += 1
+    return n
 
 
-cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL) except -1:
-    """spec: (type_name, rows, cols, data); dst: layout_bytes(spec) of memory to build it in (NULL: its own)"""
-    cdef str type_name = spec[0]
-    cdef int rows = spec[1], cols = spec[2]
-    data = spec[3]
-    if type_name not in WEIGHT_TYPES:
-        raise ValueError(f"weight type {type_name} is not supported by the engine")
-    cdef cnp.ndarray arr = np.ascontiguousarray(data)
-    cdef int rc = weight_init(w, WEIGHT_TYPES[type_name], rows, cols, <const void *>arr.data, arr.nbytes, dst)
+cdef size_t layout_bytes(tuple spec) except? 0:
+    """Bytes of the engine's layout of a spec, rounded up to 64; 0 if it is bad."""
+    cdef int types[MAX_SEGMENTS]
+    cdef int rows[MAX_SEGMENTS]
+    cdef int n = spec_segments(spec, types, rows)
+    if n == 0:
+        return 0
+    return (weight_layout_bytes_seg(n, types, rows, spec_parts(spec)[0][2]) + 63) & ~(<size_t>63)
+
+
+cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NULL) except -1:
+    """Builds the weight of `spec` (see spec_parts) in dst: layout_bytes(spec) of memory (NULL: its own), repacking
+    each part's GGUF rows straight from its array (a view over the mapped file) with the pool's threads."""
+    cdef int types[MAX_SEGMENTS]
+    cdef int rows[MAX_SEGMENTS]
+    parts = spec_parts(spec)
+    cdef int n = spec_segments(spec, types, rows), cols = parts[0][2], rc, row0 = 0, interleave = 0, i
+    what = " + ".join(f"{p[0]} {p[1]}x{p[2]}" for p in parts)
+    if n == 0:
+        raise ValueError(f"weight {what} is not supported by the engine")
+    with nogil:
+        rc = weight_init_seg(w, n, types, rows, cols, dst)
     if rc == -2:
-        raise MemoryError(f"out of memory for a {rows}x{cols} {type_name} weight")
+        raise MemoryError(f"out of memory for weight {what}")
     if rc:
-        raise ValueError(f"bad {type_name} weight {rows}x{cols} ({arr.nbytes} bytes)")
+        raise ValueError(f"bad weight shape {what}")
+    if spec[0] == "parts":
+        interleave = spec[2]
+    cdef cnp.ndarray arr
+    cdef int prows, group, stride
+    for i, part in enumerate(parts):
+        arr = np.ascontiguousarray(part[3])
+        prows = part[1]
+        if arr.nbytes != gguf_row_bytes(WEIGHT_TYPES[part[0]], cols) * prows:
+            weight_free(w)
+            raise ValueError(f"bad {part[0]} weight {prows}x{cols} ({arr.nbytes} bytes)")
+        group = interleave if interleave else prows
+        stride = interleave * len(parts) if interleave else prows
+        with nogil:
+            rc = weight_fill(w, arr.data, prows, (i * interleave) if interleave else row0, group, stride, pool)
+        if rc:
+            weight_free(w)
+            raise ValueError(f"cannot place part {i} of weight {what} (interleave {interleave})")
+        row0 += prows
     return 0
 
 
@@ -127,8 +187,13 @@ cdef class Weight:
     """One weight matrix in the engine's tile layout; for kernel tests and benchmarks."""
     cdef weight_t w
 
-    def __init__(self, str type_name, int rows, int cols, data):
-        init_weight(&self.w, (type_name, rows, cols, data))
+    def __init__(self, str type_name, int rows, int cols, data, parts=None, int interleave=0):
+        """A weight of one type; or with type_name "parts", the fused weight of `parts` ((type, rows, cols, data)
+        tuples; see spec_parts)."""
+        if type_name == "parts":
+            init_weight(&self.w, ("parts", list(parts), interleave))
+        else:
+            init_weight(&self.w, (type_name, rows, cols, data))
 
     def __dealloc__(self):
         weight_free(&self.w)
@@ -184,8 +249,12 @@ cdef class Model:
     cdef int n_built
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
+    cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
+    cdef object progress, release
 
-    def __init__(self, dict config, dict tensors):
+    def __init__(self, dict config, dict tensors, int threads=1, progress=None, release=None):
+        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
+        release(spec) after each weight's source arrays are no longer needed."""
         cdef model_config_t *c = &self.m.cfg
         c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
         c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
@@ -209,6 +278,19 @@ cdef class Model:
         self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
         if self.arena == NULL:
             raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
+        self.progress = progress
+        self.release = release
+        if threads > 1:
+            self.load_pool = pool_create(threads)
+        try:
+            self._build(c, tensors)
+        finally:
+            if self.load_pool != NULL:
+                pool_destroy(self.load_pool)
+                self.load_pool = NULL
+            self.progress = self.release = None
+
+    cdef _build(self, model_config_t *c, dict tensors):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
         if "output" in tensors:
             self._init_weight(&self.m.output, tensors["output"])
@@ -238,8 +320,12 @@ cdef class Model:
         cdef size_t n = layout_bytes(spec)
         if self.arena_used + n > self.arena_bytes:
             raise ValueError("weights do not fit the arena they were counted for")
-        init_weight(w, spec, self.arena + self.arena_used if n else NULL)
+        init_weight(w, spec, self.arena + self.arena_used if n else NULL, self.load_pool)
         self.arena_used += n
+        if self.release is not None:
+            self.release(spec)
+        if self.progress is not None:
+            self.progress(self.arena_used, self.arena_bytes)
         return 0
 
     @property

@@ -1,15 +1,18 @@
 # Declarations of the C engine (ext/cpu/inferd.h) for the Cython wrapper.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "inferd.h" nogil:
     enum:
         QK
+        QK_K
+        MAX_SEGMENTS
         TILE_ROWS
         KV_BLOCK
         MAX_TOP_LOGPROBS
     ctypedef struct block_q8x:
         float d
         int32_t isum
+        int16_t hsum[2]
         signed char qs[32]
     ctypedef struct weight_t:
         int type
@@ -17,7 +20,10 @@ cdef extern from "inferd.h" nogil:
         size_t nbytes
         uint8_t *data
         int owned
+        int nseg
     size_t weight_layout_bytes(int type, int rows, int cols)
+    size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int cols)
+    int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, int cols, uint8_t *dst)
     int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst)
     void weight_free(weight_t *w)
     void weight_dequant_row(const weight_t *w, int row, float *out)
@@ -34,6 +40,8 @@ cdef extern from "inferd.h" nogil:
 
     ctypedef struct pool_t:
         pass
+    int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
+                    pool_t *pool)
     pool_t *pool_create(int nthreads)
     void pool_destroy(pool_t *p)
     double read_bandwidth(size_t nbytes, int threads, int repeats)

@@ -23,7 +23,8 @@ from gguf import quants as gguf_quants
 from inferd.model.arch import ModelConfig
 from inferd.model.tensor import Tensor
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # gguf has no writer for these: tests/model/kquant_ref.py
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -62,6 +63,9 @@ def make_tensor(name: str, values: np.ndarray, type_name: str) -> Tensor:
         data = x.astype(np.float16).view(np.uint16)
     elif type_name == "BF16":
         data = to_bf16_bits(x)
+    elif type_name in K_TYPES:
+        from tests.model.kquant_ref import quantize_k
+        data = quantize_k(x, type_name)
     elif type_name in QUANT_TYPES:
         data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
     else:
@@ -244,12 +248,13 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
                  n_heads: int = 2, n_kv_heads: int = 1, head_dim: int | None = None, hidden: int = 160,
                  rope_theta: float = 10000.0, rope_scaling: dict | None = None, rope_neox: bool | None = None,
                  qkv_bias: bool | None = None, tie: bool = True, context_length: int = 256,
-                 norm_eps: float = 1e-5, seed: int = 0) -> SimpleNamespace:
+                 norm_eps: float = 1e-5, seed: int = 0, mix: dict[str, str] | None = None) -> SimpleNamespace:
     """A random model as the loaders would hand it to Engine: `.config` (ModelConfig) and `.tensors`.
 
     Defaults are deliberately awkward: vocab 203 (not a multiple of the 8-row tile), hidden 160 (5 blocks).
     Weights ~ N(0, 1/cols) so activations stay O(1); norm weights and biases are F32 (the loaders convert
-    vectors to F32). embed_type/output_type default to weight_type."""
+    vectors to F32). embed_type/output_type default to weight_type; `mix` overrides the type of layer tensors by
+    short name, as llama.cpp's Q4_K_M does: {"attn_v": "Q6_K", "ffn_down": "Q6_K"}."""
     rng = np.random.default_rng(seed)
     head_dim = head_dim or dim // n_heads
     neox = (arch != "llama") if rope_neox is None else rope_neox
@@ -269,7 +274,8 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
     ts = {}
 
     def add(name, values, type_name):
-        ts[name] = make_tensor(name, values, type_name)
+        short = name.split(".")[-2] if name.startswith("blk.") else ""
+        ts[name] = make_tensor(name, values, (mix or {}).get(short, type_name) if type_name != "F32" else "F32")
 
     add("token_embd.weight", rng.standard_normal((vocab, dim)).astype(np.float32), embed_type or weight_type)
     add("output_norm.weight", norm_w(dim), "F32")

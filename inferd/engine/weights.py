@@ -1,14 +1,21 @@
 """A LoadedModel's tensors -> the C engine's Model: Wq|Wk|Wv and Wgate|Wup fused into one matrix each (one
-parallel region per fused matmul), then repacked by C into 8-row tiles. The fused parts must share a type;
-when a file mixes types (say Q4_K attention with a Q6_K V), the parts are brought to the most precise one."""
+parallel region per fused matmul), repacked by C into 8-row tiles straight from the file's mapped rows. A fused
+matrix keeps each part's quantized type (Q4_K_M files give Q4_K Q and K with a Q6_K V: one matrix of two
+segments). Parts are converted only where segments cannot hold them: float parts beside quantized ones, or
+interleaved parts (gate|up) of different types; then they are brought to the most precise of their types."""
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
 from inferd import _cpu
 
 # most precise first
-PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q4_1", "Q4_0")
+PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
+FLOATS = ("F32", "F16", "BF16")
+QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")   # the types _cpu.quantize writes
+MAX_SEGMENTS = 3
 
 
 def _to_f32(t) -> np.ndarray:
@@ -32,23 +39,29 @@ def _convert(t, target: str) -> np.ndarray:
     return _cpu.quantize(x, target)
 
 
+def _segments(types: list[str]) -> int:
+    return sum(1 for i, t in enumerate(types) if i == 0 or t != types[i - 1])
+
+
 def fuse(parts, interleave: int = 0) -> tuple:
-    """(type, rows, cols, data) of the row-wise concatenation of `parts`; with `interleave`, of their groups of that
-    many rows in turn (group 0 of every part, then group 1, ...), so that one stretch of rows holds the same units
-    of every part."""
-    target = min((p.type for p in parts), key=PRECISION.index)
+    """The engine's spec ("parts", [(type, rows, cols, data)...], interleave) of the row-wise concatenation of
+    `parts`; with `interleave`, of their groups of that many rows in turn (group 0 of every part, then group 1,
+    ...), so that one stretch of rows holds the same units of every part. The C side repacks every part from its
+    own array (no concatenated copy)."""
     cols = parts[0].cols
     if any(p.cols != cols for p in parts):
         raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
-    datas = [np.asarray(_convert(p, target)) for p in parts]
-    if interleave:
-        if any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
-            raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
-        groups = [d.reshape(parts[0].rows // interleave, interleave, -1) for d in datas]
-        data = np.stack(groups, axis=1).reshape(len(parts) * parts[0].rows, -1)
-    else:
-        data = np.concatenate(datas, axis=0)
-    return (target, sum(p.rows for p in parts), cols, data)
+    if interleave and any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
+        raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
+    types = [p.type for p in parts]
+    quantized = not any(t in FLOATS for t in types)
+    if len(set(types)) == 1 or (quantized and not interleave and _segments(types) <= MAX_SEGMENTS and
+                                all(p.rows % 8 == 0 for p in parts[:-1])):
+        return ("parts", [_spec(p) for p in parts], interleave)
+    target = min(types, key=PRECISION.index)
+    if target not in QUANTIZABLE:
+        target = "Q8_0"
+    return ("parts", [(target, p.rows, cols, np.asarray(_convert(p, target))) for p in parts], interleave)
 
 
 def _spec(t) -> tuple:
@@ -59,7 +72,32 @@ def _vector(t) -> tuple:
     return ("F32", 1, t.rows * t.cols, _to_f32(t).reshape(-1))
 
 
-def build_cpu_model(model) -> _cpu.Model:
+def release_file_pages(data: np.ndarray) -> None:
+    """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
+    built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
+    bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
+    base = data
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None or data.nbytes == 0:
+        return
+    start = np.frombuffer(base, np.uint8, count=1).ctypes.data
+    offset = data.ctypes.data - start
+    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _release(spec: tuple) -> None:
+    for part in spec[1] if spec[0] == "parts" else [spec]:
+        if isinstance(part[3], np.ndarray):
+            release_file_pages(part[3])
+
+
+def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
+    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
+    inferd.engine.load_progress)."""
     cfg = model.config
     ts = model.tensors
     rope = cfg.rope_scaling or {}
@@ -89,4 +127,4 @@ def build_cpu_model(model) -> _cpu.Model:
         # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)
         tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]], interleave=32)
         tensors[p + "wdown"] = _spec(ts[p + "ffn_down.weight"])
-    return _cpu.Model(config, tensors)
+    return _cpu.Model(config, tensors, threads, progress, _release)

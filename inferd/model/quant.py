@@ -1,8 +1,10 @@
-"""Convert loaded tensors into the types the engine computes with (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+"""Convert loaded tensors into the types the engine computes with (tensor.NATIVE_TYPES: F32, F16, BF16, Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 
-- Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied.
-- K-quants and Q5_0/Q5_1 are dequantized with gguf.quants and re-quantized to Q8_0. Q8_0 is chosen over a
-  4-bit target because its rounding error (~0.4% of a block's max) is far below the source's own 4-6 bit
+- Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied; the C side
+  repacks them into its tiles straight from there.
+- Q2_K, Q3_K, IQ4_NL and IQ4_XS are dequantized with gguf.quants and re-quantized to Q8_0. Q8_0 is chosen over a
+  4-bit target because its rounding error (~0.4% of a block's max) is far below the source's own 2-4 bit
   noise, so the model's quality is the file's; re-quantizing into another 4-bit grid would add a second error of
   the same size as the first.
 - Float weights (HF checkpoints, F16/F32 GGUFs) are quantized on request to q8_0 or q4_0 by the C kernel
@@ -20,7 +22,7 @@ from gguf import quants as gguf_quants
 
 from .tensor import NATIVE_TYPES, Tensor, bytes_per_row
 
-REQUANT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+REQUANT_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 LOADABLE_TYPES = NATIVE_TYPES + REQUANT_TYPES
 QUANTIZE_TARGETS = ("q8_0", "q4_0")
 FLOAT_TYPES = ("F32", "F16", "BF16")

@@ -40,8 +40,8 @@ from tests.reference import Reference, random_model
 
 FLOAT_TOL = 1e-3
 QUANT_TOL = 5e-2
-TOL = {"F32": FLOAT_TOL, "F16": FLOAT_TOL, "BF16": FLOAT_TOL, "Q8_0": QUANT_TOL, "Q4_0": QUANT_TOL,
-       "Q4_1": QUANT_TOL}
+TOL = {"F32": FLOAT_TOL, "F16": FLOAT_TOL, "BF16": FLOAT_TOL, **dict.fromkeys(
+    ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"), QUANT_TOL)}
 SMOLLM2_LAYER_TOL = 6e-2
 SMOLLM2_UPDATE_TOL = 0.15
 SMOLLM2_LOGITS_TOL = 5e-2
@@ -132,6 +132,10 @@ MEMORY_VARIANTS = {
     "hd128-q8_0-wide-q": dict(weight_type="Q8_0", n_heads=2, n_kv_heads=1, head_dim=128),   # q_dim 256, dim 128
     "llama3-strong-scaling-bf16": dict(weight_type="BF16", rope_theta=500000.0, rope_scaling=L3),
     "neox-f32": dict(weight_type="F32", rope_neox=True),
+    # llama.cpp's Q4_K_M mix (Q6_K V: a second segment of the fused QKV), and the 5-bit types
+    "qwen2-q4_k_m": dict(arch="qwen2", weight_type="Q4_K", dim=256, hidden=512, n_heads=4, n_kv_heads=2, tie=False,
+                         output_type="Q6_K", mix={"attn_v": "Q6_K", "ffn_down": "Q6_K"}),
+    "q5_k-q5_0-q5_1": dict(weight_type="Q5_K", dim=256, hidden=512, embed_type="Q5_0", mix={"ffn_down": "Q5_1"}),
 }
 
 

@@ -243,12 +243,13 @@ def _act_input(n_blocks: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("kernel_path", PATHS, indirect=True)
 def test_activation_quantization_is_within_half_a_step(kernel_path):
     x = _act_input(45, 1)
-    d, isum, qs = _cpu.quantize_activations(x)
+    d, isum, qs, hsum = _cpu.quantize_activations(x)
     b = x.reshape(-1, 32).astype(np.float64)
     amax = np.abs(b).max(1)
     np.testing.assert_allclose(d, amax / 127, rtol=1e-6)
     assert np.all(np.abs(qs.astype(np.int32)) <= 127)
     np.testing.assert_array_equal(isum, qs.astype(np.int32).sum(1))
+    np.testing.assert_array_equal(hsum, qs.astype(np.int32).reshape(-1, 2, 16).sum(2))   # Q6_K's half sums
     err = np.abs(qs * d[:, None].astype(np.float64) - b)
     assert np.all(err <= d[:, None] * (0.5 + 1e-5) + 1e-30)
     np.testing.assert_array_equal(qs[0], 0)
@@ -267,10 +268,11 @@ def test_activation_quantization_bytes_equal_across_paths():
         _cpu.set_path(old)
     assert len(results) >= 2, "at least scalar and one SIMD path should run on x86-64 CI machines"
     base = results.pop("scalar")
-    for p, (d, isum, qs) in results.items():
+    for p, (d, isum, qs, hsum) in results.items():
         np.testing.assert_array_equal(d.view(np.uint32), base[0].view(np.uint32), err_msg=p)
         np.testing.assert_array_equal(isum, base[1], err_msg=p)
         np.testing.assert_array_equal(qs, base[2], err_msg=p)
+        np.testing.assert_array_equal(hsum, base[3], err_msg=p)
 
 
 def test_activation_quantization_rejects_bad_lengths():
@@ -284,7 +286,7 @@ def engine_activations(x: np.ndarray) -> np.ndarray:
     """float64 values of the 8-bit activations the engine makes of x (ntok, cols), with the active path."""
     out = []
     for row in x:
-        d, _, qs = _cpu.quantize_activations(row)
+        d, _, qs, _ = _cpu.quantize_activations(row)
         out.append((qs.astype(np.float64) * d[:, None].astype(np.float64)).reshape(-1))
     return np.array(out)
 

@@ -213,14 +213,16 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray:
-    """Valid random blocks of a K-quant type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
+    """Valid random blocks of a K-quant or IQ4 type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
     qtype = GGMLQuantizationType[type_name]
     block, size = GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise ValueError(f"{type_name} needs cols divisible by {block}, got {cols}")
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,)}[type_name]
+    # where each type keeps its f16 scales: Q2_K d, dmin after 16 scales + 64 values; Q3_K d last
+    scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,), "Q2_K": (80, 82),
+                     "Q3_K": (size - 2,), "IQ4_NL": (0,), "IQ4_XS": (0,)}[type_name]
     for off in scale_offsets:
         d = (rng.uniform(0.5, 1.0, size=(rows, cols // block)) * 2e-4 / np.sqrt(cols / 256)).astype(np.float16)
         data[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
