@@ -173,8 +173,9 @@ class ModelConfig:
             raise ValueError(f"partial rotary embeddings (rope.dimension_count {key('rope.dimension_count')} "
                              f"< head_dim {head_dim}) are not supported")
         scaling_type = key("rope.scaling.type", "none")
+        # a factor without a type is linear, as llama.cpp reads it (older files wrote only rope.scale_linear)
         linear = float(key("rope.scaling.factor", key("rope.scale_linear", 1.0)) or 1.0)
-        if scaling_type not in ("none", "", "linear") or (scaling_type != "linear" and linear != 1.0):
+        if scaling_type not in ("none", "", "linear"):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via "
                              f"rope_freqs)")
         vocab = key("vocab_size", None)
