@@ -89,6 +89,9 @@ class CudaEngine(EngineShape):
                  threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str | None = None,
                  kv_dtype: str | None = None, device: int | None = None, use_graphs: bool | None = None,
                  use_pdl: bool | None = None, gemm: str | None = None):
+        if model.config.switches():
+            raise ValueError(f"the CUDA backend does not run {model.config.arch} models yet (they need "
+                             f"{', '.join(model.config.switches())}); use --device cpu")
         cu = _cuda()
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")

@@ -100,6 +100,14 @@ class ModelConfig:
         """Layer i's sliding window (keys per query, itself included), or 0 for a global layer."""
         return self.sliding_window if i in self.local_layers else 0
 
+    def switches(self) -> list[str]:
+        """The Qwen3/Gemma 3 switches this model turns on, named for a message (empty for llama/mistral/qwen2)."""
+        on = [("QK-norm", self.qk_norm), ("sandwich norms", self.sandwich_norms), ("GeGLU", self.ffn_act != "silu"),
+              ("an embedding scale", self.embed_scale != 1.0), ("its own attention scale", self.attn_scale is not None),
+              ("logit soft-capping", self.logit_softcap > 0), ("sliding-window layers", bool(self.local_layers)),
+              ("linear RoPE scaling", self.rope_linear_factor != 1.0)]
+        return [name for name, is_on in on if is_on]
+
     @property
     def query_scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)

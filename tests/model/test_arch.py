@@ -136,6 +136,9 @@ def test_from_gguf_gemma3_as_llama_cpp_reads_it():
     assert [c.layer_window(i) for i in (4, 5, 6)] == [512, 0, 512]
     shapes = expected_shapes(c)
     assert shapes["blk.3.attn_q_norm.weight"] == (1, 256) and shapes["blk.3.post_ffw_norm.weight"] == (1, 640)
+    assert c.switches() == ["QK-norm", "sandwich norms", "GeGLU", "an embedding scale", "its own attention scale",
+                            "sliding-window layers"]
+    assert ModelConfig.from_gguf(GGUF_SMOLLM2, []).switches() == []
 
 
 def test_from_gguf_gemma3_variants():
