@@ -27,6 +27,8 @@ from inferd.model.arch import ModelConfig
 from inferd.model.tensor import Tensor
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+# types the reference also reads (real files' K-quants and Q5 types; the engine re-quantizes them at load)
+FILE_QUANT_TYPES = QUANT_TYPES + ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -41,7 +43,7 @@ def dequantize(t: Tensor, rows=None) -> np.ndarray:
         return data.view(np.float16).astype(np.float64)
     if t.type == "BF16":
         return (data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if t.type in QUANT_TYPES:
+    if t.type in FILE_QUANT_TYPES:
         out = gguf_quants.dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.type])
         return out.reshape(data.shape[0], t.cols).astype(np.float64)
     raise ValueError(f"reference: unsupported tensor type {t.type}")
@@ -168,7 +170,7 @@ class Reference:
 
     def mm(self, x: np.ndarray, name: str, act_quant: bool = False) -> np.ndarray:
         """x @ W.T for the weight `name` (rows = outputs)."""
-        if act_quant and self.t[name].type in QUANT_TYPES:
+        if act_quant and self.t[name].type in FILE_QUANT_TYPES:
             x = quantize_activations(x)
         return x @ self.w(name).T
 
@@ -254,7 +256,7 @@ class Reference:
         cfg = self.cfg
         xn = rms_norm(x, self.vec("output_norm.weight"), cfg.norm_eps)
         out_t = self.t["token_embd.weight"] if cfg.tie_embeddings else self.t["output.weight"]
-        if act_quant and out_t.type in QUANT_TYPES:
+        if act_quant and out_t.type in FILE_QUANT_TYPES:
             xn = quantize_activations(xn)
         logits = np.empty((x.shape[0], cfg.vocab_size))
         for r0 in range(0, cfg.vocab_size, 8192):                              # bounded memory for big vocabs

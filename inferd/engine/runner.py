@@ -122,24 +122,28 @@ def perplexity(engine: Engine, tokens: list[int], ctx: int, bos_id: int | None =
         chunk = list(tokens[c * ctx:(c + 1) * ctx])
         if bos_id is not None:
             chunk[0] = bos_id
-        pos = 0
-        while pos < ctx:
-            part = chunk[pos:pos + engine.max_batch_tokens]
+        # the first half is only context: its steps ask for no logits (with a big vocabulary the output matmul
+        # and the logits of the rows not scored would be most of the work)
+        step = engine.max_batch_tokens
+        starts = sorted(set(range(0, first, step)) | set(range(first, ctx, step)))
+        for pos, end in zip(starts, starts[1:] + [ctx]):
+            part = chunk[pos:end]
             # logits are needed for positions first .. ctx-2 (each predicts the next token)
             lo, hi = max(pos, first), min(pos + len(part), ctx - 1)
             if hi > lo:
                 out = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0]
-                logits = out.logits[lo - pos:hi - pos].astype(np.float64)
-                m = logits.max(axis=1, keepdims=True)
-                lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1)))
-                targets = np.asarray(chunk[lo + 1:hi + 1])
-                token_nll = lse - logits[np.arange(hi - lo), targets]
-                nll += float(token_nll.sum())
-                nll2 += float((token_nll ** 2).sum())
+                for r0 in range(lo, hi, 32):                 # float64 in slices: bounded memory for big vocabularies
+                    r1 = min(hi, r0 + 32)
+                    logits = out.logits[r0 - pos:r1 - pos].astype(np.float64)
+                    m = logits.max(axis=1, keepdims=True)
+                    lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1)))
+                    targets = np.asarray(chunk[r0 + 1:r1 + 1])
+                    token_nll = lse - logits[np.arange(r1 - r0), targets]
+                    nll += float(token_nll.sum())
+                    nll2 += float((token_nll ** 2).sum())
                 count += hi - lo
             else:
                 engine.step([SeqInput(part, pos, table, 0)])
-            pos += len(part)
         if progress:
             progress(c + 1, n_chunks, math.exp(nll / count))
     mean = nll / count
