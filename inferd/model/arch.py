@@ -16,7 +16,8 @@ from typing import Any, Collection, Mapping
 import numpy as np
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
-HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+            "Qwen3ForCausalLM": "qwen3"}
 HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
 FFN_ACTS = ("silu", "gelu_tanh")
 # Gemma 3 as llama.cpp reads it: every 6th layer global, the others a sliding window with a RoPE base of 10000
@@ -114,7 +115,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
-        """From a Hugging Face config.json dict (Llama/Mistral/Qwen2ForCausalLM)."""
+        """From a Hugging Face config.json dict (Llama/Mistral/Qwen2/Qwen3ForCausalLM)."""
         archs = cfg.get("architectures") or []
         known = [HF_ARCHS[a] for a in archs if a in HF_ARCHS]
         if not known:
@@ -152,7 +153,7 @@ class ModelConfig:
             rope_scaling=_hf_rope_scaling(scaling),
             rope_neox=True,  # HF checkpoints keep q/k unpermuted: rotate-half pairs (i, i + head_dim/2)
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2", context_length=context)
+            qkv_bias=arch == "qwen2", context_length=context, qk_norm=arch == "qwen3")
 
     @classmethod
     def from_gguf(cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (),

@@ -100,7 +100,7 @@ FILE_VARIANTS = [
     "mistral-hf-hd128",           # head_dim 128, q_dim != dim
     "llama-hf-awkward",           # dim 96, 3 heads on 1 KV head, vocab 1000, 3 layers
     "llama32-gguf-f16",           # Llama 3.2's switches: tied, GQA 4, llama3 rope via rope_freqs
-    "qwen3-gguf-q8_0",            # QK-norm, head_dim 128
+    "qwen3-gguf-q8_0", "qwen3-hf-bf16",   # QK-norm, head_dim 128
     "gemma3-gguf-f32", "gemma3-gguf-q8_0",   # window 40 on layers 0-4 and 6, crossed by the 80 positions
 ]
 

@@ -35,7 +35,7 @@ LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['r
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
-            "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+            "qwen2": ("Qwen2ForCausalLM", "qwen2"), "qwen3": ("Qwen3ForCausalLM", "qwen3")}
 
 
 @dataclass(frozen=True)
@@ -325,7 +325,8 @@ HF_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self
             "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
             "attn_v.bias": "self_attn.v_proj.bias", "attn_output.weight": "self_attn.o_proj.weight",
             "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
-            "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+            "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+            "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -450,6 +451,7 @@ VARIANTS = {
     "llama-hf-f32": ("hf", TinySpec(), {"dtype": "f32"}),
     "llama-hf-bf16-sharded": ("hf", TinySpec(tie_embeddings=False), {"dtype": "bf16", "shards": 3}),
     "qwen2-hf-bf16": ("hf", _QWEN2, {"dtype": "bf16"}),
+    "qwen3-hf-bf16": ("hf", _QWEN3, {"dtype": "bf16"}),
     "llama3rope-hf-bf16": ("hf", TinySpec(rope_scaling=_L3), {"dtype": "bf16"}),
     "mistral-hf-hd128": ("hf", TinySpec(arch="mistral", dim=256, n_heads=2, n_kv_heads=1, head_dim=128,
                                         hidden_dim=96 * 4), {"dtype": "bf16"}),

@@ -61,6 +61,18 @@ def test_from_hf_qwen2_has_biases_and_ignores_unused_window():
         ("qwen2", True, True, 64, 32768, 1e-6)
 
 
+def test_from_hf_qwen3_has_qk_norm_and_no_biases():
+    qwen3_06b = {  # Qwen/Qwen3-0.6B config.json
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+        "sliding_window": None, "rope_scaling": None}
+    c = ModelConfig.from_hf(qwen3_06b)
+    assert (c.arch, c.qk_norm, c.qkv_bias, c.head_dim, c.q_dim, c.rope_neox, c.context_length) == \
+        ("qwen3", True, False, 128, 2048, True, 40960)
+
+
 def test_from_hf_mistral_sliding_window_caps_context():
     c = ModelConfig.from_hf(MISTRAL_7B_V01)
     assert (c.arch, c.head_dim, c.context_length, c.tie_embeddings) == ("mistral", 128, 4096, False)
