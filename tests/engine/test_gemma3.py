@@ -31,8 +31,11 @@ GEMMA3 = Path(os.environ.get("INFERD_TEST_GEMMA3",
                              Path.home() / ".cache" / "inferd-test-models" / "gemma-3-270m-q4_k_m.gguf"))
 TEXT = Path(__file__).resolve().parents[2] / "bench" / "data" / "gpl-3.txt"
 
-LAYER_TOL = 0.1      # each layer on the engine's own input: the residual stream after it (measured: see below)
-UPDATE_TOL = 0.25    # the layer's update (its attention + FFN contribution)
+# Each layer on the engine's own input (600 positions, worst token): the residual stream after it, measured at most
+# 4.2e-2 (layer 0), and the layer's update (attention + FFN contribution), measured at most 0.16 (layer 4). Like
+# SmolLM2's (test_forward_reference.py), these are the 8-bit activations, plus here the Q8_0 re-quantization.
+LAYER_TOL = 0.08
+UPDATE_TOL = 0.25
 LOGITS_TOL = 0.05    # the logits of the engine's own final state
 NEAR_TIE = 0.25
 
