@@ -240,10 +240,69 @@ def rms_norm(cnp.ndarray x, cnp.ndarray gamma, float eps):
     return out
 
 
+def glu(cnp.ndarray g, cnp.ndarray u, str kind):
+    """h = act(g) * u with the active path; kind 'swiglu' (silu) or 'geglu' (tanh GELU). Lengths: multiples of 8."""
+    cdef const float[::1] gv = np.ascontiguousarray(g, dtype=np.float32)
+    cdef const float[::1] uv = np.ascontiguousarray(u, dtype=np.float32)
+    cdef int n = gv.shape[0], gelu = kind == "geglu"
+    if kind not in ("swiglu", "geglu"):
+        raise ValueError(f"unknown gated unit {kind!r}")
+    if n % 8 or n == 0 or uv.shape[0] != n:
+        raise ValueError("g and u must have the same positive length, a multiple of 8")
+    out = np.empty(n, np.float32)
+    cdef float[::1] ov = out
+    with nogil:
+        if gelu:
+            geglu(&gv[0], &uv[0], &ov[0], n)
+        else:
+            swiglu(&gv[0], &uv[0], &ov[0], n)
+    return out
+
+
+def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
+              int seq_len=0, bint causal=True, int window=0, float scale=0.0):
+    """The attention kernel on its own (tests): q (ntok, n_heads, head_dim) float32 of tokens at positions pos0,
+    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16; block_table int32. Runs of up to
+    ATTN_MAX_TOKENS tokens, all KV heads at once, the active path. Returns (ntok, n_heads, head_dim)."""
+    cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
+    kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+    vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+    cdef const uint16_t[:, :, :, ::1] kv = kc.view(np.uint16)
+    cdef const uint16_t[:, :, :, ::1] vv = vc.view(np.uint16)
+    cdef const int32_t[::1] bt = np.ascontiguousarray(block_table, dtype=np.int32)
+    cdef int ntok = qv.shape[0], n_heads = qv.shape[1], hd = qv.shape[2]
+    cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n
+    if kc.shape != vc.shape or kv.shape[2] != KV_BLOCK or kv.shape[3] != hd or hd % 64 or n_kv == 0 \
+            or n_heads % n_kv or ntok == 0:
+        raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
+    last = (pos0 + ntok) if causal else seq_len
+    if pos0 < 0 or (not causal and seq_len < pos0 + ntok) or (last + KV_BLOCK - 1) // KV_BLOCK > bt.shape[0] \
+            or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
+        raise ValueError("the block table does not cover the keys, or names a block that does not exist")
+    cdef attn_span_t span
+    span.seq_len = seq_len; span.causal = causal; span.window = window
+    span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+    out = np.zeros((ntok, n_heads, hd), np.float32)
+    cdef float[:, :, ::1] ov = out
+    cdef float *scratch = <float *>malloc(attention_scratch_floats(n_heads) * sizeof(float))
+    with nogil:
+        t = 0
+        while t < ntok:
+            n = ntok - t if ntok - t < ATTN_MAX_TOKENS else ATTN_MAX_TOKENS
+            span.pos0 = pos0 + t
+            attention_tokens(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0, 0],
+                             &vv[0, 0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
+            t += n
+    free(scratch)
+    return out
+
+
 cdef class Model:
     """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps
     names to (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm', and per
-    layer 'blk.{i}.attn_norm', 'ffn_norm', 'qkv_bias' (optional), 'wqkv', 'wo', 'wgu', 'wdown'."""
+    layer 'blk.{i}.attn_norm', 'ffn_norm', 'qkv_bias' (optional), 'q_norm' + 'k_norm' (optional, QK-norm),
+    'post_attn_norm', 'post_ffn_norm' (optional, sandwich norms), 'wqkv', 'wo', 'wgu', 'wdown'. config['windows']:
+    each layer's sliding window (0: global), optional."""
     cdef model_t m
     cdef list _keep
     cdef int n_built
@@ -264,6 +323,15 @@ cdef class Model:
         c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
         c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
         c.rope_original_ctx = config.get("rope_original_ctx", 8192)
+        c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
+        c.rope_theta_local = config.get("rope_theta_local", 0.0)
+        c.embed_scale = config.get("embed_scale", 0.0)
+        c.attn_scale = config.get("attn_scale", 0.0)
+        c.logit_softcap = config.get("logit_softcap", 0.0)
+        c.ffn_gelu = config.get("ffn_gelu", 0)
+        windows = config.get("windows") or [0] * c.n_layers
+        if len(windows) != c.n_layers or any(w < 0 for w in windows):
+            raise ValueError("windows: one sliding window (0: none) per layer")
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
             raise ValueError("unsupported head layout")
         if c.dim % 32 or c.hidden % 32:
@@ -307,6 +375,16 @@ cdef class Model:
             L.ffn_norm = self._floats(tensors[p + "ffn_norm"], c.dim)
             if p + "qkv_bias" in tensors:
                 L.qkv_bias = self._floats(tensors[p + "qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+            if (p + "q_norm" in tensors) != (p + "k_norm" in tensors):
+                raise ValueError(f"layer {i}: QK-norm needs both q_norm and k_norm")
+            if p + "q_norm" in tensors:
+                L.q_norm = self._floats(tensors[p + "q_norm"], c.head_dim)
+                L.k_norm = self._floats(tensors[p + "k_norm"], c.head_dim)
+            if p + "post_attn_norm" in tensors:
+                L.post_attn_norm = self._floats(tensors[p + "post_attn_norm"], c.dim)
+            if p + "post_ffn_norm" in tensors:
+                L.post_ffn_norm = self._floats(tensors[p + "post_ffn_norm"], c.dim)
+            L.window = windows[i]
             self._init_weight(&L.wqkv, tensors[p + "wqkv"])
             self._init_weight(&L.wo, tensors[p + "wo"])
             self._init_weight(&L.wgu, tensors[p + "wgu"])
@@ -351,6 +429,7 @@ cdef class Model:
                 weight_free(&self.m.layers[i].wgu); weight_free(&self.m.layers[i].wdown)
             free(self.m.layers)
         free(self.m.rope_cos_sin)
+        free(self.m.rope_cos_sin_local)
         huge_free(self.arena, self.arena_bytes)
 
     @property

@@ -53,6 +53,18 @@ cdef extern from "inferd.h" nogil:
                       const block_q8x *xq, float *y, int ldy, int accumulate)
     int matmul_num_tiles(const weight_t *w)
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
+    void swiglu(const float *g, const float *u, float *h, int n)
+    void geglu(const float *g, const float *u, float *h, int n)
+    enum:
+        ATTN_MAX_TOKENS
+    ctypedef struct attn_span_t:
+        int pos0, seq_len, causal, window
+        float scale
+    size_t attention_scratch_floats(int n_heads)
+    void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                          int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                          const attn_span_t *span, float *out, int out_stride, float *scratch,
+                          const uint16_t *next_k, const uint16_t *next_v)
 
     ctypedef struct sample_params_t:
         float temperature, top_p, min_p
@@ -78,10 +90,17 @@ cdef extern from "inferd.h" nogil:
         float norm_eps, rope_theta
         float rope_factor, rope_low_freq_factor, rope_high_freq_factor
         int rope_original_ctx
+        float rope_freq_scale, rope_theta_local, embed_scale, attn_scale, logit_softcap
+        int ffn_gelu
     ctypedef struct layer_t:
         float *attn_norm
         float *ffn_norm
         float *qkv_bias
+        float *q_norm
+        float *k_norm
+        float *post_attn_norm
+        float *post_ffn_norm
+        int window
         weight_t wqkv, wo, wgu, wdown
     ctypedef struct model_t:
         model_config_t cfg
@@ -90,6 +109,7 @@ cdef extern from "inferd.h" nogil:
         float *output_norm
         layer_t *layers
         float *rope_cos_sin
+        float *rope_cos_sin_local
     int model_init_rope(model_t *m)
 
     ctypedef struct batch_t:

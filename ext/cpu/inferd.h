@@ -117,13 +117,25 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
 int matmul_num_tiles(const weight_t *w);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
+void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
 #define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
 size_t attention_scratch_floats(int n_heads);
+/* Which keys the tokens of a run see, and the scores' scale. The query at position p sees, when causal, the keys
+ * [p - window + 1, p] (all of [0, p] when window is 0); when not causal (an encoder), [p - window + 1, p + window - 1]
+ * cut to [0, seq_len) (all of [0, seq_len) when window is 0). */
+typedef struct {
+    int pos0;          /* position of the run's first token; the others follow it */
+    int seq_len;       /* keys in the cache (read when not causal) */
+    int causal;
+    int window;        /* sliding window: keys within window - 1 positions of the query; 0: no limit */
+    float scale;       /* of q.k: 1/sqrt(head_dim), or the model's own */
+} attn_span_t;
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
-                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
-                      float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v);
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                      const attn_span_t *span, float *out, int out_stride, float *scratch,
+                      const uint16_t *next_k, const uint16_t *next_v);
 
 /* ---- sampling ---- */
 typedef struct {
@@ -160,11 +172,22 @@ typedef struct {
     /* llama3 rope scaling; factor == 0 means none */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_ctx;
+    /* Gemma-style variants (0 where the model has none) */
+    float rope_freq_scale;             /* linear rope scaling of global layers: position * scale; 0: 1 */
+    float rope_theta_local;            /* RoPE base of sliding-window layers; 0: rope_theta */
+    float embed_scale;                 /* x = embedding * embed_scale (Gemma: sqrt(dim)); 0: 1 */
+    float attn_scale;                  /* of q.k; 0: 1/sqrt(head_dim) */
+    float logit_softcap;               /* logits = cap * tanh(logits / cap); 0: none */
+    int ffn_gelu;                      /* GeGLU (tanh GELU) in place of SwiGLU */
 } model_config_t;
 
 typedef struct {
     float *attn_norm, *ffn_norm;       /* (dim) */
     float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
+    float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
+    float *post_attn_norm, *post_ffn_norm;   /* (dim) sandwich norms of the attention and FFN outputs, or NULL */
+    int window;                        /* sliding window (keys per query, itself included); 0: global attention */
+    const float *rope_cos_sin;         /* this layer's table: the model's global or local one (model_init_rope) */
     weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
     weight_t wo;                       /* (dim, q_dim) */
     weight_t wgu;                      /* (2 hidden, dim): per 32 hidden units, their 32 gate rows then 32 up rows */
@@ -179,6 +202,7 @@ typedef struct {
     float *output_norm;                /* (dim) */
     layer_t *layers;                   /* (n_layers) */
     float *rope_cos_sin;               /* (context_length, head_dim/2, 2) */
+    float *rope_cos_sin_local;         /* the same for sliding-window layers with a base of their own, or NULL */
 } model_t;
 
 int model_init_rope(model_t *m);
@@ -223,6 +247,7 @@ typedef struct {
     float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
     float *gu;                         /* (threads, max_tokens, 64): gate and up of 32 hidden units */
     float *h;                          /* (max_tokens, hidden) */
+    float *y;                          /* (max_tokens, dim) a sublayer's output before its post-norm, or NULL */
     block_q8x *xq;                     /* (max_tokens, max(dim, q_dim) / 32) the matmuls' quantized input */
     block_q8x *xq_h;                   /* (max_tokens, hidden / 32) h quantized, for the down projection */
     float *logits;                     /* (max_out, vocab) */

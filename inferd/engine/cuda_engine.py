@@ -82,6 +82,9 @@ class CudaEngine(EngineShape):
                  threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str = "auto",
                  kv_dtype: str = "f16", device: int = 0, use_graphs: bool = True, use_pdl: bool = True,
                  gemm: str = "cublas"):
+        if model.config.switches():
+            raise ValueError(f"the CUDA backend does not run {model.config.arch} models yet (they need "
+                             f"{', '.join(model.config.switches())}); use --device cpu")
         cu = _cuda()
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")

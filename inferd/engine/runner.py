@@ -120,9 +120,11 @@ def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int
             lo, hi = pos, min(end, ctx - 1)
             if pos >= first and hi > lo:
                 out = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0]
-                token_nll = _token_nll(out.logits[:hi - lo], np.asarray(chunk[lo + 1:hi + 1]))
-                nll += float(token_nll.sum())
-                nll2 += float((token_nll ** 2).sum())
+                for r0 in range(lo, hi, 32):   # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
+                    r1 = min(hi, r0 + 32)
+                    token_nll = _token_nll(out.logits[r0 - pos:r1 - pos], np.asarray(chunk[r0 + 1:r1 + 1]))
+                    nll += float(token_nll.sum())
+                    nll2 += float((token_nll ** 2).sum())
                 count += hi - lo
             else:
                 engine.step([SeqInput(part, pos, table, 0)])

@@ -110,6 +110,13 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
         "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
         "rope_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
         "rope_original_ctx": int(rope.get("original_max_position_embeddings", 8192)),
+        "rope_freq_scale": 1.0 / cfg.rope_linear_factor,
+        "rope_theta_local": float(cfg.rope_theta_local or 0.0),
+        "embed_scale": float(cfg.embed_scale) if cfg.embed_scale != 1.0 else 0.0,
+        "attn_scale": float(cfg.query_scale),
+        "logit_softcap": float(cfg.logit_softcap),
+        "ffn_gelu": int(cfg.ffn_act == "gelu_tanh"),
+        "windows": [cfg.layer_window(i) for i in range(cfg.n_layers)],
     }
     tensors = {"tok_embd": _spec(ts["token_embd.weight"]), "output_norm": _vector(ts["output_norm.weight"])}
     if "output.weight" in ts and not cfg.tie_embeddings:
@@ -122,6 +129,12 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
         if cfg.qkv_bias:
             bias = np.concatenate([_to_f32(ts[p + f"attn_{x}.bias"]).reshape(-1) for x in "qkv"])
             tensors[p + "qkv_bias"] = ("F32", 1, bias.size, bias)
+        if cfg.qk_norm:
+            tensors[p + "q_norm"] = _vector(ts[p + "attn_q_norm.weight"])
+            tensors[p + "k_norm"] = _vector(ts[p + "attn_k_norm.weight"])
+        if cfg.sandwich_norms:
+            tensors[p + "post_attn_norm"] = _vector(ts[p + "post_attention_norm.weight"])
+            tensors[p + "post_ffn_norm"] = _vector(ts[p + "post_ffw_norm.weight"])
         tensors[p + "wo"] = _spec(ts[p + "attn_output.weight"])
         # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies SwiGLU and
         # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)

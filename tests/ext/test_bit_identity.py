@@ -124,6 +124,19 @@ def test_rms_norm_and_sampler_identical_on_every_path():
         assert results[p][1] == results[PATHS[0]][1], p
 
 
+def test_gated_units_identical_on_every_path():
+    rng = np.random.default_rng(13)
+    g = np.concatenate([rng.standard_normal(992) * 4, np.linspace(-100, 100, 32)]).astype(np.float32)
+    u = rng.standard_normal(g.size).astype(np.float32)
+    results = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        results[p] = [_cpu.glu(g, u, kind) for kind in ("swiglu", "geglu")]
+    for p in PATHS[1:]:
+        for a, b in zip(results[p], results[PATHS[0]]):
+            assert_bitwise(a, b, p)
+
+
 # ---- whole steps -----------------------------------------------------------------------------------------------
 def mixed_step_inputs(vocab: int):
     """One step mixing a prefill (70 tokens, across a KV block boundary), a decode, and a second chunk."""
@@ -164,6 +177,9 @@ MODELS["hd128-Q4_1-untied"] = dict(weight_type="Q4_1", n_heads=2, n_kv_heads=1, 
 MODELS["qwen2-Q4_K_M"] = dict(arch="qwen2", weight_type="Q4_K", dim=256, hidden=512, n_heads=4, n_kv_heads=2,
                               tie=False, output_type="Q6_K", mix={"attn_v": "Q6_K", "ffn_down": "Q6_K"})
 MODELS["Q5_K-Q5_0"] = dict(weight_type="Q5_K", dim=256, hidden=512, embed_type="Q5_0", mix={"ffn_down": "Q5_1"})
+MODELS["qwen3-Q8_0-qk-norm"] = dict(arch="qwen3", weight_type="Q8_0", head_dim=128)
+# sliding window 24 on layers 0 and 1 (random_model), crossed by the 70-token prefill and its chunks
+MODELS["gemma3-Q4_0-window"] = dict(arch="gemma3", weight_type="Q4_0", embed_type="Q8_0", n_layers=3, head_dim=256)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -268,7 +284,7 @@ def sequence_batched(eng, prompt, params, vocab):
     return np.concatenate(logits), tokens
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias", "qwen2-Q4_K_M"])
+@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias", "qwen2-Q4_K_M", "gemma3-Q4_0-window"])
 def test_sequence_logits_do_not_depend_on_batching(name):
     model = random_model(**MODELS[name])
     vocab = model.config.vocab_size
