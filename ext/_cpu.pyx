@@ -297,6 +297,39 @@ def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarr
     return out
 
 
+cdef int fill_model_config(model_config_t *c, dict config) except -1:
+    """model_config_t from inferd.engine.weights.engine_config()'s dict."""
+    c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
+    c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
+    c.hidden = config["hidden"]; c.context_length = config["context_length"]
+    c.rope_neox = config["rope_neox"]; c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
+    c.rope_factor = config.get("rope_factor", 0.0)
+    c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
+    c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
+    c.rope_original_ctx = config.get("rope_original_ctx", 8192)
+    c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
+    c.rope_theta_local = config.get("rope_theta_local", 0.0)
+    c.embed_scale = config.get("embed_scale", 0.0)
+    c.attn_scale = config.get("attn_scale", 0.0)
+    c.logit_softcap = config.get("logit_softcap", 0.0)
+    c.ffn_gelu = config.get("ffn_gelu", 0)
+    return 0
+
+
+def rope_frequencies(dict config):
+    """(head_dim/2) float64 RoPE frequencies of the global layers, llama3 scaling included: the CPU engine's own
+    (rope.c), for the CUDA engine."""
+    cdef model_config_t c
+    memset(&c, 0, sizeof(c))
+    fill_model_config(&c, config)
+    if c.head_dim < 2 or c.head_dim > 512 or c.head_dim % 2:
+        raise ValueError(f"head_dim {c.head_dim} is not an even number up to 512")
+    out = np.empty(c.head_dim // 2, np.float64)
+    cdef double[::1] ov = out
+    rope_frequencies_c(&c, c.rope_theta, c.rope_factor > 0, &ov[0])
+    return out
+
+
 cdef class Model:
     """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps
     names to (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm', and per
@@ -315,20 +348,7 @@ cdef class Model:
         """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
         release(spec) after each weight's source arrays are no longer needed."""
         cdef model_config_t *c = &self.m.cfg
-        c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
-        c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
-        c.hidden = config["hidden"]; c.context_length = config["context_length"]
-        c.rope_neox = config["rope_neox"]; c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
-        c.rope_factor = config.get("rope_factor", 0.0)
-        c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
-        c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
-        c.rope_original_ctx = config.get("rope_original_ctx", 8192)
-        c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
-        c.rope_theta_local = config.get("rope_theta_local", 0.0)
-        c.embed_scale = config.get("embed_scale", 0.0)
-        c.attn_scale = config.get("attn_scale", 0.0)
-        c.logit_softcap = config.get("logit_softcap", 0.0)
-        c.ffn_gelu = config.get("ffn_gelu", 0)
+        fill_model_config(c, config)
         windows = config.get("windows") or [0] * c.n_layers
         if len(windows) != c.n_layers or any(w < 0 for w in windows):
             raise ValueError("windows: one sliding window (0: none) per layer")
@@ -351,14 +371,14 @@ cdef class Model:
         if threads > 1:
             self.load_pool = pool_create(threads)
         try:
-            self._build(c, tensors)
+            self._build(c, tensors, list(windows))
         finally:
             if self.load_pool != NULL:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
             self.progress = self.release = None
 
-    cdef _build(self, model_config_t *c, dict tensors):
+    cdef _build(self, model_config_t *c, dict tensors, list windows):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
         if "output" in tensors:
             self._init_weight(&self.m.output, tensors["output"])

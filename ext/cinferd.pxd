@@ -111,6 +111,7 @@ cdef extern from "inferd.h" nogil:
         float *rope_cos_sin
         float *rope_cos_sin_local
     int model_init_rope(model_t *m)
+    void rope_frequencies_c "rope_frequencies"(const model_config_t *c, double theta, int llama3, double *freqs)
 
     ctypedef struct batch_t:
         int num_tokens, num_seqs

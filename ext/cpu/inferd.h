@@ -206,6 +206,7 @@ typedef struct {
 } model_t;
 
 int model_init_rope(model_t *m);
+void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs);   /* (head_dim/2) */
 
 /* A flat batch: tokens of several sequences, prefill chunks and decode tokens mixed. */
 typedef struct {

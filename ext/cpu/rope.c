@@ -61,14 +61,11 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
     rope_scalar(vec, n_heads, head_dim, cos_sin, neox);
 }
 
-/* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale, freq_i = theta^(-2i/head_dim). Llama 3
- * scaling stretches the low frequencies by `factor` and blends the middle band, as in Meta's reference code. */
-static float *rope_table(const model_config_t *c, double theta, double pos_scale, int llama3) {
-    int half = c->head_dim / 2;
-    float *table = malloc((size_t)c->context_length * half * 2 * sizeof(float));
-    if (!table) return NULL;
-    double freqs[256];
-    for (int i = 0; i < half; i++) {
+/* freqs: (head_dim/2) theta^(-2i/head_dim); Llama 3 scaling stretches the low frequencies by `factor` and blends
+ * the middle band, as in Meta's reference code. Both engines' RoPE comes from here (the CUDA engine gets them
+ * through _cpu.rope_frequencies). */
+void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs) {
+    for (int i = 0; i < c->head_dim / 2; i++) {
         double f = pow(theta, -2.0 * i / c->head_dim);
         if (llama3) {
             double low_wl = c->rope_original_ctx / (double)c->rope_low_freq_factor;
@@ -83,6 +80,15 @@ static float *rope_table(const model_config_t *c, double theta, double pos_scale
         }
         freqs[i] = f;
     }
+}
+
+/* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale */
+static float *rope_table(const model_config_t *c, double theta, double pos_scale, int llama3) {
+    int half = c->head_dim / 2;
+    float *table = malloc((size_t)c->context_length * half * 2 * sizeof(float));
+    if (!table) return NULL;
+    double freqs[256];                 /* head_dim <= 512, checked by model_init_rope */
+    rope_frequencies(c, theta, llama3, freqs);
     for (int p = 0; p < c->context_length; p++)
         for (int i = 0; i < half; i++) {
             double a = p * pos_scale * freqs[i];

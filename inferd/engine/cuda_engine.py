@@ -20,6 +20,8 @@ import random
 import numpy as np
 
 from inferd.engine.batch import EngineShape, penalty_history
+from inferd._cpu import rope_frequencies
+from inferd.engine.weights import engine_config
 from inferd.engine.types import MAX_LOGPROBS, SamplingParams, SeqOutput
 
 # most precise first; a fused matrix takes the most precise format among its parts
@@ -41,29 +43,6 @@ def cuda_available() -> bool:
         return _cuda().device_count() > 0
     except RuntimeError:
         return False
-
-
-def rope_inv_freq(cfg) -> np.ndarray:
-    """Per-pair inverse frequencies in float64, llama3 scaling included, exactly as the CPU engine computes them."""
-    half = cfg.head_dim // 2
-    rope = cfg.rope_scaling or {}
-    factor = float(rope.get("factor", 0.0))
-    low = float(rope.get("low_freq_factor", 1.0))
-    high = float(rope.get("high_freq_factor", 4.0))
-    orig = int(rope.get("original_max_position_embeddings", 8192))
-    out = np.empty(half, np.float64)
-    for i in range(half):
-        f = math.pow(float(cfg.rope_theta), -2.0 * i / cfg.head_dim)
-        if factor > 0:
-            low_wl, high_wl = orig / low, orig / high
-            wl = 2.0 * math.pi / f
-            if wl > low_wl:
-                f /= factor
-            elif wl >= high_wl:
-                smooth = (orig / wl - low) / (high - low)
-                f = (1.0 - smooth) * f / factor + smooth * f
-        out[i] = f
-    return out
 
 
 def _vector(t) -> np.ndarray:
@@ -106,17 +85,15 @@ class CudaEngine(EngineShape):
         graphs, pdl = use_graphs, use_pdl
         gemm_kind = 1 if gemm == "own" else 0
         self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
+        model_config = engine_config(cfg)   # the CPU engine's, and its RoPE frequencies (rope.c) below
         config = {
-            "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-            "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
-            "context_length": cfg.context_length, "qkv_bias": int(cfg.qkv_bias),
+            **model_config, "qkv_bias": int(cfg.qkv_bias), "norm_eps": float(cfg.norm_eps),
             "tie_embeddings": int(cfg.tie_embeddings or "output.weight" not in model.tensors),
-            "rope_neox": int(cfg.rope_neox), "norm_eps": float(cfg.norm_eps),
             "kv_dtype": cu.KV_F16 if kv == "f16" else cu.KV_BF16, "num_kv_blocks": num_kv_blocks,
             "max_batch_tokens": max_batch_tokens, "max_seqs": max_seqs, "max_logits_rows": self.max_logits_rows,
             "max_adj": self.max_adj, "use_graphs": int(graphs), "use_pdl": int(pdl), "gemm_kind": gemm_kind,
         }
-        self._m = cu.Model(config, rope_inv_freq(cfg))
+        self._m = cu.Model(config, rope_frequencies(model_config))
         self._load(model)
         self.weight_bytes = self._m.weight_bytes
         self.last_step_used_graph = False

@@ -95,13 +95,10 @@ def _release(spec: tuple) -> None:
             release_file_pages(part[3])
 
 
-def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
-    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
-    inferd.engine.load_progress)."""
-    cfg = model.config
-    ts = model.tensors
+def engine_config(cfg) -> dict:
+    """A ModelConfig as the C engines read it (model_config_t, and the CUDA runner's config): built here once."""
     rope = cfg.rope_scaling or {}
-    config = {
+    return {
         "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
         "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
         "context_length": cfg.context_length, "rope_neox": int(cfg.rope_neox), "norm_eps": cfg.norm_eps,
@@ -118,6 +115,14 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
         "ffn_gelu": int(cfg.ffn_act == "gelu_tanh"),
         "windows": [cfg.layer_window(i) for i in range(cfg.n_layers)],
     }
+
+
+def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
+    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
+    inferd.engine.load_progress)."""
+    cfg = model.config
+    ts = model.tensors
+    config = engine_config(cfg)
     tensors = {"tok_embd": _spec(ts["token_embd.weight"]), "output_norm": _vector(ts["output_norm.weight"])}
     if "output.weight" in ts and not cfg.tie_embeddings:
         tensors["output"] = _spec(ts["output.weight"])

@@ -1,5 +1,6 @@
-"""Fusing a layer's matrices for the C engine (inferd/engine/weights.py): plain concatenation (Wq|Wk|Wv) and the
-interleaved Wgate|Wup layout that lets forward.c finish SwiGLU 32 hidden units at a time."""
+"""Fusing a layer's matrices for the C engine (inferd/engine/weights.py): the spec of Wq|Wk|Wv (parts in order,
+each in its own type where the kernels allow segments) and of the interleaved Wgate|Wup layout that lets forward.c
+finish SwiGLU 32 hidden units at a time (the repack itself, in C, is checked through the forward pass)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,38 +16,39 @@ def rows_tagged(name: str, rows: int, cols: int, base: float, type_name: str = "
     return make_tensor(name, np.repeat((base + np.arange(rows, dtype=np.float32))[:, None], cols, axis=1), type_name)
 
 
-def test_concatenation_keeps_part_order():
+def test_concatenation_keeps_part_order_and_arrays():
     q, k = rows_tagged("q", 4, 32, 0.0), rows_tagged("k", 2, 32, 100.0)
-    type_name, rows, cols, data = fuse([q, k])
-    assert (type_name, rows, cols) == ("F32", 6, 32)
-    assert np.asarray(data)[:, 0].tolist() == [0, 1, 2, 3, 100, 101]
+    kind, parts, interleave = fuse([q, k])
+    assert (kind, interleave) == ("parts", 0)
+    assert [(t, rows, cols) for t, rows, cols, _ in parts] == [("F32", 4, 32), ("F32", 2, 32)]
+    assert parts[0][3] is q.data and parts[1][3] is k.data     # the C side repacks from the file's arrays
 
 
-def test_interleave_puts_each_group_of_every_part_in_turn():
+def test_interleave_is_handed_to_the_repack():
     gate, up = rows_tagged("gate", 96, 32, 0.0), rows_tagged("up", 96, 32, 1000.0)
-    _, rows, _, data = fuse([gate, up], interleave=32)
-    first = np.asarray(data)[:, 0]
-    assert rows == 192
-    expected = []
-    for j in range(3):
-        expected += list(range(32 * j, 32 * j + 32)) + list(range(1000 + 32 * j, 1000 + 32 * j + 32))
-    assert first.tolist() == expected
+    kind, parts, interleave = fuse([gate, up], interleave=32)
+    assert (kind, interleave, len(parts)) == ("parts", 32, 2)
+    assert parts[0][3] is gate.data and parts[1][3] is up.data
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "F16"])
-def test_interleave_moves_whole_encoded_rows(type_name):
+def test_quantized_parts_of_different_types_stay_segments():
+    """Q4_K_M's fused QKV: a Q4_K Q and K beside a Q6_K V, each computed in its own bit width."""
     rng = np.random.default_rng(3)
-    gate = make_tensor("gate", rng.standard_normal((64, 64)).astype(np.float32), type_name)
-    up = make_tensor("up", rng.standard_normal((64, 64)).astype(np.float32), type_name)
-    fused_type, rows, cols, data = fuse([gate, up], interleave=32)
-    got = dequantize(Tensor("fused", fused_type, rows, cols, np.ascontiguousarray(data)))
-    g, u = dequantize(gate), dequantize(up)
-    np.testing.assert_array_equal(got, np.concatenate([g[:32], u[:32], g[32:], u[32:]]))
+    q = make_tensor("q", rng.standard_normal((64, 256)).astype(np.float32), "Q4_K")
+    v = make_tensor("v", rng.standard_normal((32, 256)).astype(np.float32), "Q6_K")
+    _, parts, _ = fuse([q, v])
+    assert [p[0] for p in parts] == ["Q4_K", "Q6_K"]
 
 
-def test_mixed_types_take_the_most_precise():
-    a, b = rows_tagged("a", 32, 32, 0.0, "Q4_0"), rows_tagged("b", 32, 32, 0.0, "Q8_0")
-    assert fuse([a, b], interleave=32)[0] == "Q8_0"
+@pytest.mark.parametrize("interleave", [0, 32])
+def test_mixed_types_that_cannot_be_segments_take_the_most_precise(interleave):
+    rng = np.random.default_rng(4)
+    a = make_tensor("a", rng.standard_normal((32, 64)).astype(np.float32), "Q4_0")
+    b = make_tensor("b", rng.standard_normal((32, 64)).astype(np.float32), "F16")
+    _, parts, _ = fuse([a, b], interleave=interleave)
+    assert [p[0] for p in parts] == ["F16", "F16"]
+    got = dequantize(Tensor("a16", "F16", 32, 64, np.ascontiguousarray(parts[0][3])))
+    np.testing.assert_allclose(got, dequantize(a), rtol=1e-3, atol=1e-3)   # Q4_0 values are exact in F16 up to rounding
 
 
 def test_interleave_refuses_parts_it_cannot_split():
