@@ -11,10 +11,11 @@ from cinferd cimport *
 
 cnp.import_array()
 
-WEIGHT_TYPES = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5, "Q4_K": 6, "Q5_K": 7, "Q6_K": 8,
-                "Q5_0": 9, "Q5_1": 10}
+# the C header's enums (through cinferd.pxd), by name
+WEIGHT_TYPES = {"F32": WT_F32, "F16": WT_F16, "BF16": WT_BF16, "Q4_0": WT_Q4_0, "Q4_1": WT_Q4_1, "Q8_0": WT_Q8_0,
+                "Q4_K": WT_Q4_K, "Q5_K": WT_Q5_K, "Q6_K": WT_Q6_K, "Q5_0": WT_Q5_0, "Q5_1": WT_Q5_1}
 FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
-PATHS = {"scalar": 0, "avx2": 1, "avx512vnni": 2, "avxvnni": 3}
+PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI, "avxvnni": PATH_AVXVNNI}
 BLOCK_SIZE = KV_BLOCK
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
 
@@ -656,6 +657,8 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     cdef sample_out_t out
     memset(&out, 0, sizeof(out))
     cdef void *scratch = calloc(vocab, 16)
+    if scratch == NULL:
+        raise MemoryError(f"cannot allocate the sampler's scratch for {vocab} tokens")
     cdef int32_t zero_i = 0
     cdef float zero_f = 0
     with nogil:

@@ -9,6 +9,10 @@ cdef extern from "inferd.h" nogil:
         TILE_ROWS
         KV_BLOCK
         MAX_TOP_LOGPROBS
+    enum:
+        WT_F32, WT_F16, WT_BF16, WT_Q4_0, WT_Q4_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K, WT_Q5_0, WT_Q5_1
+    enum:
+        PATH_SCALAR, PATH_AVX2, PATH_AVX512VNNI, PATH_AVXVNNI
     ctypedef struct block_q8x:
         float d
         int32_t isum

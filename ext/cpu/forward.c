@@ -43,7 +43,7 @@ static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
 
 /* rmsnorm and 8-bit quantization of each token's input row. The normed row is stored in `out` only when a float
  * weight will read it; for a quantized weight it stays in this thread's row in L1: no (tokens, dim) buffer written
- * and read back per norm (a prefill's norm stage went from 27 to 10 ms per 800 tokens). */
+ * and read back per norm (measured: bench/results/design_measurements.md). */
 static void norm_quant_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     for (int64_t t = begin; t < end; t++) {
@@ -350,9 +350,9 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
     size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    /* 4 KB pages, faulted as blocks are first used: a 2 MB page costs this VM ~2 ms to fault, which would land
-     * on the first requests' prefill (one per layer and cache per 85 blocks), while huge pages gained decode only
-     * 2% on the KV cache against 12% on the weights. */
+    /* 4 KB pages, faulted as blocks are first used: a 2 MB page's fault would land on the first requests'
+     * prefill, and huge pages gain decode far less on the KV cache than on the weights
+     * (bench/results/design_measurements.md). */
     c->k_cache = calloc(kv, sizeof(uint16_t));
     c->v_cache = calloc(kv, sizeof(uint16_t));
     c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));
