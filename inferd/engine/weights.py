@@ -76,7 +76,7 @@ def release_file_pages(data: np.ndarray) -> None:
     """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
     built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
     bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
-    base = data
+    base: object = data
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     if base is None or data.nbytes == 0:
