@@ -61,6 +61,11 @@ def convert_tensor(t: Tensor, quantize: str | None = None) -> Tensor:
         return t
     if target == "F32":
         return Tensor(t.name, "F32", t.rows, t.cols, to_float32(t, 0, t.rows))
+    return requantize(t, target)
+
+
+def requantize(t: Tensor, target: str = "Q8_0") -> Tensor:
+    """t's values quantized to `target` (Q8_0, Q4_0, Q4_1), ~16 MiB of float32 at a time."""
     out = np.empty((t.rows, bytes_per_row(target, t.cols)), dtype=np.uint8)
     step = max(1, _CHUNK_VALUES // t.cols)
     for r0 in range(0, t.rows, step):
