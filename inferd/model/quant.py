@@ -75,8 +75,11 @@ def requantize(t: Tensor, target: str = "Q8_0") -> Tensor:
 
 
 def convert_all(tensors: Iterable[Tensor], quantize: str | None = None) -> dict[str, Tensor]:
+    """Every tensor in the type the engines take. Matrices of the re-quantized types (REQUANT_TYPES) stay as they
+    are in the file: the engines convert them one at a time while building their weights (see
+    inferd.engine.weights), so that a model is never held twice in memory."""
     quantize = check_quantize_arg(quantize)
-    return {t.name: convert_tensor(t, quantize) for t in tensors}
+    return {t.name: t if t.type in REQUANT_TYPES and t.rows > 1 else convert_tensor(t, quantize) for t in tensors}
 
 
 def to_float32(t: Tensor, r0: int, r1: int) -> np.ndarray:

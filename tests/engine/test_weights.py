@@ -2,6 +2,8 @@
 interleaved Wgate|Wup layout that lets forward.c finish SwiGLU 32 hidden units at a time."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,26 @@ def test_cuda_engine_gets_k_quants_as_q8_0():
             np.testing.assert_array_equal(t.data, requantize(original).data)
     q8 = random_model(weight_type="Q8_0")
     assert _with_cuda_types(q8) is q8
+
+
+def test_requantized_types_are_converted_while_the_weights_are_built():
+    """A Q3_K/Q2_K/IQ4_XS matrix reaches the engine as the file holds it and is re-quantized to Q8_0 only when its
+    weight is built (one tensor at a time): the same logits as a model converted up front."""
+    from inferd.engine.engine import Engine, SeqInput
+    from inferd.model.quant import convert_all, requantize
+    from inferd.model.tensor import Tensor
+    from tests.model.make_tiny import random_kquant
+
+    model = random_model(weight_type="Q8_0", dim=256, hidden=256)
+    for i, (name, kind) in enumerate([("blk.0.ffn_down.weight", "Q3_K"), ("blk.1.attn_v.weight", "Q2_K"),
+                                      ("blk.1.ffn_up.weight", "IQ4_XS")]):
+        t = model.tensors[name]
+        model.tensors[name] = Tensor(name, kind, t.rows, t.cols, random_kquant(t.rows, t.cols, kind, seed=i))
+    assert convert_all(model.tensors.values())["blk.0.ffn_down.weight"].type == "Q3_K"     # not converted at load
+    eager = copy.copy(model)
+    eager.tensors = {n: requantize(t) if t.type in ("Q3_K", "Q2_K", "IQ4_XS") else t for n, t in model.tensors.items()}
+    outs = []
+    for m in (model, eager):
+        eng = Engine(m, num_kv_blocks=2, max_seqs=1, threads=1)
+        outs.append(eng.step([SeqInput(list(range(20)), 0, [0], want_logits=True)])[0].logits)
+    np.testing.assert_array_equal(outs[0], outs[1])
