@@ -5,7 +5,8 @@
 
 For each model, `--rounds` rounds in ABBA order (llama.cpp then inferd, then inferd then llama.cpp, ...), so that
 a shared machine's slow phases fall on both: llama-bench (pp128, pp512, tg128; -r repeats) tuned as its users
-would (both -fa 0 and -fa 1, the better kept; glibc malloc in huge pages), then inferd's equivalent in this
+would (both -fa 0 and -fa 1, the better kept; -lm none: weights read into glibc malloc, which the tunable puts
+in huge pages), then inferd's equivalent in this
 process: ppN = N prompt tokens from an empty cache in one step; tg128 = 128 single-token decode steps after one
 prompt token. Each side's figure is the median of all its samples (llama-bench's samples_ts). Also prints decode
 GB/s (weight bytes read per token x tok/s) against the read bandwidth measured with the same thread count right
@@ -38,7 +39,10 @@ from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve  # noqa: E402
 TESTS = [("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 0, 128)]
 
 
-def llama_bin() -> Path:
+def llama_bin(given: Path | None = None) -> Path:
+    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed)."""
+    if given is not None:
+        return given
     script = HERE.parent.parent / "shared" / "peers" / "llama-cpp.sh"
     out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
     return Path(out.strip().splitlines()[-1])
@@ -77,7 +81,7 @@ def model_file(name: str, bin_dir: Path) -> Path:
 def run_llama_bench(bin_dir: Path, path: Path, threads: int, repeats: int) -> dict[str, list[float]]:
     """Samples (tok/s) per test, of the better flash-attention setting per test (by median)."""
     cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", "128,512", "-n", "128",
-           "-fa", "0,1", "-r", str(repeats), "-o", "json"]
+           "-fa", "0,1", "-lm", "none", "-r", str(repeats), "-o", "json"]
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
     out: dict[str, list[float]] = {}
@@ -123,11 +127,12 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per model (ABBA order)")
+    ap.add_argument("--bin", type=Path, help="folder of llama.cpp's tools (default: ../shared/peers/llama-cpp.sh)")
     ap.add_argument("--models", default="smollm2-q4_0,smollm2-q4_1,smollm2-q8_0,tinyllama-q4_0")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "vs_llamacpp.md")
     args = ap.parse_args()
 
-    bin_dir = llama_bin()
+    bin_dir = llama_bin(args.bin)
     lines = [f"# inferd vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')}, {args.threads} threads, "
              f"{_cpu.get_path()} kernels, {args.rounds} interleaved rounds of {args.repeats} samples, medians; "
              f"llama.cpp: best of -fa 0/1, malloc in huge pages)", "",

@@ -177,16 +177,14 @@ KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 
     return acc;
 }
 
-KINLINE void KFN(store)(const __m256 *acc, int ntok, float *y, int ldy, int ycol, int nrows, int accumulate) {
-    for (int k = 0; k < ntok; k++) {
-        float *o = y + (size_t)k * ldy + ycol;
-        if (nrows == TILE_ROWS) {
-            _mm256_storeu_ps(o, accumulate ? _mm256_add_ps(_mm256_loadu_ps(o), acc[k]) : acc[k]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[k]);
-            for (int r = 0; r < nrows; r++) o[r] = accumulate ? o[r] + tmp[r] : tmp[r];
-        }
+/* one token's 8 rows into y (taken by value, so that the accumulators can stay in registers) */
+KINLINE void KFN(store)(__m256 acc, float *o, int nrows, int accumulate) {
+    if (nrows == TILE_ROWS) {
+        _mm256_storeu_ps(o, accumulate ? _mm256_add_ps(_mm256_loadu_ps(o), acc) : acc);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc);
+        for (int r = 0; r < nrows; r++) o[r] = accumulate ? o[r] + tmp[r] : tmp[r];
     }
 }
 
@@ -216,7 +214,7 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
             }
         }
     }
-    KFN(store)(acc, ntok, y, ldy, ycol, nrows, accumulate);
+    for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
 /* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
@@ -250,7 +248,7 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
             const block_q8x *xb = xq + (size_t)k * nb32 + b;
             acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, p->wv, xb, &p->q6), p->dw, p->mw, xb);
         }
-    KFN(store)(acc, ntok, y, ldy, ycol, nrows, accumulate);
+    for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
 /* the kernels of one type: KNT(type) tokens per call, and one */

@@ -76,7 +76,7 @@ static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {   
     }
 }
 
-static void gguf_unpack(int type, const uint8_t *b, unpacked_t *u) {
+static inline __attribute__((always_inline)) void gguf_unpack(const int type, const uint8_t *b, unpacked_t *u) {
     memcpy(&u->d, b, 2);
     switch (type) {
     case WT_Q8_0:
@@ -160,7 +160,7 @@ static void put_h2bit(uint8_t *h, int r, const uint8_t *q) {
     }
 }
 
-static void put_lane(int type, uint8_t *blk, int r, const unpacked_t *u) {
+static inline __attribute__((always_inline)) void put_lane(const int type, uint8_t *blk, int r, const unpacked_t *u) {
     memcpy(blk + 2 * r, &u->d, 2);
     if (type == WT_Q8_0) {
         for (int j = 0; j < 8; j++) memcpy(blk + 16 + 32 * j + 4 * r, u->q8 + 4 * j, 4);
@@ -219,21 +219,12 @@ typedef struct {
     int src_rows, dst_row0, group, group_stride, seg;
 } fill_t;
 
-static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
-    fill_t *f = arg;
+/* rows [begin, end) of the source, for one (constant) quantized type: the unpacking and packing specialize */
+static inline __attribute__((always_inline)) void fill_typed(const fill_t *f, int64_t begin, int64_t end,
+                                                             const int type) {
     weight_t *w = f->w;
-    (void)thread;
-    int type = w->seg[f->seg].type, cols = w->cols;
-    size_t rb = gguf_row_bytes(type, cols);
-    if (!weight_is_quantized(type)) {
-        for (int64_t i = begin; i < end; i++) {
-            int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group);
-            memcpy(w->data + (size_t)row * rb, f->src + (size_t)i * rb, rb);
-        }
-        return;
-    }
-    int nb = cols / weight_block_cols(type);
-    size_t bb = weight_tile_block_bytes(type), gb = gguf_block_bytes(type);
+    size_t rb = gguf_row_bytes(type, w->cols), bb = weight_tile_block_bytes(type), gb = gguf_block_bytes(type);
+    int nb = w->cols / weight_block_cols(type);
     uint8_t *data = w->data + w->seg[f->seg].offset;
     unpacked_t u;
     for (int64_t i = begin; i < end; i++) {
@@ -243,6 +234,28 @@ static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
             gguf_unpack(type, f->src + (size_t)i * rb + (size_t)b * gb, &u);
             put_lane(type, data + ((size_t)t * nb + b) * bb, lane, &u);
         }
+    }
+}
+
+static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
+    fill_t *f = arg;
+    weight_t *w = f->w;
+    (void)thread;
+    int type = w->seg[f->seg].type;
+    switch (type) {
+    case WT_Q4_0: fill_typed(f, begin, end, WT_Q4_0); return;
+    case WT_Q4_1: fill_typed(f, begin, end, WT_Q4_1); return;
+    case WT_Q5_0: fill_typed(f, begin, end, WT_Q5_0); return;
+    case WT_Q5_1: fill_typed(f, begin, end, WT_Q5_1); return;
+    case WT_Q8_0: fill_typed(f, begin, end, WT_Q8_0); return;
+    case WT_Q4_K: fill_typed(f, begin, end, WT_Q4_K); return;
+    case WT_Q5_K: fill_typed(f, begin, end, WT_Q5_K); return;
+    case WT_Q6_K: fill_typed(f, begin, end, WT_Q6_K); return;
+    }
+    size_t rb = gguf_row_bytes(type, w->cols);          /* float types: rows as they are */
+    for (int64_t i = begin; i < end; i++) {
+        int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group);
+        memcpy(w->data + (size_t)row * rb, f->src + (size_t)i * rb, rb);
     }
 }
 

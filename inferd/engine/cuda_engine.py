@@ -14,6 +14,7 @@ cuda_gemm (cublas|own: our mma kernel instead of cuBLAS), cuda_device; engine/de
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -27,6 +28,18 @@ from inferd.engine.types import MAX_LOGPROBS, SamplingParams, SeqOutput
 # most precise first; a fused matrix takes the most precise format among its parts
 _PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
 _AUTO = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4", "Q4_1": "q4_1"}
+
+
+def _with_cuda_types(model):
+    """The model with its matrices of types the CUDA kernels lack (the K-quants, Q5_0/Q5_1, which the CPU engine
+    computes natively) re-quantized to Q8_0, one tensor at a time."""
+    from inferd.model.quant import requantize
+
+    if all(t.type in _AUTO or t.rows == 1 for t in model.tensors.values()):
+        return model
+    model = copy.copy(model)
+    model.tensors = {n: requantize(t) if t.rows > 1 and t.type not in _AUTO else t for n, t in model.tensors.items()}
+    return model
 
 
 def _cuda():
@@ -94,7 +107,7 @@ class CudaEngine(EngineShape):
             "max_adj": self.max_adj, "use_graphs": int(graphs), "use_pdl": int(pdl), "gemm_kind": gemm_kind,
         }
         self._m = cu.Model(config, rope_frequencies(model_config))
-        self._load(model)
+        self._load(_with_cuda_types(model))
         self.weight_bytes = self._m.weight_bytes
         self.last_step_used_graph = False
 

@@ -10,6 +10,7 @@ import mmap
 import numpy as np
 
 from inferd import _cpu
+from inferd.model.quant import REQUANT_TYPES, requantize, to_float32
 
 # most precise first
 PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
@@ -21,6 +22,8 @@ MAX_SEGMENTS = 3
 def _to_f32(t) -> np.ndarray:
     if t.type == "F32":
         return np.asarray(t.data, np.float32)
+    if t.type in REQUANT_TYPES:
+        return to_float32(t, 0, t.rows)
     return _cpu.Weight(t.type, t.rows, t.cols, t.data).dequantize()
 
 
@@ -53,7 +56,7 @@ def fuse(parts, interleave: int = 0) -> tuple:
         raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
     if interleave and any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
         raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
-    types = [p.type for p in parts]
+    types = ["Q8_0" if p.type in REQUANT_TYPES else p.type for p in parts]
     quantized = not any(t in FLOATS for t in types)
     if len(set(types)) == 1 or (quantized and not interleave and _segments(types) <= MAX_SEGMENTS and
                                 all(p.rows % 8 == 0 for p in parts[:-1])):
@@ -61,10 +64,23 @@ def fuse(parts, interleave: int = 0) -> tuple:
     target = min(types, key=PRECISION.index)
     if target not in QUANTIZABLE:
         target = "Q8_0"
-    return ("parts", [(target, p.rows, cols, np.asarray(_convert(p, target))) for p in parts], interleave)
+    return ("parts", [_spec(p) if p.type == target else (target, p.rows, cols, np.asarray(_convert(p, target)))
+                      for p in parts], interleave)
+
+
+def _requantized(t):
+    """Data of a matrix the engine does not compute in its type (Q2_K, Q3_K, IQ4_*): a function giving its Q8_0
+    rows, called when the weight is built, so that one such tensor at a time exists in Q8_0."""
+    def data() -> np.ndarray:
+        out = requantize(t).data
+        release_file_pages(t.data)
+        return out
+    return data
 
 
 def _spec(t) -> tuple:
+    if t.type in REQUANT_TYPES:
+        return ("Q8_0", t.rows, t.cols, _requantized(t))
     return (t.type, t.rows, t.cols, t.data)
 
 
@@ -76,7 +92,7 @@ def release_file_pages(data: np.ndarray) -> None:
     """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
     built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
     bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
-    base = data
+    base: object = data
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     if base is None or data.nbytes == 0:

@@ -61,6 +61,11 @@ def convert_tensor(t: Tensor, quantize: str | None = None) -> Tensor:
         return t
     if target == "F32":
         return Tensor(t.name, "F32", t.rows, t.cols, to_float32(t, 0, t.rows))
+    return requantize(t, target)
+
+
+def requantize(t: Tensor, target: str = "Q8_0") -> Tensor:
+    """t's values quantized to `target` (Q8_0, Q4_0, Q4_1), ~16 MiB of float32 at a time."""
     out = np.empty((t.rows, bytes_per_row(target, t.cols)), dtype=np.uint8)
     step = max(1, _CHUNK_VALUES // t.cols)
     for r0 in range(0, t.rows, step):
@@ -70,8 +75,11 @@ def convert_tensor(t: Tensor, quantize: str | None = None) -> Tensor:
 
 
 def convert_all(tensors: Iterable[Tensor], quantize: str | None = None) -> dict[str, Tensor]:
+    """Every tensor in the type the engines take. Matrices of the re-quantized types (REQUANT_TYPES) stay as they
+    are in the file: the engines convert them one at a time while building their weights (see
+    inferd.engine.weights), so that a model is never held twice in memory."""
     quantize = check_quantize_arg(quantize)
-    return {t.name: convert_tensor(t, quantize) for t in tensors}
+    return {t.name: t if t.type in REQUANT_TYPES and t.rows > 1 else convert_tensor(t, quantize) for t in tensors}
 
 
 def to_float32(t: Tensor, r0: int, r1: int) -> np.ndarray:

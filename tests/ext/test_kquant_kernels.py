@@ -15,12 +15,21 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from inferd import _cpu
-from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, kernel_path, path_available  # noqa: F401
+from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, path_available
 from tests.model.kquant_ref import quantize_k, random_blocks
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 TYPES = K_TYPES + ("Q5_0", "Q5_1")
 SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
+
+
+@pytest.fixture
+def kernel_path(request):
+    """Runs the test on the path given by parametrize, restoring the previous path afterwards."""
+    old = _cpu.get_path()
+    _cpu.set_path(request.param)
+    yield request.param
+    _cpu.set_path(old)
 
 
 def shapes(type_name):
