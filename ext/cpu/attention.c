@@ -1,6 +1,6 @@
 /* Attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query heads of
- * adjacent KV heads: causal or not, over all keys or a sliding window of them (attn_span_t). Online softmax over 64-position blocks in a fixed order, so a token's output is the same
- * whatever else is in the batch.
+ * adjacent KV heads: causal or not, over all keys or a sliding window of them (attn_span_t). Online softmax over
+ * 64-position blocks in a fixed order, so a token's output is the same whatever else is in the batch.
  *
  * The query rows (token, head) are taken three at a time: each key or value is converted from f16 once per row
  * set, straight from the cache into registers, and meets all three rows there (three rows by four keys of fma

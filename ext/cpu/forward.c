@@ -95,8 +95,8 @@ static void post_norm_add_fn(void *arg, int64_t begin, int64_t end, int thread) 
     }
 }
 
-/* QKV bias, QK-norm, RoPE on q and k, and k and v written to the cache at the token's position: for token t's KV heads
- * [h0, h0 + heads) and their query heads (each head's arithmetic is its own, so any split gives the same bits) */
+/* QKV bias, QK-norm, RoPE on q and k, and k and v written to the cache at the token's position: for token t's KV
+ * heads [h0, h0 + heads) and their query heads (each head's arithmetic is its own, so any split gives the same bits) */
 static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int heads) {
     const model_config_t *cfg = &c->model->cfg;
     const layer_t *L = &c->model->layers[s->layer];
@@ -371,7 +371,8 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
     if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
-        !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs || (post_norms && !c->y)) {
+        !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
+        (post_norms && !c->y)) {
         context_free(c);
         return NULL;
     }

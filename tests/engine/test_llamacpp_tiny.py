@@ -39,8 +39,8 @@ VARIANTS = ["gemma3-gguf-f32", "qwen3-gguf-f32", "llama32-gguf-f16"]
 
 def llama_server_path() -> Path | None:
     env = os.environ.get("INFERD_LLAMA_CPP_BIN")
-    found = [Path(env) / "llama-server"] if env else [
-        Path(p) for p in sorted(glob.glob(os.path.expanduser("~/.cache/inferd-peers/llama.cpp-*/build/bin/llama-server")))]
+    pattern = os.path.expanduser("~/.cache/inferd-peers/llama.cpp-*/build/bin/llama-server")
+    found = [Path(env) / "llama-server"] if env else [Path(p) for p in sorted(glob.glob(pattern))]
     return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
 
 
