@@ -477,3 +477,6 @@ def write_byte_holding_gil(int fd):
     without releasing the GIL, unlike os.write and socket.send (see inferd/engine/loop_waker.py for why)."""
     cdef char zero = 0
     return write(fd, &zero, 1)
+
+
+include "encoder.pxi"
