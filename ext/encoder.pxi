@@ -27,6 +27,10 @@ cdef extern from "encoder.h" nogil:
         float *q_norm
         float *k_norm
         int sliding
+        float *wqkv_p
+        float *wo_p
+        float *wup_p
+        float *wdown_p
     ctypedef struct encoder_t:
         encoder_config_t cfg
         weight_t tok_embd
@@ -41,6 +45,7 @@ cdef extern from "encoder.h" nogil:
         int n_dense
         weight_t dense[4]
         float *dense_bias[4]
+        float *dense_p[4]
         int out_dim
     ctypedef struct enc_batch_t:
         int num_tokens, num_seqs
@@ -54,6 +59,7 @@ cdef extern from "encoder.h" nogil:
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
+    float *pack_panels(const weight_t *w)
 
 
 ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
@@ -112,11 +118,11 @@ cdef class EncoderModel:
         for i in range(c.n_layers):
             L = &self.m.layers[i]
             p = f"blk.{i}."
-            self._matrix(&L.wqkv, tensors[p + "wqkv"], qkv_dim, c.dim)
-            self._matrix(&L.wo, tensors[p + "wo"], c.dim, q_dim)
-            self._matrix(&L.wup, tensors[p + "wup"], c.hidden * (1 if bert else 2), c.dim)
-            self._matrix(&L.wdown, tensors[p + "wdown"], c.dim, c.hidden)
-            self.n_built = i + 1
+            self.n_built = i + 1                     # its fields start zeroed: freeing a half-built layer is safe
+            self._matrix(&L.wqkv, &L.wqkv_p, tensors[p + "wqkv"], qkv_dim, c.dim)
+            self._matrix(&L.wo, &L.wo_p, tensors[p + "wo"], c.dim, q_dim)
+            self._matrix(&L.wup, &L.wup_p, tensors[p + "wup"], c.hidden * (1 if bert else 2), c.dim)
+            self._matrix(&L.wdown, &L.wdown_p, tensors[p + "wdown"], c.dim, c.hidden)
             if bert:
                 L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
                 L.bo = self._floats(tensors[p + "bo"], c.dim)
@@ -143,8 +149,8 @@ cdef class EncoderModel:
             if spec[0] not in ("F32", "F16", "BF16") or spec[2] != self.out_dim:
                 raise ValueError(f"Dense layer {j}: a float weight of {self.out_dim} inputs is needed, got "
                                  f"{spec[0]} with {spec[2]}")
-            init_weight(&self.m.dense[j], spec)
             self.m.n_dense = j + 1
+            self._matrix(&self.m.dense[j], &self.m.dense_p[j], spec, spec[1], spec[2])
             if f"dense.{j}.bias" in tensors:
                 self.m.dense_bias[j] = self._floats(tensors[f"dense.{j}.bias"], spec[1])
             self.out_dim = spec[1]
@@ -152,10 +158,18 @@ cdef class EncoderModel:
         self.m.out_dim = self.out_dim
         self.max_positions = c.max_positions
 
-    cdef int _matrix(self, weight_t *w, tuple spec, int rows, int cols) except -1:
+    cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols) except -1:
+        """Builds a matrix; a float one is repacked into panels for the encoder's GEMM and its row-major copy freed
+        (the weight_t keeps its type and shape)."""
         if spec[1] != rows or spec[2] != cols:
             raise ValueError(f"weight of shape ({spec[1]}, {spec[2]}) where ({rows}, {cols}) is needed")
         init_weight(w, spec)
+        if not weight_is_quantized(w.type):
+            with nogil:
+                panels[0] = pack_panels(w)
+            if panels[0] == NULL:
+                raise MemoryError(f"out of memory repacking a {rows}x{cols} weight")
+            weight_free(w)
         return 0
 
     cdef float *_floats(self, object t, Py_ssize_t n) except NULL:
@@ -172,9 +186,12 @@ cdef class EncoderModel:
             for i in range(self.n_built):
                 weight_free(&self.m.layers[i].wqkv); weight_free(&self.m.layers[i].wo)
                 weight_free(&self.m.layers[i].wup); weight_free(&self.m.layers[i].wdown)
+                free(self.m.layers[i].wqkv_p); free(self.m.layers[i].wo_p)
+                free(self.m.layers[i].wup_p); free(self.m.layers[i].wdown_p)
             free(self.m.layers)
         for i in range(self.m.n_dense):
             weight_free(&self.m.dense[i])
+            free(self.m.dense_p[i])
 
     @property
     def weight_bytes(self):

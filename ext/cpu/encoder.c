@@ -32,6 +32,7 @@ typedef struct {
     int32_t *seq_of;            /* (num_tokens) sequence of each token */
     /* a chunked matmul: y (ntok, ldy) (+)= W in + bias */
     const weight_t *w;
+    const float *panels;        /* w's panels when it is a float weight */
     const float *in;
     const block_q8x *xq;
     float *y;
@@ -54,8 +55,14 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
         int nt = s->ntok - t0 < ENC_CHUNK ? s->ntok - t0 : ENC_CHUNK;
         int tile0 = g * TILES_PER_ITEM, tile1 = tile0 + TILES_PER_ITEM < tiles ? tile0 + TILES_PER_ITEM : tiles;
         float *y = s->y + (size_t)t0 * s->ldy;
-        matmul_tiles(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
-                     y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
+        if (s->panels) {
+            int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
+            gemm_panels(s->panels, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np, nt,
+                        s->in + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy, s->accumulate);
+        } else {
+            matmul_tiles(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
+                         y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
+        }
         if (s->bias) {
             int r1 = tile1 * TILE_ROWS < s->w->rows ? tile1 * TILE_ROWS : s->w->rows;
             for (int t = 0; t < nt; t++)
@@ -168,6 +175,12 @@ static void residual_norm_fn(void *arg, int64_t begin, int64_t end, int thread) 
     }
 }
 
+/* rows [32 j, 32 j + 32) of the FFN's up matrix for nt tokens into y (nt, 32) */
+static void up_rows(const enc_layer_t *L, int j, int nt, const float *in, const block_q8x *xq, float *y) {
+    if (L->wup_p) gemm_panels(L->wup_p, L->wup.rows, L->wup.cols, 2 * j, 2 * j + 2, nt, in, y, QK, 0);
+    else matmul_tiles(&L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK, 0);
+}
+
 /* One item = (token chunk, 32 hidden units j): their up rows (BERT: + bias, GELU) or gate and up rows (Gemma:
  * gelu_tanh(gate) * up), quantized at once as block j of the down projection's input while in cache; copied out
  * in floats only for a float down projection. */
@@ -176,7 +189,7 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
     encoder_ctx_t *c = s->c;
     const encoder_config_t *cfg = &c->model->cfg;
     const enc_layer_t *L = &c->model->layers[s->layer];
-    int hidden = cfg->hidden, nbh = hidden / QK, nb = cfg->dim / QK, quarter = QK / TILE_ROWS;
+    int hidden = cfg->hidden, nbh = hidden / QK, nb = cfg->dim / QK;
     float *g = c->gu + (size_t)thread * ENC_CHUNK * 2 * QK, *u = g + ENC_CHUNK * QK;   /* (chunk, 32) each */
     for (int64_t item = begin; item < end; item++) {
         int t0 = (int)(item / s->n_groups) * ENC_CHUNK, j = (int)(item % s->n_groups);
@@ -184,13 +197,13 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         const float *in = s->in + (size_t)t0 * cfg->dim;
         const block_q8x *xq = c->xq + (size_t)t0 * nb;
         if (cfg->arch == ENC_BERT) {
-            matmul_tiles(&L->wup, j * quarter, (j + 1) * quarter, nt, in, xq, g, QK, 0);
+            up_rows(L, j, nt, in, xq, g);
             for (int t = 0; t < nt; t++)
                 for (int r = 0; r < QK; r++) g[t * QK + r] += L->bup[j * QK + r];
             gelu_erf(g, nt * QK);
         } else {
-            matmul_tiles(&L->wup, 2 * j * quarter, (2 * j + 1) * quarter, nt, in, xq, g, QK, 0);
-            matmul_tiles(&L->wup, (2 * j + 1) * quarter, (2 * j + 2) * quarter, nt, in, xq, u, QK, 0);
+            up_rows(L, 2 * j, nt, in, xq, g);             /* gate and up rows alternate in blocks of 32 */
+            up_rows(L, 2 * j + 1, nt, in, xq, u);
             gelu_tanh_mul(g, u, g, nt * QK);
         }
         if (is_quant(&L->wdown))
@@ -255,9 +268,9 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
     c->profile[stage] += now_seconds() - t0;
 }
 
-static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *in,
-                   const block_q8x *xq, float *y, int accumulate, const float *bias) {
-    s->w = w; s->in = in; s->xq = xq; s->y = y; s->ldy = w->rows; s->accumulate = accumulate; s->bias = bias;
+static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
+                   const float *in, const block_q8x *xq, float *y, int accumulate, const float *bias) {
+    s->w = w; s->panels = panels; s->in = in; s->xq = xq; s->y = y; s->ldy = w->rows; s->accumulate = accumulate; s->bias = bias;
     s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
     int64_t chunks = (s->ntok + ENC_CHUNK - 1) / ENC_CHUNK;
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
@@ -293,17 +306,17 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     for (int l = 0; l < cfg->n_layers; l++) {
         const enc_layer_t *L = &m->layers[l];
         s.layer = l;
-        matmul(c, ESTAGE_QKV, &s, &L->wqkv, in, c->xq, c->qkv, 0, L->bqkv);        /* qkv = Wqkv xn + b */
+        matmul(c, ESTAGE_QKV, &s, &L->wqkv, L->wqkv_p, in, c->xq, c->qkv, 0, L->bqkv);        /* qkv = Wqkv xn + b */
         if (!bert) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);                 /* qk norm, rope */
         run(c, ESTAGE_ATTENTION, (int64_t)b->num_seqs * cfg->n_heads, 1, attention_fn, &s);
         /* BERT: x += Wo attn + b; Gemma: xn = Wo attn */
-        matmul(c, ESTAGE_WO, &s, &L->wo, c->attn, c->xq, bert ? c->x : c->xn, bert, L->bo);
+        matmul(c, ESTAGE_WO, &s, &L->wo, L->wo_p, c->attn, c->xq, bert ? c->x : c->xn, bert, L->bo);
         s.second = 0;
         run(c, ESTAGE_NORM, T, 4, residual_norm_fn, &s);
         s.in = in;
         s.n_groups = cfg->hidden / QK;
         run(c, ESTAGE_UP, (int64_t)((T + ENC_CHUNK - 1) / ENC_CHUNK) * s.n_groups, 1, ffn_up_fn, &s);
-        matmul(c, ESTAGE_DOWN, &s, &L->wdown, c->h, c->xq_h, bert ? c->x : c->xn, bert, L->bdown);
+        matmul(c, ESTAGE_DOWN, &s, &L->wdown, L->wdown_p, c->h, c->xq_h, bert ? c->x : c->xn, bert, L->bdown);
         s.second = 1;
         run(c, ESTAGE_NORM, T, 4, residual_norm_fn, &s);
     }
@@ -314,7 +327,7 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     float *cur = c->pooled, *other = c->pooled2;
     s.ntok = b->num_seqs;
     for (int i = 0; i < m->n_dense; i++) {                 /* the Dense chain, float weights */
-        matmul(c, ESTAGE_POOL, &s, &m->dense[i], cur, c->xq, other, 0, m->dense_bias[i]);
+        matmul(c, ESTAGE_POOL, &s, &m->dense[i], m->dense_p[i], cur, c->xq, other, 0, m->dense_bias[i]);
         float *tmp = cur; cur = other; other = tmp;
     }
     s.pool_in = cur;

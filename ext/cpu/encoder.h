@@ -33,6 +33,8 @@ typedef struct {
      * per head (head_dim) */
     float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm, *q_norm, *k_norm;
     int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
+    /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
+    float *wqkv_p, *wo_p, *wup_p, *wdown_p;
 } enc_layer_t;
 
 typedef struct {
@@ -47,6 +49,7 @@ typedef struct {
     int n_dense;                      /* sentence-transformers Dense modules after pooling, float weights */
     weight_t dense[ENC_MAX_DENSE];    /* (out, in) */
     float *dense_bias[ENC_MAX_DENSE]; /* (out) or NULL */
+    float *dense_p[ENC_MAX_DENSE];    /* panels of dense[i] */
     int out_dim;                      /* the vector's length: dim, or the last Dense's out */
 } encoder_t;
 
@@ -86,6 +89,13 @@ typedef struct {
 encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads);
 void encoder_ctx_free(encoder_ctx_t *c);
 int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 invalid batch */
+
+/* float GEMM over 16-row panels (gemm_panels.c): y[t, r - 16 panel_begin] (+)= W x[t] for the rows of panels
+ * [panel_begin, panel_end); x (ntok, cols) */
+#define PANEL_ROWS 16
+float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NULL for a quantized w or no memory */
+void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
+                 float *y, int ldy, int accumulate);
 
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
