@@ -4,7 +4,7 @@
  * per row and token, fine for a decode step, a third of the FMA rate for a batch).
  *
  * Every output is acc = fma(w[r][k], x[t][k], acc) for k = 0, 1, ... in order from 0, then y = acc or y + acc:
- * the scalar, AVX2 (16 rows x 6 tokens: 12 ymm accumulators) and AVX-512 (32 rows x 6 tokens in zmm) kernels do
+ * the scalar, AVX2 (16 rows x 6 tokens: 12 ymm accumulators) and AVX-512 (32 rows x 12 tokens in zmm) kernels do
  * exactly that, so all paths give the same bits and a token's row does not depend on the batch. */
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +14,9 @@
 #endif
 
 #define PR PANEL_ROWS
-#define NT 6                /* tokens per kernel pass */
+#define NT 6                /* tokens per AVX2 pass: 12 accumulators + 2 weight vectors + 1 broadcast of 16 ymm */
+#define NT512 12            /* tokens per AVX-512 pass: 24 accumulators of 32 zmm; a batch of up to 12 tokens (one
+                             * short query) streams each weight once */
 
 float *pack_panels(const weight_t *w) {
     if (weight_is_quantized(w->type)) return NULL;
@@ -104,7 +106,7 @@ ATTR_AVX2 static void gemm_avx2(const float *panels, int rows, int cols, int pb,
 /* n tokens of np (1 or 2) adjacent panels, one zmm per panel */
 ATTR_AVX512 static inline __attribute__((always_inline)) void panels_avx512(const float *P, int cols, const float *x,
                                                                            int n, int np, float *acc_out) {
-    __m512 a[NT][2];
+    __m512 a[NT512][2];
     const float *P1 = P + (size_t)cols * PR;
     for (int i = 0; i < n; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
     for (int k = 0; k < cols; k++) {
@@ -122,33 +124,24 @@ ATTR_AVX512 static inline __attribute__((always_inline)) void panels_avx512(cons
     }
 }
 
+#define CASE512(N)                                                                                          \
+    case N:                                                                                                 \
+        if (np == 2) panels_avx512(P, cols, xt, N, 2, acc);                                                 \
+        else panels_avx512(P, cols, xt, N, 1, acc);                                                         \
+        break;
+
 ATTR_AVX512 static void gemm_avx512(const float *panels, int rows, int cols, int pb, int pe, int ntok,
                                     const float *x, float *y, int ldy, int accumulate) {
-    float acc[NT * 2 * PR];
+    float acc[NT512 * 2 * PR];
     for (int p = pb; p < pe; p += 2) {
         int np = pe - p >= 2 ? 2 : 1;
         const float *P = panels + (size_t)p * cols * PR;
-        for (int t = 0; t < ntok; t += NT) {
-            int n = ntok - t < NT ? ntok - t : NT;
+        for (int t = 0; t < ntok; t += NT512) {
+            int n = ntok - t < NT512 ? ntok - t : NT512;
             const float *xt = x + (size_t)t * cols;
-            if (np == 2) {
-                switch (n) {
-                case 6: panels_avx512(P, cols, xt, 6, 2, acc); break;
-                case 5: panels_avx512(P, cols, xt, 5, 2, acc); break;
-                case 4: panels_avx512(P, cols, xt, 4, 2, acc); break;
-                case 3: panels_avx512(P, cols, xt, 3, 2, acc); break;
-                case 2: panels_avx512(P, cols, xt, 2, 2, acc); break;
-                default: panels_avx512(P, cols, xt, 1, 2, acc);
-                }
-            } else {
-                switch (n) {
-                case 6: panels_avx512(P, cols, xt, 6, 1, acc); break;
-                case 5: panels_avx512(P, cols, xt, 5, 1, acc); break;
-                case 4: panels_avx512(P, cols, xt, 4, 1, acc); break;
-                case 3: panels_avx512(P, cols, xt, 3, 1, acc); break;
-                case 2: panels_avx512(P, cols, xt, 2, 1, acc); break;
-                default: panels_avx512(P, cols, xt, 1, 1, acc);
-                }
+            switch (n) {
+            CASE512(12) CASE512(11) CASE512(10) CASE512(9) CASE512(8) CASE512(7)
+            CASE512(6) CASE512(5) CASE512(4) CASE512(3) CASE512(2) CASE512(1)
             }
             for (int i = 0; i < n; i++)
                 for (int j = 0; j < np; j++) {
