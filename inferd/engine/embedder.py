@@ -3,7 +3,7 @@
 encoder calls as the batch limits allow (one nogil C call each: all layers, pooling, Dense, normalization)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

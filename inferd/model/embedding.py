@@ -137,7 +137,7 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
     prompts = st_main.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise ModelLoadError(root / "config_sentence_transformers.json", "prompts must map names to strings")
-    dims = st_main.get("matryoshka_dims") or KNOWN_MATRYOSHKA.get(str(raw.get("model_type")), ())
+    dims = st_main.get("matryoshka_dims") or KNOWN_MATRYOSHKA.get(str(raw.get("model_type")), ()) or ()
     matryoshka = tuple(sorted({int(d) for d in dims if isinstance(d, int) and 0 < d <= out_dim}, reverse=True))
 
     tok_path = transformer / "tokenizer.json"
@@ -209,7 +209,8 @@ class _Weights:
     """Named tensors of one safetensors folder as views over its mmap."""
 
     def __init__(self, folder: Path, entries: dict):
-        self.folder, self.entries, self.maps = folder, entries, {}
+        self.folder, self.entries = folder, entries
+        self.maps: dict[Path, mmap.mmap] = {}
 
     def has(self, name: str) -> bool:
         return name in self.entries
@@ -245,8 +246,8 @@ def _entries(folder: Path) -> dict:
         raise ModelLoadError(folder, f"expected one model.safetensors, found {len(files)} .safetensors files")
     found = {}
     for e in read_safetensors_header(files[0]).values():
-        name = e.name[len("model."):] if e.name.startswith("model.") else e.name
-        name = name[len("bert."):] if name.startswith("bert.") else name
+        name = e.name.removeprefix("model.")
+        name = name.removeprefix("bert.")
         found[name] = (files[0], e)
     return found
 
@@ -287,9 +288,11 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     if dim % heads:
         raise ModelLoadError(w.folder, f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
     positions = int(raw["max_position_embeddings"])
-    cfg = dict(arch="bert", vocab=int(raw["vocab_size"]), dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads,
-               head_dim=dim // heads, hidden=int(raw["intermediate_size"]), max_positions=positions,
-               norm_eps=float(raw.get("layer_norm_eps", 1e-12)), attn_scale=float((dim // heads) ** -0.5))
+    cfg: dict[str, Any] = {
+        "arch": "bert", "vocab": int(raw["vocab_size"]), "dim": dim, "n_layers": layers, "n_heads": heads,
+        "n_kv_heads": heads, "head_dim": dim // heads, "hidden": int(raw["intermediate_size"]),
+        "max_positions": positions, "norm_eps": float(raw.get("layer_norm_eps", 1e-12)),
+        "attn_scale": float((dim // heads) ** -0.5)}
     e = "embeddings."
     t: dict[str, Any] = {
         "tok_embd": _spec(w.tensor(e + "word_embeddings.weight"), quantize),
@@ -330,12 +333,13 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
     if len(types) != layers:
         raise ModelLoadError(w.folder, f"layer_types lists {len(types)} layers, num_hidden_layers is {layers}")
     positions = max_len
-    cfg = dict(arch="gemma3", vocab=int(raw["vocab_size"]), dim=dim, n_layers=layers, n_heads=heads,
-               n_kv_heads=kv_heads, head_dim=hd, hidden=int(raw["intermediate_size"]), max_positions=positions,
-               norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-               attn_scale=float(raw.get("query_pre_attn_scalar", hd)) ** -0.5,
-               embed_scale=float(np.float32(dim ** 0.5)), sliding_window=int(raw.get("sliding_window") or 0),
-               sliding_layers=[i for i, k in enumerate(types) if k == "sliding_attention"])
+    cfg: dict[str, Any] = {
+        "arch": "gemma3", "vocab": int(raw["vocab_size"]), "dim": dim, "n_layers": layers, "n_heads": heads,
+        "n_kv_heads": kv_heads, "head_dim": hd, "hidden": int(raw["intermediate_size"]), "max_positions": positions,
+        "norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "attn_scale": float(raw.get("query_pre_attn_scalar", hd)) ** -0.5,
+        "embed_scale": float(np.float32(dim ** 0.5)), "sliding_window": int(raw.get("sliding_window") or 0),
+        "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"]}
     t: dict[str, Any] = {
         "tok_embd": _spec(w.tensor("embed_tokens.weight"), quantize),
         "final_norm": 1.0 + w.vector("norm.weight", dim),
@@ -375,5 +379,5 @@ def _dense(folder: Path, j: int, in_dim: int, tensors: dict) -> int:
                                      f"({cfg.get('out_features')}, {in_dim})")
     tensors[f"dense.{j}"] = (weight.type, weight.rows, weight.cols, weight.data)
     if cfg.get("bias", True) and w.has("linear.bias"):
-        tensors[f"dense.{j}.bias"] = w.vector("linear.bias", weight.rows)
+        tensors[f"dense.{j}.bias"] = w.vector("linear.bias", int(weight.rows))
     return weight.rows
