@@ -22,7 +22,9 @@ cpu = Extension(
     extra_link_args=["-pthread", "-lm"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
-extensions = [cpu]
+# the event loop's wake-up write, apart from the kernels so that the scheduler's side needs no kernel build
+waker = Extension("inferd._waker", sources=["ext/_waker.pyx"])
+extensions = [cpu, waker]
 
 cuda_build = os.path.join(ROOT, "ext", "cuda", "build.py")
 if os.path.exists(cuda_build):

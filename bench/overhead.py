@@ -1,5 +1,5 @@
 """Python's share of a decode step at batch 1: the C forward call alone vs the same step through Engine.step
-(building the batch, sampling arrays, outputs) vs `inferd generate`'s loop (runner.generate + detokenizer).
+(building the batch, sampling arrays, outputs) vs `inferd generate`'s loop (runner.generate: the scheduler and its detokenizer).
 
     python bench/overhead.py [-m MODEL] [-t THREADS] [-n 128]
 """
@@ -12,11 +12,12 @@ import time
 import numpy as np
 
 from inferd import _cpu
-from inferd.engine.engine import Engine, SamplingParams, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SamplingParams, SeqInput
+from inferd.engine.request import Request
 from inferd.engine.runner import blocks_needed, generate
 from inferd.model.loader import load_model
 from inferd.model.pull import resolve
-from inferd.text.tokenizer import IncrementalDetokenizer
 
 
 def c_only(engine: Engine, n: int) -> float:
@@ -47,14 +48,13 @@ def via_engine(engine: Engine, n: int) -> float:
 
 
 def via_generate(engine: Engine, model, n: int) -> float:
-    detok = IncrementalDetokenizer(model.tokenizer, [100])
     t0 = None
     count = 0
-    for _ in generate(engine, [100], SamplingParams(temperature=0.0), n + 1):
-        detok.add(_)
+    request = Request("bench", [100], SamplingParams(temperature=0.0), n + 1)
+    for out in generate(engine, request, tokenizer=model.tokenizer):
         if t0 is None:
             t0 = time.perf_counter()     # after the prefill step
-        count += 1
+        count += len(out.token_ids)
     return (time.perf_counter() - t0) / max(1, count - 1)
 
 
@@ -73,7 +73,7 @@ def main() -> None:
         runs["Engine.step"].append(via_engine(engine, args.n))
         runs["inferd generate loop"].append(via_generate(engine, model, args.n))
     base = statistics.median(runs["C forward only"])
-    print(f"| path | ms/token | Python overhead |\n| --- | ---: | ---: |")
+    print("| path | ms/token | Python overhead |\n| --- | ---: | ---: |")
     for name, ts in runs.items():
         t = statistics.median(ts)
         print(f"| {name} | {t * 1e3:.3f} | {(t - base) / t:.1%} |")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from inferd.engine.engine import Engine, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SeqInput
 from inferd.engine.runner import blocks_needed
 from inferd.model.loader import load_model
 from inferd.model.pull import resolve

@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from inferd import _cpu  # noqa: E402
-from inferd.engine.engine import Engine, SeqInput  # noqa: E402
+from inferd.engine.engine import Engine  # noqa: E402
+from inferd.engine.types import SeqInput  # noqa: E402
 from inferd.engine.runner import blocks_needed  # noqa: E402
 from inferd.model.loader import load_model  # noqa: E402
 from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve  # noqa: E402

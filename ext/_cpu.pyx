@@ -26,7 +26,10 @@ def get_path():
 
 
 def set_path(str name):
-    """Force a kernel path ('scalar', 'avx2', 'avx512vnni', 'avxvnni'); ValueError if this CPU lacks it."""
+    """Force a kernel path ('scalar', 'avx2', 'avx512vnni', 'avxvnni', or 'vnni' for whichever VNNI the CPU has);
+    ValueError if this CPU lacks it."""
+    if name == "vnni":
+        name = "avxvnni" if cpu_set_path(PATHS["avxvnni"]) == 0 else "avx512vnni"
     if name not in PATHS or cpu_set_path(PATHS[name]) != 0:
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
 
@@ -282,9 +285,39 @@ cdef class Model:
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
                "matmul gate|up+swiglu", "matmul down", "matmul output", "sample")
 
-SAMPLE_FIELDS = ("temperature", "top_p", "min_p", "top_k", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "seed", "num_logprobs", "history_offset", "history_len", "num_prompt",
-                 "bias_offset", "bias_len")
+
+FORWARD_ERRORS = {
+    FORWARD_BAD_SIZE: "more tokens or logits rows than the context was made for",
+    FORWARD_BAD_TOKEN: "a token id outside the vocabulary",
+    FORWARD_BAD_POSITION: "a position outside the context or its sequence's block table",
+    FORWARD_BAD_SEQUENCE: "a token's sequence index outside the batch",
+    FORWARD_BAD_BLOCK: "a KV block id outside the cache",
+    FORWARD_BAD_OUT_ROW: "a logits row that is not a token of the batch",
+    FORWARD_BAD_SAMPLE_PARAMS: "sampling parameters point outside the history or logit-bias arrays",
+}
+
+
+def _sample_params_dtype():
+    """sample_params_t as a numpy dtype: field offsets and the size are read off the C struct itself, so the
+    records Python fills are exactly what the sampler reads."""
+    cdef sample_params_t p
+    memset(&p, 0, sizeof(p))    # only addresses are read; zeroed so the compiler sees no uninitialised use
+    cdef char *base = <char *>&p
+    fields = [("temperature", "<f4", <char *>&p.temperature - base), ("top_p", "<f4", <char *>&p.top_p - base),
+              ("min_p", "<f4", <char *>&p.min_p - base), ("top_k", "<i4", <char *>&p.top_k - base),
+              ("repetition_penalty", "<f4", <char *>&p.repetition_penalty - base),
+              ("presence_penalty", "<f4", <char *>&p.presence_penalty - base),
+              ("frequency_penalty", "<f4", <char *>&p.frequency_penalty - base),
+              ("seed", "<u8", <char *>&p.seed - base), ("num_logprobs", "<i4", <char *>&p.num_logprobs - base),
+              ("history_offset", "<i8", <char *>&p.history_offset - base),
+              ("history_len", "<i4", <char *>&p.history_len - base),
+              ("num_prompt", "<i4", <char *>&p.num_prompt - base),
+              ("bias_offset", "<i8", <char *>&p.bias_offset - base), ("bias_len", "<i4", <char *>&p.bias_len - base)]
+    return np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
+                     "offsets": [f[2] for f in fields], "itemsize": sizeof(sample_params_t)})
+
+
+SAMPLE_PARAMS_DTYPE = _sample_params_dtype()
 
 
 cdef class Context:
@@ -313,14 +346,18 @@ cdef class Context:
             context_free(self.c)
 
     def forward(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
-                int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask, dict params,
-                int32_t[::1] history, int32_t[::1] bias_ids, float[::1] bias_values,
+                int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask,
+                cnp.ndarray params, int32_t[::1] history, int32_t[::1] bias_ids, float[::1] bias_values,
                 bint want_logits=False, bint want_hidden=False):
-        """Returns (samples, logits or None, hidden or None). `params` maps each SAMPLE_FIELDS name to an
-        array of num_out values. samples is a dict of arrays: token, logprob, top_ids, top_logprobs."""
+        """Returns (samples, logits or None, hidden or None). `params`: num_out SAMPLE_PARAMS_DTYPE records, whose
+        history and bias ranges must lie inside `history` and `bias_ids` (inferd/engine/engine.py builds them).
+        samples is a dict of arrays: token, logprob, top_ids, top_logprobs."""
         cdef int T = token_ids.shape[0], n_out = out_rows.shape[0], i, rc
         if positions.shape[0] != T or seq_of_token.shape[0] != T or sample_mask.shape[0] != n_out:
             raise ValueError("batch arrays disagree in length")
+        if params.dtype != SAMPLE_PARAMS_DTYPE or params.ndim != 1 or params.shape[0] != n_out \
+                or not params.flags.c_contiguous:
+            raise ValueError(f"params must be {n_out} contiguous SAMPLE_PARAMS_DTYPE records")
         if block_tables.shape[0] < 1 or block_tables.shape[1] < 1:
             raise ValueError("empty block table")
         cdef batch_t b
@@ -338,8 +375,13 @@ cdef class Context:
         b.history = &history[0] if history.shape[0] else &zero_i
         b.bias_ids = &bias_ids[0] if bias_ids.shape[0] else &zero_i
         b.bias_values = &bias_values[0] if bias_values.shape[0] else &zero_f
-        cdef sample_params_t *sp = <sample_params_t *>calloc(max(n_out, 1), sizeof(sample_params_t))
+        b.num_history = history.shape[0]
+        b.num_bias = bias_ids.shape[0]
+        if bias_values.shape[0] != bias_ids.shape[0]:
+            raise ValueError("bias_ids and bias_values disagree in length")
         cdef sample_out_t *so = <sample_out_t *>calloc(max(n_out, 1), sizeof(sample_out_t))
+        if so == NULL:
+            raise MemoryError("cannot allocate the step's sample records")
         logits = np.empty((n_out, self.vocab), np.float32) if want_logits and n_out else None
         hidden = np.empty((self.n_layers + 1, T, self.dim), np.float32) if want_hidden else None
         cdef float[:, ::1] lv
@@ -348,8 +390,7 @@ cdef class Context:
             if n_out:
                 b.out_rows = &out_rows[0]
                 b.sample_mask = &sample_mask[0]
-                self._fill_params(sp, params, n_out, history.shape[0], bias_ids.shape[0])
-            b.params = sp
+                b.params = <const sample_params_t *>cnp.PyArray_DATA(params)
             b.samples = so
             if logits is not None:
                 lv = logits
@@ -359,43 +400,15 @@ cdef class Context:
                 b.hidden_out = &hv[0, 0, 0]
             with nogil:
                 rc = forward(self.c, &b)
-            if rc:
-                raise ValueError(f"invalid batch (code {rc}): token ids, positions, sequence indices or "
-                                 "KV block ids out of range")
+            if rc != FORWARD_OK:
+                raise ValueError(f"invalid batch: {FORWARD_ERRORS.get(rc, f'code {rc}')}")
             samples = {"token": np.empty(n_out, np.int32), "logprob": np.empty(n_out, np.float32),
                        "top_ids": np.empty((n_out, MAX_TOP_LOGPROBS), np.int32),
                        "top_logprobs": np.empty((n_out, MAX_TOP_LOGPROBS), np.float32)}
             self._read_samples(so, n_out, samples)
             return samples, logits, hidden
         finally:
-            free(sp)
             free(so)
-
-    cdef _fill_params(self, sample_params_t *sp, dict params, int n, Py_ssize_t n_hist, Py_ssize_t n_bias):
-        cdef float[::1] temperature = np.ascontiguousarray(params["temperature"], np.float32)
-        cdef float[::1] top_p = np.ascontiguousarray(params["top_p"], np.float32)
-        cdef float[::1] min_p = np.ascontiguousarray(params["min_p"], np.float32)
-        cdef int32_t[::1] top_k = np.ascontiguousarray(params["top_k"], np.int32)
-        cdef float[::1] rep = np.ascontiguousarray(params["repetition_penalty"], np.float32)
-        cdef float[::1] pres = np.ascontiguousarray(params["presence_penalty"], np.float32)
-        cdef float[::1] freq = np.ascontiguousarray(params["frequency_penalty"], np.float32)
-        cdef uint64_t[::1] seed = np.ascontiguousarray(params["seed"], np.uint64)
-        cdef int32_t[::1] nlp = np.ascontiguousarray(params["num_logprobs"], np.int32)
-        cdef int64_t[::1] hoff = np.ascontiguousarray(params["history_offset"], np.int64)
-        cdef int32_t[::1] hlen = np.ascontiguousarray(params["history_len"], np.int32)
-        cdef int32_t[::1] nprompt = np.ascontiguousarray(params["num_prompt"], np.int32)
-        cdef int64_t[::1] boff = np.ascontiguousarray(params["bias_offset"], np.int64)
-        cdef int32_t[::1] blen = np.ascontiguousarray(params["bias_len"], np.int32)
-        cdef int i
-        for i in range(n):
-            if hoff[i] < 0 or hlen[i] < 0 or hoff[i] + hlen[i] > n_hist or boff[i] < 0 or blen[i] < 0 \
-                    or boff[i] + blen[i] > n_bias or nlp[i] > MAX_TOP_LOGPROBS:
-                raise ValueError("sampling parameters point outside the history or logit-bias arrays")
-            sp[i].temperature = temperature[i]; sp[i].top_p = top_p[i]; sp[i].min_p = min_p[i]
-            sp[i].top_k = top_k[i]; sp[i].repetition_penalty = rep[i]; sp[i].presence_penalty = pres[i]
-            sp[i].frequency_penalty = freq[i]; sp[i].seed = seed[i]; sp[i].num_logprobs = nlp[i]
-            sp[i].history_offset = hoff[i]; sp[i].history_len = hlen[i]; sp[i].num_prompt = nprompt[i]
-            sp[i].bias_offset = boff[i]; sp[i].bias_len = blen[i]
 
     cdef _read_samples(self, sample_out_t *so, int n, dict samples):
         cdef int32_t[::1] tok = samples["token"]
@@ -466,17 +479,6 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     free(scratch)
     k = min(max(sp.num_logprobs, 0), vocab)
     return (out.token, out.logprob, [out.top_ids[j] for j in range(k)], [out.top_logprobs[j] for j in range(k)])
-
-
-cdef extern from "<unistd.h>":
-    ssize_t write(int fd, const void *buf, size_t count)
-
-
-def write_byte_holding_gil(int fd):
-    """Writes one zero byte to fd and returns what write(2) returned (-1 on error, e.g. a full non-blocking pipe),
-    without releasing the GIL, unlike os.write and socket.send (see inferd/engine/loop_waker.py for why)."""
-    cdef char zero = 0
-    return write(fd, &zero, 1)
 
 
 include "encoder.pxi"

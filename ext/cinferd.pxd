@@ -98,6 +98,8 @@ cdef extern from "inferd.h" nogil:
         const int32_t *history
         const int32_t *bias_ids
         const float *bias_values
+        int64_t num_history
+        int64_t num_bias
         float *logits_out
         sample_out_t *samples
         float *hidden_out
@@ -111,4 +113,13 @@ cdef extern from "inferd.h" nogil:
         uint16_t *v_cache
     context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads)
     void context_free(context_t *c)
+    ctypedef enum forward_status_t:
+        FORWARD_OK
+        FORWARD_BAD_SIZE
+        FORWARD_BAD_TOKEN
+        FORWARD_BAD_POSITION
+        FORWARD_BAD_SEQUENCE
+        FORWARD_BAD_BLOCK
+        FORWARD_BAD_OUT_ROW
+        FORWARD_BAD_SAMPLE_PARAMS
     int forward(context_t *c, const batch_t *b)

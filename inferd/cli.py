@@ -4,19 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inferd.config import DEFAULT_MODEL, ConfigError, Settings, add_arguments, load_settings
 from inferd.model.pull import PullError
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+# the settings `generate` and `perplexity` share with `serve` (same names, same file/env/flag precedence)
+ENGINE_SETTINGS = ("model", "model_cache_dir", "quantize", "device", "threads", "cpu_path", "cuda_device",
+                   "cuda_weights", "cuda_kv", "cuda_graphs", "cuda_pdl", "cuda_gemm")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
-                   help=f"model name, GGUF file or Hugging Face folder (default: {DEFAULT_MODEL})")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--quantize", choices=["q8_0", "q4_0"], default=None,
-                   help="quantize a float (Hugging Face) model on load")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="run the model on the CPU (default) or an NVIDIA GPU")
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    add_arguments(p, ENGINE_SETTINGS)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -30,29 +27,31 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def _load(args):
+def _load(settings: Settings):
     from inferd.engine.device import check_device
     from inferd.model.loader import load_model
-    from inferd.model.pull import resolve
+    from inferd.model.pull import cache_dir, resolve
 
-    check_device(args.device)   # before the download and load: say at once when the GPU cannot be used
-    return load_model(resolve(args.model), quantize=args.quantize)
+    check_device(settings.device)   # before the download and load: say at once when the GPU cannot be used
+    path = resolve(settings.model, cache=cache_dir(settings.model_cache_dir))
+    return load_model(path, quantize=settings.quantize or None)
 
 
 def cmd_pull(args) -> int:
-    from inferd.model.pull import resolve
+    from inferd.model.pull import cache_dir, resolve
 
-    print(resolve(args.name))
+    print(resolve(args.name, cache=cache_dir(load_settings(args).model_cache_dir)))
     return 0
 
 
 def cmd_generate(args) -> int:
-    from inferd.engine.device import engine_class
-    from inferd.engine.engine import SamplingParams
+    from inferd.engine.device import build_engine
+    from inferd.engine.request import Request
     from inferd.engine.runner import GenerationStats, blocks_needed, generate
-    from inferd.text.tokenizer import IncrementalDetokenizer
+    from inferd.engine.types import SamplingParams
 
-    model = _load(args)
+    settings = load_settings(args)
+    model = _load(settings)
     tok = model.tokenizer
     if args.chat:
         from inferd.text.chat import render_chat
@@ -65,15 +64,13 @@ def cmd_generate(args) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty,
                             args.presence_penalty, args.frequency_penalty, seed=args.seed)
     max_tokens = min(args.max_tokens, model.config.context_length - len(prompt))
-    engine = engine_class(args.device)(model, num_kv_blocks=blocks_needed(len(prompt) + max(max_tokens, 1)),
-                                       max_seqs=1, threads=args.threads)
+    engine = build_engine(model, settings, num_kv_blocks=blocks_needed(len(prompt) + max(max_tokens, 1)), max_seqs=1)
     stats = GenerationStats()
-    detok = IncrementalDetokenizer(tok, prompt)
-    for token in generate(engine, prompt, params, max_tokens, tok.eos_ids, stats, args.speculative):
-        sys.stdout.write(detok.add(token))
+    request = Request("generate", prompt, params, max_tokens, stop_token_ids=frozenset(tok.eos_ids))
+    for out in generate(engine, request, tokenizer=tok, speculative=args.speculative, stats=stats):
+        sys.stdout.write(out.text)
         sys.stdout.flush()
-    sys.stdout.write(detok.flush() + "\n")
-    sys.stdout.flush()
+    sys.stdout.write("\n")
     print(f"prompt {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | generated "
           f"{stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | {engine.threads} threads, "
           f"{engine.kernel_path} kernels", file=sys.stderr)
@@ -84,17 +81,18 @@ def cmd_generate(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from inferd.engine.device import engine_class
+    from inferd.engine.device import build_engine
     from inferd.engine.runner import blocks_needed, perplexity
 
-    model = _load(args)
+    settings = load_settings(args)
+    model = _load(settings)
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     tokens = model.tokenizer.encode(text, add_special=False)
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     batch = min(args.ctx, 512)
-    engine = engine_class(args.device)(model, num_kv_blocks=blocks_needed(args.ctx), max_batch_tokens=batch,
-                                       max_seqs=1, threads=args.threads, max_logits_rows=batch)
+    engine = build_engine(model, settings, num_kv_blocks=blocks_needed(args.ctx), max_batch_tokens=batch,
+                          max_seqs=1, max_logits_rows=batch)
 
     def progress(done, total, ppl):
         print(f"[{done}/{total}] ppl {ppl:.4f}", file=sys.stderr)
@@ -120,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("pull", help="download a model into the cache and print its path")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    add_arguments(p, ("model_cache_dir",))
     p.set_defaults(fn=cmd_pull)
 
     p = sub.add_parser("generate", help="generate text from a prompt")
-    _add_model_args(p)
+    _add_engine_args(p)
     _add_sampling_args(p)
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's method)")
-    _add_model_args(p)
+    _add_engine_args(p)
     p.add_argument("-f", "--file", required=True)
     p.add_argument("-c", "--ctx", type=int, default=512)
     p.set_defaults(fn=cmd_perplexity)
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, OSError, PullError) as e:   # ModelLoadError is a ValueError: one clear line
+    except (ValueError, OSError, PullError, ConfigError) as e:   # ModelLoadError is a ValueError: one clear line
         print(f"inferd: error: {e}", file=sys.stderr)
         return 1
 

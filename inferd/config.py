@@ -18,6 +18,16 @@ from msgspec import Meta
 ENV_PREFIX = "INFERD_"
 SYSTEM_CONFIG = "/etc/inferd/inferd.toml"
 
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEVICES = ("cpu", "cuda")
+QUANTIZE_TARGETS = ("q8_0", "q4_0")
+CPU_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni", "vnni")   # vnni: whichever VNNI the CPU has
+CUDA_WEIGHTS = ("auto", "bf16", "int8", "int4", "q8_0")
+CUDA_KV = ("f16", "bf16")
+CUDA_GEMMS = ("cublas", "own")
+# short options shared by every command that takes the setting
+SHORT_FLAGS = {"model": "-m", "threads": "-t"}
+
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
@@ -25,7 +35,7 @@ NonNegFloat = Annotated[float, Meta(ge=0)]
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # model
-    model: str = "smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     served_model_name: str = ""
     model_cache_dir: str = ""
     quantize: str = ""
@@ -51,10 +61,18 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: NonNegInt = 0
     enable_prefix_caching: bool = True
     speculative: bool = False
+    cpu_path: str = ""
+    cuda_device: NonNegInt = 0
+    cuda_weights: str = "auto"
+    cuda_kv: str = "f16"
+    cuda_graphs: bool = True
+    cuda_pdl: bool = True
+    cuda_gemm: str = "cublas"
     # requests and lifecycle
     request_timeout_s: NonNegFloat = 600.0
     sse_keepalive_s: Annotated[float, Meta(gt=0)] = 15.0
     drain_timeout_s: NonNegFloat = 30.0
+    drain_delay_s: NonNegFloat = 0.0
     measure_bandwidth: bool = True
     log_level: str = "info"
     log_requests: bool = True
@@ -62,10 +80,13 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.quantize not in ("", "q8_0", "q4_0"):
-            raise ValueError(f"quantize must be empty, q8_0 or q4_0, got {self.quantize!r}")
+        for name, allowed in (("device", DEVICES), ("quantize", ("",) + QUANTIZE_TARGETS),
+                              ("cpu_path", ("",) + CPU_PATHS), ("cuda_weights", CUDA_WEIGHTS), ("cuda_kv", CUDA_KV),
+                              ("cuda_gemm", CUDA_GEMMS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                shown = ", ".join(repr(a) if a == "" else a for a in allowed)
+                raise ValueError(f"{name} must be one of {shown}; got {value!r}")
 
 
 # One line per setting: shown by `inferd serve --help` and mirrored in config/inferd.toml.
@@ -93,10 +114,18 @@ DOCS: dict[str, str] = {
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
+    "cpu_path": "Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU runs. All paths give bit-identical results.",
+    "cuda_device": "Index of the GPU to use with device = cuda.",
+    "cuda_weights": "Weight format on the GPU: auto (the file's where a kernel reads it, else bf16), bf16, int8, int4 or q8_0.",
+    "cuda_kv": "KV cache format on the GPU: f16 or bf16.",
+    "cuda_graphs": "Capture each decode step as a CUDA graph and replay it (off runs the same kernels eagerly).",
+    "cuda_pdl": "Programmatic dependent launch between kernels of a captured graph.",
+    "cuda_gemm": "Prefill matrix products on the GPU: cublas, or own (inferd's tensor-core kernel).",
     "speculative": "Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a request's `speculative` field overrides it.",
     "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
     "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
     "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",
+    "drain_delay_s": "On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer takes the replica out before it stops listening (more than its check interval x fall count); 0 stops listening at once.",
     "measure_bandwidth": "Measure memory read bandwidth at start-up (for the bandwidth-utilisation metric).",
     "log_level": "Logging level: debug, info, warning, error or critical.",
     "log_requests": "Log one line per request (id, tokens in/out, cached, TTFT, tokens/s).",
@@ -170,26 +199,29 @@ def read_env(env: Mapping[str, str]) -> dict[str, Any]:
             continue
         name = key[len(ENV_PREFIX):].lower()
         if name not in fields:
-            continue   # INFERD_CPU_PATH and friends belong to other parts
+            continue   # INFERD_CUDA (a build switch) and friends are not settings
         out[name] = _parse_text(name, value, key)
     return out
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One option per setting (--max-batch-tokens ...); unset options stay None so lower layers show."""
+def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
+    """One option per setting (--max-batch-tokens ...), or per setting in `names`; unset options stay None so
+    lower layers show."""
     defaults = Settings()
     parser.add_argument("--config", metavar="PATH",
                         help=f"TOML settings file (default: $INFERD_CONFIG, else {SYSTEM_CONFIG} if present)")
     for name, t in field_types().items():
-        flag = "--" + name.replace("_", "-")
+        if names is not None and name not in names:
+            continue
+        flags = ["--" + name.replace("_", "-")] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
         default = getattr(defaults, name)
         shown = ",".join(default) if isinstance(default, list) else default
         help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
         if _is_bool(t):
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
         else:
-            parser.add_argument(flag, dest=name, metavar=name.upper(), default=None, help=help_text)
+            parser.add_argument(*flags, dest=name, metavar=name.upper(), default=None, help=help_text)
 
 
 def load_settings(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:

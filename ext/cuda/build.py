@@ -1,8 +1,8 @@
 """Builds the CUDA backend: nvcc compiles ext/cuda/*.cu to objects, and setuptools links them with the Cython
 wrapper ext/_cuda.pyx into inferd._cuda.
 
-setup.py calls cuda_extension(root). INFERD_CUDA=0 turns the backend off, INFERD_CUDA=1 makes a missing nvcc an
-error; unset, the backend is built when nvcc is found. cuBLAS (for prefill GEMMs) comes from the CUDA toolkit or
+setup.py calls cuda_extension(root). The backend is opt-in until it has run on a GPU: INFERD_CUDA=1 builds it (a
+missing nvcc is then an error); unset or 0, it is not built. cuBLAS (for prefill GEMMs) comes from the CUDA toolkit or
 from PyPI's nvidia-cublas wheel when either has it (INFERD_CUBLAS=0 skips it); without it the engine uses its own
 tensor-core GEMM. INFERD_CUDA_ARCHS (default "80,90") names the SASS targets; PTX for the newest is embedded too,
 so later GPUs run it. Objects are rebuilt only when a source, a header or the flags changed.
@@ -148,20 +148,14 @@ def compile_objects(nvcc: str, out_dir: str, *, archs: list[str], cublas_inc: st
 
 def cuda_extension(root: str):
     """The inferd._cuda Extension, or None when CUDA is off or absent. Compiles the .cu files as a side effect."""
-    mode = os.environ.get("INFERD_CUDA", "").strip()
-    if mode == "0":
+    if os.environ.get("INFERD_CUDA", "").strip() != "1":
         return None
     nvcc = find_nvcc()
     if nvcc is None:
-        if mode == "1":
-            raise RuntimeError("INFERD_CUDA=1 but nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
-        return None
+        raise RuntimeError("INFERD_CUDA=1 but nvcc was not found (set CUDA_HOME or put nvcc on PATH)")
     home = cuda_home(nvcc)
     if home is None:
-        if mode == "1":
-            raise RuntimeError(f"INFERD_CUDA=1 but no CUDA toolkit with include/cuda_runtime.h was found for {nvcc}")
-        print(f"inferd: {nvcc} found but not its toolkit headers; building without CUDA", file=sys.stderr)
-        return None
+        raise RuntimeError(f"INFERD_CUDA=1 but no CUDA toolkit with include/cuda_runtime.h was found for {nvcc}")
     from setuptools import Extension
 
     cublas = find_cublas(home)

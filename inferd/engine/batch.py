@@ -2,12 +2,13 @@
 chunks and decode tokens mixed), with every input checked and named when wrong."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-BLOCK_SIZE = 64   # positions per KV block: the attention kernels' tile
+from inferd.engine.types import BLOCK_SIZE, GREEDY, SamplingParams, SeqInput
 
 
 @dataclass
@@ -21,7 +22,7 @@ class FlatBatch:
     rows_of_seq: list[tuple[int, int, int]]   # per sequence: (first out row, rows, first sampled row within)
 
 
-def flatten(seqs: Sequence, *, vocab_size: int, context_length: int, num_kv_blocks: int, max_seqs: int,
+def flatten(seqs: Sequence[SeqInput], *, vocab_size: int, context_length: int, num_kv_blocks: int, max_seqs: int,
             max_batch_tokens: int, max_logits_rows: int) -> FlatBatch:
     """Raises ValueError naming the sequence and the problem."""
     if len(seqs) > max_seqs:
@@ -101,13 +102,38 @@ class EngineShape:
     def kv_blocks_for_bytes(config, nbytes: int) -> int:
         return max(1, nbytes // (kv_bytes_per_token(config) * BLOCK_SIZE))
 
-    def flatten(self, seqs: Sequence) -> FlatBatch:
+    def flatten(self, seqs: Sequence[SeqInput]) -> FlatBatch:
         return flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
                        num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
                        max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
 
 
-def penalty_history(s, k: int) -> list[int]:
+@dataclass
+class SampledRow:
+    """One logits row to sample, with what both engines' samplers need to know of it."""
+    row: int                    # index among the step's logits rows
+    seq: SeqInput
+    k: int                      # index of the row's token in seq.token_ids
+    params: SamplingParams
+    seed: int                   # the request's seed, or one drawn for this step (unseeded greedy)
+
+
+def sampled_rows(seqs: Sequence[SeqInput], rows_of_seq: list[tuple[int, int, int]], vocab_size: int
+                 ) -> Iterator[SampledRow]:
+    """The sampled rows of a step in order (logits-only rows skipped); the loop both engines fill their
+    sampler's records from. Raises ValueError for a logit_bias token outside the vocabulary."""
+    for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
+        sp = s.params or GREEDY
+        bad = [t for t in (sp.logit_bias or ()) if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token {bad[0]} is outside the vocabulary of {vocab_size}")
+        seed = (sp.seed if sp.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF
+        n = len(s.token_ids)
+        for r in range(first + first_sampled, first + count):
+            yield SampledRow(r, s, n - (first + count - r), sp, seed)
+
+
+def penalty_history(s: SeqInput, k: int) -> list[int]:
     """The sequence as known when sampling after token_ids[k]: its history, plus the tokens of this step (draft
     tokens of speculative decoding) that the history does not hold yet."""
     known = s.start_pos + k + 1

@@ -9,26 +9,19 @@ Weights keep their file's format on the GPU when a kernel reads it directly (Q8_
 become bf16), or are converted on the GPU when weight_dtype asks for bf16, int8 (per-row scale) or int4 (groups
 of 32, Q4_0's rule). The KV cache is f16 (as the CPU engine's) or bf16.
 
-Environment: INFERD_CUDA_WEIGHTS (auto|bf16|int8|int4|q8_0), INFERD_CUDA_KV (f16|bf16), INFERD_CUDA_GRAPHS=0,
-INFERD_CUDA_PDL=0, INFERD_CUDA_GEMM=own (our mma kernel instead of cuBLAS), INFERD_CUDA_DEVICE.
+Settings (inferd/config.py): cuda_weights (auto|bf16|int8|int4|q8_0), cuda_kv (f16|bf16), cuda_graphs, cuda_pdl,
+cuda_gemm (cublas|own: our mma kernel instead of cuBLAS), cuda_device; engine/device.py passes them in.
 """
 from __future__ import annotations
 
 import math
-import os
 import random
-from typing import Sequence
 
 import numpy as np
 
-try:
-    from inferd.engine.engine import SamplingParams, SeqInput, SeqOutput
-except ImportError:  # the CPU extension is missing: the dataclasses are all we need from there
-    SamplingParams = SeqInput = SeqOutput = None  # type: ignore[assignment]
-
 from inferd.engine.batch import EngineShape, penalty_history
+from inferd.engine.types import MAX_LOGPROBS, SamplingParams, SeqOutput
 
-MAX_LOGPROBS = 20
 # most precise first; a fused matrix takes the most precise format among its parts
 _PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
 _AUTO = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4", "Q4_1": "q4_1"}
@@ -86,9 +79,9 @@ def _vector(t) -> np.ndarray:
 class CudaEngine(EngineShape):
 
     def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
-                 threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str | None = None,
-                 kv_dtype: str | None = None, device: int | None = None, use_graphs: bool | None = None,
-                 use_pdl: bool | None = None, gemm: str | None = None):
+                 threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str = "auto",
+                 kv_dtype: str = "f16", device: int = 0, use_graphs: bool = True, use_pdl: bool = True,
+                 gemm: str = "cublas"):
         cu = _cuda()
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")
@@ -97,21 +90,18 @@ class CudaEngine(EngineShape):
                          max_logits_rows=max_logits_rows)
         cfg = model.config
         self.threads = threads or 1
-        env = os.environ.get
-        self.weight_dtype = (weight_dtype or env("INFERD_CUDA_WEIGHTS", "auto")).lower()
+        self.weight_dtype = weight_dtype.lower()
         if self.weight_dtype not in ("auto", "bf16", "int8", "int4", "q8_0"):
             raise ValueError(f"weight_dtype must be auto, bf16, int8, int4 or q8_0, not {self.weight_dtype!r}")
-        kv = (kv_dtype or env("INFERD_CUDA_KV", "f16")).lower()
+        kv = kv_dtype.lower()
         if kv not in ("f16", "bf16"):
             raise ValueError(f"kv_dtype must be f16 or bf16, not {kv!r}")
         self.kv_dtype = kv
-        dev = int(device if device is not None else env("INFERD_CUDA_DEVICE", "0"))
-        cu.set_device(dev)
-        self.device_info = cu.device_info(dev)
+        cu.set_device(device)
+        self.device_info = cu.device_info(device)
         self.kernel_path = f"cuda:{self.device_info['name']}"
-        graphs = use_graphs if use_graphs is not None else env("INFERD_CUDA_GRAPHS", "1") != "0"
-        pdl = use_pdl if use_pdl is not None else env("INFERD_CUDA_PDL", "1") != "0"
-        gemm_kind = 1 if (gemm or env("INFERD_CUDA_GEMM", "cublas")) == "own" else 0
+        graphs, pdl = use_graphs, use_pdl
+        gemm_kind = 1 if gemm == "own" else 0
         self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
         config = {
             "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
@@ -247,7 +237,7 @@ class CudaEngine(EngineShape):
 
     def _adjustments(self, s, sp, k, bias_ids, bias_vals):
         """This row's logit adjustments: one entry per distinct biased or penalised token."""
-        hist_ids = hist_counts = out_ids = out_counts = None
+        hist_ids = out_ids = out_counts = None
         if sp.has_penalties:
             hist = np.asarray(penalty_history(s, k), np.int64)
             hist = hist[(hist >= 0) & (hist < self.vocab_size)]

@@ -1,11 +1,12 @@
-"""`--device cpu|cuda` -> the engine class, with a plain-language reason when CUDA cannot be used.
-
-Both classes take the same constructor arguments (model, num_kv_blocks=, max_batch_tokens=, max_seqs=, threads=,
-max_logits_rows=) and have the same step() contract, so callers only pick the class here.
+"""Settings -> an engine: `device` picks the class (with a plain-language reason when CUDA cannot be used), the
+kernel and GPU settings configure it. Both classes take the same sizing arguments (num_kv_blocks=,
+max_batch_tokens=, max_seqs=, threads=, max_logits_rows=) and have the same step() contract.
 """
 from __future__ import annotations
 
-DEVICES = ("cpu", "cuda")
+from typing import Any
+
+from inferd.config import DEVICES, Settings
 
 
 class DeviceError(ValueError):
@@ -44,3 +45,23 @@ def engine_class(device: str):
         return CudaEngine
     from inferd.engine.engine import Engine
     return Engine
+
+
+def build_engine(model: Any, settings: Settings, *, num_kv_blocks: int | None = None, max_seqs: int | None = None,
+                 max_batch_tokens: int | None = None, max_logits_rows: int | None = None):
+    """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones."""
+    engine_cls = engine_class(settings.device)
+    if num_kv_blocks is None:
+        num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(model.config,
+                                                                                 settings.kv_cache_mib << 20)
+    sizes = dict(num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens or settings.max_batch_tokens,
+                 max_seqs=max_seqs or settings.max_running, threads=settings.threads or None,
+                 max_logits_rows=max_logits_rows)
+    if settings.device == "cuda":
+        return engine_cls(model, **sizes, weight_dtype=settings.cuda_weights, kv_dtype=settings.cuda_kv,
+                          device=settings.cuda_device, use_graphs=settings.cuda_graphs, use_pdl=settings.cuda_pdl,
+                          gemm=settings.cuda_gemm)
+    if settings.cpu_path:
+        from inferd import _cpu
+        _cpu.set_path(settings.cpu_path)
+    return engine_cls(model, **sizes)

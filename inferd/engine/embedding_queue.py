@@ -1,5 +1,6 @@
 """Embedding requests batched across requests: the policy (EmbeddingQueue: which inputs go into the next encoder
-call) and the thread that runs it when no scheduler loop does (EmbeddingWorker).
+call) and the thread that runs it when no engine loop does (EmbeddingWorker). Beside a chat model, the chat
+model's EngineLoop runs the queue's steps between its own (EngineLoop.side_queues), as prefill-only work.
 
 Each step takes inputs first come first served, from as many requests as fit the encoder's batch (tokens and
 sequences), so many small requests share one call and a request of thousands of inputs is spread over several
@@ -54,6 +55,7 @@ class EmbeddingQueue:
         self.encoder = encoder
         self.max_waiting = max_waiting
         self.observer = observer                 # metrics: (job, "finished" | "aborted" | "failed")
+        self.wake: Callable[[], None] | None = None   # the thread that runs step(), when it is not an EmbeddingWorker
         self.jobs: deque[EmbeddingJob] = deque()
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
@@ -66,6 +68,8 @@ class EmbeddingQueue:
             job.vectors = np.empty((len(job.inputs), self.encoder.dimensions), np.float32)
             self.jobs.append(job)
             self.wakeup.notify()
+        if self.wake is not None:
+            self.wake()
 
     def abort(self, job: EmbeddingJob) -> None:
         job.aborted = True          # read by the queue's thread at its next step; a plain flag write

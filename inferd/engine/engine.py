@@ -3,73 +3,16 @@ takes, runs it (one nogil call: every layer, logits, sampling) and hands back sa
 from __future__ import annotations
 
 import os
-import random
-from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from inferd import _cpu
-from inferd.engine.batch import BLOCK_SIZE, EngineShape, penalty_history
+from inferd.engine.batch import EngineShape, penalty_history, sampled_rows
+from inferd.engine.types import BLOCK_SIZE, MAX_LOGPROBS, SeqInput, SeqOutput
 from inferd.engine.weights import build_cpu_model
 
-assert BLOCK_SIZE == _cpu.BLOCK_SIZE
-MAX_LOGPROBS = _cpu.MAX_LOGPROBS
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy
-    top_k: int = 0                    # 0 = off
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None           # random numbers depend only on (seed, position)
-    logprobs: int | None = None       # None: none; 0: the chosen token's; k <= 20: also the top k
-
-    def validate(self) -> None:
-        """Raises ValueError naming the first bad field."""
-        checks = [
-            ("temperature", 0.0 <= self.temperature <= 100.0, "between 0 and 100"),
-            ("top_k", self.top_k >= 0, "0 (off) or positive"),
-            ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
-            ("min_p", 0.0 <= self.min_p <= 1.0, "in [0, 1]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "in (0, 10]"),
-            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "in [-2, 2]"),
-            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
-            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]"),
-        ]
-        for name, ok, rule in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
-
-    @property
-    def has_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-
-@dataclass
-class SeqInput:
-    """One sequence's part of a step."""
-    token_ids: Sequence[int]          # a prefill chunk, 1 decode token, or 1 + draft tokens
-    start_pos: int                    # position of token_ids[0]; earlier positions are in the KV cache
-    block_table: Sequence[int]        # KV blocks covering [0, start_pos + len(token_ids)), BLOCK_SIZE each
-    num_sampled: int = 1              # sample after the last num_sampled tokens (0: non-final prefill chunk)
-    params: SamplingParams | None = None
-    history: Sequence[int] = ()       # prompt + generated tokens so far (for penalties)
-    num_prompt: int = 0               # history[:num_prompt] is the prompt
-    want_logits: bool = False         # return the logits of every token in token_ids
-
-
-@dataclass
-class SeqOutput:
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    logits: np.ndarray | None = None
+# the native-free types promise the C header's sizes
+assert BLOCK_SIZE == _cpu.BLOCK_SIZE and MAX_LOGPROBS == _cpu.MAX_LOGPROBS
 
 
 def physical_cores() -> int:
@@ -120,46 +63,36 @@ class Engine(EngineShape):
                    for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)]
         return (outputs, hidden) if want_hidden else outputs
 
-    def _sampling_arrays(self, seqs, rows_of_seq, n_out):
-        p = {name: np.zeros(n_out, np.float64) for name in _cpu.SAMPLE_FIELDS}
-        p["temperature"][:] = 0.0
-        p["top_p"][:] = 1.0
-        p["repetition_penalty"][:] = 1.0
-        p["num_logprobs"][:] = -1
-        p["seed"] = np.zeros(n_out, np.uint64)
+    def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
+        """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t) and the
+        flat history and logit-bias arrays they point into."""
+        p = np.zeros(n_out, _cpu.SAMPLE_PARAMS_DTYPE)
+        p["repetition_penalty"] = 1.0      # logits-only rows: greedy, nothing to adjust
+        p["top_p"] = 1.0
+        p["num_logprobs"] = -1
         history: list[int] = []
         bias_ids: list[int] = []
         bias_values: list[float] = []
-        for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
-            sp = s.params or SamplingParams(temperature=0.0)
-            seed = sp.seed if sp.seed is not None else random.getrandbits(64)
-            bias_offset = len(bias_ids)
-            if sp.logit_bias:
-                for tok, val in sp.logit_bias.items():
-                    if not 0 <= int(tok) < self.vocab_size:
-                        raise ValueError(f"logit_bias token {tok} is outside the vocabulary of {self.vocab_size}")
+        bias_of: dict[int, tuple[int, int]] = {}   # per sequence: its logit-bias entries' (offset, length)
+        for row in sampled_rows(seqs, rows_of_seq, self.vocab_size):
+            sp = row.params
+            if id(row.seq) not in bias_of:
+                bias_of[id(row.seq)] = (len(bias_ids), len(sp.logit_bias or ()))
+                for tok, val in (sp.logit_bias or {}).items():
                     bias_ids.append(int(tok))
                     bias_values.append(float(val))
-            n = len(s.token_ids)
-            for r in range(first + first_sampled, first + count):
-                k = n - (first + count - r)                  # index of this row's token in token_ids
-                p["temperature"][r] = sp.temperature
-                p["top_p"][r] = sp.top_p
-                p["min_p"][r] = sp.min_p
-                p["top_k"][r] = sp.top_k
-                p["repetition_penalty"][r] = sp.repetition_penalty
-                p["presence_penalty"][r] = sp.presence_penalty
-                p["frequency_penalty"][r] = sp.frequency_penalty
-                p["seed"][r] = seed & 0xFFFFFFFFFFFFFFFF
-                p["num_logprobs"][r] = -1 if sp.logprobs is None else sp.logprobs
-                p["bias_offset"][r] = bias_offset
-                p["bias_len"][r] = len(bias_ids) - bias_offset
-                if sp.has_penalties:
-                    hist = penalty_history(s, k)
-                    p["history_offset"][r] = len(history)
-                    p["history_len"][r] = len(hist)
-                    p["num_prompt"][r] = s.num_prompt
-                    history.extend(hist)
+            rec = p[row.row]
+            rec["temperature"], rec["top_p"], rec["min_p"], rec["top_k"] = sp.temperature, sp.top_p, sp.min_p, sp.top_k
+            rec["repetition_penalty"] = sp.repetition_penalty
+            rec["presence_penalty"], rec["frequency_penalty"] = sp.presence_penalty, sp.frequency_penalty
+            rec["seed"] = row.seed
+            rec["num_logprobs"] = -1 if sp.logprobs is None else sp.logprobs
+            rec["bias_offset"], rec["bias_len"] = bias_of[id(row.seq)]
+            if sp.has_penalties:
+                hist = penalty_history(row.seq, row.k)
+                rec["history_offset"], rec["history_len"] = len(history), len(hist)
+                rec["num_prompt"] = row.seq.num_prompt
+                history.extend(hist)
         return (p, np.asarray(history, np.int32), np.asarray(bias_ids, np.int32),
                 np.asarray(bias_values, np.float32))
 

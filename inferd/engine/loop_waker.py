@@ -13,7 +13,7 @@ import asyncio
 import os
 from collections import deque
 
-from inferd import _cpu
+from inferd._waker import write_byte_holding_gil
 
 
 class LoopWaker:
@@ -22,7 +22,7 @@ class LoopWaker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self._items: deque = deque()            # (queue, output) pairs; deque appends and pops are thread-safe
+        self._items: deque[tuple[asyncio.Queue, object]] = deque()            # (queue, output) pairs; deque appends and pops are thread-safe
         self._signalled = False                  # a byte is on its way: later pushes need not write another
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
@@ -38,7 +38,7 @@ class LoopWaker:
         if not self._signalled:
             self._signalled = True
             # -1 means EAGAIN: the pipe is full of bytes the loop has not read yet, so it will wake anyway
-            _cpu.write_byte_holding_gil(self._wfd)
+            write_byte_holding_gil(self._wfd)
 
     def _deliver(self) -> None:
         """On the loop: drain the pipe, then put everything pushed so far. The flag is cleared before the

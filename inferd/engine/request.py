@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from inferd.engine.types import RequestStatus, SamplingParams
+
 if TYPE_CHECKING:
     from inferd.engine.loop_waker import LoopWaker
+    from inferd.engine.speculative import AcceptanceGate, PromptLookup
 
 
 class FinishReason(str, enum.Enum):
@@ -28,7 +31,7 @@ class FinishReason(str, enum.Enum):
 class Request:
     request_id: str
     prompt_ids: list[int]
-    params: Any = None                     # engine.SamplingParams
+    params: SamplingParams | None = None   # None: greedy
     max_tokens: int = 16
     stop: Sequence[str] = ()               # stop strings, never part of the returned text
     stop_token_ids: frozenset[int] = frozenset()   # EOS ids (unless ignore_eos) and any extra stop ids
@@ -65,31 +68,34 @@ class RequestOutput:
 @dataclass(eq=False)
 class RequestState:
     request: Request
-    waker: LoopWaker                                       # hands outputs to the loop reading `queue`
-    queue: asyncio.Queue
     arrival_time: float
-    params: Any = None
+    # where outputs go: the engine loop hands them to `waker`'s event loop, which puts them on `queue`
+    waker: LoopWaker | None = None
+    queue: asyncio.Queue[RequestOutput] | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    params: SamplingParams | None = None                   # the request's, with a seed drawn if it had none
     token_ids: list[int] = field(default_factory=list)     # prompt + generated
     num_prompt: int = 0
     num_computed: int = 0                                  # positions whose K/V is in the cache
     output_ids: list[int] = field(default_factory=list)
-    text: Any = None                                       # TextState when detokenizing
+    text: TextState | None = None                          # when detokenizing
     warm_target: int = 0                                   # warm requests: positions to get cached
     num_cached_tokens: int | None = None                   # prefix-cache hit at first admission
     num_preemptions: int = 0
-    prompt_done: bool = False
-    prompt_logprobs_done: bool = False
-    prompt_logprobs: list = field(default_factory=list)
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     _prompt_logprobs_sent: int = 0
     speculative: bool = False                              # resolved at admission (request, else server)
-    lookup: Any = None                                     # speculative.PromptLookup over token_ids
-    gate: Any = None                                       # speculative.AcceptanceGate
+    lookup: PromptLookup | None = None                     # prompt-lookup drafts over token_ids
+    gate: AcceptanceGate | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_time: float | None = None
-    finished: bool = False
     finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
 
     @property
     def key(self) -> str:
@@ -103,7 +109,7 @@ class RequestState:
     def usage(self) -> Usage:
         return Usage(self.num_prompt, len(self.output_ids), self.num_cached_tokens or 0)
 
-    def take_prompt_logprobs(self):
+    def take_prompt_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
         if self.request.prompt_logprobs is None or self._prompt_logprobs_sent == len(self.prompt_logprobs):
             return None
         new = self.prompt_logprobs[self._prompt_logprobs_sent:]
@@ -111,7 +117,7 @@ class RequestState:
         return new
 
 
-def log_softmax_top(logits: np.ndarray, targets: Sequence[int], k: int):
+def log_softmax_top(logits: np.ndarray, targets: Sequence[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
     """Per row: (logprob of targets[row], the top-k (token, logprob) pairs, best first)."""
     x = logits.astype(np.float64)
     m = x.max(axis=1, keepdims=True)

@@ -1,16 +1,19 @@
-"""One sequence through the engine without the scheduler: `inferd generate` and `inferd perplexity`.
-The sequence owns KV blocks 0..n-1 in order; prompts are prefilled in chunks of the engine's token budget."""
+"""The engine without the server: `inferd generate` (one request through the same scheduler as the server's,
+driven in the caller's thread) and `inferd perplexity` (one sequence owning KV blocks 0..n-1, prefilled in chunks
+of the engine's token budget, logits scored in numpy)."""
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterator, Protocol
 
 import numpy as np
 
-from inferd.engine.engine import BLOCK_SIZE, Engine, SamplingParams, SeqInput
-from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
+from inferd.engine.loop import StepRunner, run_batch
+from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
+from inferd.engine.scheduler import EngineShape, Scheduler
+from inferd.engine.types import BLOCK_SIZE, SeqInput
 
 
 def blocks_needed(num_positions: int) -> int:
@@ -37,64 +40,40 @@ class GenerationStats:
         return steps / self.decode_seconds if steps > 0 and self.decode_seconds else 0.0
 
 
-def generate(engine: Engine, prompt: list[int], params: SamplingParams, max_tokens: int,
-             stop_ids: Iterable[int] = (), stats: GenerationStats | None = None,
-             speculative: bool = False) -> Iterator[int]:
-    """Yields sampled token ids until max_tokens, a stop id, or the end of the context. With `speculative`,
-    prompt-lookup drafts are verified in the same steps; the tokens are the same either way."""
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    params.validate()
-    max_tokens = min(max_tokens, engine.context_length - len(prompt))
-    if max_tokens <= 0:
-        raise ValueError(f"the prompt ({len(prompt)} tokens) fills the context of {engine.context_length}")
+class SteppableEngine(StepRunner, EngineShape, Protocol):
+    context_length: int
+
+
+def generate(engine: SteppableEngine, request: Request, *, tokenizer=None, speculative: bool = False,
+             stats: GenerationStats | None = None) -> Iterator[RequestOutput]:
+    """One request through the server's own scheduler, driven in this thread: schedule -> run -> postprocess
+    until it finishes. Yields its outputs (token ids, and text when a tokenizer is given); raises ValueError
+    if the request fails."""
+    scheduler = Scheduler(engine, max_model_len=engine.context_length, max_running=1, enable_prefix_caching=False,
+                          tokenizer=tokenizer, speculative=speculative)
     stats = stats if stats is not None else GenerationStats()
-    stats.prompt_tokens = len(prompt)
-    table = list(range(blocks_needed(len(prompt) + max_tokens)))
-    if len(table) > engine.num_kv_blocks:
-        raise ValueError(f"{len(prompt) + max_tokens} positions need {len(table)} KV blocks; the engine has "
-                         f"{engine.num_kv_blocks}")
-    stop = set(stop_ids)
-    history = list(prompt)
-    t0 = time.perf_counter()
-    pos = 0
-    while True:                                                   # prefill, chunk by chunk
-        chunk = prompt[pos:pos + engine.max_batch_tokens]
-        last = pos + len(chunk) == len(prompt)
-        out = engine.step([SeqInput(chunk, pos, table, 1 if last else 0, params, history, len(prompt))])[0]
-        pos += len(chunk)
-        if last:
-            break
-    stats.prefill_seconds = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    lookup = PromptLookup(prompt) if speculative else None
-    gate = AcceptanceGate()
-    new_tokens = out.tokens
+    stats.prompt_tokens = len(request.prompt_ids)
+    scheduler.add(RequestState(request, arrival_time=time.monotonic()))
+    first_token_seen = False
     while True:
-        for token in new_tokens:
-            history.append(token)
-            stats.generated_tokens += 1
-            stats.decode_seconds = time.perf_counter() - t1
-            if token in stop:
-                return
-            yield token
-            if stats.generated_tokens == max_tokens:
-                return
-        token = history[-1]
-        # positions pos .. pos + len(new_tokens) - 1 get their KV now; drafts must stay inside the budget
-        pos = len(history) - 1
-        draft: list[int] = []
-        if lookup is not None:
-            lookup.extend(new_tokens)
-            if gate.allow():
-                room = min(max_tokens - stats.generated_tokens, len(table) * BLOCK_SIZE - pos) - 1
-                draft = lookup.propose()[:max(0, room)]
-        out = engine.step([SeqInput([token] + draft, pos, table, 1 + len(draft), params, history,
-                                    len(prompt))])[0]
-        new_tokens = accept(draft, out.tokens)
-        gate.record(len(draft), len(new_tokens) - 1)
-        stats.drafted_tokens += len(draft)
-        stats.accepted_tokens += len(new_tokens) - 1
+        for _, out in scheduler.take_outputs():
+            if out.finish_reason is FinishReason.ERROR:
+                raise ValueError(out.error_message)
+            stats.generated_tokens += len(out.token_ids)
+            yield out
+        if not scheduler.has_work:
+            return
+        batch = scheduler.schedule()
+        t0 = time.perf_counter()
+        step = scheduler.postprocess(batch, run_batch(engine, batch))
+        elapsed = time.perf_counter() - t0
+        if first_token_seen:
+            stats.decode_seconds += elapsed
+        else:
+            stats.prefill_seconds += elapsed
+            first_token_seen = step.num_decode_tokens > 0
+        stats.drafted_tokens += step.num_draft_tokens
+        stats.accepted_tokens += step.num_accepted_tokens
 
 
 @dataclass
@@ -105,7 +84,7 @@ class PerplexityResult:
     scored_tokens: int
 
 
-def perplexity(engine: Engine, tokens: list[int], ctx: int, bos_id: int | None = None,
+def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int | None = None,
                progress=None) -> PerplexityResult:
     """llama.cpp's method: chunks of `ctx` tokens (the first replaced by BOS when the model adds one), each
     scored on its second half; PPL = exp(mean NLL), its error from the NLL's standard error."""

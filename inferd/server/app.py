@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import hmac
 import logging
-import os
 from typing import Any, Callable
 
 import msgspec
@@ -94,7 +93,7 @@ async def lifecycle_middleware(request: web.Request, handler):
         raise ProtocolError("the model is still loading; retry shortly", status=503, headers={"Retry-After": "5"})
     if state.status == "failed":
         raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
-    if state.status == "draining":
+    if state.status == "draining" and not state.accepting:
         raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
     if state.model is None and state.embeddings and request.path not in EMBEDDING_ONLY_PATHS \
             and not request.path.startswith("/v1/models"):
@@ -115,8 +114,8 @@ async def lifecycle_middleware(request: web.Request, handler):
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     body = {"status": state.status}
-    if state.scheduler is not None and state.scheduler.dead is not None:
-        body = {"status": "failed", "error": f"the scheduler stopped: {state.scheduler.dead!r}"}
+    if state.engine_loop is not None and state.engine_loop.dead is not None:
+        body = {"status": "failed", "error": f"the scheduler stopped: {state.engine_loop.dead!r}"}
         return web.json_response(body, status=503)
     for svc in state.embeddings:
         if svc.worker is not None and svc.worker.dead is not None:
@@ -167,24 +166,14 @@ async def openapi(request: web.Request) -> web.Response:
 
 def load_model_from_settings(settings: Settings):
     from inferd.model.loader import load_model
-    from inferd.model.pull import resolve
-    if settings.model_cache_dir:
-        os.environ["INFERD_CACHE"] = settings.model_cache_dir
-    elif "INFERD_CACHE" not in os.environ and os.environ.get("CACHE_DIRECTORY"):
-        # systemd's CacheDirectory= (several directories are ':'-separated; the first is ours)
-        os.environ["INFERD_CACHE"] = os.path.join(os.environ["CACHE_DIRECTORY"].split(":")[0], "models")
-    return load_model(resolve(settings.model, progress=False), quantize=settings.quantize or None)
-
-
-def build_engine(model, settings: Settings):
-    from inferd.engine.device import engine_class
-    engine_cls = engine_class(settings.device)
-    num_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(model.config, settings.kv_cache_mib << 20)
-    return engine_cls(model, num_kv_blocks=num_blocks, max_batch_tokens=settings.max_batch_tokens,
-                      max_seqs=settings.max_running, threads=settings.threads or None)
+    from inferd.model.pull import cache_dir, resolve
+    path = resolve(settings.model, progress=False, cache=cache_dir(settings.model_cache_dir))
+    return load_model(path, quantize=settings.quantize or None)
 
 
 async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
+    from inferd.engine.device import build_engine
+    from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
     from inferd.server.memory import pin_mmap_threshold
     from inferd.server.metrics import Metrics, measure_read_bandwidth
@@ -213,15 +202,15 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
         state.max_model_len = min(s.max_model_len or engine.context_length, engine.context_length,
                                   engine.num_kv_blocks * engine.block_size)
-        state.scheduler = Scheduler(engine, max_running=s.max_running, max_waiting=s.max_waiting,
-                                    max_model_len=state.max_model_len, enable_prefix_caching=s.enable_prefix_caching,
-                                    tokenizer=tok, watchdog=state.notifier.watchdog,
-                                    idle_wait_s=idle_wait(state.notifier), speculative=s.speculative)
-        state.scheduler.start()
+        scheduler = Scheduler(engine, max_running=s.max_running, max_model_len=state.max_model_len,
+                              enable_prefix_caching=s.enable_prefix_caching, tokenizer=tok, speculative=s.speculative)
+        state.engine_loop = EngineLoop(engine, scheduler, max_waiting=s.max_waiting, watchdog=state.notifier.watchdog,
+                                       idle_wait_s=idle_wait(state.notifier))
+        state.engine_loop.start()
         await warm_up(state)
         state.metrics = Metrics(state.served_model_name, bandwidth)
-        state.metrics.bind(state.scheduler)
-        state.scheduler.observer = state.metrics   # after the warm-up, which is not a user request
+        state.metrics.bind(state.engine_loop)
+        state.engine_loop.observer = state.metrics   # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
         state.status = "ready"
@@ -242,15 +231,16 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
 
 async def start_embeddings(state: ServerState, path: str, name: str | None) -> None:
     """Loads an embedding model and starts its queue's thread (see server/embedding_service.py)."""
+    from inferd.engine.engine import physical_cores
     from inferd.server.embedding_service import EmbeddingMetrics, start_embedding_service
     s = state.settings
     if state.embedding_metrics is None:
         state.embedding_metrics = EmbeddingMetrics()
     state.notifier.status(f"loading embedding model {path}")
     service = await asyncio.get_running_loop().run_in_executor(None, lambda: start_embedding_service(
-        path, name=name, quantize=s.quantize or None, threads=s.threads or (os.cpu_count() or 1),
+        path, name=name, quantize=s.quantize or None, threads=s.threads or physical_cores(),
         max_batch_tokens=max(s.max_batch_tokens, 2048), max_waiting=s.max_waiting,
-        metrics=state.embedding_metrics, watchdog=state.notifier.watchdog if state.scheduler is None else None))
+        metrics=state.embedding_metrics, watchdog=state.notifier.watchdog, engine_loop=state.engine_loop))
     state.embeddings.append(service)
     log.info("serving embedding model %s: %d dimensions, up to %d tokens per input", service.name,
              service.embedder.dimensions, service.embedder.max_seq_length)
@@ -270,7 +260,7 @@ def idle_wait(notifier: Notifier) -> float:
 async def warm_up(state: ServerState) -> None:
     """One tiny generation so the first user request does not pay for first-touch page faults."""
     ids = state.model.tokenizer.encode("Hello", add_special=True) or [0]
-    handle = state.scheduler.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
+    handle = state.engine_loop.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
     async for out in handle:
         if out.error_message:
             raise RuntimeError(f"warm-up generation failed: {out.error_message}")
@@ -300,8 +290,8 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if state.scheduler is not None:
-            await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+        if state.engine_loop is not None:
+            await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         for svc in state.embeddings:
             await asyncio.get_running_loop().run_in_executor(None, svc.stop)
 

@@ -76,23 +76,30 @@ class EmbeddingService:
                 "matryoshka_dimensions": list(m.matryoshka_dims), "input_types": sorted(m.prompts)}
 
     def stop(self) -> None:
+        """After the engine loop (if any) has stopped: fails whatever is still queued."""
         if self.worker is not None:
             self.worker.stop()
+        self.queue.fail_all("the server is shutting down")
 
 
 def start_embedding_service(path: str, *, name: str | None, quantize: str | None, threads: int,
                             max_batch_tokens: int, max_waiting: int, metrics: EmbeddingMetrics,
-                            watchdog: Callable[[], None] | None = None) -> EmbeddingService:
-    """Loads the folder, builds the encoder and starts the thread that runs its queue (blocking: call it off the
-    event loop)."""
+                            watchdog: Callable[[], None] | None = None, engine_loop: Any = None) -> EmbeddingService:
+    """Loads the folder and builds the encoder (blocking: call it off the event loop). Its queue's steps run on
+    `engine_loop`'s thread when given (beside a chat model), else on a thread of its own."""
     model = load_embedding_model(path, quantize=quantize)
     embedder = Embedder(model, threads=threads, max_batch_tokens=max_batch_tokens)
     service_name = name or os.path.basename(os.path.normpath(path)).lower()
     queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(service_name))
     embedder.embed(embedder.tokenize(["warm up"]))      # first-touch page faults before the first user request
-    worker = EmbeddingWorker(queue, watchdog)
-    service = EmbeddingService(service_name, embedder, queue, worker)
-    worker.start()
+    if engine_loop is not None:
+        queue.wake = engine_loop.wake
+        engine_loop.side_queues.append(queue)
+        service = EmbeddingService(service_name, embedder, queue)
+    else:
+        worker = EmbeddingWorker(queue, watchdog)
+        service = EmbeddingService(service_name, embedder, queue, worker)
+        worker.start()
     metrics.services.append(service)
     return service
 

@@ -1,4 +1,5 @@
-"""`inferd serve`: settings -> app -> listen; SIGTERM drains (stop accepting, let requests finish, exit 0)."""
+"""`inferd serve`: settings -> app -> listen; SIGTERM drains (fail /health, stop accepting, let requests finish,
+exit 0)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ async def serve(settings: Settings, api_keys: list[str], notifier: Notifier | No
         await runner.cleanup()
         print(f"inferd serve: error: {state.failure}", file=sys.stderr)
         return 1
-    await drain(state, site, settings.drain_timeout_s)
+    await drain(state, site, settings.drain_timeout_s, settings.drain_delay_s)
     await runner.cleanup()
     notifier.close()
     return 0
@@ -96,22 +97,27 @@ async def _wait_failed(state) -> None:
         await asyncio.Event().wait()   # ready: only a signal ends the server now
 
 
-async def drain(state, site: web.TCPSite, grace_s: float) -> None:
-    """Stop listening, refuse new requests on open connections, give running ones `grace_s` to finish."""
+async def drain(state, site: web.TCPSite, grace_s: float, delay_s: float = 0.0) -> None:
+    """The order a load balancer needs: /health fails first while requests are still served for `delay_s`
+    (the balancer's checks take the replica out meanwhile), then stop listening and refuse new requests on
+    open connections, give running ones `grace_s` to finish, and return (the caller exits)."""
     state.status = "draining"
     n = state.in_flight
-    log.info("draining: %d requests in flight, up to %.0f s", n, grace_s)
+    log.info("draining: %d requests in flight, up to %.0f s", n, delay_s + grace_s)
     state.notifier.stopping(f"draining {n} requests")
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
+    state.accepting = False
     await site.stop()
     try:
         await asyncio.wait_for(state.idle.wait(), grace_s)
         return
     except asyncio.TimeoutError:
         log.warning("drain timed out with %d requests still running; ending them", state.in_flight)
-    if state.scheduler is not None:
+    if state.engine_loop is not None:
         # Stopping the scheduler ends every request with "the server is shutting down": streams get an
         # error event and [DONE] instead of a cut connection.
-        await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+        await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         try:
             await asyncio.wait_for(state.idle.wait(), 2.0)
         except asyncio.TimeoutError:

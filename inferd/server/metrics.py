@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import prometheus_client
@@ -21,6 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from inferd.engine.request import FinishReason, RequestState
 from inferd.engine.scheduler import StepStats
+
+if TYPE_CHECKING:
+    from inferd.engine.loop import EngineLoop
 
 # *_created series double the output and no dashboard uses them (vLLM turns them off too).
 prometheus_client.disable_created_metrics()
@@ -63,7 +66,7 @@ class Metrics:
         self.model_name = model_name
         self.read_bandwidth = read_bandwidth
         self.registry = CollectorRegistry()
-        self.scheduler = None
+        self.engine_loop: EngineLoop | None = None
         self._base = (0, 0, 0)
         self._lock = threading.Lock()
         self._window: deque[tuple[float, int, int, float, int]] = deque()
@@ -96,12 +99,12 @@ class Metrics:
         for reason in FinishReason:   # present from the start, so rate() works on the first request
             self.request_success.labels(model_name, reason.value)
 
-    def bind(self, scheduler) -> None:
-        """Read state from `scheduler` from now on; counters start at zero here (the start-up warm-up
+    def bind(self, engine_loop: EngineLoop) -> None:
+        """Read state from `engine_loop` from now on; counters start at zero here (the start-up warm-up
         request is not traffic)."""
-        kv = scheduler.kv.stats()
-        self._base = (kv.prefix_queries, kv.prefix_hits, scheduler.num_preemptions)
-        self.scheduler = scheduler
+        kv = engine_loop.scheduler.kv.stats()
+        self._base = (kv.prefix_queries, kv.prefix_hits, engine_loop.scheduler.num_preemptions)
+        self.engine_loop = engine_loop
 
     # ---- Observer (scheduler thread) ------------------------------------------------------------------
 
@@ -181,8 +184,8 @@ class _StateCollector:
             c.add_metric(labels, value)
             return c
 
-        s = m.scheduler
-        kv = s.kv.stats() if s is not None else None
+        s = m.engine_loop
+        kv = s.scheduler.kv.stats() if s is not None else None
         yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
         yield gauge("kv_cache_usage_perc", "Fraction of KV blocks referenced by live requests (1 = full).",
@@ -194,7 +197,7 @@ class _StateCollector:
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       kv.prefix_hits - base[1] if kv else 0)
         yield counter("num_preemptions", "Sequences preempted (blocks freed, recomputed later).",
-                      s.num_preemptions - base[2] if s else 0)
+                      s.scheduler.num_preemptions - base[2] if s else 0)
         rates = m.rates()
         yield gauge("prefill_tokens_per_second", f"Prompt tokens computed per second over the last {WINDOW_S:g} s.",
                     rates["prefill_tokens_per_second"])

@@ -19,10 +19,13 @@ class ServerState:
     notifier: Notifier
     api_key_digests: list[bytes] = field(default_factory=list)   # sha256 of each accepted key
     status: str = "loading"          # loading -> ready -> draining; or failed
+    # While draining, /health fails at once but requests are still served for drain_delay_s (a load
+    # balancer is still sending some until its checks notice); then this turns False and they get 503.
+    accepting: bool = True
     failure: str | None = None
     model: Any = None                # LoadedModel
     engine: Any = None
-    scheduler: Any = None            # Scheduler
+    engine_loop: Any = None          # EngineLoop
     metrics: Any = None              # Metrics
     chat_template: Any = None        # ChatTemplate
     served_model_name: str = ""

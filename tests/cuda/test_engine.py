@@ -35,7 +35,7 @@ VARIANTS = {
 @pytest.fixture(scope="module")
 def engine_mod(cu):
     from inferd.engine import cuda_engine
-    from inferd.engine.engine import SamplingParams, SeqInput
+    from inferd.engine.types import SamplingParams, SeqInput
     return cuda_engine, SamplingParams, SeqInput
 
 
@@ -206,7 +206,7 @@ def test_sampling_arrays_without_gpu():
     try:
         from inferd import _cuda
         from inferd.engine import cuda_engine
-        from inferd.engine.engine import SamplingParams, SeqInput
+        from inferd.engine.types import SamplingParams, SeqInput
     except ImportError as e:
         pytest.skip(f"inferd._cuda or the engine is not importable ({e})")
     eng = cuda_engine.CudaEngine.__new__(cuda_engine.CudaEngine)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferd.engine.engine import SamplingParams  # noqa: F401  (re-exported for the tests)
+from inferd.engine.types import SamplingParams  # noqa: F401  (re-exported for the tests)
 
 VOCAB = 1000
 EOS = 999

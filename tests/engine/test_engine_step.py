@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferd.engine.engine import Engine, SamplingParams, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SamplingParams, SeqInput
 from tests.reference import Reference, random_model
 
 VOCAB = 203
@@ -192,3 +193,24 @@ def test_logprobs_outputs(engine):
         assert [v for _, v in top] == sorted((v for _, v in top), reverse=True)
     out = engine.step([SeqInput([4], 0, [0], params=SamplingParams(temperature=0.0, logprobs=0))])[0]
     assert len(out.logprobs) == 1 and out.top_logprobs == [[]]
+
+
+def test_the_c_guard_names_what_is_out_of_range(engine):
+    """Context.forward (below the validation in batch.flatten) refuses records that point outside their arrays,
+    with the guard's own message, and changes nothing."""
+    b = engine.flatten([SeqInput([5, 6, 7], 0, [3], params=SamplingParams(repetition_penalty=1.2))])
+    params, history, bias_ids, bias_values = engine._sampling_arrays([SeqInput([5, 6, 7], 0, [3])],
+                                                                     b.rows_of_seq, len(b.out_rows))
+    snap = kv_snapshot(engine)
+    args = (b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask)
+    bad = params.copy()
+    bad["history_len"] = 5                  # 5 history tokens, but the history array is empty
+    with pytest.raises(ValueError, match="invalid batch: sampling parameters point outside"):
+        engine._ctx.forward(*args, bad, history, bias_ids, bias_values)
+    tokens = b.tokens.copy()
+    tokens[1] = VOCAB
+    with pytest.raises(ValueError, match="invalid batch: a token id outside the vocabulary"):
+        engine._ctx.forward(tokens, *args[1:], params, history, bias_ids, bias_values)
+    with pytest.raises(ValueError, match="SAMPLE_PARAMS_DTYPE records"):
+        engine._ctx.forward(*args, np.zeros(len(params), [("temperature", "<f4")]), history, bias_ids, bias_values)
+    assert same_snapshot(snap, kv_snapshot(engine))

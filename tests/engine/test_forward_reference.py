@@ -34,7 +34,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from inferd.engine.engine import Engine, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SeqInput
 from tests.reference import Reference, random_model
 
 FLOAT_TOL = 1e-3

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferd.engine.engine import Engine, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
 from inferd.text.chat import render_chat
 

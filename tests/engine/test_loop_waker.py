@@ -5,7 +5,7 @@ import asyncio
 import os
 import threading
 
-from inferd import _cpu
+from inferd import _waker
 from inferd.engine.loop_waker import LoopWaker
 
 
@@ -94,11 +94,11 @@ def test_write_byte_holding_gil_reports_a_full_pipe():
     r, w = os.pipe()
     os.set_blocking(w, False)
     try:
-        assert _cpu.write_byte_holding_gil(w) == 1
+        assert _waker.write_byte_holding_gil(w) == 1
         assert os.read(r, 10) == b"\0"
-        while _cpu.write_byte_holding_gil(w) == 1:   # fill the pipe: then -1 (EAGAIN), no exception, no block
+        while _waker.write_byte_holding_gil(w) == 1:   # fill the pipe: then -1 (EAGAIN), no exception, no block
             pass
-        assert _cpu.write_byte_holding_gil(w) == -1
+        assert _waker.write_byte_holding_gil(w) == -1
     finally:
         os.close(r)
         os.close(w)

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from inferd import _cpu
-from inferd.engine.engine import Engine, SamplingParams, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SamplingParams, SeqInput
 from tests.reference import random_model
 
 N_DRAWS = 20000

@@ -1,23 +1,75 @@
-"""Scheduler tests against FakeEngine (fake model output, real scheduler and KV manager).
-
-Step-level tests drive `step()` by hand in the test's thread; the others run the real scheduler thread.
-"""
-
-import asyncio
-import time
+"""The scheduling policy against FakeEngine (fake model output, real policy and KV manager), driven step by step
+in the test's thread with a fake clock: no threads, no event loop, no sleeps."""
 
 import pytest
 
-from inferd.engine.request import FinishReason, Request
-from inferd.engine.scheduler import QueueFull, Scheduler
+from inferd.engine.loop import run_batch
+from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
+from inferd.engine.scheduler import Scheduler
+from inferd.engine.types import RequestStatus
 from tests.engine.fake_engine import EOS, FakeEngine, SamplingParams, run_alone
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def make_scheduler(engine=None, **kw):
-    kw.setdefault("max_model_len", 4096)
-    return Scheduler(engine or FakeEngine(), **kw)
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """A policy, a fake engine, and every output each request was told, by request id."""
+
+    def __init__(self, engine: FakeEngine | None = None, **kw):
+        kw.setdefault("max_model_len", 4096)
+        self.engine = engine or FakeEngine()
+        self.clock = FakeClock()
+        self.sched = Scheduler(self.engine, clock=self.clock, **kw)
+        self.outputs: dict[str, list[RequestOutput]] = {}
+
+    def add(self, request: Request) -> RequestState:
+        st = RequestState(request, arrival_time=self.clock())
+        self.sched.add(st)
+        self.collect()
+        return st
+
+    def step(self):
+        batch = self.sched.schedule()
+        stats = self.sched.postprocess(batch, run_batch(self.engine, batch)) if batch else None
+        self.collect()
+        return stats
+
+    def run_until_idle(self, max_steps: int = 1000) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work:
+                return
+            self.step()
+        raise AssertionError("the scheduler did not finish")
+
+    def expire(self) -> list[RequestState]:
+        expired = self.sched.expire_timeouts()
+        self.collect()
+        return expired
+
+    def abort(self, request_id: str) -> None:
+        self.sched.abort(request_id)
+        self.collect()
+
+    def collect(self) -> None:
+        for st, out in self.sched.take_outputs():
+            self.outputs.setdefault(st.request.request_id, []).append(out)
+
+    def tokens(self, rid: str) -> list[int]:
+        return [t for o in self.outputs.get(rid, []) for t in o.token_ids]
+
+    def last(self, rid: str) -> RequestOutput:
+        return self.outputs[rid][-1]
+
+    def prompt_logprobs(self, rid: str) -> list:
+        return [e for o in self.outputs.get(rid, []) if o.prompt_logprobs for e in o.prompt_logprobs]
 
 
 def req(rid, prompt, max_tokens=4, **kw):
@@ -26,421 +78,271 @@ def req(rid, prompt, max_tokens=4, **kw):
     return Request(request_id=rid, prompt_ids=list(prompt), max_tokens=max_tokens, **kw)
 
 
-def drain(handle):
-    """Every output delivered so far (step-level tests run the loop's callbacks by yielding)."""
-    outs = []
-    while not handle.state.queue.empty():
-        outs.append(handle.state.queue.get_nowait())
-    return outs
-
-
-async def settle():
-    await asyncio.sleep(0)   # let the LoopWaker see its byte and deliver
-    await asyncio.sleep(0)
-
-
-async def collect(handle, timeout=10):
-    async def go():
-        return [o async for o in handle]
-    return await asyncio.wait_for(go(), timeout)
-
-
-def tokens_of(outs):
-    return [t for o in outs for t in o.token_ids]
-
-
-@pytest.fixture
-async def running():
-    started = []
-
-    def start(engine=None, **kw):
-        s = make_scheduler(engine, **kw)
-        s.start()
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
-
-
-# ---- step-level behaviour ------------------------------------------------------------------------------
-
-@pytest.mark.asyncio
-async def test_single_request_prefill_then_decode_until_length():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
-    h = s.submit(req("a", range(100), max_tokens=3))
-    s._drain_inbox()
-    for _ in range(3):
-        s.step()
-    await settle()
-    outs = drain(h)
-    assert eng.steps == [[(0, 100, 1)], [(100, 1, 1)], [(101, 1, 1)]]
-    assert tokens_of(outs) == run_alone(range(100), 3)
+def test_single_request_prefill_then_decode_until_length():
+    h = Harness()
+    st = h.add(req("a", range(100), max_tokens=3))
+    assert st.status is RequestStatus.WAITING
+    h.step()
+    assert st.status is RequestStatus.DECODING
+    h.step()
+    h.step()
+    outs = h.outputs["a"]
+    assert h.engine.steps == [[(0, 100, 1)], [(100, 1, 1)], [(101, 1, 1)]]
+    assert h.tokens("a") == run_alone(range(100), 3)
     assert [o.finish_reason for o in outs] == [None, None, FinishReason.LENGTH]
     assert (outs[-1].usage.prompt_tokens, outs[-1].usage.completion_tokens) == (100, 3)
-    assert s.kv.stats().num_used == 0 and s.num_running == 0
+    assert st.status is RequestStatus.FINISHED
+    assert h.sched.kv.stats().num_used == 0 and not h.sched.running
 
 
-@pytest.mark.asyncio
-async def test_long_prompt_is_chunked_and_decodes_go_first():
-    eng = FakeEngine(max_batch_tokens=128)
-    s = make_scheduler(eng)
-    s.submit(req("short", range(10), max_tokens=10))
-    s._drain_inbox()
-    s.step()                                   # short's prefill
-    s.submit(req("long", range(1000, 1300), max_tokens=1))
-    s._drain_inbox()
+def test_step_stats_count_prefill_decode_and_first_token_latency():
+    h = Harness(FakeEngine(max_batch_tokens=64))
+    h.add(req("a", range(100), max_tokens=2))
+    h.clock.now += 0.25
+    first = h.step()                                   # 64 of 100 prompt tokens
+    assert (first.num_prefill_tokens, first.num_decode_tokens, first.prompt_tokens_done) == (64, 0, 0)
+    h.clock.now += 0.25
+    second = h.step()                                  # the other 36, and the first token
+    assert (second.num_prefill_tokens, second.num_decode_tokens, second.prompt_tokens_done) == (36, 1, 100)
+    assert second.ttfts == [pytest.approx(0.5)]
+    h.clock.now += 0.1
+    third = h.step()
+    assert (third.num_prefill_tokens, third.num_decode_tokens) == (0, 1)
+    assert third.itls == [pytest.approx(0.1)] and [s.request.request_id for s in third.finished] == ["a"]
+
+
+def test_long_prompt_is_chunked_and_decodes_go_first():
+    h = Harness(FakeEngine(max_batch_tokens=128))
+    h.add(req("short", range(10), max_tokens=10))
+    h.step()                                   # short's prefill
+    h.add(req("long", range(1000, 1300), max_tokens=1))
     for _ in range(3):
-        s.step()
+        h.step()
     # short decodes one token every step while long's 300-token prompt comes in 127 + 127 + 46
-    assert eng.steps[1:] == [[(10, 1, 1), (0, 127, 0)], [(11, 1, 1), (127, 127, 0)], [(12, 1, 1), (254, 46, 1)]]
+    assert h.engine.steps[1:] == [[(10, 1, 1), (0, 127, 0)], [(11, 1, 1), (127, 127, 0)],
+                                  [(12, 1, 1), (254, 46, 1)]]
 
 
-@pytest.mark.asyncio
-async def test_running_cap_and_fcfs_admission():
-    eng = FakeEngine(max_seqs=2)
-    s = make_scheduler(eng)
+def test_running_cap_and_fcfs_admission():
+    h = Harness(FakeEngine(max_seqs=2))
     for i in range(3):
-        s.submit(req(f"r{i}", [i] * 5, max_tokens=2))
-    s._drain_inbox()
-    s.step()
-    assert [st.request.request_id for st in s.running] == ["r0", "r1"]
-    assert [st.request.request_id for st in s.waiting] == ["r2"]
-    assert s.num_waiting == 1
-    s.step()          # r0 and r1 finish (max_tokens=2)
-    s.step()
-    assert [st.request.request_id for st in s.running] == ["r2"]
-    assert s.num_waiting == 0
+        h.add(req(f"r{i}", [i] * 5, max_tokens=2))
+    h.step()
+    assert [st.request.request_id for st in h.sched.running] == ["r0", "r1"]
+    assert [st.request.request_id for st in h.sched.waiting] == ["r2"]
+    h.step()          # r0 and r1 finish (max_tokens=2)
+    h.step()
+    assert [st.request.request_id for st in h.sched.running] == ["r2"]
+    assert not h.sched.waiting
 
 
-@pytest.mark.asyncio
-async def test_stop_token_finishes_with_stop():
-    eng = FakeEngine(eos_after={7: 3})
-    s = make_scheduler(eng)
-    h = s.submit(req("a", [7, 1, 2], max_tokens=10))
-    s._drain_inbox()
+def test_stop_token_finishes_with_stop():
+    h = Harness(FakeEngine(eos_after={7: 3}))
+    h.add(req("a", [7, 1, 2], max_tokens=10))
     for _ in range(3):
-        s.step()
-    await settle()
-    outs = drain(h)
-    assert tokens_of(outs)[-1] == EOS and len(tokens_of(outs)) == 3
-    assert outs[-1].finish_reason == FinishReason.STOP
-    assert outs[-1].usage.completion_tokens == 3
+        h.step()
+    assert h.tokens("a")[-1] == EOS and len(h.tokens("a")) == 3
+    assert h.last("a").finish_reason == FinishReason.STOP
+    assert h.last("a").usage.completion_tokens == 3
 
 
-@pytest.mark.asyncio
-async def test_prefix_cache_hit_reported_and_kv_contents_right():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
+def test_prefix_cache_hit_reported_and_kv_contents_right():
+    h = Harness()
     prompt = list(range(200))
-    h1 = s.submit(req("a", prompt, max_tokens=1))
-    s._drain_inbox()
-    s.step()
-    await settle()
-    assert drain(h1)[-1].usage.cached_tokens == 0
-    h2 = s.submit(req("b", prompt[:150] + [7, 7, 7], max_tokens=2))
-    s._drain_inbox()
-    s.step()
-    s.step()
-    await settle()
-    outs = drain(h2)
-    assert outs[-1].usage.cached_tokens == 128              # two full blocks of 64
-    assert eng.steps[1] == [(128, 25, 1)]                   # only the uncached tail ran
-    assert tokens_of(outs) == run_alone(prompt[:150] + [7, 7, 7], 2)   # FakeEngine checked the K/V
-    st = s.kv.stats()
+    h.add(req("a", prompt, max_tokens=1))
+    h.step()
+    assert h.last("a").usage.cached_tokens == 0
+    h.add(req("b", prompt[:150] + [7, 7, 7], max_tokens=2))
+    h.step()
+    h.step()
+    assert h.last("b").usage.cached_tokens == 128              # two full blocks of 64
+    assert h.engine.steps[1] == [(128, 25, 1)]                   # only the uncached tail ran
+    assert h.tokens("b") == run_alone(prompt[:150] + [7, 7, 7], 2)   # FakeEngine checked the K/V
+    st = h.sched.kv.stats()
     assert (st.prefix_queries, st.prefix_hits) == (353, 128)
 
 
-@pytest.mark.asyncio
-async def test_fully_cached_prompt_still_runs_its_last_block():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
+def test_fully_cached_prompt_still_runs_its_last_block():
+    h = Harness()
     prompt = list(range(128))
     for rid in ("a", "b"):
-        h = s.submit(req(rid, prompt, max_tokens=1))
-        s._drain_inbox()
-        s.step()
-    await settle()
-    assert drain(h)[-1].usage.cached_tokens == 64
-    assert eng.steps[1] == [(64, 64, 1)]
+        h.add(req(rid, prompt, max_tokens=1))
+        h.step()
+    assert h.last("b").usage.cached_tokens == 64
+    assert h.engine.steps[1] == [(64, 64, 1)]
 
 
-@pytest.mark.asyncio
-async def test_preemption_when_blocks_run_out_gives_same_tokens():
+def test_preemption_when_blocks_run_out_gives_same_tokens():
     # 4 blocks of 64: two sequences of 100 prompt + 60 generated each need 3 blocks; they cannot both fit
-    eng = FakeEngine(num_kv_blocks=4, max_batch_tokens=512)
-    s = make_scheduler(eng, max_model_len=256)
+    h = Harness(FakeEngine(num_kv_blocks=4, max_batch_tokens=512), max_model_len=256)
     prompts = [list(range(i * 1000, i * 1000 + 100)) for i in range(2)]
-    hs = [s.submit(req(f"r{i}", p, max_tokens=60)) for i, p in enumerate(prompts)]
-    s._drain_inbox()
-    for _ in range(400):
-        if not s.running and not s.waiting:
-            break
-        s.step()
-    await settle()
-    for h, p in zip(hs, prompts):
-        outs = drain(h)
-        assert tokens_of(outs) == run_alone(p, 60)
-        assert outs[-1].finish_reason == FinishReason.LENGTH
-    assert sum(h.state.num_preemptions for h in hs) >= 1
-    assert hs[0].state.num_preemptions == 0     # the earlier request keeps its blocks (FCFS)
-    assert s.kv.stats().num_used == 0
+    states = [h.add(req(f"r{i}", p, max_tokens=60)) for i, p in enumerate(prompts)]
+    h.run_until_idle()
+    for i, p in enumerate(prompts):
+        assert h.tokens(f"r{i}") == run_alone(p, 60)
+        assert h.last(f"r{i}").finish_reason == FinishReason.LENGTH
+    assert states[1].num_preemptions >= 1 and h.sched.num_preemptions == states[1].num_preemptions
+    assert states[0].num_preemptions == 0     # the earlier request keeps its blocks (FCFS)
+    assert h.sched.kv.stats().num_used == 0
 
 
-@pytest.mark.asyncio
-async def test_request_beyond_context_fails_with_400():
-    s = make_scheduler(FakeEngine(num_kv_blocks=4), max_model_len=10_000)
-    assert s.max_model_len == 256                # capped to what the KV cache can hold
-    h = s.submit(req("a", range(200), max_tokens=100))
-    s._drain_inbox()
-    await settle()
-    out = drain(h)[-1]
+def test_a_preempted_decoding_request_waits_as_preempted_and_resumes_decoding():
+    h = Harness(FakeEngine(num_kv_blocks=4, max_batch_tokens=512), max_model_len=256)
+    h.add(req("r0", range(100), max_tokens=60))
+    late = h.add(req("r1", range(1000, 1100), max_tokens=60))
+    seen = set()
+    while h.sched.has_work:
+        h.step()
+        seen.add(late.status)
+    assert RequestStatus.PREEMPTED in seen and h.tokens("r1") == run_alone(range(1000, 1100), 60)
+
+
+def test_request_beyond_context_fails_with_400():
+    h = Harness(FakeEngine(num_kv_blocks=4), max_model_len=10_000)
+    assert h.sched.max_model_len == 256                # capped to what the KV cache can hold
+    h.add(req("a", range(200), max_tokens=100))
+    out = h.last("a")
     assert (out.finish_reason, out.error_status) == (FinishReason.ERROR, 400)
     assert "maximum context length is 256 tokens" in out.error_message
     assert "200 prompt tokens + 100 max tokens = 300" in out.error_message
+    assert not h.sched.waiting and not h.sched.requests
 
 
-@pytest.mark.asyncio
-async def test_rejected_requests_do_not_count_against_the_queue_limit():
-    s = make_scheduler(FakeEngine(num_kv_blocks=4), max_waiting=2)
-    for i in range(5):
-        s.submit(req(f"big{i}", range(300), max_tokens=10))
-        s._drain_inbox()
-    assert s.num_waiting == 0
-    s.submit(req("a", [1]))
-    s.submit(req("b", [1]))
-    assert s.num_waiting == 2
-
-
-@pytest.mark.asyncio
-async def test_preempted_echo_request_reports_each_prompt_position_once():
+def test_preempted_echo_request_reports_each_prompt_position_once():
     # 3 blocks: the echo request (prompt 100) is preempted by the earlier one while its prompt runs in chunks
-    eng = FakeEngine(num_kv_blocks=3, max_batch_tokens=16)
-    s = make_scheduler(eng, max_model_len=192)
-    first = s.submit(req("first", range(1000, 1060), max_tokens=120))
-    s._drain_inbox()
-    s.step()
-    echo = s.submit(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
-    s._drain_inbox()
-    for _ in range(400):
-        if not s.running and not s.waiting:
-            break
-        s.step()
-    await settle()
-    outs = drain(echo)
-    assert echo.state.num_preemptions >= 1
-    entries = [e for o in outs if o.prompt_logprobs for e in o.prompt_logprobs]
-    assert len(entries) == 99
-    assert tokens_of(drain(first)) == run_alone(range(1000, 1060), 120)
+    h = Harness(FakeEngine(num_kv_blocks=3, max_batch_tokens=16), max_model_len=192)
+    h.add(req("first", range(1000, 1060), max_tokens=120))
+    h.step()
+    echo = h.add(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
+    h.run_until_idle()
+    assert echo.num_preemptions >= 1
+    assert len(h.prompt_logprobs("echo")) == 99
+    assert h.tokens("first") == run_alone(range(1000, 1060), 120)
 
 
-@pytest.mark.asyncio
-async def test_abort_frees_blocks_at_next_step():
-    s = make_scheduler(FakeEngine())
-    h = s.submit(req("a", range(300), max_tokens=100))
-    s._drain_inbox()
-    s.step()
-    assert s.kv.stats().num_used == 4          # 256 of 300 prompt tokens (the token budget)
-    h.abort()
-    s._drain_inbox()
-    assert s.kv.stats().num_used == 0 and s.num_running == 0
-    await settle()
-    assert drain(h)[-1].finish_reason == FinishReason.ABORT
+def test_abort_frees_blocks_at_once():
+    h = Harness()
+    h.add(req("a", range(300), max_tokens=100))
+    h.step()
+    assert h.sched.kv.stats().num_used == 4          # 256 of 300 prompt tokens (the token budget)
+    h.abort("a")
+    assert h.sched.kv.stats().num_used == 0 and not h.sched.running
+    assert h.last("a").finish_reason == FinishReason.ABORT
+    h.abort("a")                                     # a second abort of a finished request is a no-op
+    assert len(h.outputs["a"]) == 1
 
 
-@pytest.mark.asyncio
-async def test_queue_limit_raises_queue_full():
-    s = make_scheduler(FakeEngine(), max_waiting=2)
-    s.submit(req("a", [1]))
-    s.submit(req("b", [1]))
-    with pytest.raises(QueueFull, match="2 requests are already waiting"):
-        s.submit(req("c", [1]))
+def test_timeout_fails_with_504_on_the_injected_clock():
+    h = Harness()
+    h.add(req("slow", range(5), max_tokens=1000, timeout_s=0.1))
+    h.step()
+    h.clock.now += 0.05
+    assert h.expire() == []
+    h.clock.now += 0.06
+    (expired,) = h.expire()
+    out = h.last("slow")
+    assert expired.request.request_id == "slow"
+    assert (out.finish_reason, out.error_status) == (FinishReason.ERROR, 504)
+    assert "timed out after 0.1 s" in out.error_message
+    assert h.sched.kv.stats().num_used == 0
 
 
-@pytest.mark.asyncio
-async def test_unseeded_sampling_gets_a_random_seed_greedy_and_seeded_untouched():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
-    s.submit(req("a", [1], max_tokens=1, params=SamplingParams(temperature=0.8)))
-    s.submit(req("b", [2], max_tokens=1, params=SamplingParams(temperature=0.8)))
-    s.submit(req("c", [3], max_tokens=1, params=SamplingParams(temperature=0.8, seed=42)))
-    s.submit(req("d", [4], max_tokens=1, params=GREEDY))
-    s._drain_inbox()
-    s.step()
-    a, b, c, d = eng.seeds_seen
+def test_unseeded_sampling_gets_a_random_seed_greedy_and_seeded_untouched():
+    h = Harness()
+    h.add(req("a", [1], max_tokens=1, params=SamplingParams(temperature=0.8)))
+    h.add(req("b", [2], max_tokens=1, params=SamplingParams(temperature=0.8)))
+    h.add(req("c", [3], max_tokens=1, params=SamplingParams(temperature=0.8, seed=42)))
+    h.add(req("d", [4], max_tokens=1, params=GREEDY))
+    h.step()
+    a, b, c, d = h.engine.seeds_seen
     assert isinstance(a, int) and isinstance(b, int) and a != b
     assert (c, d) == (42, None)
 
 
-@pytest.mark.asyncio
-async def test_cache_warm_prefills_full_blocks_only():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
+def test_cache_warm_prefills_full_blocks_only():
+    h = Harness()
     prompt = list(range(150))
-    h = s.submit(Request("w", prompt, warm=True))
-    s._drain_inbox()
-    s.step()
-    await settle()
-    out = drain(h)[-1]
+    h.add(Request("w", prompt, warm=True))
+    h.step()
+    out = h.last("w")
     assert out.finish_reason == FinishReason.STOP and out.token_ids == []
-    assert eng.steps == [[(0, 128, 0)]]
-    assert s.kv.stats().num_cached == 2
+    assert h.engine.steps == [[(0, 128, 0)]]
+    assert h.sched.kv.stats().num_cached == 2
     # warming the same text again computes nothing
-    h = s.submit(Request("w2", prompt + [1, 2], warm=True))
-    s._drain_inbox()
-    s.step()
-    await settle()
-    assert drain(h)[-1].usage.cached_tokens == 128
-    assert len(eng.steps) == 1
+    h.add(Request("w2", prompt + [1, 2], warm=True))
+    h.step()
+    assert h.last("w2").usage.cached_tokens == 128
+    assert len(h.engine.steps) == 1
     # and the real request afterwards starts from the warmed blocks
-    h = s.submit(req("r", prompt + [5], max_tokens=1))
-    s._drain_inbox()
-    s.step()
-    await settle()
-    assert drain(h)[-1].usage.cached_tokens == 128
-    assert eng.steps[-1] == [(128, 23, 1)]
+    h.add(req("r", prompt + [5], max_tokens=1))
+    h.step()
+    assert h.last("r").usage.cached_tokens == 128
+    assert h.engine.steps[-1] == [(128, 23, 1)]
 
 
-@pytest.mark.asyncio
-async def test_prompt_logprobs_cover_every_prompt_position():
-    s = make_scheduler(FakeEngine(max_batch_tokens=64))
+def test_prompt_logprobs_cover_every_prompt_position():
+    h = Harness(FakeEngine(max_batch_tokens=64))
     prompt = list(range(100))
-    s.submit(req("warm", prompt, max_tokens=1))      # put the prompt in the cache first
-    s._drain_inbox()
-    s.step()
-    h = s.submit(req("a", prompt, max_tokens=1, prompt_logprobs=2))
-    s._drain_inbox()
+    h.add(req("warm", prompt, max_tokens=1))      # put the prompt in the cache first
+    h.step()
+    h.add(req("a", prompt, max_tokens=1, prompt_logprobs=2))
     for _ in range(3):
-        s.step()
-    await settle()
-    outs = drain(h)
-    entries = [e for o in outs if o.prompt_logprobs for e in o.prompt_logprobs]
-    assert outs[-1].usage.cached_tokens == 0      # logits of cached positions do not exist: no hit
+        h.step()
+    entries = h.prompt_logprobs("a")
+    assert h.last("a").usage.cached_tokens == 0   # logits of cached positions do not exist: no hit
     assert len(entries) == 99                     # positions 1..99
     lp5, top = entries[4]                         # position 5 holds token 5, the fake's favourite
     assert top[0][0] == 5 and top[0][1] == pytest.approx(lp5)
     assert entries[0][0] < lp5
 
 
-@pytest.mark.asyncio
-async def test_prompt_logprob_chunks_respect_the_logits_row_limit():
-    eng = FakeEngine(max_batch_tokens=256, max_logits_rows=40)
-    s = make_scheduler(eng)
-    s.submit(req("dec", range(5), max_tokens=10))
-    s._drain_inbox()
-    s.step()
-    h = s.submit(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
-    s._drain_inbox()
+def test_prompt_logprob_chunks_respect_the_logits_row_limit():
+    h = Harness(FakeEngine(max_batch_tokens=256, max_logits_rows=40))
+    h.add(req("dec", range(5), max_tokens=10))
+    h.step()
+    h.add(req("echo", range(100), max_tokens=1, prompt_logprobs=0))
     for _ in range(4):
-        s.step()
-    await settle()
+        h.step()
     # 1 row for the decode, the rest of the 40 for the echo chunk
-    assert [st for st in eng.steps[1:4]] == [[(5, 1, 1), (0, 39, 0)], [(6, 1, 1), (39, 39, 0)],
-                                             [(7, 1, 1), (78, 22, 1)]]
-    assert len([e for o in drain(h) if o.prompt_logprobs for e in o.prompt_logprobs]) == 99
+    assert h.engine.steps[1:4] == [[(5, 1, 1), (0, 39, 0)], [(6, 1, 1), (39, 39, 0)], [(7, 1, 1), (78, 22, 1)]]
+    assert len(h.prompt_logprobs("echo")) == 99
 
 
-@pytest.mark.asyncio
-async def test_echo_with_zero_max_tokens_only_scores_the_prompt():
-    eng = FakeEngine()
-    s = make_scheduler(eng)
-    h = s.submit(req("a", range(10), max_tokens=0, prompt_logprobs=0))
-    s._drain_inbox()
-    s.step()
-    await settle()
-    outs = drain(h)
-    assert eng.steps == [[(0, 10, 0)]]
-    assert outs[-1].finish_reason == FinishReason.LENGTH and tokens_of(outs) == []
-    assert len(outs[-1].prompt_logprobs) == 9
+def test_echo_with_zero_max_tokens_only_scores_the_prompt():
+    h = Harness()
+    h.add(req("a", range(10), max_tokens=0, prompt_logprobs=0))
+    h.step()
+    assert h.engine.steps == [[(0, 10, 0)]]
+    assert h.last("a").finish_reason == FinishReason.LENGTH and h.tokens("a") == []
+    assert len(h.last("a").prompt_logprobs) == 9
 
 
-# ---- the real thread -----------------------------------------------------------------------------------
-
-@pytest.mark.asyncio
-async def test_concurrent_requests_match_running_alone(running):
-    s = running(FakeEngine(num_kv_blocks=16, max_batch_tokens=96, max_seqs=4))
-    prompts = [list(range(i, i + 20 + 13 * i)) for i in range(10)]
-    seeds = [None, 7] * 5
-    hs = [s.submit(req(f"r{i}", p, max_tokens=30, params=SamplingParams(temperature=0.0, seed=seeds[i])))
-          for i, p in enumerate(prompts)]
-    results = await asyncio.gather(*(collect(h) for h in hs))
-    for outs, p, seed in zip(results, prompts, seeds):
-        assert tokens_of(outs) == run_alone(p, 30, seed)
-    assert s.kv.stats().num_used == 0
-
-
-@pytest.mark.asyncio
-async def test_engine_error_fails_only_the_affected_request(running):
-    s = running(FakeEngine())
+def test_engine_error_fails_only_the_affected_request():
+    h = Harness()
+    h.add(req("good", range(30), max_tokens=20))
+    h.add(req("bad", range(40), max_tokens=20))
 
     def explode(states):
         if any(st.request.request_id == "bad" for st in states):
             raise RuntimeError("injected fault")
-    s.before_step = explode
-    good = s.submit(req("good", range(30), max_tokens=20))
-    bad = s.submit(req("bad", range(40), max_tokens=20))
-    good_outs, bad_outs = await asyncio.gather(collect(good), collect(bad))
-    assert tokens_of(good_outs) == run_alone(range(30), 20)
-    assert (bad_outs[-1].finish_reason, bad_outs[-1].error_status) == (FinishReason.ERROR, 500)
-    assert "injected fault" in bad_outs[-1].error_message
-    after = await collect(s.submit(req("after", range(5), max_tokens=2)))
-    assert after[-1].finish_reason == FinishReason.LENGTH
-    assert s.kv.stats().num_used == 0
+    while h.sched.has_work:
+        batch = h.sched.schedule()
+        h.sched.postprocess(batch, run_batch(h.engine, batch, explode))
+        h.collect()
+    assert h.tokens("good") == run_alone(range(30), 20)
+    bad = h.last("bad")
+    assert (bad.finish_reason, bad.error_status) == (FinishReason.ERROR, 500)
+    assert "injected fault" in bad.error_message
+    assert h.sched.kv.stats().num_used == 0
 
 
-@pytest.mark.asyncio
-async def test_timeout_fails_with_504(running):
-    s = running(FakeEngine())
-    s.before_step = lambda states: time.sleep(0.02)
-    outs = await collect(s.submit(req("slow", range(5), max_tokens=1000, timeout_s=0.1)))
-    assert (outs[-1].finish_reason, outs[-1].error_status) == (FinishReason.ERROR, 504)
-    assert "timed out after 0.1 s" in outs[-1].error_message
-    assert s.kv.stats().num_used == 0
-
-
-@pytest.mark.asyncio
-async def test_watchdog_fed_while_idle_and_busy(running):
-    beats = []
-    s = running(FakeEngine(), watchdog=lambda: beats.append(time.monotonic()), idle_wait_s=0.05)
-    await asyncio.sleep(0.3)
-    assert len(beats) >= 3                     # idle: once per idle wait
-    n = len(beats)
-    await collect(s.submit(req("a", range(5), max_tokens=20)))
-    assert len(beats) >= n + 20                # busy: once per step
-
-
-@pytest.mark.asyncio
-async def test_stop_aborts_everything_in_flight(running):
-    s = running(FakeEngine())
-    s.before_step = lambda states: time.sleep(0.01)
-    h = s.submit(req("a", range(5), max_tokens=1000))
-    await asyncio.sleep(0.05)
-    s.stop()
-    outs = await collect(h)
-    assert outs[-1].finish_reason == FinishReason.ABORT
-    assert s.kv.stats().num_used == 0
-
-
-def test_a_closed_loop_is_forgotten_and_a_new_one_served():
-    s = make_scheduler(FakeEngine())
-    s.start()
-    try:
-        async def submit_only():
-            return s.submit(req("a", range(5), max_tokens=1000))
-
-        loop = asyncio.new_event_loop()
-        waker = loop.run_until_complete(submit_only()).state.waker
-        loop.close()            # "a" goes on generating for a loop that is gone
-        deadline = time.monotonic() + 10
-        while not waker.closed and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert waker.closed and loop not in s._wakers
-
-        async def fresh():
-            return await collect(s.submit(req("b", range(5), max_tokens=3)))
-
-        outs = asyncio.run(fresh())
-        assert len(tokens_of(outs)) == 3 and outs[-1].finish_reason == FinishReason.LENGTH
-    finally:
-        s.stop()
+def test_concurrent_requests_match_running_alone():
+    h = Harness(FakeEngine(num_kv_blocks=16, max_batch_tokens=96, max_seqs=4))
+    prompts = [list(range(i, i + 20 + 13 * i)) for i in range(10)]
+    seeds = [None, 7] * 5
+    for i, p in enumerate(prompts):
+        h.add(req(f"r{i}", p, max_tokens=30, params=SamplingParams(temperature=0.0, seed=seeds[i])))
+    h.run_until_idle()
+    for i, (p, seed) in enumerate(zip(prompts, seeds)):
+        assert h.tokens(f"r{i}") == run_alone(p, 30, seed)
+    assert h.sched.kv.stats().num_used == 0

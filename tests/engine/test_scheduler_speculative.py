@@ -6,12 +6,12 @@ that prompt lookup predicts well, while the prompts (random tokens) can still mi
 accepted and rejected. The scheduler's output must be the same token for token with and without speculation.
 """
 
-import asyncio
 import random
 
 import pytest
 
-from inferd.engine.request import FinishReason, Request
+from inferd.engine.loop import run_batch
+from inferd.engine.request import FinishReason, Request, RequestState
 from inferd.engine.scheduler import Scheduler
 from tests.engine.fake_engine import EOS, FakeEngine, SamplingParams, fake_next_token
 
@@ -34,26 +34,23 @@ def req(rid, prompt_ids, max_tokens=40, **kw):
     return Request(request_id=rid, prompt_ids=list(prompt_ids), max_tokens=max_tokens, **kw)
 
 
-async def run_all(engine, requests, **kw):
-    """Every request to its end through step() in this thread; (scheduler, {id: outputs}, step stats)."""
+def run_all(engine, requests, **kw):
+    """Every request to its end, step by step in this thread; (scheduler, {id: outputs}, step stats)."""
     kw.setdefault("max_model_len", 4096)
     s = Scheduler(engine, **kw)
-    handles = [s.submit(r) for r in requests]
-    s._drain_inbox()
+    for r in requests:
+        s.add(RequestState(r, arrival_time=0.0))
     stats = []
+    outs: dict[str, list] = {r.request_id: [] for r in requests}
     for _ in range(5000):
-        if not s.running and not s.waiting:
+        for st, out in s.take_outputs():
+            outs[st.request.request_id].append(out)
+        if not s.has_work:
             break
-        stats.append(s.step())
+        batch = s.schedule()
+        stats.append(s.postprocess(batch, run_batch(engine, batch)))
     else:
         raise AssertionError("requests did not finish")
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    outs = {}
-    for h in handles:
-        outs[h.request_id] = []
-        while not h.state.queue.empty():
-            outs[h.request_id].append(h.state.queue.get_nowait())
     return s, outs, stats
 
 
@@ -83,9 +80,9 @@ def make_requests(speculative=None, n=6, max_tokens=120, seeded=False):
 
 
 @pytest.mark.parametrize("seeded", [False, True])
-async def test_same_tokens_with_and_without_speculation(seeded):
-    _, plain, plain_stats = await run_all(LoopyEngine(), make_requests(seeded=seeded))
-    s, spec, spec_stats = await run_all(LoopyEngine(), make_requests(seeded=seeded), speculative=True)
+def test_same_tokens_with_and_without_speculation(seeded):
+    _, plain, plain_stats = run_all(LoopyEngine(), make_requests(seeded=seeded))
+    s, spec, spec_stats = run_all(LoopyEngine(), make_requests(seeded=seeded), speculative=True)
     assert tokens(spec) == tokens(plain)
     assert finish(spec) == finish(plain) == {f"r{i}": FinishReason.LENGTH for i in range(6)}
     assert [len(t) for t in tokens(spec).values()] == [120 + i for i in range(6)]
@@ -98,18 +95,18 @@ async def test_same_tokens_with_and_without_speculation(seeded):
     assert_all_freed(s)
 
 
-async def test_per_request_override():
+def test_per_request_override():
     # server default off, request on
-    _, _, stats = await run_all(LoopyEngine(), make_requests(speculative=True, n=2))
+    _, _, stats = run_all(LoopyEngine(), make_requests(speculative=True, n=2))
     assert drafted(stats)[0] > 0
     # server default on, request off
-    _, _, stats = await run_all(LoopyEngine(), make_requests(speculative=False, n=2), speculative=True)
+    _, _, stats = run_all(LoopyEngine(), make_requests(speculative=False, n=2), speculative=True)
     assert drafted(stats) == (0, 0)
 
 
-async def test_drafts_never_exceed_max_tokens_or_context():
+def test_drafts_never_exceed_max_tokens_or_context():
     eng = LoopyEngine()
-    s, outs, stats = await run_all(eng, [req("a", prompt(30), max_tokens=37, speculative=True)])
+    s, outs, stats = run_all(eng, [req("a", prompt(30), max_tokens=37, speculative=True)])
     assert len(tokens(outs)["a"]) == 37 and finish(outs)["a"] == FinishReason.LENGTH
     assert drafted(stats)[1] > 0
     generated = 0
@@ -119,16 +116,16 @@ async def test_drafts_never_exceed_max_tokens_or_context():
         generated += len(out.token_ids)
     # the context (max_model_len) bounds the positions drafts are written to
     eng = LoopyEngine()
-    s, outs, _ = await run_all(eng, [req("b", prompt(30), max_tokens=60, speculative=True)], max_model_len=90)
+    s, outs, _ = run_all(eng, [req("b", prompt(30), max_tokens=60, speculative=True)], max_model_len=90)
     assert len(tokens(outs)["b"]) == 60
     assert max(start + n for step in eng.steps for start, n, _ in step) <= 90
     assert_all_freed(s)
 
 
-async def test_stop_token_inside_accepted_drafts_discards_the_rest():
+def test_stop_token_inside_accepted_drafts_discards_the_rest():
     # A prompt that already holds the model's cycle, so drafts are right from the start; the stop token is the
     # one whose first appearance in the continuation comes last.
-    _, plain, _ = await run_all(LoopyEngine(), [req("a", prompt(50), max_tokens=200)])
+    _, plain, _ = run_all(LoopyEngine(), [req("a", prompt(50), max_tokens=200)])
     out = tokens(plain)["a"]
     second = prompt(50) + out[:100]
     first_at = {}
@@ -136,8 +133,8 @@ async def test_stop_token_inside_accepted_drafts_discards_the_rest():
         first_at.setdefault(t, i)
     stop = max(first_at, key=first_at.get)
     stop_ids = frozenset({EOS, stop})
-    _, plain, _ = await run_all(LoopyEngine(), [req("a", second, max_tokens=100, stop_token_ids=stop_ids)])
-    s, spec, stats = await run_all(LoopyEngine(), [req("a", second, max_tokens=100, stop_token_ids=stop_ids,
+    _, plain, _ = run_all(LoopyEngine(), [req("a", second, max_tokens=100, stop_token_ids=stop_ids)])
+    s, spec, stats = run_all(LoopyEngine(), [req("a", second, max_tokens=100, stop_token_ids=stop_ids,
                                                        speculative=True)])
     assert tokens(spec) == tokens(plain) == {"a": out[100:100 + first_at[stop] + 1]}
     assert finish(spec)["a"] == FinishReason.STOP
@@ -146,22 +143,22 @@ async def test_stop_token_inside_accepted_drafts_discards_the_rest():
     assert_all_freed(s)
 
 
-async def test_token_budget_and_logits_rows_are_respected():
+def test_token_budget_and_logits_rows_are_respected():
     # FakeEngine asserts both limits on every step; tight limits force drafts to be cut
     reqs = make_requests(n=6, max_tokens=80)
-    _, plain, _ = await run_all(LoopyEngine(max_batch_tokens=16, max_logits_rows=9), make_requests(n=6, max_tokens=80))
+    _, plain, _ = run_all(LoopyEngine(max_batch_tokens=16, max_logits_rows=9), make_requests(n=6, max_tokens=80))
     eng = LoopyEngine(max_batch_tokens=16, max_logits_rows=9)
-    s, spec, stats = await run_all(eng, reqs, speculative=True)
+    s, spec, stats = run_all(eng, reqs, speculative=True)
     assert tokens(spec) == tokens(plain)
     assert drafted(stats)[1] > 0
     assert max(sum(n for _, n, _ in step) for step in eng.steps) <= 16
     assert_all_freed(s)
 
 
-async def test_preemption_with_speculation():
+def test_preemption_with_speculation():
     # a cache this small preempts sequences; drafts must never preempt anyone by themselves
-    _, plain, _ = await run_all(LoopyEngine(num_kv_blocks=8), make_requests(n=6, max_tokens=150))
-    s, spec, stats = await run_all(LoopyEngine(num_kv_blocks=8), make_requests(n=6, max_tokens=150),
+    _, plain, _ = run_all(LoopyEngine(num_kv_blocks=8), make_requests(n=6, max_tokens=150))
+    s, spec, stats = run_all(LoopyEngine(num_kv_blocks=8), make_requests(n=6, max_tokens=150),
                                    speculative=True)
     assert tokens(spec) == tokens(plain)
     # nobody failed: waiting sequences' prefix hits are released before a lone runner is declared too big
@@ -170,12 +167,12 @@ async def test_preemption_with_speculation():
     assert_all_freed(s)
 
 
-async def test_prefix_cache_holds_only_accepted_tokens():
+def test_prefix_cache_holds_only_accepted_tokens():
     # A second turn that starts with the first request's prompt + output hits the blocks cached during the
     # speculative run; FakeEngine asserts that each hit block holds exactly those tokens (no rejected draft).
     eng = LoopyEngine()
     first = prompt(50)
-    s, outs, stats = await run_all(eng, [req("a", first, max_tokens=300, speculative=True)])
+    s, outs, stats = run_all(eng, [req("a", first, max_tokens=300, speculative=True)])
     out = tokens(outs)["a"]
     assert len(out) == 300 and drafted(stats)[0] > drafted(stats)[1] > 0
     seq, bs = first + out, eng.block_size
@@ -184,9 +181,10 @@ async def test_prefix_cache_holds_only_accepted_tokens():
     for b in cached:
         assert any(list(eng.kv[b]) == seq[i:i + bs] for i in range(0, len(seq) - bs + 1, bs))
     second = seq + prompt(10, seed=9)
-    h = s.submit(req("b", second, max_tokens=20))
-    s._drain_inbox()
-    while s.running or s.waiting:
-        s.step()
-    assert h.state.num_cached_tokens == len(cached) * bs
+    st = RequestState(req("b", second, max_tokens=20), arrival_time=0.0)
+    s.add(st)
+    while s.has_work:
+        batch = s.schedule()
+        s.postprocess(batch, run_batch(eng, batch))
+    assert st.num_cached_tokens == len(cached) * bs
     assert_all_freed(s)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.engine.engine import Engine, SamplingParams
-from inferd.engine.runner import GenerationStats, blocks_needed, generate
+from inferd.engine.engine import Engine
+from inferd.engine.types import SamplingParams
+from inferd.engine.request import Request
+from inferd.engine.runner import GenerationStats, generate
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 from inferd.model.loader import load_model
 from inferd.text.chat import render_chat
@@ -63,6 +65,10 @@ def test_gate_keeps_speculating_and_resets_when_acceptance_is_good():
     assert gate.next_pause == 10 and gate.acceptance_rate == 0.5
 
 
+def token_ids(outputs) -> list[int]:
+    return [t for out in outputs for t in out.token_ids]
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     model = load_model(smollm2_path)
@@ -78,9 +84,9 @@ def test_speculative_output_equals_plain_decoding(smollm2, params):
     text = render_chat(model.chat_template, [{"role": "user", "content": "What is the capital of France?"}],
                        model.tokenizer, add_generation_prompt=True)
     prompt = model.tokenizer.encode(text, add_special=False)
-    plain = list(generate(engine, prompt, params, 48))
+    plain = token_ids(generate(engine, Request("plain", prompt, params, 48)))
     stats = GenerationStats()
-    spec = list(generate(engine, prompt, params, 48, stats=stats, speculative=True))
+    spec = token_ids(generate(engine, Request("spec", prompt, params, 48), stats=stats, speculative=True))
     assert spec == plain
     assert len(plain) == 48
     if params.temperature == 0.0 and params.repetition_penalty == 1.0:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from inferd import _cpu
-from inferd.engine.engine import Engine, SamplingParams, SeqInput
+from inferd.engine.engine import Engine
+from inferd.engine.types import SamplingParams, SeqInput
 from tests.reference import make_tensor, random_model
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")

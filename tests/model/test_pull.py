@@ -24,7 +24,7 @@ def offline_pip(tmp_path, monkeypatch) -> Path:
     links.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    monkeypatch.setenv("INFERD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "cache"))
     return links
 
 
@@ -65,10 +65,12 @@ def test_bad_names_are_refused(name, message):
 
 
 def test_cache_location(monkeypatch, tmp_path):
-    monkeypatch.setenv("INFERD_CACHE", str(tmp_path / "c"))
-    assert cache_dir() == tmp_path / "c"
-    monkeypatch.delenv("INFERD_CACHE")
+    monkeypatch.delenv("CACHE_DIRECTORY", raising=False)
+    assert cache_dir(str(tmp_path / "c")) == tmp_path / "c"          # the model_cache_dir setting
     assert cache_dir() == Path.home() / ".cache" / "inferd" / "models"
+    monkeypatch.setenv("CACHE_DIRECTORY", f"{tmp_path}/systemd:/other")   # systemd's CacheDirectory=
+    assert cache_dir() == tmp_path / "systemd" / "models"
+    assert cache_dir(str(tmp_path / "c")) == tmp_path / "c"
 
 
 def test_cached_file_is_reused_without_pip(offline_pip):

@@ -40,7 +40,7 @@ async def test_fault_mid_stream_fails_only_the_affected_streams(make_server, tin
             if st.request.max_tokens == 33 and len(st.output_ids) >= 3:
                 batch_sizes.append(len(states))
                 raise RuntimeError("injected engine fault")
-    srv.state.scheduler.before_step = inject
+    srv.state.engine_loop.before_step = inject
     bodies = [{"prompt": f"stream number {i} says", "max_tokens": 33 if i % 3 == 0 else 20, "ignore_eos": True,
                "stream": True, "stream_options": {"include_usage": True}} for i in range(9)]
     results = await asyncio.gather(*(post(srv.url + CMPL, b) for b in bodies))
@@ -56,7 +56,7 @@ async def test_fault_mid_stream_fails_only_the_affected_streams(make_server, tin
             problem, _ = check_stream(CMPL, body, status, raw)
             assert problem is None, problem
     srv.wait_idle()
-    srv.state.scheduler.before_step = None
+    srv.state.engine_loop.before_step = None
     status, raw = await post(srv.url + CMPL, {"prompt": "after the fault", "max_tokens": 5, "ignore_eos": True})
     assert check_response(CMPL, {"max_tokens": 5, "ignore_eos": True, "prompt": "x"}, status,
                           json.loads(raw))[0] is None
@@ -70,7 +70,7 @@ async def test_an_engine_down_for_a_while_fails_requests_then_recovers(make_serv
     def inject(states):
         if broken:
             raise MemoryError("injected: the engine cannot allocate")
-    srv.state.scheduler.before_step = inject
+    srv.state.engine_loop.before_step = inject
     results = await asyncio.gather(*(post(srv.url + CMPL, {"prompt": f"request {i}", "max_tokens": 4})
                                      for i in range(5)))
     for status, raw in results:
@@ -84,7 +84,7 @@ async def test_an_engine_down_for_a_while_fails_requests_then_recovers(make_serv
     for status, raw in results:
         assert check_response(CMPL, {"prompt": "x", "max_tokens": 4, "ignore_eos": True}, status,
                               json.loads(raw))[0] is None
-    assert srv.state.scheduler.dead is None
+    assert srv.state.engine_loop.dead is None
 
 
 async def test_a_hung_engine_step_times_requests_out_with_504(make_server, tiny_model):
@@ -92,11 +92,11 @@ async def test_a_hung_engine_step_times_requests_out_with_504(make_server, tiny_
 
     def hang(states):
         time.sleep(1.2)
-    srv.state.scheduler.before_step = hang
+    srv.state.engine_loop.before_step = hang
     status, raw = await post(srv.url + CMPL, {"prompt": "slow", "max_tokens": 50, "ignore_eos": True})
     err = json.loads(raw)["error"]
     assert status == 504 and err["type"] == "timeout_error" and "timed out after 0.5 s" in err["message"]
-    srv.state.scheduler.before_step = None
+    srv.state.engine_loop.before_step = None
     srv.wait_idle()
     status, _ = await post(srv.url + CMPL, {"prompt": "fast", "max_tokens": 2})
     assert status == 200
@@ -113,7 +113,7 @@ async def test_a_crash_in_the_scheduler_loop_fails_in_flight_requests_and_health
                          "WATCHDOG_PID": str(os.getpid())})
     try:
         srv = make_server(model=tiny_model, notifier=notifier)
-        sched = srv.state.scheduler
+        sched = srv.state.engine_loop
         metrics = sched.observer
 
         class Exploding:

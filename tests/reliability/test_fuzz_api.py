@@ -247,4 +247,4 @@ def test_invalid_and_mutated_bodies(fuzz_server, schemas):
     print(f"invalid: {len(statuses)} bodies, statuses {dict(sorted(collections.Counter(statuses).items()))}")
     with urllib.request.urlopen(fuzz_server.url + "/health", timeout=10) as r:
         assert json.loads(r.read()) == {"status": "ready"}
-    assert fuzz_server.state.scheduler.dead is None
+    assert fuzz_server.state.engine_loop.dead is None

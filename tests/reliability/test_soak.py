@@ -380,7 +380,7 @@ def test_soak(loaded_model, soak_mode):
         lines += [f"  {kind:28s} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
                   for kind, c in sorted(table.items())]
         lines.append(f"  RSS: after warm-up {rss_warm >> 20} MiB, middle {rss_mid >> 20} MiB, end {rss_end >> 20} MiB; "
-                     f"{srv.state.scheduler.num_preemptions} preemptions, {srv.state.scheduler.num_steps} steps")
+                     f"{srv.state.engine_loop.scheduler.num_preemptions} preemptions, {srv.state.engine_loop.num_steps} steps")
         print("\n".join(lines))
         problems = [f"{o.item.kind} {o.item.path} {json.dumps(o.item.body)[:160] if o.item.body else o.item.raw!r}"
                     f" -> {o.problem}" for o in warm + outcomes if o.problem]
@@ -399,11 +399,11 @@ def test_soak(loaded_model, soak_mode):
             assert all(t == g[0] for t in g), f"the same deterministic request gave different texts: {g}"
 
         # --- the server is healthy and holds nothing
-        sched = srv.state.scheduler
-        assert sched.dead is None
-        kv = sched.kv.stats()
+        engine_loop = srv.state.engine_loop
+        assert engine_loop.dead is None
+        kv = engine_loop.scheduler.kv.stats()
         assert (kv.num_used, kv.num_free) == (0, kv.num_blocks), kv
-        assert sched.num_running == sched.num_waiting == 0 and not sched._states
+        assert engine_loop.num_running == engine_loop.num_waiting == 0 and not engine_loop.scheduler.requests
         assert srv.metric("inferd:kv_cache_usage_perc") == 0.0
         assert srv.metric("inferd:num_requests_running") == 0.0
         assert srv.metric("inferd:num_requests_waiting") == 0.0

@@ -108,12 +108,12 @@ class ServerThread:
     # ---- state helpers (read from the test thread; plain ints, safe under the GIL) -----------------------
 
     def kv_used(self) -> int:
-        return self.state.scheduler.kv.stats().num_used
+        return self.state.engine_loop.scheduler.kv.stats().num_used
 
     def wait_idle(self, timeout: float = 20.0) -> None:
         """Until nothing runs, waits or holds a KV block (aborts are handled a step later)."""
         import time
-        s = self.state.scheduler
+        s = self.state.engine_loop
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if s.num_running == 0 and s.num_waiting == 0 and self.kv_used() == 0:

@@ -31,11 +31,11 @@ async def test_concurrent_greedy_streams_match_their_solo_runs(aclient, server, 
     kw = dict(max_tokens=24, temperature=0)
     solo = [await stream_text(aclient, model_name, p, **kw) for p in PROMPTS]
     batch_sizes = []
-    server.state.scheduler.before_step = lambda states: batch_sizes.append(len(states))
+    server.state.engine_loop.before_step = lambda states: batch_sizes.append(len(states))
     try:
         together = await asyncio.gather(*(stream_text(aclient, model_name, p, **kw) for p in PROMPTS))
     finally:
-        server.state.scheduler.before_step = None
+        server.state.engine_loop.before_step = None
     assert max(batch_sizes) == 8      # they really ran side by side
     for (t1, f1, u1, r1), (t2, f2, u2, r2) in zip(solo, together):
         assert t2 == t1 and t1

@@ -36,7 +36,7 @@ def test_settings_device_and_speculative():
     s = load_settings(parse(["--device", "cpu", "--no-speculative"]), {"INFERD_DEVICE": "cuda",
                                                                        "INFERD_SPECULATIVE": "1"})
     assert s.device == "cpu" and s.speculative is False
-    with pytest.raises(ConfigError, match="device must be cpu or cuda, got 'gpu'"):
+    with pytest.raises(ConfigError, match="device must be one of cpu, cuda; got 'gpu'"):
         load_settings(parse(["--device", "gpu"]), {})
 
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -112,3 +113,20 @@ def test_bad_setting_exits_2(tmp_path):
                        timeout=60)
     assert r.returncode == 2
     assert "INFERD_PORT: expected int, got 'not-a-port'" in r.stderr
+
+
+def test_drain_delay_fails_health_first_while_still_serving(daemon):
+    """The order a load balancer needs: /health says 503 at once, new requests are still served during
+    drain_delay_s, then the listener closes and the process exits 0."""
+    proc, sock, url = daemon("--drain-timeout-s", "10", "--drain-delay-s", "3")
+    proc.send_signal(signal.SIGTERM)
+    sock.settimeout(10)
+    assert sock.recv(4096).decode().startswith("STOPPING=1")
+    with pytest.raises(urllib.error.HTTPError) as health:
+        urllib.request.urlopen(url + "/health", timeout=5)
+    assert health.value.code == 503 and json.loads(health.value.read())["status"] == "draining"
+    events = read_events(open_stream(url, 4))   # a request routed here before the balancer noticed
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 4
+    assert proc.wait(30) == 0
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/health", timeout=5)

@@ -162,5 +162,16 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=chat_name, input="hello")
     assert e.value.body["code"] == "model_not_embedding"
-    chat = client.chat.completions.create(model=chat_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert chat.choices[0].message.content is not None
+    # one thread for both models: the chat model's engine loop runs the embedding steps between its own
+    service = srv.state.embeddings[0]
+    assert service.worker is None and service.queue in srv.state.engine_loop.side_queues
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        chats = [pool.submit(client.chat.completions.create, model=chat_name, max_tokens=8,
+                             messages=[{"role": "user", "content": "hi"}]) for _ in range(2)]
+        embeds = [pool.submit(client.embeddings.create, model="tiny-bert", input=TEXTS, encoding_format="float")
+                  for _ in range(4)]
+        for f in chats:
+            assert f.result().choices[0].message.content is not None
+        for f in embeds:
+            np.testing.assert_array_equal(np.array([d.embedding for d in f.result().data], np.float32),
+                                          reference.embed(reference.tokenize(TEXTS)))

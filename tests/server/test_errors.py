@@ -136,7 +136,7 @@ async def test_oversized_body_is_413(make_server):
 
 async def test_queue_full_is_503_with_retry_after(make_server):
     srv = make_server(max_running=1, max_waiting=1)
-    sched = srv.state.scheduler
+    sched = srv.state.engine_loop
     body = {"prompt": "Tell me a story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     async with aiohttp.ClientSession() as s:
         first = await s.post(srv.url + CMPL, json=body)
@@ -167,7 +167,7 @@ async def test_engine_fault_is_500_and_the_server_keeps_serving(make_server):
             ids = st.request.prompt_ids
             if any(ids[i:i + len(marker)] == marker for i in range(len(ids))):
                 raise RuntimeError("injected engine fault")
-    srv.state.scheduler.before_step = inject
+    srv.state.engine_loop.before_step = inject
     status, payload, _ = await call(srv.url, CMPL, {"prompt": "FAULT-INJECTION-MARKER", "max_tokens": 4})
     assert_error(status, payload, 500, None, "injected engine fault", "internal_server_error")
     # neighbours in the same step are unaffected, and later requests work

@@ -70,7 +70,7 @@ def test_metrics_while_busy_show_running_and_usage(server):
         import time
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if server.state.scheduler.num_running:
+            if server.state.engine_loop.num_running:
                 seen["running"] = server.metric("inferd:num_requests_running")
                 seen["usage"] = server.metric("inferd:kv_cache_usage_perc")
                 return

@@ -53,7 +53,7 @@ def test_ready_then_watchdog_pings_stop_while_the_engine_hangs(make_server, noti
     def hang(states):
         hanging.set()
         time.sleep(1.5)
-    srv.state.scheduler.before_step = hang
+    srv.state.engine_loop.before_step = hang
     t = threading.Thread(target=lambda: urllib.request.urlopen(urllib.request.Request(
         srv.url + "/v1/completions", data=b'{"prompt": "hi", "max_tokens": 1}',
         headers={"Content-Type": "application/json"}), timeout=30).read())
@@ -63,5 +63,5 @@ def test_ready_then_watchdog_pings_stop_while_the_engine_hangs(make_server, noti
     hang_pings = [m for _, m in read_messages(sock, 1.2) if m == "WATCHDOG=1"]
     assert hang_pings == []
     t.join()
-    srv.state.scheduler.before_step = None
+    srv.state.engine_loop.before_step = None
     assert [m for _, m in read_messages(sock, 0.5) if m == "WATCHDOG=1"]   # fed again once it returns

@@ -267,7 +267,7 @@ async def test_every_sandbox_escape_fails_cleanly(hostile_server):
         assert payload["error"]["message"].startswith("chat template failed"), (attack, payload)
         assert "root:" not in json.dumps(payload)
         assert not mark.exists(), attack
-    assert srv.state.scheduler.dead is None
+    assert srv.state.engine_loop.dead is None
 
 
 # ---- model names and paths -------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ async def test_model_field_does_not_traverse(server, name):
 def pull(name: str, tmp_path: Path) -> subprocess.CompletedProcess:
     cache, work = tmp_path / "cache", tmp_path / "a" / "b"
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_MODEL_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "inferd.cli", "pull", name], cwd=work, env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -93,7 +93,7 @@ async def test_error_after_the_stream_started_is_an_error_event(make_server):
         for st in states:
             if len(st.output_ids) >= 3 and st.request.max_tokens == 50:
                 raise RuntimeError("engine exploded mid-stream")
-    srv.state.scheduler.before_step = fail_late
+    srv.state.engine_loop.before_step = fail_late
     events = await post_stream(srv.url + "/v1/chat/completions",
                                {"messages": MSG, "max_tokens": 50, "ignore_eos": True, "temperature": 0,
                                 "stream": True})

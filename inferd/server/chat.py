@@ -1,0 +1,92 @@
+"""POST /v1/chat/completions: messages -> chat template -> tokens -> n choices; the full response or its stream."""
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from inferd.engine.request import Request
+from inferd.server import protocol as P
+from inferd.server.generation import (Choice, Generation, check_model, check_prompt_len, encode, limits, respond,
+                                      resolve_max_tokens, sampling_params, stop_token_ids, wants_usage)
+from inferd.server.protocol import ProtocolError
+from inferd.server.state import STATE, ServerState
+
+
+def render_chat(state: ServerState, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    try:
+        return state.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:   # ChatTemplateError: the template refused these messages
+        raise ProtocolError(str(e), "messages") from None
+
+
+def token_str(state: ServerState, token_id: int) -> str:
+    return state.tokenizer.token_bytes(token_id, skip_special=False).decode("utf-8", errors="replace")
+
+
+def chat_logprobs(state: ServerState, c: Choice, ids: list[int], lps: list[float],
+                  tops: list[list[tuple[int, float]]]) -> P.ChatLogprobs:
+    stop_ids = c.handle.request.stop_token_ids
+    content = []
+    for tok, lp, top in zip(ids, lps, tops):
+        if tok in stop_ids:
+            continue   # the end-of-turn token is not part of the answer
+        content.append(P.TokenLogprob(
+            token=token_str(state, tok), logprob=lp, bytes=list(state.tokenizer.token_bytes(tok, False)),
+            top_logprobs=[P.TopLogprob(token_str(state, t), l, list(state.tokenizer.token_bytes(t, False)))
+                          for t, l in top]))
+    return P.ChatLogprobs(content)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    req = P.decode(await request.read(), P.ChatCompletionRequest)
+    lim = limits(state)
+    check_model(state, req.model)
+    P.check_chat(req, lim)
+    messages = P.check_messages(req.messages, lim)
+    stops = P.stop_list(req.stop, lim)
+    text = render_chat(state, messages, req.add_generation_prompt)
+    prompt = await encode(state, text, add_special=False)   # the template wrote BOS itself if it wants one
+    check_prompt_len(state, len(prompt), "messages")
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = resolve_max_tokens(state, requested, len(prompt), None, param)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    eos = stop_token_ids(state, req.ignore_eos)
+    timeout = state.settings.request_timeout_s or None
+    gen = Generation.submit(state, "chatcmpl", lambda rid: [
+        (0, Request(f"{rid}-{j}", prompt, sampling_params(req, state, logprobs, j), max_tokens, stops, eos,
+                    timeout_s=timeout, speculative=req.speculative)) for j in range(req.n)])
+    return await respond(request, gen, lambda: chat_full(gen, logprobs is not None),
+                         chat_stream(gen, req) if req.stream else None)
+
+
+def chat_full(gen: Generation, with_logprobs: bool) -> P.ChatCompletionResponse:
+    return P.ChatCompletionResponse(gen.rid, gen.created, gen.model, [
+        P.ChatChoice(c.index, P.ChatMessage("assistant", c.text),
+                     chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
+                     c.finish_reason) for c in gen.choices], gen.fingerprint, usage=gen.usage())
+
+
+async def chat_stream(gen: Generation, req: P.ChatCompletionRequest) -> AsyncIterator[P.ChatCompletionChunk | None]:
+    def chunk(choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> P.ChatCompletionChunk:
+        return P.ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
+
+    for c in gen.choices:
+        yield chunk([P.ChatChunkChoice(c.index, P.Delta(role="assistant", content=""), None, None)])
+    async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
+        if item is None:
+            yield None
+            continue
+        c, out = item
+        lp = None
+        if out.logprobs is not None and out.token_ids:
+            lp = chat_logprobs(gen.state, c, out.token_ids, out.logprobs,
+                               out.top_logprobs or [[]] * len(out.logprobs))
+        if out.text or (lp is not None and lp.content):
+            yield chunk([P.ChatChunkChoice(c.index, P.Delta(content=out.text), lp, None)])
+        if out.finish_reason is not None:
+            yield chunk([P.ChatChunkChoice(c.index, P.Delta(), None, c.finish_reason)])
+    if wants_usage(req):
+        yield chunk([], gen.usage())
