@@ -100,7 +100,7 @@ static void weighted_sum_scalar(const float *s, const float *v, int stride, int 
     for (int d = 0; d < hd; d++) out[d] *= inv;
 }
 
-/* the largest score, in the same order on every path: x > m ? x : m key after key */
+/* the largest score (a maximum is exact, so the AVX2 variant's lane order gives the same value) */
 static float max_scores(const float *s, int n) {
     float m = -INFINITY;
     for (int j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
@@ -164,6 +164,17 @@ ENC_AVX2 static void scores_avx2(const float *q, const float *k, int stride, int
         for (int g = 0; g < hd; g += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + g), _mm256_loadu_ps(kj + g), a);
         s[j - lo] = hsum8_pairs(a) * scale;
     }
+}
+
+ENC_AVX2 static float max_scores_avx2(const float *s, int n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(s + j), m);
+    float lanes[8], out = -INFINITY;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) out = lanes[l] > out ? lanes[l] : out;
+    for (; j < n; j++) out = s[j] > out ? s[j] : out;
+    return out;
 }
 
 ENC_AVX2 static float softmax_weights_avx2(float *s, int n, float m) {
@@ -230,7 +241,7 @@ void attention_bidir(const float *q, const float *k, const float *v, int q_strid
 #if defined(__x86_64__)
         if (simd) {
             scores_avx2(qi, k, kv_stride, lo, hi, hd, scale, scores);
-            float total = softmax_weights_avx2(scores, hi - lo, max_scores(scores, hi - lo));
+            float total = softmax_weights_avx2(scores, hi - lo, max_scores_avx2(scores, hi - lo));
             weighted_sum_avx2(scores, v, kv_stride, lo, hi, hd, 1.0f / total, oi);
             continue;
         }
