@@ -7,9 +7,9 @@
  *                      per layer: q, k = rope(rmsnorm per head(Wqkv rms(x)));  x += rms(Wo attn);
  *                                 x += rms(Wdown (gelu_tanh(Wgate rms(x)) * Wup rms(x)));   then rms(x)
  *
- * Matmuls reuse the decoder's kernels (matmul_tiles: float weights as stored, Q8_0 tiles with 8-bit activations)
- * in items of (up to ENC_CHUNK tokens, 32 output rows), so a chunk's activations stay in L2 while a matrix streams
- * past. Attention needs no cache: each (sequence, query head) item reads the sequence's own keys and values.
+ * Matmuls run in items of (up to ENC_CHUNK tokens, 32 output rows), so a chunk's activations stay in L2 while a
+ * matrix streams past: quantized weights through the decoder's int8 tiles (matmul_tiles, 8-bit activations), float
+ * weights through an outer-product GEMM over 16-row panels (gemm_panels.c). Attention needs no cache: each (sequence, query head) item reads the sequence's own keys and values.
  * Every reduction has a fixed order, so a sequence's vector does not depend on what else is in the batch. */
 #include <math.h>
 #include <stdlib.h>

@@ -16,6 +16,7 @@ stage computes 32 hidden units from one item); Gemma's RMSNorm weights w become 
 """
 from __future__ import annotations
 
+import json
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -66,7 +67,6 @@ def is_embedding_folder(path: str | os.PathLike[str]) -> bool:
     modules = root / "modules.json"
     if modules.is_file():
         try:
-            import json
             mods = json.loads(modules.read_text(encoding="utf-8"))
             return isinstance(mods, list) and any(isinstance(m, dict) and m.get("type") == TRANSFORMER
                                                   for m in mods)
@@ -170,7 +170,6 @@ def _modules(root: Path) -> dict[str, list[str]]:
     path = root / "modules.json"
     if not path.is_file():
         return {TRANSFORMER: [""]}
-    import json
     try:
         mods = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
