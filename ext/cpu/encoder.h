@@ -80,7 +80,7 @@ typedef struct {
     block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
     block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
     float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
-    float *scores;                    /* (threads, max_tokens) attention scores of one query */
+    float *scores;                    /* (threads, 4, max_tokens) attention scores of up to four queries */
     int32_t *seq_of;                  /* (max_tokens) sequence of each token */
     float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
     float *pooled2;
@@ -101,7 +101,7 @@ void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int p
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
 void gelu_tanh_mul(const float *g, const float *u, float *h, int n);  /* h = gelu_tanh(g) * u */
-/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (n) */
+/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (4 n) */
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
                      float scale, int window, float *out, int out_stride, float *scores);
 

@@ -192,6 +192,54 @@ ENC_AVX2 static float softmax_weights_avx2(float *s, int n, float m) {
     return total;
 }
 
+/* Four queries of a sequence at once (every query of a layer without a window sees all n keys): each key and value
+ * row is read once for the four, which quarters the K/V traffic from L2 that bounds one query at a time; per
+ * output the arithmetic is the single query's (scores: eight fma lanes, hsum8_pairs order; weighted sum: one fma
+ * chain over the keys from 0), so a query's bits do not depend on whether it was in a block. */
+#define QBLOCK 4
+
+ENC_AVX2 static void scores4_avx2(const float *q, int q_stride, const float *k, int stride, int n, int hd,
+                                  float scale, float *s) {
+    const float *q0 = q, *q1 = q + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + (size_t)j * stride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int g = 0; g < hd; g += 8) {
+            __m256 kv = _mm256_loadu_ps(kj + g);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + g), kv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + g), kv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + g), kv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + g), kv, a3);
+        }
+        float r[4];
+        _mm_storeu_ps(r, _mm_mul_ps(hsum4x8_pairs(a0, a1, a2, a3), _mm_set1_ps(scale)));
+        for (int i = 0; i < QBLOCK; i++) s[(size_t)i * n + j] = r[i];
+    }
+}
+
+/* out row i = inv[i] * sum_j p[i][j] v_j for four queries, 16 lanes per pass over the keys (8 accumulators) */
+ENC_AVX2 static void weighted_sum4_avx2(const float *p, const float *v, int stride, int n, int hd, const float *inv,
+                                        float *out, int out_stride) {
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+        __m256 a[QBLOCK][2];
+        for (int i = 0; i < QBLOCK; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (size_t)j * stride + d0;
+            __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+            for (int i = 0; i < QBLOCK; i++) {
+                __m256 w = _mm256_set1_ps(p[(size_t)i * n + j]);
+                a[i][0] = _mm256_fmadd_ps(w, v0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(w, v1, a[i][1]);
+            }
+        }
+        for (int i = 0; i < QBLOCK; i++) {
+            __m256 sc = _mm256_set1_ps(inv[i]);
+            _mm256_storeu_ps(out + (size_t)i * out_stride + d0, _mm256_mul_ps(a[i][0], sc));
+            _mm256_storeu_ps(out + (size_t)i * out_stride + d0 + 8, _mm256_mul_ps(a[i][1], sc));
+        }
+    }
+}
+
 /* hd is a multiple of 8; up to 32 lanes of output stay in registers per pass over the keys */
 ENC_AVX2 static void weighted_sum_avx2(const float *s, const float *v, int stride, int lo, int hi, int hd,
                                        float inv, float *out) {
@@ -230,7 +278,20 @@ void attention_bidir(const float *q, const float *k, const float *v, int q_strid
 #if defined(__x86_64__)
     simd = cpu_path() != PATH_SCALAR;
 #endif
-    for (int i = 0; i < n; i++) {
+    int i = 0;
+#if defined(__x86_64__)
+    if (simd && (window <= 0 || window >= n) && hd % 16 == 0)     /* every query sees all n keys */
+        for (; i + QBLOCK <= n; i += QBLOCK) {
+            float inv[QBLOCK];
+            scores4_avx2(q + (size_t)i * q_stride, q_stride, k, kv_stride, n, hd, scale, scores);
+            for (int b = 0; b < QBLOCK; b++) {
+                float *sb = scores + (size_t)b * n;
+                inv[b] = 1.0f / softmax_weights_avx2(sb, n, max_scores_avx2(sb, n));
+            }
+            weighted_sum4_avx2(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
+        }
+#endif
+    for (; i < n; i++) {
         int lo = 0, hi = n;
         if (window > 0) {                      /* keys within window - 1 positions on either side */
             lo = i - window + 1 > 0 ? i - window + 1 : 0;
