@@ -117,7 +117,7 @@ def serve_bench(args: argparse.Namespace) -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-        lines.append(f"| {name} | {args.clients} | {served:.0f} | {in_process:.0f} | {served / in_process:.0%} |")
+        lines.append(f"| {name} | {args.clients} | {served:.3g} | {in_process:.3g} | {served / in_process:.0%} |")
         print(lines[-1], flush=True)
     text = ("\n## served: closed-loop clients, one short sentence per request (machine shared)\n\n"
             "| model | clients | served sent/s | in-process batch-256 sent/s | served / in-process |\n"
@@ -171,7 +171,7 @@ def main() -> None:
                 for k, fn in runs.items():
                     times[k].append(timed(fn))
             rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
-            lines.append(f"| {name} | {label} | {ntok:.0f} | {rate['f32']:.0f} | {rate['q8_0']:.0f} | {rate['st']:.0f} "
+            lines.append(f"| {name} | {label} | {ntok:.0f} | {rate['f32']:.3g} | {rate['q8_0']:.3g} | {rate['st']:.3g} "
                          f"| {rate['f32'] / rate['st']:.2f}x | {rate['q8_0'] / rate['st']:.2f}x |")
             print(lines[-1], flush=True)
         if "MiniLM" in name:
