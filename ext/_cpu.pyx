@@ -11,8 +11,11 @@ from cinferd cimport *
 
 cnp.import_array()
 
-WEIGHT_TYPES = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q8_0": 5}
-PATHS = {"scalar": 0, "avx2": 1, "avx512vnni": 2, "avxvnni": 3}
+# the C header's enums (through cinferd.pxd), by name
+WEIGHT_TYPES = {"F32": WT_F32, "F16": WT_F16, "BF16": WT_BF16, "Q4_0": WT_Q4_0, "Q4_1": WT_Q4_1, "Q8_0": WT_Q8_0,
+                "Q4_K": WT_Q4_K, "Q5_K": WT_Q5_K, "Q6_K": WT_Q6_K, "Q5_0": WT_Q5_0, "Q5_1": WT_Q5_1}
+FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
+PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI, "avxvnni": PATH_AVXVNNI}
 BLOCK_SIZE = KV_BLOCK
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
 
@@ -83,7 +86,8 @@ def quantize(cnp.ndarray x, str type_name):
 
 
 def quantize_activations(cnp.ndarray x):
-    """(n,) float32, n % 32 == 0 -> (d (n/32,), isum (n/32,), qs (n/32, 32)) with the active path."""
+    """(n,) float32, n % 32 == 0 -> (d (n/32,), isum (n/32,), qs (n/32, 32), hsum (n/32, 2)) with the active
+    path."""
     cdef float[::1] xv = np.ascontiguousarray(x, dtype=np.float32)
     cdef int n = xv.shape[0], nb = n // 32, i
     if n % 32 or n == 0:
@@ -92,34 +96,92 @@ def quantize_activations(cnp.ndarray x):
     with nogil:
         quantize_act(&xv[0], n, blocks)
     d = np.empty(nb, np.float32); isum = np.empty(nb, np.int32); qs = np.empty((nb, 32), np.int8)
+    hsum = np.empty((nb, 2), np.int32)
     for i in range(nb):
         d[i] = blocks[i].d
         isum[i] = blocks[i].isum
         qs[i] = [blocks[i].qs[j] for j in range(32)]
+        hsum[i] = [blocks[i].hsum[0], blocks[i].hsum[1]]
     free(blocks)
-    return d, isum, qs
+    return d, isum, qs, hsum
 
 
-cdef size_t layout_bytes(tuple spec):
-    """Bytes of the engine's layout of spec (type_name, rows, cols, data), rounded up to 64; 0 if it is bad."""
-    if spec[0] not in WEIGHT_TYPES:
+cdef list spec_parts(tuple spec):
+    """A weight spec is (type_name, rows, cols, data), or ("parts", [such tuples], interleave): the row-wise
+    concatenation of the parts, or with interleave > 0 their groups of that many rows in turn (group 0 of every
+    part, then group 1, ...). Returns the list of parts."""
+    if spec[0] == "parts":
+        return list(spec[1])
+    return [spec]
+
+
+cdef int spec_segments(tuple spec, int *types, int *rows) except -1:
+    """The segments (types, rows) of the weight a spec builds; their number (0 for a bad spec)."""
+    parts = spec_parts(spec)
+    cdef int n = 0
+    for part in parts:
+        if part[0] not in WEIGHT_TYPES or part[2] != parts[0][2]:
+            return 0
+    interleave = spec[2] if spec[0] == "parts" else 0
+    if interleave and any(part[0] != parts[0][0] for part in parts):
         return 0
-    return (weight_layout_bytes(WEIGHT_TYPES[spec[0]], spec[1], spec[2]) + 63) & ~(<size_t>63)
+    for part in parts:
+        if n and types[n - 1] == WEIGHT_TYPES[part[0]]:
+            rows[n - 1] += part[1]
+            continue
+        if n == MAX_SEGMENTS:
+            return 0
+        types[n] = WEIGHT_TYPES[part[0]]
+        rows[n] = part[1]
+        n += 1
+    return n
 
 
-cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL) except -1:
-    """spec: (type_name, rows, cols, data); dst: layout_bytes(spec) of memory to build it in (NULL: its own)"""
-    cdef str type_name = spec[0]
-    cdef int rows = spec[1], cols = spec[2]
-    data = spec[3]
-    if type_name not in WEIGHT_TYPES:
-        raise ValueError(f"weight type {type_name} is not supported by the engine")
-    cdef cnp.ndarray arr = np.ascontiguousarray(data)
-    cdef int rc = weight_init(w, WEIGHT_TYPES[type_name], rows, cols, <const void *>arr.data, arr.nbytes, dst)
+cdef size_t layout_bytes(tuple spec) except? 0:
+    """Bytes of the engine's layout of a spec, rounded up to 64; 0 if it is bad."""
+    cdef int types[MAX_SEGMENTS]
+    cdef int rows[MAX_SEGMENTS]
+    cdef int n = spec_segments(spec, types, rows)
+    if n == 0:
+        return 0
+    return (weight_layout_bytes_seg(n, types, rows, spec_parts(spec)[0][2]) + 63) & ~(<size_t>63)
+
+
+cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NULL) except -1:
+    """Builds the weight of `spec` (see spec_parts) in dst: layout_bytes(spec) of memory (NULL: its own), repacking
+    each part's GGUF rows straight from its array (a view over the mapped file) with the pool's threads."""
+    cdef int types[MAX_SEGMENTS]
+    cdef int rows[MAX_SEGMENTS]
+    parts = spec_parts(spec)
+    cdef int n = spec_segments(spec, types, rows), cols = parts[0][2], rc, row0 = 0, interleave = 0, i
+    what = " + ".join(f"{p[0]} {p[1]}x{p[2]}" for p in parts)
+    if n == 0:
+        raise ValueError(f"weight {what} is not supported by the engine")
+    with nogil:
+        rc = weight_init_seg(w, n, types, rows, cols, dst)
     if rc == -2:
-        raise MemoryError(f"out of memory for a {rows}x{cols} {type_name} weight")
+        raise MemoryError(f"out of memory for weight {what}")
     if rc:
-        raise ValueError(f"bad {type_name} weight {rows}x{cols} ({arr.nbytes} bytes)")
+        raise ValueError(f"bad weight shape {what}")
+    if spec[0] == "parts":
+        interleave = spec[2]
+    cdef cnp.ndarray arr
+    cdef int prows, group, stride
+    for i, part in enumerate(parts):
+        data = part[3]
+        arr = np.ascontiguousarray(data() if callable(data) else data)   # a callable: rows converted just now
+        prows = part[1]
+        if arr.nbytes != gguf_row_bytes(WEIGHT_TYPES[part[0]], cols) * prows:
+            weight_free(w)
+            raise ValueError(f"bad {part[0]} weight {prows}x{cols} ({arr.nbytes} bytes)")
+        group = interleave if interleave else prows
+        stride = interleave * len(parts) if interleave else prows
+        with nogil:
+            rc = weight_fill(w, arr.data, prows, (i * interleave) if interleave else row0, group, stride, pool)
+        if rc:
+            weight_free(w)
+            raise ValueError(f"cannot place part {i} of weight {what} (interleave {interleave})")
+        row0 += prows
     return 0
 
 
@@ -127,8 +189,13 @@ cdef class Weight:
     """One weight matrix in the engine's tile layout; for kernel tests and benchmarks."""
     cdef weight_t w
 
-    def __init__(self, str type_name, int rows, int cols, data):
-        init_weight(&self.w, (type_name, rows, cols, data))
+    def __init__(self, str type_name, int rows, int cols, data, parts=None, int interleave=0):
+        """A weight of one type; or with type_name "parts", the fused weight of `parts` ((type, rows, cols, data)
+        tuples; see spec_parts)."""
+        if type_name == "parts":
+            init_weight(&self.w, ("parts", list(parts), interleave))
+        else:
+            init_weight(&self.w, (type_name, rows, cols, data))
 
     def __dealloc__(self):
         weight_free(&self.w)
@@ -175,26 +242,118 @@ def rms_norm(cnp.ndarray x, cnp.ndarray gamma, float eps):
     return out
 
 
+def glu(cnp.ndarray g, cnp.ndarray u, str kind):
+    """h = act(g) * u with the active path; kind 'swiglu' (silu) or 'geglu' (tanh GELU). Lengths: multiples of 8."""
+    cdef const float[::1] gv = np.ascontiguousarray(g, dtype=np.float32)
+    cdef const float[::1] uv = np.ascontiguousarray(u, dtype=np.float32)
+    cdef int n = gv.shape[0], gelu = kind == "geglu"
+    if kind not in ("swiglu", "geglu"):
+        raise ValueError(f"unknown gated unit {kind!r}")
+    if n % 8 or n == 0 or uv.shape[0] != n:
+        raise ValueError("g and u must have the same positive length, a multiple of 8")
+    out = np.empty(n, np.float32)
+    cdef float[::1] ov = out
+    with nogil:
+        if gelu:
+            geglu(&gv[0], &uv[0], &ov[0], n)
+        else:
+            swiglu(&gv[0], &uv[0], &ov[0], n)
+    return out
+
+
+def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
+              int seq_len=0, bint causal=True, int window=0, float scale=0.0):
+    """The attention kernel on its own (tests): q (ntok, n_heads, head_dim) float32 of tokens at positions pos0,
+    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16; block_table int32. Runs of up to
+    ATTN_MAX_TOKENS tokens, all KV heads at once, the active path. Returns (ntok, n_heads, head_dim)."""
+    cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
+    kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+    vc = np.ascontiguousarray(v_cache, dtype=np.float16)
+    cdef const uint16_t[:, :, :, ::1] kv = kc.view(np.uint16)
+    cdef const uint16_t[:, :, :, ::1] vv = vc.view(np.uint16)
+    cdef const int32_t[::1] bt = np.ascontiguousarray(block_table, dtype=np.int32)
+    cdef int ntok = qv.shape[0], n_heads = qv.shape[1], hd = qv.shape[2]
+    cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n
+    if kc.shape != vc.shape or kv.shape[2] != KV_BLOCK or kv.shape[3] != hd or hd % 64 or n_kv == 0 \
+            or n_heads % n_kv or ntok == 0:
+        raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
+    last = (pos0 + ntok) if causal else seq_len
+    if pos0 < 0 or (not causal and seq_len < pos0 + ntok) or (last + KV_BLOCK - 1) // KV_BLOCK > bt.shape[0] \
+            or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
+        raise ValueError("the block table does not cover the keys, or names a block that does not exist")
+    cdef attn_span_t span
+    span.seq_len = seq_len; span.causal = causal; span.window = window
+    span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+    out = np.zeros((ntok, n_heads, hd), np.float32)
+    cdef float[:, :, ::1] ov = out
+    cdef float *scratch = <float *>malloc(attention_scratch_floats(n_heads) * sizeof(float))
+    with nogil:
+        t = 0
+        while t < ntok:
+            n = ntok - t if ntok - t < ATTN_MAX_TOKENS else ATTN_MAX_TOKENS
+            span.pos0 = pos0 + t
+            attention_tokens(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0, 0],
+                             &vv[0, 0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
+            t += n
+    free(scratch)
+    return out
+
+
+cdef int fill_model_config(model_config_t *c, dict config) except -1:
+    """model_config_t from inferd.engine.weights.engine_config()'s dict."""
+    c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
+    c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
+    c.hidden = config["hidden"]; c.context_length = config["context_length"]
+    c.rope_neox = config["rope_neox"]; c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
+    c.rope_factor = config.get("rope_factor", 0.0)
+    c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
+    c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
+    c.rope_original_ctx = config.get("rope_original_ctx", 8192)
+    c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
+    c.rope_theta_local = config.get("rope_theta_local", 0.0)
+    c.embed_scale = config.get("embed_scale", 0.0)
+    c.attn_scale = config.get("attn_scale", 0.0)
+    c.logit_softcap = config.get("logit_softcap", 0.0)
+    c.ffn_gelu = config.get("ffn_gelu", 0)
+    return 0
+
+
+def rope_frequencies(dict config):
+    """(head_dim/2) float64 RoPE frequencies of the global layers, llama3 scaling included: the CPU engine's own
+    (rope.c), for the CUDA engine."""
+    cdef model_config_t c
+    memset(&c, 0, sizeof(c))
+    fill_model_config(&c, config)
+    if c.head_dim < 2 or c.head_dim > 512 or c.head_dim % 2:
+        raise ValueError(f"head_dim {c.head_dim} is not an even number up to 512")
+    out = np.empty(c.head_dim // 2, np.float64)
+    cdef double[::1] ov = out
+    rope_frequencies_c(&c, c.rope_theta, c.rope_factor > 0, &ov[0])
+    return out
+
+
 cdef class Model:
     """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps
     names to (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm', and per
-    layer 'blk.{i}.attn_norm', 'ffn_norm', 'qkv_bias' (optional), 'wqkv', 'wo', 'wgu', 'wdown'."""
+    layer 'blk.{i}.attn_norm', 'ffn_norm', 'qkv_bias' (optional), 'q_norm' + 'k_norm' (optional, QK-norm),
+    'post_attn_norm', 'post_ffn_norm' (optional, sandwich norms), 'wqkv', 'wo', 'wgu', 'wdown'. config['windows']:
+    each layer's sliding window (0: global), optional."""
     cdef model_t m
     cdef list _keep
     cdef int n_built
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
+    cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
+    cdef object progress, release
 
-    def __init__(self, dict config, dict tensors):
+    def __init__(self, dict config, dict tensors, int threads=1, progress=None, release=None):
+        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
+        release(spec) after each weight's source arrays are no longer needed."""
         cdef model_config_t *c = &self.m.cfg
-        c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
-        c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
-        c.hidden = config["hidden"]; c.context_length = config["context_length"]
-        c.rope_neox = config["rope_neox"]; c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
-        c.rope_factor = config.get("rope_factor", 0.0)
-        c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
-        c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
-        c.rope_original_ctx = config.get("rope_original_ctx", 8192)
+        fill_model_config(c, config)
+        windows = config.get("windows") or [0] * c.n_layers
+        if len(windows) != c.n_layers or any(w < 0 for w in windows):
+            raise ValueError("windows: one sliding window (0: none) per layer")
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
             raise ValueError("unsupported head layout")
         if c.dim % 32 or c.hidden % 32:
@@ -209,6 +368,19 @@ cdef class Model:
         self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
         if self.arena == NULL:
             raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
+        self.progress = progress
+        self.release = release
+        if threads > 1:
+            self.load_pool = pool_create(threads)
+        try:
+            self._build(c, tensors, list(windows))
+        finally:
+            if self.load_pool != NULL:
+                pool_destroy(self.load_pool)
+                self.load_pool = NULL
+            self.progress = self.release = None
+
+    cdef _build(self, model_config_t *c, dict tensors, list windows):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
         if "output" in tensors:
             self._init_weight(&self.m.output, tensors["output"])
@@ -225,6 +397,16 @@ cdef class Model:
             L.ffn_norm = self._floats(tensors[p + "ffn_norm"], c.dim)
             if p + "qkv_bias" in tensors:
                 L.qkv_bias = self._floats(tensors[p + "qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+            if (p + "q_norm" in tensors) != (p + "k_norm" in tensors):
+                raise ValueError(f"layer {i}: QK-norm needs both q_norm and k_norm")
+            if p + "q_norm" in tensors:
+                L.q_norm = self._floats(tensors[p + "q_norm"], c.head_dim)
+                L.k_norm = self._floats(tensors[p + "k_norm"], c.head_dim)
+            if p + "post_attn_norm" in tensors:
+                L.post_attn_norm = self._floats(tensors[p + "post_attn_norm"], c.dim)
+            if p + "post_ffn_norm" in tensors:
+                L.post_ffn_norm = self._floats(tensors[p + "post_ffn_norm"], c.dim)
+            L.window = windows[i]
             self._init_weight(&L.wqkv, tensors[p + "wqkv"])
             self._init_weight(&L.wo, tensors[p + "wo"])
             self._init_weight(&L.wgu, tensors[p + "wgu"])
@@ -238,8 +420,12 @@ cdef class Model:
         cdef size_t n = layout_bytes(spec)
         if self.arena_used + n > self.arena_bytes:
             raise ValueError("weights do not fit the arena they were counted for")
-        init_weight(w, spec, self.arena + self.arena_used if n else NULL)
+        init_weight(w, spec, self.arena + self.arena_used if n else NULL, self.load_pool)
         self.arena_used += n
+        if self.release is not None:
+            self.release(spec)
+        if self.progress is not None:
+            self.progress(self.arena_used, self.arena_bytes)
         return 0
 
     @property
@@ -265,6 +451,7 @@ cdef class Model:
                 weight_free(&self.m.layers[i].wgu); weight_free(&self.m.layers[i].wdown)
             free(self.m.layers)
         free(self.m.rope_cos_sin)
+        free(self.m.rope_cos_sin_local)
         huge_free(self.arena, self.arena_bytes)
 
     @property
@@ -471,6 +658,8 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     cdef sample_out_t out
     memset(&out, 0, sizeof(out))
     cdef void *scratch = calloc(vocab, 16)
+    if scratch == NULL:
+        raise MemoryError(f"cannot allocate the sampler's scratch for {vocab} tokens")
     cdef int32_t zero_i = 0
     cdef float zero_f = 0
     with nogil:

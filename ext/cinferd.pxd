@@ -1,15 +1,22 @@
 # Declarations of the C engine (ext/cpu/inferd.h) for the Cython wrapper.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "inferd.h" nogil:
     enum:
         QK
+        QK_K
+        MAX_SEGMENTS
         TILE_ROWS
         KV_BLOCK
         MAX_TOP_LOGPROBS
+    enum:
+        WT_F32, WT_F16, WT_BF16, WT_Q4_0, WT_Q4_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K, WT_Q5_0, WT_Q5_1
+    enum:
+        PATH_SCALAR, PATH_AVX2, PATH_AVX512VNNI, PATH_AVXVNNI
     ctypedef struct block_q8x:
         float d
         int32_t isum
+        int16_t hsum[2]
         signed char qs[32]
     ctypedef struct weight_t:
         int type
@@ -17,7 +24,10 @@ cdef extern from "inferd.h" nogil:
         size_t nbytes
         uint8_t *data
         int owned
+        int nseg
     size_t weight_layout_bytes(int type, int rows, int cols)
+    size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int cols)
+    int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, int cols, uint8_t *dst)
     int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst)
     void weight_free(weight_t *w)
     void weight_dequant_row(const weight_t *w, int row, float *out)
@@ -34,6 +44,8 @@ cdef extern from "inferd.h" nogil:
 
     ctypedef struct pool_t:
         pass
+    int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
+                    pool_t *pool)
     pool_t *pool_create(int nthreads)
     void pool_destroy(pool_t *p)
     double read_bandwidth(size_t nbytes, int threads, int repeats)
@@ -45,6 +57,18 @@ cdef extern from "inferd.h" nogil:
                       const block_q8x *xq, float *y, int ldy, int accumulate)
     int matmul_num_tiles(const weight_t *w)
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
+    void swiglu(const float *g, const float *u, float *h, int n)
+    void geglu(const float *g, const float *u, float *h, int n)
+    enum:
+        ATTN_MAX_TOKENS
+    ctypedef struct attn_span_t:
+        int pos0, seq_len, causal, window
+        float scale
+    size_t attention_scratch_floats(int n_heads)
+    void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                          int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                          const attn_span_t *span, float *out, int out_stride, float *scratch,
+                          const uint16_t *next_k, const uint16_t *next_v)
 
     ctypedef struct sample_params_t:
         float temperature, top_p, min_p
@@ -70,10 +94,17 @@ cdef extern from "inferd.h" nogil:
         float norm_eps, rope_theta
         float rope_factor, rope_low_freq_factor, rope_high_freq_factor
         int rope_original_ctx
+        float rope_freq_scale, rope_theta_local, embed_scale, attn_scale, logit_softcap
+        int ffn_gelu
     ctypedef struct layer_t:
         float *attn_norm
         float *ffn_norm
         float *qkv_bias
+        float *q_norm
+        float *k_norm
+        float *post_attn_norm
+        float *post_ffn_norm
+        int window
         weight_t wqkv, wo, wgu, wdown
     ctypedef struct model_t:
         model_config_t cfg
@@ -82,7 +113,9 @@ cdef extern from "inferd.h" nogil:
         float *output_norm
         layer_t *layers
         float *rope_cos_sin
+        float *rope_cos_sin_local
     int model_init_rope(model_t *m)
+    void rope_frequencies_c "rope_frequencies"(const model_config_t *c, double theta, int llama3, double *freqs)
 
     ctypedef struct batch_t:
         int num_tokens, num_seqs

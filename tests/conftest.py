@@ -22,6 +22,15 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_model(smollm2_path):
+    """SmolLM2 loaded once for the whole session: its weights are a view of the mapped file, and building its
+    tokenizer takes seconds."""
+    from inferd.model.loader import load_model
+
+    return load_model(smollm2_path)
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """A session folder for tiny models (tests.model.make_tiny.make_variant writes into it)."""
     return tmp_path_factory.mktemp("tiny-models")

@@ -1,5 +1,8 @@
 """A float64 numpy forward pass of a llama-family model, written from the model's definition rather than from the
-engine, to check the C engine against (tests/engine/test_forward_reference.py, test_engine.py).
+engine, to check the C engine against (tests/engine/test_forward_reference.py, test_engine.py). Covers Llama,
+Mistral, Qwen2, Qwen3 (QK-norm) and Gemma 3 (embedding scale, QK-norm, sandwich norms, tanh-GELU GeGLU, sliding-window
+layers with their own RoPE base, query_pre_attn_scalar, logit soft-cap), each switch written as Hugging Face's
+modeling code defines it.
 
 - Weights are dequantized with the `gguf` package's numpy code (not with the engine's tile layout), so a bug in
   the engine's repacking shows up as a mismatch instead of being shared by both sides.
@@ -23,7 +26,10 @@ from gguf import quants as gguf_quants
 from inferd.model.arch import ModelConfig
 from inferd.model.tensor import Tensor
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # gguf has no writer for these: tests/model/kquant_ref.py
+# types the reference also reads (real files' Q2_K/Q3_K, which the engine re-quantizes at load)
+FILE_QUANT_TYPES = QUANT_TYPES + ("Q2_K", "Q3_K")
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -38,7 +44,7 @@ def dequantize(t: Tensor, rows=None) -> np.ndarray:
         return data.view(np.float16).astype(np.float64)
     if t.type == "BF16":
         return (data.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    if t.type in QUANT_TYPES:
+    if t.type in FILE_QUANT_TYPES:
         out = gguf_quants.dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.type])
         return out.reshape(data.shape[0], t.cols).astype(np.float64)
     raise ValueError(f"reference: unsupported tensor type {t.type}")
@@ -62,6 +68,9 @@ def make_tensor(name: str, values: np.ndarray, type_name: str) -> Tensor:
         data = x.astype(np.float16).view(np.uint16)
     elif type_name == "BF16":
         data = to_bf16_bits(x)
+    elif type_name in K_TYPES:
+        from tests.model.kquant_ref import quantize_k
+        data = quantize_k(x, type_name)
     elif type_name in QUANT_TYPES:
         data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
     else:
@@ -75,12 +84,17 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma
 
 
-def rope_inv_freq(cfg) -> np.ndarray:
+def rope_inv_freq(cfg, local: bool = False) -> np.ndarray:
     """(head_dim/2,) angular frequencies theta^(-2i/d), with llama3 scaling as in HF's
     _compute_llama3_parameters: wavelengths above orig/low are stretched by `factor`, those below orig/high kept,
-    the band between blended linearly in orig/wavelength."""
+    the band between blended linearly in orig/wavelength; linear scaling divides them all by its factor.
+    local: a sliding-window layer's frequencies (Gemma 3: their own base, never scaled)."""
     d = cfg.head_dim
+    if local and getattr(cfg, "rope_theta_local", None):
+        return float(cfg.rope_theta_local) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     inv = float(cfg.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if getattr(cfg, "rope_linear_factor", 1.0) != 1.0:
+        inv = inv / cfg.rope_linear_factor
     s = cfg.rope_scaling
     if not s:
         return inv
@@ -125,6 +139,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation (gelu_pytorch_tanh, Gemma's hidden_activation)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 @dataclass
 class ReferenceOutput:
     hidden: np.ndarray        # (n_layers + 1, T, dim): the embeddings, then the residual stream after each layer
@@ -155,7 +174,7 @@ class Reference:
 
     def mm(self, x: np.ndarray, name: str, act_quant: bool = False) -> np.ndarray:
         """x @ W.T for the weight `name` (rows = outputs)."""
-        if act_quant and self.t[name].type in QUANT_TYPES:
+        if act_quant and self.t[name].type in FILE_QUANT_TYPES:
             x = quantize_activations(x)
         return x @ self.w(name).T
 
@@ -182,8 +201,8 @@ class Reference:
         return ReferenceOutput(np.stack(hidden), self.logits(x[rows], act_quant=act_quant), ks, vs)
 
     def embed(self, token_ids) -> np.ndarray:
-        """(T, dim) rows of the token embedding."""
-        return dequantize(self.t["token_embd.weight"], np.asarray(token_ids, np.int64))
+        """(T, dim) rows of the token embedding, times the model's embedding scale (Gemma: sqrt(dim))."""
+        return dequantize(self.t["token_embd.weight"], np.asarray(token_ids, np.int64)) * self.cfg.embed_scale
 
     def layer(self, i: int, x: np.ndarray, positions, kv_dtype=None, act_quant: bool = False):
         """Layer i on the residual stream x (T, dim) of one sequence at `positions` (causal within the call).
@@ -202,39 +221,53 @@ class Reference:
             q = q + self.vec(p + "attn_q.bias")
             k = k + self.vec(p + "attn_k.bias")
             v = v + self.vec(p + "attn_v.bias")
-        inv_freq = rope_inv_freq(cfg)
-        q = apply_rope(q.reshape(T, nh, hd), pos, inv_freq, cfg.rope_neox)
-        k = apply_rope(k.reshape(T, nkv, hd), pos, inv_freq, cfg.rope_neox)
-        v = v.reshape(T, nkv, hd)
+        q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
+        if cfg.qk_norm:                                                       # per head, before RoPE
+            q = rms_norm(q, self.vec(p + "attn_q_norm.weight"), cfg.norm_eps)
+            k = rms_norm(k, self.vec(p + "attn_k_norm.weight"), cfg.norm_eps)
+        window = cfg.layer_window(i)
+        inv_freq = rope_inv_freq(cfg, local=window > 0)
+        q = apply_rope(q, pos, inv_freq, cfg.rope_neox)
+        k = apply_rope(k, pos, inv_freq, cfg.rope_neox)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
             v = v.astype(kv_dtype).astype(np.float64)
         causal = pos[None, :] <= pos[:, None]                                 # (T query, T key)
+        if window:                                  # the query sees the `window` keys ending at itself
+            causal &= pos[:, None] - pos[None, :] < window
         attn = np.empty((T, nh, hd))
         for j in range(nh):
             kv = j // group                                                   # GQA
-            s = (q[:, j, :] @ k[:, kv, :].T) / math.sqrt(hd)                  # (T, T)
+            s = (q[:, j, :] @ k[:, kv, :].T) * cfg.query_scale                # (T, T)
             s = np.where(causal, s, -np.inf)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             attn[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        x = x + self.mm(attn.reshape(T, nh * hd), p + "attn_output.weight", act_quant)
+        o = self.mm(attn.reshape(T, nh * hd), p + "attn_output.weight", act_quant)
+        if cfg.sandwich_norms:
+            o = rms_norm(o, self.vec(p + "post_attention_norm.weight"), cfg.norm_eps)
+        x = x + o
         h = rms_norm(x, self.vec(p + "ffn_norm.weight"), cfg.norm_eps)
         g = self.mm(h, p + "ffn_gate.weight", act_quant)
         u = self.mm(h, p + "ffn_up.weight", act_quant)
-        x = x + self.mm(silu(g) * u, p + "ffn_down.weight", act_quant)
-        return x, k, v
+        act = gelu_tanh if cfg.ffn_act == "gelu_tanh" else silu
+        f = self.mm(act(g) * u, p + "ffn_down.weight", act_quant)
+        if cfg.sandwich_norms:
+            f = rms_norm(f, self.vec(p + "post_ffw_norm.weight"), cfg.norm_eps)
+        return x + f, k, v
 
     def logits(self, x: np.ndarray, act_quant: bool = False) -> np.ndarray:
         """(rows, vocab) logits of final residual-stream rows x (rows, dim)."""
         cfg = self.cfg
         xn = rms_norm(x, self.vec("output_norm.weight"), cfg.norm_eps)
         out_t = self.t["token_embd.weight"] if cfg.tie_embeddings else self.t["output.weight"]
-        if act_quant and out_t.type in QUANT_TYPES:
+        if act_quant and out_t.type in FILE_QUANT_TYPES:
             xn = quantize_activations(xn)
         logits = np.empty((x.shape[0], cfg.vocab_size))
         for r0 in range(0, cfg.vocab_size, 8192):                              # bounded memory for big vocabs
             r1 = min(cfg.vocab_size, r0 + 8192)
             logits[:, r0:r1] = xn @ dequantize(out_t, slice(r0, r1)).T
+        if cfg.logit_softcap:
+            logits = cfg.logit_softcap * np.tanh(logits / cfg.logit_softcap)
         return logits
 
 
@@ -244,20 +277,31 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
                  n_heads: int = 2, n_kv_heads: int = 1, head_dim: int | None = None, hidden: int = 160,
                  rope_theta: float = 10000.0, rope_scaling: dict | None = None, rope_neox: bool | None = None,
                  qkv_bias: bool | None = None, tie: bool = True, context_length: int = 256,
-                 norm_eps: float = 1e-5, seed: int = 0) -> SimpleNamespace:
+                 norm_eps: float = 1e-5, seed: int = 0, mix: dict[str, str] | None = None,
+                 **switches) -> SimpleNamespace:
     """A random model as the loaders would hand it to Engine: `.config` (ModelConfig) and `.tensors`.
 
     Defaults are deliberately awkward: vocab 203 (not a multiple of the 8-row tile), hidden 160 (5 blocks).
     Weights ~ N(0, 1/cols) so activations stay O(1); norm weights and biases are F32 (the loaders convert
-    vectors to F32). embed_type/output_type default to weight_type."""
+    vectors to F32). embed_type/output_type default to weight_type; `mix` overrides the type of layer tensors by
+    short name, as llama.cpp's Q4_K_M does: {"attn_v": "Q6_K", "ffn_down": "Q6_K"}.
+    arch "qwen3" turns QK-norm on; "gemma3" every Gemma 3 switch, with a sliding window of 24 on all layers but
+    every third (so an 80-token test crosses it); `switches` are further ModelConfig fields (sliding_window=...)."""
     rng = np.random.default_rng(seed)
     head_dim = head_dim or dim // n_heads
     neox = (arch != "llama") if rope_neox is None else rope_neox
     bias = (arch == "qwen2") if qkv_bias is None else qkv_bias
+    if arch == "qwen3":
+        switches = {"qk_norm": True, **switches}
+    elif arch == "gemma3":
+        switches = {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh", "embed_scale": math.sqrt(dim),
+                    "attn_scale": 1.0 / math.sqrt(head_dim), "sliding_window": 24,
+                    "local_layers": tuple(i for i in range(n_layers) if i % 3 != 2), "rope_theta_local": 10000.0,
+                    **switches}
     cfg = ModelConfig(arch=arch, vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads,
                       n_kv_heads=n_kv_heads, head_dim=head_dim, hidden_dim=hidden, rope_theta=rope_theta,
                       rope_scaling=rope_scaling, rope_neox=neox, norm_eps=norm_eps, tie_embeddings=tie,
-                      qkv_bias=bias, context_length=context_length)
+                      qkv_bias=bias, context_length=context_length, **switches)
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
 
     def mat(rows, cols, gain=1.0):
@@ -269,9 +313,12 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
     ts = {}
 
     def add(name, values, type_name):
-        ts[name] = make_tensor(name, values, type_name)
+        short = name.split(".")[-2] if name.startswith("blk.") else ""
+        ts[name] = make_tensor(name, values, (mix or {}).get(short, type_name) if type_name != "F32" else "F32")
 
-    add("token_embd.weight", rng.standard_normal((vocab, dim)).astype(np.float32), embed_type or weight_type)
+    # Gemma's embeddings are ~1/sqrt(dim), brought back to O(1) by its embedding scale
+    embd = rng.standard_normal((vocab, dim)) / (cfg.embed_scale if arch == "gemma3" else 1.0)
+    add("token_embd.weight", embd.astype(np.float32), embed_type or weight_type)
     add("output_norm.weight", norm_w(dim), "F32")
     if not tie:
         add("output.weight", mat(vocab, dim, 2.0), output_type or weight_type)
@@ -290,4 +337,10 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
             add(p + "attn_q.bias", 0.5 * rng.standard_normal(q_dim), "F32")
             add(p + "attn_k.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
             add(p + "attn_v.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
+        if cfg.qk_norm:
+            add(p + "attn_q_norm.weight", norm_w(head_dim), "F32")
+            add(p + "attn_k_norm.weight", norm_w(head_dim), "F32")
+        if cfg.sandwich_norms:
+            add(p + "post_attention_norm.weight", norm_w(dim), "F32")
+            add(p + "post_ffw_norm.weight", norm_w(dim), "F32")
     return SimpleNamespace(config=cfg, tensors=ts, path=None)

@@ -1,6 +1,6 @@
-/* Causal attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query
- * heads of adjacent KV heads. Online softmax over 64-position blocks in a fixed order, so a token's output is the same
- * whatever else is in the batch.
+/* Attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query heads of
+ * adjacent KV heads: causal or not, over all keys or a sliding window of them (attn_span_t). Online softmax over
+ * 64-position blocks in a fixed order, so a token's output is the same whatever else is in the batch.
  *
  * The query rows (token, head) are taken three at a time: each key or value is converted from f16 once per row
  * set, straight from the cache into registers, and meets all three rows there (three rows by four keys of fma
@@ -29,16 +29,17 @@ typedef struct {
     float *out[ROWS_PER_SET];
     float *s[ROWS_PER_SET];           /* scores, then softmax weights, of the current block */
     int n[ROWS_PER_SET];
+    int j0;                           /* keys of the block before j0 lie before every row's window: not read */
     const char *next_k, *next_v;      /* bytes [pf_begin, pf_end) of the K and V read after this set's, fetched */
     size_t pf_begin, pf_end;          /* while this set is scored */
 } rowset_t;
 
 /* ---------------- scalar ---------------- */
 
-/* s[r][j] = scale * dot(q_r, k_j) for the first n keys (n, hd) of a block */
+/* s[r][j] = scale * dot(q_r, k_j) for keys [j0, n) of a block (k: (n, hd)) */
 static void scores_scalar(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale) {
     for (int r = 0; r < rs->nr; r++)
-        for (int j = 0; j < n; j++) {
+        for (int j = rs->j0; j < n; j++) {
             float a[8] = {0};
             for (int g = 0; g < hd / 8; g++)
                 for (int l = 0; l < 8; l++)
@@ -78,10 +79,10 @@ static float weights_scalar(float *s, int n, float m) {
     return total;
 }
 
-/* out_r (hd) += sum_{j < n_r} p_r[j] * v_j */
+/* out_r (hd) += sum_{j0 <= j < n_r} p_r[j] * v_j */
 static void accumulate_v_scalar(const rowset_t *rs, const uint16_t *v, int hd) {
     for (int r = 0; r < rs->nr; r++)
-        for (int j = 0; j < rs->n[r]; j++)
+        for (int j = rs->j0; j < rs->n[r]; j++)
             for (int i = 0; i < hd; i++)
                 rs->out[r][i] = __builtin_fmaf(rs->s[r][j], f16_to_f32(v[(size_t)j * hd + i]), rs->out[r][i]);
 }
@@ -116,9 +117,9 @@ ATTN_AVX2 static inline __m256 load_h8(const uint16_t *h) {
 #define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))
 ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale, const int NR) {
     const __m256 vscale = _mm256_set1_ps(scale);
-    int groups = n / 4, j = 0;
+    int groups = (n - rs->j0) / 4, j = rs->j0;
     for (; j + 4 <= n; j += 4) {
-        prefetch_group(rs, j / 4, groups);
+        prefetch_group(rs, (j - rs->j0) / 4, groups);
         __m256 a[ROWS_PER_SET][4];
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm256_setzero_ps();
@@ -188,7 +189,7 @@ ATTN_AVX2_INLINE void accumulate_v_nr(const rowset_t *rs, const uint16_t *v, int
             o[r][0] = _mm256_loadu_ps(rs->out[r] + d);
             o[r][1] = _mm256_loadu_ps(rs->out[r] + d + 8);
         }
-        for (int j = 0; j < common; j++) {
+        for (int j = rs->j0; j < common; j++) {
             __m256 v0 = load_h8(v + (size_t)j * hd + d), v1 = load_h8(v + (size_t)j * hd + d + 8);
             for (int r = 0; r < NR; r++) {
                 __m256 p = _mm256_broadcast_ss(rs->s[r] + j);
@@ -225,19 +226,35 @@ size_t attention_scratch_floats(int n_heads) {
     return (size_t)ATTN_MAX_TOKENS * n_heads * (KV_BLOCK + 2);
 }
 
-/* A run of ntok consecutive tokens of one sequence, the first attending to positions [0, ctx_len), the next to
- * one more, and so on; for the query heads of `kv_heads` adjacent KV heads. Every token and head goes through the
- * blocks in the same order, with the same operations, as it would alone.
+/* The keys token t of a run sees: [span_lo, span_hi). Both rise with t, so the tokens that see any of a block are
+ * consecutive: those before them see only later keys, those after them only earlier ones. */
+static inline int span_hi(const attn_span_t *a, int t) {
+    int p = a->pos0 + t;
+    if (a->causal) return p + 1;
+    return a->window && p + a->window < a->seq_len ? p + a->window : a->seq_len;
+}
+
+static inline int span_lo(const attn_span_t *a, int t) {
+    int p = a->pos0 + t;
+    return a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+}
+
+/* A run of ntok consecutive tokens of one sequence, at positions span->pos0 onwards, each attending to the keys
+ * span_lo..span_hi gives it; for the query heads of `kv_heads` adjacent KV heads. Every token and head goes through
+ * the blocks in the same order, with the same operations, as it would alone: a row's scores are indexed by the key's
+ * place in its block, keys before its window get weight exactly 0 (so sums run over the same lanes whoever shares
+ * the row set), and blocks wholly outside a token's window are skipped for it.
  * The blocks are the outer loop: a block's K (then V) slices of adjacent KV heads lie side by side in the cache, so
  * each block is read as one contiguous piece, which streams at twice the rate of separate 8 KB slices.
  * q: rows of `q_stride` floats, the query heads of the first KV head at the start of each, the others after them;
  * out: the same with `out_stride`; k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK,
  * head_dim) with the first KV head's offset applied; scratch: attention_scratch_floats(n_heads);
  * next_k/next_v: where the caller reads next (the same span is fetched during this run's last block), or NULL.
- * head_dim is a multiple of 64. */
+ * head_dim is a multiple of 64; ntok <= ATTN_MAX_TOKENS. */
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
-                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
-                      float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v) {
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                      const attn_span_t *span, float *out, int out_stride, float *scratch,
+                      const uint16_t *next_k, const uint16_t *next_v) {
     void (*scores)(const rowset_t *, const uint16_t *, int, int, float) = scores_scalar;
     float (*max_of)(const float *, int) = max_scalar;
     float (*weights)(float *, int, float) = weights_scalar;
@@ -249,44 +266,55 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
 #endif
     /* row r: KV head r / per_head, then token and query head: (r % per_head) / group and r % group */
     int per_head = ntok * group, rows = per_head * kv_heads;
-    float scale = 1.0f / sqrtf((float)head_dim);
+    float scale = span->scale;
     float *s = scratch, *mx = s + (size_t)rows * KV_BLOCK, *sum = mx + rows;
     size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim, slice = (size_t)KV_BLOCK * head_dim;
-    size_t span = kv_heads * slice * sizeof(uint16_t);           /* bytes of a block's K (or V) for these heads */
-    int last_ctx = ctx_len + ntok - 1;
+    size_t span_bytes = kv_heads * slice * sizeof(uint16_t);     /* bytes of a block's K (or V) for these heads */
+    int lo[ATTN_MAX_TOKENS] = {0}, hi[ATTN_MAX_TOKENS] = {0};
+    for (int t = 0; t < ntok; t++) { lo[t] = span_lo(span, t); hi[t] = span_hi(span, t); }
+    int first_blk = lo[0] / KV_BLOCK, end_blk = (hi[ntok - 1] + KV_BLOCK - 1) / KV_BLOCK;
     for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.0f; }
     for (int t = 0; t < ntok; t++)
         memset(out + (size_t)t * out_stride, 0, (size_t)kv_heads * group * head_dim * sizeof(float));
-    for (int blk = 0; blk * KV_BLOCK < last_ctx; blk++) {
+    for (int blk = first_blk; blk < end_blk; blk++) {
+        int base = blk * KV_BLOCK;
         const uint16_t *kb = k_head + (size_t)block_table[blk] * block_stride;
         const uint16_t *vb = v_head + (size_t)block_table[blk] * block_stride;
         const uint16_t *nk = next_k, *nv = next_v;
-        if ((blk + 1) * KV_BLOCK < last_ctx) {
+        if (blk + 1 < end_blk) {
             nk = k_head + (size_t)block_table[blk + 1] * block_stride;
             nv = v_head + (size_t)block_table[blk + 1] * block_stride;
         }
-        /* tokens that see none of this block come first (a token sees one more key than the one before) */
-        int skip = 0;
-        while (skip < ntok && ctx_len + skip - blk * KV_BLOCK <= 0) skip++;
-        int sets_per_head = (per_head - skip * group + ROWS_PER_SET - 1) / ROWS_PER_SET;
+        /* the tokens [t0, t1) see some of this block */
+        int t0 = 0, t1 = ntok;
+        while (t0 < ntok && hi[t0] <= base) t0++;
+        while (t1 > t0 && lo[t1 - 1] >= base + KV_BLOCK) t1--;
+        if (t0 == t1) continue;
+        int sets_per_head = ((t1 - t0) * group + ROWS_PER_SET - 1) / ROWS_PER_SET;
         int total_sets = sets_per_head * kv_heads, set = 0;
-        for (int h = 0; h < kv_heads; h++)
-            for (int r = h * per_head + skip * group; r < (h + 1) * per_head; r += ROWS_PER_SET, set++) {
-                rowset_t rs = {.nr = (h + 1) * per_head - r < ROWS_PER_SET ? (h + 1) * per_head - r : ROWS_PER_SET,
+        for (int h = 0; h < kv_heads; h++) {
+            int r_end = h * per_head + t1 * group;
+            for (int r = h * per_head + t0 * group; r < r_end; r += ROWS_PER_SET, set++) {
+                rowset_t rs = {.nr = r_end - r < ROWS_PER_SET ? r_end - r : ROWS_PER_SET,
                                .next_k = (const char *)nk, .next_v = (const char *)nv,
-                               .pf_begin = span * set / total_sets, .pf_end = span * (set + 1) / total_sets};
+                               .pf_begin = span_bytes * set / total_sets,
+                               .pf_end = span_bytes * (set + 1) / total_sets};
+                int first[ROWS_PER_SET];                   /* each row's first key of this block */
                 for (int i = 0; i < rs.nr; i++) {
                     int t = (r + i - h * per_head) / group, qh = h * group + (r + i) % group;
-                    int n = ctx_len + t - blk * KV_BLOCK;
                     rs.q[i] = q + (size_t)t * q_stride + (size_t)qh * head_dim;
                     rs.out[i] = out + (size_t)t * out_stride + (size_t)qh * head_dim;
                     rs.s[i] = s + (size_t)(r + i) * KV_BLOCK;
-                    rs.n[i] = n < KV_BLOCK ? n : KV_BLOCK;
+                    rs.n[i] = hi[t] - base < KV_BLOCK ? hi[t] - base : KV_BLOCK;
+                    first[i] = lo[t] > base ? lo[t] - base : 0;
                 }
+                rs.j0 = first[0];
                 scores(&rs, kb + h * slice, rs.n[rs.nr - 1], head_dim, scale);
                 for (int i = 0; i < rs.nr; i++) {
                     int n = rs.n[i];
-                    float *si = rs.s[i], m = max_of(si, n);
+                    float *si = rs.s[i];
+                    for (int j = 0; j < first[i]; j++) si[j] = -INFINITY;    /* before the window: weight 0 */
+                    float m = max_of(si, n);
                     if (m > mx[r + i]) {                   /* a new maximum: rescale what was summed so far */
                         float corr = mx[r + i] == -INFINITY ? 0.0f : softmax_weight(mx[r + i] - m);
                         sum[r + i] *= corr;
@@ -297,6 +325,7 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
                 }
                 accumulate_v(&rs, vb + h * slice, head_dim);
             }
+        }
     }
     for (int r = 0; r < rows; r++) {
         int t = (r % per_head) / group, qh = r / per_head * group + r % group;

@@ -19,6 +19,7 @@ typedef struct {
     const weight_t *w;
     const float *in;         /* (ntok, in_dim) the matmul's input, or the norm's */
     const float *gamma;      /* rmsnorm weights (NULL: the matmul reads `in` itself) */
+    const float *post_gamma; /* a sublayer's post-norm weights */
     float *out;              /* (ntok, in_dim) normed copy, for a float weight (else NULL) */
     int ntok, in_dim;
     const block_q8x *xq;     /* the matmul's quantized input: (ntok, in_dim / 32) */
@@ -31,13 +32,18 @@ typedef struct {
 static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
-    for (int64_t t = begin; t < end; t++)
-        weight_dequant_row(&s->c->model->tok_embd, s->b->token_ids[t], s->c->x + t * s->c->model->cfg.dim);
+    const model_config_t *cfg = &s->c->model->cfg;
+    for (int64_t t = begin; t < end; t++) {
+        float *x = s->c->x + t * cfg->dim;
+        weight_dequant_row(&s->c->model->tok_embd, s->b->token_ids[t], x);
+        if (cfg->embed_scale > 0)                 /* Gemma: sqrt(dim), in float32 as llama.cpp does */
+            for (int i = 0; i < cfg->dim; i++) x[i] *= cfg->embed_scale;
+    }
 }
 
 /* rmsnorm and 8-bit quantization of each token's input row. The normed row is stored in `out` only when a float
  * weight will read it; for a quantized weight it stays in this thread's row in L1: no (tokens, dim) buffer written
- * and read back per norm (a prefill's norm stage went from 27 to 10 ms per 800 tokens). */
+ * and read back per norm (measured: bench/results/design_measurements.md). */
 static void norm_quant_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     for (int64_t t = begin; t < end; t++) {
@@ -68,7 +74,8 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
         int tile = (int)j * 2 * half;
         matmul_tiles(s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
         matmul_tiles(s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
-        swiglu(g, u, g, T * QK);                                              /* h, in place of gate */
+        if (c->model->cfg.ffn_gelu) geglu(g, u, g, T * QK);                  /* h, in place of gate */
+        else swiglu(g, u, g, T * QK);
         quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */
         if (float_down)
             for (int t = 0; t < T; t++)
@@ -76,8 +83,20 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
     }
 }
 
-/* QKV bias, RoPE on q and k, and k and v written to the cache at the token's position: for token t's KV heads
- * [h0, h0 + heads) and their query heads (each head's arithmetic is its own, so any split gives the same bits) */
+/* x += rmsnorm(y) for each token: a sandwich norm of a sublayer's output (Gemma), then the residual add */
+static void post_norm_add_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    int dim = s->c->model->cfg.dim;
+    for (int64_t t = begin; t < end; t++) {
+        float *y = s->c->y + t * dim, *x = s->c->x + t * dim;
+        rmsnorm(y, s->post_gamma, dim, s->c->model->cfg.norm_eps, y);
+        for (int i = 0; i < dim; i++) x[i] += y[i];
+    }
+}
+
+/* QKV bias, QK-norm, RoPE on q and k, and k and v written to the cache at the token's position: for token t's KV
+ * heads [h0, h0 + heads) and their query heads (each head's arithmetic is its own, so any split gives the same bits) */
 static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int heads) {
     const model_config_t *cfg = &c->model->cfg;
     const layer_t *L = &c->model->layers[s->layer];
@@ -89,8 +108,12 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
         for (int i = 0; i < heads * group * hd; i++) q[i] += bq[i];
         for (int i = 0; i < heads * hd; i++) { k[i] += bk[i]; v[i] += bk[KV_DIM(cfg) + i]; }
     }
+    if (L->q_norm) {                                     /* QK-norm: each head on its own, before RoPE */
+        for (int h = 0; h < heads * group; h++) rmsnorm(q + h * hd, L->q_norm, hd, cfg->norm_eps, q + h * hd);
+        for (int h = 0; h < heads; h++) rmsnorm(k + h * hd, L->k_norm, hd, cfg->norm_eps, k + h * hd);
+    }
     int pos = s->b->positions[t];
-    const float *cs = c->model->rope_cos_sin + (size_t)pos * hd;
+    const float *cs = L->rope_cos_sin + (size_t)pos * hd;
     rope_apply(q, heads * group, hd, cs, cfg->rope_neox);
     rope_apply(k, heads, hd, cs, cfg->rope_neox);
     const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
@@ -108,6 +131,11 @@ static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t t = begin; t < end; t++) rope_kv_token(s->c, s, t, 0, s->c->model->cfg.n_kv_heads);
 }
 
+/* the first KV block a run starting at pos reads in layer L */
+static int first_block(const layer_t *L, int pos) {
+    return L->window && pos - L->window + 1 > 0 ? (pos - L->window + 1) / KV_BLOCK : 0;
+}
+
 /* one item = (run, kv heads [h0, h0 + heads_per_item)): a run is up to ATTN_MAX_TOKENS consecutive tokens of one
  * sequence (prefill), which share each KV block; the query heads of a KV head read it together; adjacent KV heads
  * are read block by block as one contiguous piece */
@@ -115,7 +143,9 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     context_t *c = s->c;
     const model_config_t *cfg = &c->model->cfg;
+    const layer_t *L = &c->model->layers[s->layer];
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
+    float scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads);
     for (int64_t item = begin; item < end; item++) {
@@ -130,17 +160,20 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
             int nrun = (int)((item + 1) / s->items_per_run);
             int nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
             int nseq = s->b->seq_of_token[c->runs[nrun]];
-            int32_t first_block = s->b->block_tables[(size_t)nseq * s->b->max_blocks_per_seq];
-            size_t off = layer_off + ((size_t)first_block * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
+            int32_t blk = s->b->block_tables[(size_t)nseq * s->b->max_blocks_per_seq +
+                                             first_block(L, s->b->positions[c->runs[nrun]])];
+            size_t off = layer_off + ((size_t)blk * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
             next_k = c->k_cache + off;
             next_v = c->v_cache + off;
         }
         if (s->fused_rope)
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
+        attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
+                            .window = L->window, .scale = scale};
         attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
-                         cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt,
-                         s->b->positions[t] + 1, c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd,
-                         Q_DIM(cfg), scratch, next_k, next_v);
+                         cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt, &span,
+                         c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch, next_k,
+                         next_v);
         for (int i = 0; i < ntok; i++) {                     /* Wo's input: blocks of 32 never straddle heads */
             size_t first = (size_t)h0 * group * hd;
             quantize_act(c->xn + (size_t)(t + i) * Q_DIM(cfg) + first, heads * group * hd,
@@ -168,8 +201,11 @@ static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const batch_t *b = s->b;
     int vocab = c->model->cfg.vocab;
     void *scratch = (char *)c->sample_scratch + (size_t)thread * vocab * 16;
+    float cap = c->model->cfg.logit_softcap;
     for (int64_t i = begin; i < end; i++) {
         float *row = c->logits + i * vocab;
+        if (cap > 0)                            /* cap * tanh(x / cap), scaled by the reciprocal as llama.cpp does */
+            for (int j = 0; j < vocab; j++) row[j] = cap * tanhf(row[j] * (1.0f / cap));
         if (b->logits_out) memcpy(b->logits_out + i * vocab, row, (size_t)vocab * sizeof(float));
         if (b->sample_mask[i])
             sample_row(row, vocab, &b->params[i], b->positions[b->out_rows[i]] + 1, b->history, b->bias_ids,
@@ -209,6 +245,14 @@ static void prepare_input(context_t *c, stage_t *s, const float *in, int in_dim,
     s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->xq = c->xq;
     s->out = weight_is_quantized(reader->type) ? NULL : c->xn;
     run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
+}
+
+/* x += W in, or, with a post-norm (Gemma's sandwich norms), x += rmsnorm(W in) */
+static void matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm) {
+    if (!post_norm) { matmul(c, stage, s, w, c->x, 1); return; }
+    matmul(c, stage, s, w, c->y, 0);
+    s->post_gamma = post_norm;
+    run(c, STAGE_NORM_QUANT, s->ntok, 4, post_norm_add_fn, s);
 }
 
 static int check_batch(const context_t *c, const batch_t *b) {
@@ -272,12 +316,12 @@ int forward(context_t *c, const batch_t *b) {
         if (!s.fused_rope) run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);           /* rope, cache k and v */
         run(c, STAGE_ATTENTION, attn_items, attn_chunk, attention_fn, &s);              /* xn = attention */
         set_input(&s, c->xn, Q_DIM(cfg), c->xq);                    /* the attention items quantized it */
-        matmul(c, STAGE_WO, &s, &L->wo, c->x, 1);                             /* x += Wo attn */
+        matmul_residual(c, STAGE_WO, &s, &L->wo, L->post_attn_norm);          /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm, &L->wgu);                   /* rmsnorm(x) */
         s.w = &L->wgu;                                             /* h = silu(Wgate xn) * (Wup xn) */
         run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, 1, gate_up_swiglu_fn, &s);
         set_input(&s, c->h, cfg->hidden, c->xq_h);                  /* gate|up quantized h into xq_h */
-        matmul(c, STAGE_DOWN, &s, &L->wdown, c->x, 1);                          /* x += Wdown h */
+        matmul_residual(c, STAGE_DOWN, &s, &L->wdown, L->post_ffn_norm);        /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
     if (b->num_out == 0) return 0;
@@ -306,9 +350,9 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
     size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    /* 4 KB pages, faulted as blocks are first used: a 2 MB page costs this VM ~2 ms to fault, which would land
-     * on the first requests' prefill (one per layer and cache per 85 blocks), while huge pages gained decode only
-     * 2% on the KV cache against 12% on the weights. */
+    /* 4 KB pages, faulted as blocks are first used: a 2 MB page's fault would land on the first requests'
+     * prefill, and huge pages gain decode far less on the KV cache than on the weights
+     * (bench/results/design_measurements.md). */
     c->k_cache = calloc(kv, sizeof(uint16_t));
     c->v_cache = calloc(kv, sizeof(uint16_t));
     c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));
@@ -317,6 +361,9 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->qkv = malloc((size_t)max_tokens * qkv_dim * sizeof(float));
     c->gu = malloc((size_t)nt * max_tokens * 2 * QK * sizeof(float));
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
+    int post_norms = 0;
+    for (int l = 0; l < cfg->n_layers; l++) post_norms |= m->layers[l].post_attn_norm || m->layers[l].post_ffn_norm;
+    c->y = post_norms ? malloc((size_t)max_tokens * cfg->dim * sizeof(float)) : NULL;
     c->runs = malloc((size_t)(max_tokens + 1) * sizeof(int32_t));
     c->xq = malloc((size_t)max_tokens * (wide / QK) * sizeof(block_q8x));
     c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
@@ -324,7 +371,8 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads) * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
     if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
-        !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs) {
+        !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
+        (post_norms && !c->y)) {
         context_free(c);
         return NULL;
     }
@@ -335,7 +383,7 @@ void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
-    free(c->h); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
+    free(c->h); free(c->y); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
     free(c->sample_scratch);
     free(c);
 }

@@ -2,10 +2,9 @@
  * for all of them) and the bandwidth probe's buffer, which should read the same kind of memory. A decode step
  * streams every weight byte, about 90 MB for SmolLM2 Q4_0: some 22k pages of 4 KB, far past what the TLB maps
  * (Zen 4: 3072 entries, 12 MB), so the stream keeps paying page walks, two-level ones under a hypervisor. In 2 MB
- * pages the same bytes take about 45 entries. Decode step of 8 sequences (SmolLM2 Q4_0, 2 threads, 5 alternating
- * pairs of processes): 6.95 -> 6.30 ms; prefill, compute-bound, unchanged. The KV cache stays on 4 KB pages (see
- * context_create). The mapping is 2 MB aligned and advised MADV_HUGEPAGE (the kernel's "madvise" mode needs
- * both); where THP is off it is plain anonymous memory. */
+ * pages the same bytes take about 45 entries (what that gains: bench/results/design_measurements.md). The KV cache
+ * stays on 4 KB pages (see context_create). The mapping is 2 MB aligned and advised MADV_HUGEPAGE (the kernel's
+ * "madvise" mode needs both); where THP is off it is plain anonymous memory. */
 #include <stdint.h>
 #include <sys/mman.h>
 #include "inferd.h"

@@ -9,49 +9,69 @@
 #include <stdint.h>
 
 #define QK 32            /* values per quantized block (GGUF's QK4_0 == QK8_0 == 32) */
+#define QK_K 256         /* values per K-quant super-block */
 #define TILE_ROWS 8      /* rows interleaved in one weight tile: accumulator lane r <-> row r */
 #define KV_BLOCK 64      /* positions per KV-cache block == attention tile */
 #define MAX_TOP_LOGPROBS 20
 
 /* Weight types: values are stable, the Python side uses them. */
-enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 5 };
+enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 5, WT_Q4_K = 6, WT_Q5_K = 7,
+       WT_Q6_K = 8, WT_Q5_0 = 9, WT_Q5_1 = 10, NUM_WEIGHT_TYPES };
 
 /* Kernel paths, best last. */
 enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };
 
-/* An activation row quantized to 8 bits: one block per 32 values. `isum` is sum(qs), kept exact so
+/* An activation row quantized to 8 bits: one block per 32 values, 64 bytes. `isum` is sum(qs), kept exact so
  * Q4 weights stored unsigned (w + 8) can subtract 8 * isum and Q4_1 can add its min term; the corrections
  * -8 * isum (unsigned Q4) and -128 * isum (Q8 made unsigned for dpbusd) are stored too, so the kernels
- * start a block's integer sum from a broadcast load instead of computing them for every tile. */
+ * start a block's integer sum from a broadcast load instead of computing them for every tile. dsum = d * isum is
+ * the min term's factor (types with a min add dsum * m_w). Q6_K's sub-blocks of 16 need the sums of the two halves
+ * (values 0-15 and 16-31): hsum, and q6_corr = -32 * hsum (its values are stored as q + 32). */
 typedef struct {
     float d;
     int32_t isum;
     int32_t q4_corr, q8_corr;
+    float dsum;
+    int32_t q6_corr[2];
+    int16_t hsum[2];
     int8_t qs[QK];
 } block_q8x;
 
-/* A weight matrix in the engine's layout.
- * Quantized types: rows padded to a multiple of 8; tile t holds rows 8t..8t+7, block b of the tile is
- *   Q4_0: f16 d[8]          | qs[128]  (byte 32p + 4r + e = GGUF byte 4p+e of row r: lo nibble value 4p+e, hi 16+4p+e)
- *   Q4_1: f16 d[8], f16 m[8]| qs[128]
- *   Q8_0: f16 d[8]          | qs[256]  (byte 32j + 4r + e = value 4j+e of row r)
- * so lane r of every 32-byte vector belongs to row r and one f16->f32 conversion serves 8 rows.
- * Float types: plain row-major (rows, cols). */
+/* A weight matrix in the engine's layout (weight.c has the tile layouts of every quantized type).
+ * Quantized types: rows padded to a multiple of 8; tile t holds rows 8t..8t+7 as one "tile block" after another
+ * along the columns (32 columns, or 256 for the K-quants), laid out so that lane r of every 32-byte vector belongs
+ * to row r and one f16->f32 conversion serves 8 rows. Float types: plain row-major (rows, cols).
+ * A fused matrix (Wq|Wk|Wv) may hold segments of different quantized types, one after another by rows: each
+ * segment but the last has a multiple of 8 rows, so a tile never straddles two. */
+#define MAX_SEGMENTS 3
 typedef struct {
-    int type;
+    int type;            /* segment 0's type (all segments' when there is one) */
     int rows, cols;
     int padded_rows;     /* rows rounded up to TILE_ROWS for quantized types, == rows otherwise */
     size_t nbytes;
     uint8_t *data;       /* 64-byte aligned */
     int owned;           /* data was allocated by weight_init (else it lies in the caller's buffer) */
+    int nseg;            /* 1, or the number of segments */
+    struct { int type, row0; size_t offset; } seg[MAX_SEGMENTS];   /* first row and byte offset into data */
 } weight_t;
 
 size_t weight_tile_block_bytes(int type);
+int weight_block_cols(int type);          /* columns per tile block: 32, or 256 for the K-quants */
 int weight_is_quantized(int type);
 /* bytes of the engine's layout of a (rows, cols) weight of `type` (0 for a bad shape or type) */
 size_t weight_layout_bytes(int type, int rows, int cols);
 /* dst: weight_layout_bytes of 64-byte aligned memory to build it in, or NULL to allocate it */
 int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst);
+/* A weight of segments (types[i], rows[i]) whose rows are then filled by weight_fill; 0, or -1 for a bad shape,
+ * -2 out of memory. */
+size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int cols);
+int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, int cols, uint8_t *dst);
+/* Repacks `src_rows` GGUF rows of the segment's type (row i at src + i * gguf_row_bytes) into the weight's rows
+ * dst_row0 + (i / group) * group_stride + i % group (group == src_rows: consecutive rows). Rows are split among
+ * the pool's threads when pool is not NULL. 0, or -1 when a row falls outside the weight or crosses segments. */
+struct pool;
+int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
+                struct pool *pool);
 void weight_free(weight_t *w);
 void weight_dequant_row(const weight_t *w, int row, float *out);           /* out: (cols) */
 size_t gguf_row_bytes(int type, int cols);
@@ -72,7 +92,7 @@ const char *cpu_path_name(int path);
 
 /* ---- thread pool ---- */
 typedef void (*pool_fn)(void *arg, int64_t begin, int64_t end, int thread);
-typedef struct pool pool_t;
+typedef struct pool pool_t;   /* struct pool: see pool.c */
 pool_t *pool_create(int nthreads);
 void pool_destroy(pool_t *p);
 int pool_size(const pool_t *p);
@@ -91,19 +111,31 @@ void huge_free(void *p, size_t n);
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */
 void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride);   /* block b to out[b * stride] */
 /* y[t, rows - 8 * tile_begin] (+)= W x[t] for the rows of tiles [tile_begin, tile_end); x: (ntok, cols) f32,
- * xq: (ntok, cols/32); y's first column is tile_begin's first row */
+ * xq: (ntok, cols/32); y's first column is tile_begin's first row (matmul.c; the SIMD kernels in matmul_simd.c) */
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
+void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
 #define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
 size_t attention_scratch_floats(int n_heads);
+/* Which keys the tokens of a run see, and the scores' scale. The query at position p sees, when causal, the keys
+ * [p - window + 1, p] (all of [0, p] when window is 0); when not causal (an encoder), [p - window + 1, p + window - 1]
+ * cut to [0, seq_len) (all of [0, seq_len) when window is 0). */
+typedef struct {
+    int pos0;          /* position of the run's first token; the others follow it */
+    int seq_len;       /* keys in the cache (read when not causal) */
+    int causal;
+    int window;        /* sliding window: keys within window - 1 positions of the query; 0: no limit */
+    float scale;       /* of q.k: 1/sqrt(head_dim), or the model's own */
+} attn_span_t;
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
-                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table, int ctx_len,
-                      float *out, int out_stride, float *scratch, const uint16_t *next_k, const uint16_t *next_v);
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                      const attn_span_t *span, float *out, int out_stride, float *scratch,
+                      const uint16_t *next_k, const uint16_t *next_v);
 
 /* ---- sampling ---- */
 typedef struct {
@@ -140,11 +172,22 @@ typedef struct {
     /* llama3 rope scaling; factor == 0 means none */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_ctx;
+    /* Gemma-style variants (0 where the model has none) */
+    float rope_freq_scale;             /* linear rope scaling of global layers: position * scale; 0: 1 */
+    float rope_theta_local;            /* RoPE base of sliding-window layers; 0: rope_theta */
+    float embed_scale;                 /* x = embedding * embed_scale (Gemma: sqrt(dim)); 0: 1 */
+    float attn_scale;                  /* of q.k; 0: 1/sqrt(head_dim) */
+    float logit_softcap;               /* logits = cap * tanh(logits / cap); 0: none */
+    int ffn_gelu;                      /* GeGLU (tanh GELU) in place of SwiGLU */
 } model_config_t;
 
 typedef struct {
     float *attn_norm, *ffn_norm;       /* (dim) */
     float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
+    float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
+    float *post_attn_norm, *post_ffn_norm;   /* (dim) sandwich norms of the attention and FFN outputs, or NULL */
+    int window;                        /* sliding window (keys per query, itself included); 0: global attention */
+    const float *rope_cos_sin;         /* this layer's table: the model's global or local one (model_init_rope) */
     weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
     weight_t wo;                       /* (dim, q_dim) */
     weight_t wgu;                      /* (2 hidden, dim): per 32 hidden units, their 32 gate rows then 32 up rows */
@@ -159,9 +202,11 @@ typedef struct {
     float *output_norm;                /* (dim) */
     layer_t *layers;                   /* (n_layers) */
     float *rope_cos_sin;               /* (context_length, head_dim/2, 2) */
+    float *rope_cos_sin_local;         /* the same for sliding-window layers with a base of their own, or NULL */
 } model_t;
 
 int model_init_rope(model_t *m);
+void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs);   /* (head_dim/2) */
 
 /* A flat batch: tokens of several sequences, prefill chunks and decode tokens mixed. */
 typedef struct {
@@ -203,6 +248,7 @@ typedef struct {
     float *qkv;                        /* (max_tokens, q_dim + 2 kv_dim) */
     float *gu;                         /* (threads, max_tokens, 64): gate and up of 32 hidden units */
     float *h;                          /* (max_tokens, hidden) */
+    float *y;                          /* (max_tokens, dim) a sublayer's output before its post-norm, or NULL */
     block_q8x *xq;                     /* (max_tokens, max(dim, q_dim) / 32) the matmuls' quantized input */
     block_q8x *xq_h;                   /* (max_tokens, hidden / 32) h quantized, for the down projection */
     float *logits;                     /* (max_out, vocab) */

@@ -1,4 +1,4 @@
-/* Row-wise operations around the matmuls: RMSNorm and SwiGLU. Scalar and AVX2 variants use the same
+/* Row-wise operations around the matmuls: RMSNorm, SwiGLU and GeGLU. Scalar and AVX2 variants use the same
  * operations in the same order (8 lanes, hsum8_pairs, vecmath's exp), so the paths give the same bits. */
 #include <math.h>
 #include "inferd.h"
@@ -16,7 +16,31 @@ static void swiglu_scalar(const float *g, const float *u, float *h, int n) {
     for (int i = 0; i < n; i++) h[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
 }
 
+/* tanh GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 (1 + tanh(u)) == 1 / (1 + exp(-2u)), so the
+ * one exp of SwiGLU serves (exp(-2u) saturates to inf for very negative x, where the result is the right -0) */
+#define GELU_C0 1.5957691216057308f          /* 2 sqrt(2/pi) */
+#define GELU_C1 0.0713548162726009f          /* 2 sqrt(2/pi) 0.044715 */
+
+static void geglu_scalar(const float *g, const float *u, float *h, int n) {
+    for (int i = 0; i < n; i++) {
+        float x = g[i], z = x * __builtin_fmaf(x * x, GELU_C1, GELU_C0);
+        h[i] = x / (1.0f + exp_scalar(-z)) * u[i];
+    }
+}
+
 #if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c")))
+static void geglu_avx2(const float *g, const float *u, float *h, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 c0 = _mm256_set1_ps(GELU_C0), c1 = _mm256_set1_ps(GELU_C1);
+    for (int i = 0; i < n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 z = _mm256_mul_ps(x, _mm256_fmadd_ps(_mm256_mul_ps(x, x), c1, c0));
+        __m256 e = exp8(_mm256_sub_ps(zero, z));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+}
+
 __attribute__((target("avx2,fma,f16c")))
 static void rmsnorm_avx2(const float *x, const float *gamma, int n, float eps, float *out) {
     __m256 a = _mm256_setzero_ps();
@@ -51,4 +75,11 @@ void swiglu(const float *g, const float *u, float *h, int n) {
     if (cpu_path() != PATH_SCALAR) { swiglu_avx2(g, u, h, n); return; }
 #endif
     swiglu_scalar(g, u, h, n);
+}
+
+void geglu(const float *g, const float *u, float *h, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { geglu_avx2(g, u, h, n); return; }
+#endif
+    geglu_scalar(g, u, h, n);
 }

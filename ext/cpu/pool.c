@@ -40,9 +40,8 @@ static int64_t now_ns(void) {
 
 /* Guided claims: each takes 1/nthreads of what is left, never less than `chunk`. The threads start on long
  * contiguous stretches (a matmul's weights stream in long runs) and the claims shrink towards the end, so they
- * finish within one small claim of each other. Fixed claims of 1/16 of a matmul left one thread waiting 3 to 7 us
- * at the end of each matmul region of a decode step, 40 us on the output matrix; guided claims made decode steps of
- * 8 sequences and prefill 4% faster, 10% in the VM's slow phases (interleaved A/B). */
+ * finish within one small claim of each other; fixed claims left one thread waiting at the end of each matmul
+ * region (bench/results/design_measurements.md). */
 static void drain(pool_t *p, int thread) {
     int64_t begin = atomic_load_explicit(&p->next, memory_order_relaxed);
     while (begin < p->n) {
@@ -103,8 +102,16 @@ pool_t *pool_create(int nthreads) {
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
     p->threads = calloc(nthreads, sizeof(pthread_t));
-    for (int i = 1; i < nthreads; i++) {
+    if (!p->threads) {
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->wake);
+        pthread_cond_destroy(&p->done);
+        free(p);
+        return NULL;
+    }
+    for (int i = 1; i < nthreads; i++) {   /* a worker that cannot start leaves a smaller pool, not a failure */
         worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) { p->nthreads = i; break; }
         wa->p = p; wa->id = i;
         if (pthread_create(&p->threads[i], NULL, worker, wa) != 0) { free(wa); p->nthreads = i; break; }
     }

@@ -1,5 +1,4 @@
-/* Quantization: activations to 8-bit blocks, float rows to GGUF blocks, and GGUF blocks repacked into the
- * engine's 8-row tiles (layout in inferd.h). */
+/* Quantization: activations to 8-bit blocks, float rows to GGUF blocks (the tiles are built in weight.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +10,13 @@
 /* ---- activations ---- */
 
 /* the block's integer sum and the corrections the kernels start from (see block_q8x) */
-static inline void set_sums(block_q8x *o, int32_t isum) {
+static inline void set_sums(block_q8x *o, int32_t isum, int32_t lo16) {
     o->isum = isum;
+    o->hsum[0] = (int16_t)lo16;
+    o->hsum[1] = (int16_t)(isum - lo16);
+    o->q6_corr[0] = -32 * lo16;
+    o->q6_corr[1] = -32 * (isum - lo16);
+    o->dsum = o->d * (float)isum;
     o->q4_corr = -8 * isum;
     o->q8_corr = -128 * isum;
 }
@@ -26,14 +30,15 @@ static void quantize_act_scalar(const float *x, int n, block_q8x *out, size_t st
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t isum = 0;
+        int32_t isum = 0, lo16 = 0;
         for (int i = 0; i < QK; i++) {
             int q = (int)nearbyintf(xb[i] * id);
             o->qs[i] = (int8_t)q;
             isum += q;
+            if (i == 15) lo16 = isum;
         }
         o->d = d;
-        set_sums(o, isum);
+        set_sums(o, isum, lo16);   /* after d: dsum = d * isum */
     }
 }
 
@@ -56,8 +61,13 @@ static void quantize_act_avx2(const float *x, int n, block_q8x *out, size_t stri
         __m256 vid = _mm256_set1_ps(id);
         __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
         __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m256i s = _mm256_add_epi32(i0, i1);                       /* values 0-15 */
         __m128i s4 = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        int32_t lo16 = _mm_cvtsi128_si32(s4);
+        s = _mm256_add_epi32(i2, i3);                               /* values 16-31 */
+        s4 = _mm_add_epi32(_mm256_extracti128_si256(s, 1), _mm256_castsi256_si128(s));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         /* pack to int8 keeping order: packs works per 128-bit lane, so fix the order with a permute */
@@ -66,7 +76,7 @@ static void quantize_act_avx2(const float *x, int n, block_q8x *out, size_t stri
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)o->qs, p8);
         o->d = d;
-        set_sums(o, _mm_cvtsi128_si32(s4));
+        set_sums(o, lo16 + _mm_cvtsi128_si32(s4), lo16);
     }
 }
 #endif
@@ -79,29 +89,6 @@ void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride) 
 }
 
 void quantize_act(const float *x, int n, block_q8x *out) { quantize_act_strided(x, n, out, 1); }
-
-/* ---- GGUF block formats ---- */
-size_t gguf_row_bytes(int type, int cols) {
-    switch (type) {
-    case WT_F32: return (size_t)cols * 4;
-    case WT_F16: case WT_BF16: return (size_t)cols * 2;
-    case WT_Q4_0: return (size_t)cols / QK * 18;
-    case WT_Q4_1: return (size_t)cols / QK * 20;
-    case WT_Q8_0: return (size_t)cols / QK * 34;
-    }
-    return 0;
-}
-
-int weight_is_quantized(int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q8_0; }
-
-size_t weight_tile_block_bytes(int type) {
-    switch (type) {
-    case WT_Q4_0: return 16 + 128;
-    case WT_Q4_1: return 32 + 128;
-    case WT_Q8_0: return 16 + 256;
-    }
-    return 0;
-}
 
 /* llama.cpp's reference quantizers: Q8_0 round(x/d) with d = amax/127; Q4_0 maps the largest-magnitude
  * value to -8; Q4_1 spans [min, max] in 15 steps. */
@@ -147,93 +134,4 @@ int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *ou
         }
     }
     return 0;
-}
-
-/* ---- weights in the engine's layout ---- */
-size_t weight_layout_bytes(int type, int rows, int cols) {
-    if (rows <= 0 || cols <= 0 || type < WT_F32 || type > WT_Q8_0) return 0;
-    if (weight_is_quantized(type) ? cols % QK : cols % 8) return 0;
-    if (!weight_is_quantized(type)) return gguf_row_bytes(type, cols) * (size_t)rows;
-    return (size_t)((rows + TILE_ROWS - 1) / TILE_ROWS) * (cols / QK) * weight_tile_block_bytes(type);
-}
-
-int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst) {
-    memset(w, 0, sizeof *w);
-    size_t nbytes = weight_layout_bytes(type, rows, cols);
-    if (!nbytes || src_bytes != gguf_row_bytes(type, cols) * (size_t)rows) return -1;
-    w->type = type; w->rows = rows; w->cols = cols; w->nbytes = nbytes;
-    w->padded_rows = weight_is_quantized(type) ? (rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : rows;
-    w->owned = dst == NULL;
-    w->data = dst ? dst : aligned_alloc(64, (nbytes + 63) & ~(size_t)63);
-    if (!w->data) return -2;
-    if (!weight_is_quantized(type)) {
-        memcpy(w->data, src, src_bytes);
-        return 0;
-    }
-    int nb = cols / QK;
-    size_t bb = weight_tile_block_bytes(type), rb = gguf_row_bytes(type, cols);
-    memset(w->data, 0, w->nbytes);          /* padding rows: zero scales, so they compute 0 */
-    const uint8_t *s = src;
-    for (int r = 0; r < rows; r++) {
-        int t = r / TILE_ROWS, lane = r % TILE_ROWS;
-        for (int b = 0; b < nb; b++) {
-            uint8_t *dst = w->data + ((size_t)t * nb + b) * bb;
-            if (type == WT_Q8_0) {
-                const uint8_t *g = s + r * rb + b * 34;
-                memcpy(dst + 2 * lane, g, 2);
-                for (int j = 0; j < 8; j++) memcpy(dst + 16 + 32 * j + 4 * lane, g + 2 + 4 * j, 4);
-            } else {
-                int hdr = type == WT_Q4_1 ? 4 : 2, gb = type == WT_Q4_1 ? 20 : 18;
-                int qoff = type == WT_Q4_1 ? 32 : 16;
-                const uint8_t *g = s + r * rb + b * gb;
-                memcpy(dst + 2 * lane, g, 2);
-                if (type == WT_Q4_1) memcpy(dst + 16 + 2 * lane, g + 2, 2);
-                for (int p = 0; p < 4; p++) memcpy(dst + qoff + 32 * p + 4 * lane, g + hdr + 4 * p, 4);
-            }
-        }
-    }
-    return 0;
-}
-
-void weight_free(weight_t *w) {
-    if (w->owned) free(w->data);
-    w->data = NULL;
-}
-
-void weight_dequant_row(const weight_t *w, int row, float *out) {
-    int cols = w->cols;
-    if (w->type == WT_F32) { memcpy(out, (const float *)w->data + (size_t)row * cols, cols * 4); return; }
-    if (w->type == WT_F16 || w->type == WT_BF16) {
-        const uint16_t *s = (const uint16_t *)w->data + (size_t)row * cols;
-        for (int i = 0; i < cols; i++) out[i] = w->type == WT_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
-        return;
-    }
-    int nb = cols / QK, t = row / TILE_ROWS, lane = row % TILE_ROWS;
-    size_t bb = weight_tile_block_bytes(w->type);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = w->data + ((size_t)t * nb + b) * bb;
-        uint16_t dh;
-        memcpy(&dh, blk + 2 * lane, 2);
-        float d = f16_to_f32(dh), m = 0.0f;
-        float *o = out + b * QK;
-        if (w->type == WT_Q8_0) {
-            for (int j = 0; j < 8; j++)
-                for (int e = 0; e < 4; e++) o[4 * j + e] = d * (float)(int8_t)blk[16 + 32 * j + 4 * lane + e];
-            continue;
-        }
-        int qoff = 16;
-        if (w->type == WT_Q4_1) {
-            uint16_t mh;
-            memcpy(&mh, blk + 16 + 2 * lane, 2);
-            m = f16_to_f32(mh);
-            qoff = 32;
-        }
-        float bias = w->type == WT_Q4_0 ? -8.0f : 0.0f;
-        for (int p = 0; p < 4; p++)
-            for (int e = 0; e < 4; e++) {
-                uint8_t q = blk[qoff + 32 * p + 4 * lane + e];
-                o[4 * p + e] = d * ((float)(q & 15) + bias) + m;
-                o[16 + 4 * p + e] = d * ((float)(q >> 4) + bias) + m;
-            }
-    }
 }

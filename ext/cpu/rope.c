@@ -61,17 +61,13 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
     rope_scalar(vec, n_heads, head_dim, cos_sin, neox);
 }
 
-/* Per-position tables, computed once at load: (context_length, head_dim/2, 2). Llama 3 scaling stretches
- * the low frequencies by `factor` and blends the middle band, as in Meta's reference code. */
-int model_init_rope(model_t *m) {
-    const model_config_t *c = &m->cfg;
-    int half = c->head_dim / 2;
-    m->rope_cos_sin = malloc((size_t)c->context_length * half * 2 * sizeof(float));
-    if (!m->rope_cos_sin) return -1;
-    double freqs[256];
-    for (int i = 0; i < half; i++) {
-        double f = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
-        if (c->rope_factor > 0) {
+/* freqs: (head_dim/2) theta^(-2i/head_dim); Llama 3 scaling stretches the low frequencies by `factor` and blends
+ * the middle band, as in Meta's reference code. Both engines' RoPE comes from here (the CUDA engine gets them
+ * through _cpu.rope_frequencies). */
+void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs) {
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        double f = pow(theta, -2.0 * i / c->head_dim);
+        if (llama3) {
             double low_wl = c->rope_original_ctx / (double)c->rope_low_freq_factor;
             double high_wl = c->rope_original_ctx / (double)c->rope_high_freq_factor;
             double wl = 2.0 * M_PI / f;
@@ -84,12 +80,42 @@ int model_init_rope(model_t *m) {
         }
         freqs[i] = f;
     }
+}
+
+/* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale */
+static float *rope_table(const model_config_t *c, double theta, double pos_scale, int llama3) {
+    int half = c->head_dim / 2;
+    float *table = malloc((size_t)c->context_length * half * 2 * sizeof(float));
+    if (!table) return NULL;
+    double freqs[256];                 /* head_dim <= 512, checked by model_init_rope */
+    rope_frequencies(c, theta, llama3, freqs);
     for (int p = 0; p < c->context_length; p++)
         for (int i = 0; i < half; i++) {
-            double a = p * freqs[i];
-            m->rope_cos_sin[((size_t)p * half + i) * 2] = (float)cos(a);
-            m->rope_cos_sin[((size_t)p * half + i) * 2 + 1] = (float)sin(a);
+            double a = p * pos_scale * freqs[i];
+            table[((size_t)p * half + i) * 2] = (float)cos(a);
+            table[((size_t)p * half + i) * 2 + 1] = (float)sin(a);
         }
+    return table;
+}
+
+/* Tables computed once at load: the global layers' (with llama3 or linear scaling), and, when sliding-window layers
+ * have a base of their own (Gemma 3: 10000 against the global 1e6), theirs, unscaled as in the reference. Every layer
+ * then points at its own. */
+int model_init_rope(model_t *m) {
+    const model_config_t *c = &m->cfg;
+    if (c->head_dim > 512) return -1;
+    m->rope_cos_sin = rope_table(c, c->rope_theta, c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0,
+                                 c->rope_factor > 0);
+    if (!m->rope_cos_sin) return -1;
+    int local = 0;
+    for (int l = 0; l < c->n_layers; l++) local |= m->layers[l].window > 0;
+    if (local && c->rope_theta_local > 0) {
+        m->rope_cos_sin_local = rope_table(c, c->rope_theta_local, 1.0, 0);
+        if (!m->rope_cos_sin_local) return -1;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        m->layers[l].rope_cos_sin = m->layers[l].window > 0 && m->rope_cos_sin_local ? m->rope_cos_sin_local
+                                                                                       : m->rope_cos_sin;
     return 0;
 }
 

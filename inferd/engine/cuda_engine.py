@@ -14,17 +14,32 @@ cuda_gemm (cublas|own: our mma kernel instead of cuBLAS), cuda_device; engine/de
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 
 import numpy as np
 
 from inferd.engine.batch import EngineShape, penalty_history
+from inferd._cpu import rope_frequencies
+from inferd.engine.weights import engine_config
 from inferd.engine.types import MAX_LOGPROBS, SamplingParams, SeqOutput
 
 # most precise first; a fused matrix takes the most precise format among its parts
 _PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
 _AUTO = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "int4", "Q4_1": "q4_1"}
+
+
+def _with_cuda_types(model):
+    """The model with its matrices of types the CUDA kernels lack (the K-quants, Q5_0/Q5_1, which the CPU engine
+    computes natively) re-quantized to Q8_0, one tensor at a time."""
+    from inferd.model.quant import requantize
+
+    if all(t.type in _AUTO or t.rows == 1 for t in model.tensors.values()):
+        return model
+    model = copy.copy(model)
+    model.tensors = {n: requantize(t) if t.rows > 1 and t.type not in _AUTO else t for n, t in model.tensors.items()}
+    return model
 
 
 def _cuda():
@@ -43,29 +58,6 @@ def cuda_available() -> bool:
         return False
 
 
-def rope_inv_freq(cfg) -> np.ndarray:
-    """Per-pair inverse frequencies in float64, llama3 scaling included, exactly as the CPU engine computes them."""
-    half = cfg.head_dim // 2
-    rope = cfg.rope_scaling or {}
-    factor = float(rope.get("factor", 0.0))
-    low = float(rope.get("low_freq_factor", 1.0))
-    high = float(rope.get("high_freq_factor", 4.0))
-    orig = int(rope.get("original_max_position_embeddings", 8192))
-    out = np.empty(half, np.float64)
-    for i in range(half):
-        f = math.pow(float(cfg.rope_theta), -2.0 * i / cfg.head_dim)
-        if factor > 0:
-            low_wl, high_wl = orig / low, orig / high
-            wl = 2.0 * math.pi / f
-            if wl > low_wl:
-                f /= factor
-            elif wl >= high_wl:
-                smooth = (orig / wl - low) / (high - low)
-                f = (1.0 - smooth) * f / factor + smooth * f
-        out[i] = f
-    return out
-
-
 def _vector(t) -> np.ndarray:
     if t.type == "F32":
         return np.ascontiguousarray(t.data, np.float32).reshape(-1)
@@ -82,6 +74,9 @@ class CudaEngine(EngineShape):
                  threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str = "auto",
                  kv_dtype: str = "f16", device: int = 0, use_graphs: bool = True, use_pdl: bool = True,
                  gemm: str = "cublas"):
+        if model.config.switches():
+            raise ValueError(f"the CUDA backend does not run {model.config.arch} models yet (they need "
+                             f"{', '.join(model.config.switches())}); use --device cpu")
         cu = _cuda()
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")
@@ -103,18 +98,16 @@ class CudaEngine(EngineShape):
         graphs, pdl = use_graphs, use_pdl
         gemm_kind = 1 if gemm == "own" else 0
         self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
+        model_config = engine_config(cfg)   # the CPU engine's, and its RoPE frequencies (rope.c) below
         config = {
-            "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-            "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
-            "context_length": cfg.context_length, "qkv_bias": int(cfg.qkv_bias),
+            **model_config, "qkv_bias": int(cfg.qkv_bias), "norm_eps": float(cfg.norm_eps),
             "tie_embeddings": int(cfg.tie_embeddings or "output.weight" not in model.tensors),
-            "rope_neox": int(cfg.rope_neox), "norm_eps": float(cfg.norm_eps),
             "kv_dtype": cu.KV_F16 if kv == "f16" else cu.KV_BF16, "num_kv_blocks": num_kv_blocks,
             "max_batch_tokens": max_batch_tokens, "max_seqs": max_seqs, "max_logits_rows": self.max_logits_rows,
             "max_adj": self.max_adj, "use_graphs": int(graphs), "use_pdl": int(pdl), "gemm_kind": gemm_kind,
         }
-        self._m = cu.Model(config, rope_inv_freq(cfg))
-        self._load(model)
+        self._m = cu.Model(config, rope_frequencies(model_config))
+        self._load(_with_cuda_types(model))
         self.weight_bytes = self._m.weight_bytes
         self.last_step_used_graph = False
 

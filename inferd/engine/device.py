@@ -64,4 +64,8 @@ def build_engine(model: Any, settings: Settings, *, num_kv_blocks: int | None = 
     if settings.cpu_path:
         from inferd import _cpu
         _cpu.set_path(settings.cpu_path)
-    return engine_cls(model, **sizes)
+    from inferd.engine.load_progress import LoadProgress
+    progress = LoadProgress()   # a bar on a terminal and a summary line, for loads over a second
+    engine = engine_cls(model, **sizes, progress=progress)
+    progress.finish()
+    return engine

@@ -41,11 +41,11 @@ def physical_cores() -> int:
 
 class Engine(EngineShape):
     def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
-                 threads: int | None = None, max_logits_rows: int | None = None):
+                 threads: int | None = None, max_logits_rows: int | None = None, progress=None):
         super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
                          max_logits_rows=max_logits_rows)
         self.threads = threads or physical_cores()
-        self._model = build_cpu_model(model)
+        self._model = build_cpu_model(model, self.threads, progress)   # progress: see weights.build_cpu_model
         self._ctx = _cpu.Context(self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads)
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()

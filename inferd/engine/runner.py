@@ -84,6 +84,16 @@ class PerplexityResult:
     scored_tokens: int
 
 
+def _token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(logits)[target] per row, float64. The exponentials are taken in float32 (each term of the sum is
+    in (0, 1] after subtracting the row's max; the sum itself is float64): a float64 copy of (rows, vocab) logits
+    cost more than the step that made them."""
+    m = logits.max(axis=1, keepdims=True)
+    sums = np.exp(logits - m).sum(axis=1, dtype=np.float64)
+    picked = logits[np.arange(len(targets)), targets].astype(np.float64)
+    return m[:, 0].astype(np.float64) + np.log(sums) - picked
+
+
 def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int | None = None,
                progress=None) -> PerplexityResult:
     """llama.cpp's method: chunks of `ctx` tokens (the first replaced by BOS when the model adds one), each
@@ -103,22 +113,22 @@ def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int
             chunk[0] = bos_id
         pos = 0
         while pos < ctx:
-            part = chunk[pos:pos + engine.max_batch_tokens]
-            # logits are needed for positions first .. ctx-2 (each predicts the next token)
-            lo, hi = max(pos, first), min(pos + len(part), ctx - 1)
-            if hi > lo:
+            # steps end at `first`: the first half is only context, so no logits (the vocabulary-wide output
+            # matmul and the copy) are made for it; logits are needed for positions first .. ctx-2
+            end = min(pos + engine.max_batch_tokens, first if pos < first else ctx)
+            part = chunk[pos:end]
+            lo, hi = pos, min(end, ctx - 1)
+            if pos >= first and hi > lo:
                 out = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0]
-                logits = out.logits[lo - pos:hi - pos].astype(np.float64)
-                m = logits.max(axis=1, keepdims=True)
-                lse = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1)))
-                targets = np.asarray(chunk[lo + 1:hi + 1])
-                token_nll = lse - logits[np.arange(hi - lo), targets]
-                nll += float(token_nll.sum())
-                nll2 += float((token_nll ** 2).sum())
+                for r0 in range(lo, hi, 32):   # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
+                    r1 = min(hi, r0 + 32)
+                    token_nll = _token_nll(out.logits[r0 - pos:r1 - pos], np.asarray(chunk[r0 + 1:r1 + 1]))
+                    nll += float(token_nll.sum())
+                    nll2 += float((token_nll ** 2).sum())
                 count += hi - lo
             else:
                 engine.step([SeqInput(part, pos, table, 0)])
-            pos += len(part)
+            pos = end
         if progress:
             progress(c + 1, n_chunks, math.exp(nll / count))
     mean = nll / count

@@ -1,19 +1,29 @@
 """A LoadedModel's tensors -> the C engine's Model: Wq|Wk|Wv and Wgate|Wup fused into one matrix each (one
-parallel region per fused matmul), then repacked by C into 8-row tiles. The fused parts must share a type;
-when a file mixes types (say Q4_K attention with a Q6_K V), the parts are brought to the most precise one."""
+parallel region per fused matmul), repacked by C into 8-row tiles straight from the file's mapped rows. A fused
+matrix keeps each part's quantized type (Q4_K_M files give Q4_K Q and K with a Q6_K V: one matrix of two
+segments). Parts are converted only where segments cannot hold them: float parts beside quantized ones, or
+interleaved parts (gate|up) of different types; then they are brought to the most precise of their types."""
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
 from inferd import _cpu
+from inferd.model.quant import REQUANT_TYPES, requantize, to_float32
 
 # most precise first
-PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q4_1", "Q4_0")
+PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
+FLOATS = ("F32", "F16", "BF16")
+QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")   # the types _cpu.quantize writes
+MAX_SEGMENTS = 3
 
 
 def _to_f32(t) -> np.ndarray:
     if t.type == "F32":
         return np.asarray(t.data, np.float32)
+    if t.type in REQUANT_TYPES:
+        return to_float32(t, 0, t.rows)
     return _cpu.Weight(t.type, t.rows, t.cols, t.data).dequantize()
 
 
@@ -32,26 +42,45 @@ def _convert(t, target: str) -> np.ndarray:
     return _cpu.quantize(x, target)
 
 
+def _segments(types: list[str]) -> int:
+    return sum(1 for i, t in enumerate(types) if i == 0 or t != types[i - 1])
+
+
 def fuse(parts, interleave: int = 0) -> tuple:
-    """(type, rows, cols, data) of the row-wise concatenation of `parts`; with `interleave`, of their groups of that
-    many rows in turn (group 0 of every part, then group 1, ...), so that one stretch of rows holds the same units
-    of every part."""
-    target = min((p.type for p in parts), key=PRECISION.index)
+    """The engine's spec ("parts", [(type, rows, cols, data)...], interleave) of the row-wise concatenation of
+    `parts`; with `interleave`, of their groups of that many rows in turn (group 0 of every part, then group 1,
+    ...), so that one stretch of rows holds the same units of every part. The C side repacks every part from its
+    own array (no concatenated copy)."""
     cols = parts[0].cols
     if any(p.cols != cols for p in parts):
         raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
-    datas = [np.asarray(_convert(p, target)) for p in parts]
-    if interleave:
-        if any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
-            raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
-        groups = [d.reshape(parts[0].rows // interleave, interleave, -1) for d in datas]
-        data = np.stack(groups, axis=1).reshape(len(parts) * parts[0].rows, -1)
-    else:
-        data = np.concatenate(datas, axis=0)
-    return (target, sum(p.rows for p in parts), cols, data)
+    if interleave and any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
+        raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
+    types = ["Q8_0" if p.type in REQUANT_TYPES else p.type for p in parts]
+    quantized = not any(t in FLOATS for t in types)
+    if len(set(types)) == 1 or (quantized and not interleave and _segments(types) <= MAX_SEGMENTS and
+                                all(p.rows % 8 == 0 for p in parts[:-1])):
+        return ("parts", [_spec(p) for p in parts], interleave)
+    target = min(types, key=PRECISION.index)
+    if target not in QUANTIZABLE:
+        target = "Q8_0"
+    return ("parts", [_spec(p) if p.type == target else (target, p.rows, cols, np.asarray(_convert(p, target)))
+                      for p in parts], interleave)
+
+
+def _requantized(t):
+    """Data of a matrix the engine does not compute in its type (Q2_K, Q3_K, IQ4_*): a function giving its Q8_0
+    rows, called when the weight is built, so that one such tensor at a time exists in Q8_0."""
+    def data() -> np.ndarray:
+        out = requantize(t).data
+        release_file_pages(t.data)
+        return out
+    return data
 
 
 def _spec(t) -> tuple:
+    if t.type in REQUANT_TYPES:
+        return ("Q8_0", t.rows, t.cols, _requantized(t))
     return (t.type, t.rows, t.cols, t.data)
 
 
@@ -59,11 +88,33 @@ def _vector(t) -> tuple:
     return ("F32", 1, t.rows * t.cols, _to_f32(t).reshape(-1))
 
 
-def build_cpu_model(model) -> _cpu.Model:
-    cfg = model.config
-    ts = model.tensors
+def release_file_pages(data: np.ndarray) -> None:
+    """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
+    built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
+    bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
+    base: object = data
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    if base is None or data.nbytes == 0:
+        return
+    start = np.frombuffer(base, np.uint8, count=1).ctypes.data
+    offset = data.ctypes.data - start
+    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _release(spec: tuple) -> None:
+    for part in spec[1] if spec[0] == "parts" else [spec]:
+        if isinstance(part[3], np.ndarray):
+            release_file_pages(part[3])
+
+
+def engine_config(cfg) -> dict:
+    """A ModelConfig as the C engines read it (model_config_t, and the CUDA runner's config): built here once."""
     rope = cfg.rope_scaling or {}
-    config = {
+    return {
         "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
         "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
         "context_length": cfg.context_length, "rope_neox": int(cfg.rope_neox), "norm_eps": cfg.norm_eps,
@@ -72,7 +123,22 @@ def build_cpu_model(model) -> _cpu.Model:
         "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
         "rope_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
         "rope_original_ctx": int(rope.get("original_max_position_embeddings", 8192)),
+        "rope_freq_scale": 1.0 / cfg.rope_linear_factor,
+        "rope_theta_local": float(cfg.rope_theta_local or 0.0),
+        "embed_scale": float(cfg.embed_scale) if cfg.embed_scale != 1.0 else 0.0,
+        "attn_scale": float(cfg.query_scale),
+        "logit_softcap": float(cfg.logit_softcap),
+        "ffn_gelu": int(cfg.ffn_act == "gelu_tanh"),
+        "windows": [cfg.layer_window(i) for i in range(cfg.n_layers)],
     }
+
+
+def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
+    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
+    inferd.engine.load_progress)."""
+    cfg = model.config
+    ts = model.tensors
+    config = engine_config(cfg)
     tensors = {"tok_embd": _spec(ts["token_embd.weight"]), "output_norm": _vector(ts["output_norm.weight"])}
     if "output.weight" in ts and not cfg.tie_embeddings:
         tensors["output"] = _spec(ts["output.weight"])
@@ -84,9 +150,15 @@ def build_cpu_model(model) -> _cpu.Model:
         if cfg.qkv_bias:
             bias = np.concatenate([_to_f32(ts[p + f"attn_{x}.bias"]).reshape(-1) for x in "qkv"])
             tensors[p + "qkv_bias"] = ("F32", 1, bias.size, bias)
+        if cfg.qk_norm:
+            tensors[p + "q_norm"] = _vector(ts[p + "attn_q_norm.weight"])
+            tensors[p + "k_norm"] = _vector(ts[p + "attn_k_norm.weight"])
+        if cfg.sandwich_norms:
+            tensors[p + "post_attn_norm"] = _vector(ts[p + "post_attention_norm.weight"])
+            tensors[p + "post_ffn_norm"] = _vector(ts[p + "post_ffw_norm.weight"])
         tensors[p + "wo"] = _spec(ts[p + "attn_output.weight"])
         # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies SwiGLU and
         # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)
         tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]], interleave=32)
         tensors[p + "wdown"] = _spec(ts[p + "ffn_down.weight"])
-    return _cpu.Model(config, tensors)
+    return _cpu.Model(config, tensors, threads, progress, _release)

@@ -1,5 +1,9 @@
 """ModelConfig: the numbers that define a llama-family transformer, read from GGUF metadata or HF config.json.
 
+Gemma 3 and Qwen3 are llama-family models with a few switches: QK-norm (both), and for Gemma 3 sandwich norms,
+GeGLU, an embedding scale, interleaved sliding-window layers with a RoPE base of their own and its own attention
+scale. Each switch is a field here and a small branch in the engine's one forward pass.
+
 Everything the engine sizes its buffers from lives here, and is checked here, so that a model the engine cannot
 run is refused at load time with a sentence instead of failing (or silently computing garbage) later.
 """
@@ -11,9 +15,14 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-ARCHS = ("llama", "mistral", "qwen2")
-HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-HEAD_DIMS = (64, 128)  # the attention kernel's tiles are specialised for these
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+            "Qwen3ForCausalLM": "qwen3"}
+HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
+FFN_ACTS = ("silu", "gelu_tanh")
+# Gemma 3 as llama.cpp reads it: every 6th layer global, the others a sliding window with a RoPE base of 10000
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Weight rows are split into 32-value blocks (Q8_0/Q4_0/Q4_1), so every matmul input width must be a multiple.
 DIM_MULTIPLE = 32
@@ -36,6 +45,16 @@ class ModelConfig:
     tie_embeddings: bool
     qkv_bias: bool
     context_length: int
+    qk_norm: bool = False               # RMSNorm of every q and k head before RoPE (attn_q_norm / attn_k_norm)
+    sandwich_norms: bool = False        # RMSNorm of the attention and FFN outputs before the residual add
+    ffn_act: str = "silu"               # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    embed_scale: float = 1.0            # the embeddings are multiplied by it (Gemma: sqrt(dim))
+    attn_scale: float | None = None     # of q.k; None: 1/sqrt(head_dim)
+    logit_softcap: float = 0.0          # logits = cap * tanh(logits / cap); 0: none
+    sliding_window: int = 0             # keys a local layer's query sees, itself included
+    local_layers: tuple[int, ...] = ()  # the layers that use the sliding window
+    rope_theta_local: float | None = None   # RoPE base of the local layers (None: rope_theta)
+    rope_linear_factor: float = 1.0     # linear RoPE scaling of the global layers: positions / factor
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -58,10 +77,45 @@ class ModelConfig:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if self.rope_scaling is not None:
             _check_llama3(self.rope_scaling)
+        if self.ffn_act not in FFN_ACTS:
+            raise ValueError(f"ffn_act must be one of {FFN_ACTS}, got {self.ffn_act!r}")
+        for name in ("embed_scale", "rope_linear_factor"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("attn_scale", "rope_theta_local"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        if not math.isfinite(self.logit_softcap) or self.logit_softcap < 0:
+            raise ValueError(f"logit_softcap must be 0 (none) or positive, got {self.logit_softcap!r}")
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be 0 (none) or positive, got {self.sliding_window}")
+        if self.local_layers and self.sliding_window == 0:
+            raise ValueError("local (sliding-window) layers need a sliding_window")
+        if any(not 0 <= i < self.n_layers for i in self.local_layers) or \
+                list(self.local_layers) != sorted(set(self.local_layers)):
+            raise ValueError(f"local_layers must be distinct ascending layer indices, got {self.local_layers}")
+
+    def layer_window(self, i: int) -> int:
+        """Layer i's sliding window (keys per query, itself included), or 0 for a global layer."""
+        return self.sliding_window if i in self.local_layers else 0
+
+    def switches(self) -> list[str]:
+        """The Qwen3/Gemma 3 switches this model turns on, named for a message (empty for llama/mistral/qwen2)."""
+        on = [("QK-norm", self.qk_norm), ("sandwich norms", self.sandwich_norms), ("GeGLU", self.ffn_act != "silu"),
+              ("an embedding scale", self.embed_scale != 1.0), ("its own attention scale", self.attn_scale is not None),
+              ("logit soft-capping", self.logit_softcap > 0), ("sliding-window layers", bool(self.local_layers)),
+              ("linear RoPE scaling", self.rope_linear_factor != 1.0)]
+        return [name for name, is_on in on if is_on]
+
+    @property
+    def query_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
-        """From a Hugging Face config.json dict (Llama/Mistral/Qwen2ForCausalLM)."""
+        """From a Hugging Face config.json dict (Llama/Mistral/Qwen2/Qwen3ForCausalLM)."""
         archs = cfg.get("architectures") or []
         known = [HF_ARCHS[a] for a in archs if a in HF_ARCHS]
         if not known:
@@ -99,7 +153,7 @@ class ModelConfig:
             rope_scaling=_hf_rope_scaling(scaling),
             rope_neox=True,  # HF checkpoints keep q/k unpermuted: rotate-half pairs (i, i + head_dim/2)
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2", context_length=context)
+            qkv_bias=arch == "qwen2", context_length=context, qk_norm=arch == "qwen3")
 
     @classmethod
     def from_gguf(cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (),
@@ -128,8 +182,11 @@ class ModelConfig:
             raise ValueError(f"partial rotary embeddings (rope.dimension_count {key('rope.dimension_count')} "
                              f"< head_dim {head_dim}) are not supported")
         scaling_type = key("rope.scaling.type", "none")
-        if scaling_type not in ("none", "") or float(key("rope.scale_linear", 1.0)) != 1.0:
-            raise ValueError(f"rope scaling type {scaling_type!r} is not supported (only llama3 via rope_freqs)")
+        # a factor without a type is linear, as llama.cpp reads it (older files wrote only rope.scale_linear)
+        linear = float(key("rope.scaling.factor", key("rope.scale_linear", 1.0)) or 1.0)
+        if scaling_type not in ("none", "", "linear"):
+            raise ValueError(f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via "
+                             f"rope_freqs)")
         vocab = key("vocab_size", None)
         if vocab is None:
             vocab = len(_meta(fields, "tokenizer.ggml.tokens", []))
@@ -139,17 +196,23 @@ class ModelConfig:
         if rope_freqs is not None:
             scaling = llama3_from_factors(np.asarray(rope_freqs, dtype=np.float64).ravel(), head_dim, theta,
                                           key("rope.scaling.original_context_length", None))
+        n_layers = int(key("block_count"))
+        extra: dict[str, Any] = {}
+        if arch == "qwen3":
+            extra = {"qk_norm": True}
+        elif arch == "gemma3":
+            extra = _gemma3_gguf(fields, n_layers, dim, n_heads, head_dim)
         return cls(
-            arch=arch, vocab_size=int(vocab), dim=dim, n_layers=int(key("block_count")), n_heads=n_heads,
+            arch=arch, vocab_size=int(vocab), dim=dim, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=int(key("attention.head_count_kv", n_heads)), head_dim=head_dim,
             hidden_dim=int(key("feed_forward_length")), rope_theta=theta, rope_scaling=scaling,
             # llama.cpp's converter permutes Wq/Wk of llama models so rope pairs are adjacent (2i, 2i+1);
-            # it leaves qwen2 alone, which therefore keeps HF's rotate-half pairing.
-            rope_neox=arch == "qwen2",
+            # it leaves qwen2, qwen3 and gemma3 alone, which therefore keep HF's rotate-half pairing.
+            rope_neox=arch in ("qwen2", "qwen3", "gemma3"),
             norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in names,
             qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in names,
-            context_length=int(key("context_length")))
+            context_length=int(key("context_length")), rope_linear_factor=linear, **extra)
 
     @property
     def q_dim(self) -> int:
@@ -158,6 +221,32 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+
+def _gemma3_gguf(fields: Mapping[str, Any], n_layers: int, dim: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    """Gemma 3's switches from its GGUF metadata, read as llama.cpp reads them.
+
+    The converter stores the norms' weights as 1 + w (Gemma's RMSNorm scales by 1 + w), so they are used as stored.
+    The file has no query_pre_attn_scalar: it is head_dim for every size but the 27B (62 layers), whose is
+    dim / n_heads, as in Google's reference config and llama.cpp."""
+    window = int(_meta(fields, "gemma3.attention.sliding_window", 0) or 0)
+    local: tuple[int, ...] = ()
+    if window > 0:
+        pattern = _meta(fields, "gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+        if isinstance(pattern, list):           # one flag per layer: true = sliding window
+            if len(pattern) != n_layers:
+                raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for "
+                                 f"{n_layers} layers")
+            local = tuple(i for i, is_local in enumerate(pattern) if is_local)
+        else:                                   # every n-th layer is global, the others local
+            n = int(pattern)
+            local = tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
+    query_pre_attn_scalar = dim // n_heads if n_layers == 62 else head_dim
+    return {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh", "embed_scale": math.sqrt(dim),
+            "attn_scale": query_pre_attn_scalar ** -0.5,
+            "logit_softcap": float(_meta(fields, "gemma3.final_logit_softcapping", 0.0) or 0.0),
+            "sliding_window": window, "local_layers": local,
+            "rope_theta_local": float(_meta(fields, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))}
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -176,6 +265,10 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         if cfg.qkv_bias:
             shapes.update({b + "attn_q.bias": (1, cfg.q_dim), b + "attn_k.bias": (1, cfg.kv_dim),
                            b + "attn_v.bias": (1, cfg.kv_dim)})
+        if cfg.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (1, cfg.head_dim), b + "attn_k_norm.weight": (1, cfg.head_dim)})
+        if cfg.sandwich_norms:
+            shapes.update({b + "post_attention_norm.weight": (1, cfg.dim), b + "post_ffw_norm.weight": (1, cfg.dim)})
     return shapes
 
 

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..text.chat import default_template
 from ..text.tokenizer import Tokenizer
 from .arch import ModelConfig
 from .errors import ModelLoadError
@@ -65,8 +66,9 @@ def _load_gguf(path: Path, quantize: str | None) -> LoadedModel:
     _check_vocab(path, model.config, tokenizer)
     tensors = _convert(path, model.tensors.values(), quantize)
     template = model.metadata.get("tokenizer.chat_template")
-    return LoadedModel(str(path), model.config, tensors, tokenizer, template if isinstance(template, str) else None,
-                       path.stem)
+    if not isinstance(template, str):
+        template = default_template(model.config.arch)   # Gemma base models ship none; their turns are known
+    return LoadedModel(str(path), model.config, tensors, tokenizer, template, path.stem)
 
 
 def _load_hf(path: Path, quantize: str | None) -> LoadedModel:

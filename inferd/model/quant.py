@@ -1,8 +1,10 @@
-"""Convert loaded tensors into the types the engine computes with (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+"""Convert loaded tensors into the types the engine computes with (tensor.NATIVE_TYPES: F32, F16, BF16, Q4_0,
+Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 
-- Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied.
-- K-quants and Q5_0/Q5_1 are dequantized with gguf.quants and re-quantized to Q8_0. Q8_0 is chosen over a
-  4-bit target because its rounding error (~0.4% of a block's max) is far below the source's own 4-6 bit
+- Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied; the C side
+  repacks them into its tiles straight from there.
+- Q2_K, Q3_K, IQ4_NL and IQ4_XS are dequantized with gguf.quants and re-quantized to Q8_0. Q8_0 is chosen over a
+  4-bit target because its rounding error (~0.4% of a block's max) is far below the source's own 2-4 bit
   noise, so the model's quality is the file's; re-quantizing into another 4-bit grid would add a second error of
   the same size as the first.
 - Float weights (HF checkpoints, F16/F32 GGUFs) are quantized on request to q8_0 or q4_0 by the C kernel
@@ -20,7 +22,7 @@ from gguf import quants as gguf_quants
 
 from .tensor import NATIVE_TYPES, Tensor, bytes_per_row
 
-REQUANT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1")
+REQUANT_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 LOADABLE_TYPES = NATIVE_TYPES + REQUANT_TYPES
 QUANTIZE_TARGETS = ("q8_0", "q4_0")
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -59,6 +61,11 @@ def convert_tensor(t: Tensor, quantize: str | None = None) -> Tensor:
         return t
     if target == "F32":
         return Tensor(t.name, "F32", t.rows, t.cols, to_float32(t, 0, t.rows))
+    return requantize(t, target)
+
+
+def requantize(t: Tensor, target: str = "Q8_0") -> Tensor:
+    """t's values quantized to `target` (Q8_0, Q4_0, Q4_1), ~16 MiB of float32 at a time."""
     out = np.empty((t.rows, bytes_per_row(target, t.cols)), dtype=np.uint8)
     step = max(1, _CHUNK_VALUES // t.cols)
     for r0 in range(0, t.rows, step):
@@ -68,8 +75,11 @@ def convert_tensor(t: Tensor, quantize: str | None = None) -> Tensor:
 
 
 def convert_all(tensors: Iterable[Tensor], quantize: str | None = None) -> dict[str, Tensor]:
+    """Every tensor in the type the engines take. Matrices of the re-quantized types (REQUANT_TYPES) stay as they
+    are in the file: the engines convert them one at a time while building their weights (see
+    inferd.engine.weights), so that a model is never held twice in memory."""
     quantize = check_quantize_arg(quantize)
-    return {t.name: convert_tensor(t, quantize) for t in tensors}
+    return {t.name: t if t.type in REQUANT_TYPES and t.rows > 1 else convert_tensor(t, quantize) for t in tensors}
 
 
 def to_float32(t: Tensor, r0: int, r1: int) -> np.ndarray:

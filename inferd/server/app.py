@@ -176,7 +176,8 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
     from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
     from inferd.server.memory import pin_mmap_threshold
-    from inferd.server.metrics import Metrics, measure_read_bandwidth
+    from inferd import _cpu
+    from inferd.server.metrics import Metrics
     from inferd.text.chat import ChatTemplate
     loop = asyncio.get_running_loop()
     s = state.settings
@@ -197,7 +198,8 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         engine, tok = state.engine, state.model.tokenizer
         bandwidth = 0.0
         if s.measure_bandwidth:
-            bandwidth = await loop.run_in_executor(None, measure_read_bandwidth, engine.threads)
+            # the C probe, which reads the same kind of pages (huge) as the weights' stream
+            bandwidth = await loop.run_in_executor(None, _cpu.measure_read_bandwidth, 256 << 20, engine.threads, 3)
         state.served_model_name = s.served_model_name or state.model.model_name
         state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
         state.max_model_len = min(s.max_model_len or engine.context_length, engine.context_length,

@@ -10,10 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
 import prometheus_client
 import prometheus_client.exposition
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -40,23 +38,6 @@ LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
 
 WINDOW_S = 10.0   # throughput and bandwidth gauges average the steps of the last WINDOW_S seconds
-
-
-def measure_read_bandwidth(threads: int, nbytes: int = 256 << 20, repeats: int = 3) -> float:
-    """Bytes per second that `threads` threads can stream from RAM (numpy reductions release the GIL).
-
-    The buffer is far larger than any cache, and the best of `repeats` passes is kept: this is the ceiling
-    the engine's weight+KV reads are compared against.
-    """
-    buf = np.ones(nbytes // 8, dtype=np.int64)
-    chunks = np.array_split(buf, max(1, threads))
-    best = float("inf")
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            list(pool.map(np.bitwise_or.reduce, chunks))
-            best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best
 
 
 class Metrics:

@@ -22,6 +22,28 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Gemma's turn format (Gemma 3's own template, text only), for Gemma GGUF files that ship without a template (the
+# base models): a system message is folded into the first user turn, the assistant's role is "model".
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def default_template(arch: str) -> str | None:
+    """The template of a model family whose files may lack one (None: the ChatML fallback)."""
+    return GEMMA_TEMPLATE if arch.startswith("gemma") else None
+
 
 class ChatTemplateError(ValueError):
     """A chat template that does not compile, or that refuses (raise_exception) or fails on the messages."""

@@ -21,6 +21,7 @@ def load_build():
     return module
 
 
+@pytest.mark.slow   # nvcc over every .cu file for two architectures: minutes on two cores
 def test_cuda_sources_compile(tmp_path):
     b = load_build()
     nvcc = b.find_nvcc()

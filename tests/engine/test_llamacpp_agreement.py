@@ -26,10 +26,13 @@ import pytest
 
 from inferd.engine.engine import Engine
 from inferd.engine.types import SeqInput
-from inferd.model.loader import load_model
 from inferd.text.chat import render_chat
 
-NEAR_TIE = 0.2   # logits; the largest gap we have seen at a disagreement is 0.14
+# logits. The gap at a disagreement depends on our kernels' rounding too: with the K-quant tile kernels SmolLM2's
+# logits on the haiku sequence moved by 0.22 on average (max 2.1) against the earlier kernels, both about as far
+# from the float64 reference (mean |diff| 0.23 now, 0.27 before), and haiku token 9, a 0.006 coin toss for
+# llama.cpp, became a 0.41 gap for us.
+NEAR_TIE = 0.45
 
 CASES = [
     ('What is the capital of France?',
@@ -45,8 +48,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    model = load_model(smollm2_path)
+def smollm2(smollm2_model):
+    model = smollm2_model
     engine = Engine(model, num_kv_blocks=8, max_batch_tokens=128, max_seqs=1, max_logits_rows=128)
     return model, engine
 

@@ -8,7 +8,6 @@ from inferd.engine.types import SamplingParams
 from inferd.engine.request import Request
 from inferd.engine.runner import GenerationStats, generate
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
-from inferd.model.loader import load_model
 from inferd.text.chat import render_chat
 
 
@@ -70,8 +69,8 @@ def token_ids(outputs) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    model = load_model(smollm2_path)
+def smollm2(smollm2_model):
+    model = smollm2_model
     return model, Engine(model, num_kv_blocks=4, max_batch_tokens=128, max_seqs=1)
 
 

@@ -2,12 +2,14 @@
 interleaved Wgate|Wup layout that lets forward.c finish SwiGLU 32 hidden units at a time."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
+from inferd import _cpu
 from inferd.engine.weights import fuse
-from inferd.model.tensor import Tensor
-from tests.reference import dequantize, make_tensor
+from tests.reference import dequantize, make_tensor, random_model
 
 
 def rows_tagged(name: str, rows: int, cols: int, base: float, type_name: str = "F32"):
@@ -15,38 +17,56 @@ def rows_tagged(name: str, rows: int, cols: int, base: float, type_name: str = "
     return make_tensor(name, np.repeat((base + np.arange(rows, dtype=np.float32))[:, None], cols, axis=1), type_name)
 
 
+def built(spec) -> np.ndarray:
+    """The fused weight as the engine builds it (C repacking), back in floats."""
+    assert spec[0] == "parts"
+    return _cpu.Weight("parts", 0, 0, None, parts=spec[1], interleave=spec[2]).dequantize()
+
+
 def test_concatenation_keeps_part_order():
-    q, k = rows_tagged("q", 4, 32, 0.0), rows_tagged("k", 2, 32, 100.0)
-    type_name, rows, cols, data = fuse([q, k])
-    assert (type_name, rows, cols) == ("F32", 6, 32)
-    assert np.asarray(data)[:, 0].tolist() == [0, 1, 2, 3, 100, 101]
+    q, k = rows_tagged("q", 8, 32, 0.0), rows_tagged("k", 2, 32, 100.0)
+    spec = fuse([q, k])
+    assert [p[0] for p in spec[1]] == ["F32", "F32"] and spec[2] == 0
+    assert built(spec)[:, 0].tolist() == list(range(8)) + [100, 101]
 
 
 def test_interleave_puts_each_group_of_every_part_in_turn():
     gate, up = rows_tagged("gate", 96, 32, 0.0), rows_tagged("up", 96, 32, 1000.0)
-    _, rows, _, data = fuse([gate, up], interleave=32)
-    first = np.asarray(data)[:, 0]
-    assert rows == 192
+    first = built(fuse([gate, up], interleave=32))[:, 0]
     expected = []
     for j in range(3):
         expected += list(range(32 * j, 32 * j + 32)) + list(range(1000 + 32 * j, 1000 + 32 * j + 32))
     assert first.tolist() == expected
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "F16"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "F16", "Q4_K", "Q6_K", "Q5_0"])
 def test_interleave_moves_whole_encoded_rows(type_name):
     rng = np.random.default_rng(3)
-    gate = make_tensor("gate", rng.standard_normal((64, 64)).astype(np.float32), type_name)
-    up = make_tensor("up", rng.standard_normal((64, 64)).astype(np.float32), type_name)
-    fused_type, rows, cols, data = fuse([gate, up], interleave=32)
-    got = dequantize(Tensor("fused", fused_type, rows, cols, np.ascontiguousarray(data)))
+    cols = 256 if type_name.endswith("_K") else 64
+    gate = make_tensor("gate", rng.standard_normal((64, cols)).astype(np.float32), type_name)
+    up = make_tensor("up", rng.standard_normal((64, cols)).astype(np.float32), type_name)
+    spec = fuse([gate, up], interleave=32)
+    assert all(p[3] is t.data for p, t in zip(spec[1], [gate, up]))      # no copy: repacked from the file's rows
     g, u = dequantize(gate), dequantize(up)
-    np.testing.assert_array_equal(got, np.concatenate([g[:32], u[:32], g[32:], u[32:]]))
+    np.testing.assert_array_equal(built(spec), np.concatenate([g[:32], u[:32], g[32:], u[32:]]).astype(np.float32))
+
+
+def test_quantized_parts_keep_their_types():
+    """Q4_K_M's Q4_K Q and K with a Q6_K V: one weight of two segments, nothing converted."""
+    rng = np.random.default_rng(4)
+    parts = [make_tensor(n, rng.standard_normal((r, 256)).astype(np.float32), t)
+             for n, r, t in [("q", 64, "Q4_K"), ("k", 16, "Q4_K"), ("v", 16, "Q6_K")]]
+    spec = fuse(parts)
+    assert [p[0] for p in spec[1]] == ["Q4_K", "Q4_K", "Q6_K"]
+    np.testing.assert_array_equal(built(spec), np.concatenate([dequantize(p) for p in parts]).astype(np.float32))
 
 
 def test_mixed_types_take_the_most_precise():
     a, b = rows_tagged("a", 32, 32, 0.0, "Q4_0"), rows_tagged("b", 32, 32, 0.0, "Q8_0")
-    assert fuse([a, b], interleave=32)[0] == "Q8_0"
+    assert [p[0] for p in fuse([a, b], interleave=32)[1]] == ["Q8_0", "Q8_0"]     # interleaved: one type
+    f = rows_tagged("f", 32, 32, 0.0, "F16")
+    assert [p[0] for p in fuse([a, f])[1]] == ["F16", "F16"]                       # floats beside quantized
+    assert [p[0] for p in fuse([a, b])[1]] == ["Q4_0", "Q8_0"]                     # segments
 
 
 def test_interleave_refuses_parts_it_cannot_split():
@@ -56,3 +76,46 @@ def test_interleave_refuses_parts_it_cannot_split():
         fuse([rows_tagged("gate", 64, 32, 0.0), rows_tagged("up", 32, 32, 0.0)], interleave=32)
     with pytest.raises(ValueError, match="input widths differ"):
         fuse([rows_tagged("gate", 32, 32, 0.0), rows_tagged("up", 32, 64, 0.0)])
+
+
+def test_cuda_engine_gets_k_quants_as_q8_0():
+    """The CUDA kernels have no K-quant formats: its engine re-quantizes those matrices to Q8_0 (the CPU engine
+    computes them natively); vectors and supported types are handed over untouched."""
+    from inferd.engine.cuda_engine import _AUTO, _with_cuda_types
+    from inferd.model.quant import requantize
+
+    model = random_model(weight_type="Q4_K", dim=256, hidden=512, mix={"attn_v": "Q6_K"})
+    converted = _with_cuda_types(model)
+    assert {t.type for t in model.tensors.values()} == {"Q4_K", "Q6_K", "F32"}      # the loaded model is not changed
+    for name, t in converted.tensors.items():
+        assert t.type in _AUTO
+        original = model.tensors[name]
+        if original.type == "F32":
+            assert t is original
+        else:
+            np.testing.assert_array_equal(t.data, requantize(original).data)
+    q8 = random_model(weight_type="Q8_0")
+    assert _with_cuda_types(q8) is q8
+
+
+def test_requantized_types_are_converted_while_the_weights_are_built():
+    """A Q3_K/Q2_K/IQ4_XS matrix reaches the engine as the file holds it and is re-quantized to Q8_0 only when its
+    weight is built (one tensor at a time): the same logits as a model converted up front."""
+    from inferd.engine.engine import Engine, SeqInput
+    from inferd.model.quant import convert_all, requantize
+    from inferd.model.tensor import Tensor
+    from tests.model.make_tiny import random_kquant
+
+    model = random_model(weight_type="Q8_0", dim=256, hidden=256)
+    for i, (name, kind) in enumerate([("blk.0.ffn_down.weight", "Q3_K"), ("blk.1.attn_v.weight", "Q2_K"),
+                                      ("blk.1.ffn_up.weight", "IQ4_XS")]):
+        t = model.tensors[name]
+        model.tensors[name] = Tensor(name, kind, t.rows, t.cols, random_kquant(t.rows, t.cols, kind, seed=i))
+    assert convert_all(model.tensors.values())["blk.0.ffn_down.weight"].type == "Q3_K"     # not converted at load
+    eager = copy.copy(model)
+    eager.tensors = {n: requantize(t) if t.type in ("Q3_K", "Q2_K", "IQ4_XS") else t for n, t in model.tensors.items()}
+    outs = []
+    for m in (model, eager):
+        eng = Engine(m, num_kv_blocks=2, max_seqs=1, threads=1)
+        outs.append(eng.step([SeqInput(list(range(20)), 0, [0], want_logits=True)])[0].logits)
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -12,7 +12,8 @@ from inferd.engine.engine import Engine
 from inferd.engine.types import SamplingParams, SeqInput
 from tests.reference import make_tensor, random_model
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")     # rows of a multiple of 256
 ALL_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni")
 
 
@@ -65,8 +66,8 @@ def weight_of(type_name, rows, cols, seed):
     return _cpu.Weight(type_name, rows, cols, t.data)
 
 
-@pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("rows,cols", [(37, 96), (1003, 160), (64, 1024)])
+@pytest.mark.parametrize("type_name,rows,cols", [(t, r, c) for t in TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]]
+                         + [(t, r, c) for t in K_TYPES for r, c in [(37, 256), (203, 512), (64, 1536)]])
 def test_matmul_identical_on_every_path(type_name, rows, cols):
     w = weight_of(type_name, rows, cols, rows + cols)
     x = np.random.default_rng(1).standard_normal((9, cols)).astype(np.float32)
@@ -80,11 +81,12 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
         assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
 
 
-@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("type_name", TYPES + K_TYPES)
 def test_matmul_row_independent_of_batch_size(type_name):
     """A token's row is the same in a batch of 1, of 8 (two groups of 4 tokens) and of 37."""
-    w = weight_of(type_name, 45, 160, 5)
-    x = np.random.default_rng(2).standard_normal((37, 160)).astype(np.float32)
+    cols = 512 if type_name in K_TYPES else 160
+    w = weight_of(type_name, 45, cols, 5)
+    x = np.random.default_rng(2).standard_normal((37, cols)).astype(np.float32)
     for p in PATHS:
         _cpu.set_path(p)
         full = w.matmul(x)
@@ -120,6 +122,19 @@ def test_rms_norm_and_sampler_identical_on_every_path():
     for p in PATHS[1:]:
         assert_bitwise(results[p][0], results[PATHS[0]][0], p)
         assert results[p][1] == results[PATHS[0]][1], p
+
+
+def test_gated_units_identical_on_every_path():
+    rng = np.random.default_rng(13)
+    g = np.concatenate([rng.standard_normal(992) * 4, np.linspace(-100, 100, 32)]).astype(np.float32)
+    u = rng.standard_normal(g.size).astype(np.float32)
+    results = {}
+    for p in PATHS:
+        _cpu.set_path(p)
+        results[p] = [_cpu.glu(g, u, kind) for kind in ("swiglu", "geglu")]
+    for p in PATHS[1:]:
+        for a, b in zip(results[p], results[PATHS[0]]):
+            assert_bitwise(a, b, p)
 
 
 # ---- whole steps -----------------------------------------------------------------------------------------------
@@ -158,6 +173,13 @@ MODELS = {t: dict(weight_type=t) for t in TYPES}
 MODELS["qwen2-Q4_0-bias"] = dict(arch="qwen2", weight_type="Q4_0", embed_type="Q8_0")
 MODELS["hd128-Q4_1-untied"] = dict(weight_type="Q4_1", n_heads=2, n_kv_heads=1, head_dim=128, tie=False,
                                    output_type="Q8_0")
+# llama.cpp's Q4_K_M mix: Q4_K with a Q6_K V (a second segment of the fused QKV) and down projection and output
+MODELS["qwen2-Q4_K_M"] = dict(arch="qwen2", weight_type="Q4_K", dim=256, hidden=512, n_heads=4, n_kv_heads=2,
+                              tie=False, output_type="Q6_K", mix={"attn_v": "Q6_K", "ffn_down": "Q6_K"})
+MODELS["Q5_K-Q5_0"] = dict(weight_type="Q5_K", dim=256, hidden=512, embed_type="Q5_0", mix={"ffn_down": "Q5_1"})
+MODELS["qwen3-Q8_0-qk-norm"] = dict(arch="qwen3", weight_type="Q8_0", head_dim=128)
+# sliding window 24 on layers 0 and 1 (random_model), crossed by the 70-token prefill and its chunks
+MODELS["gemma3-Q4_0-window"] = dict(arch="gemma3", weight_type="Q4_0", embed_type="Q8_0", n_layers=3, head_dim=256)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -171,7 +193,7 @@ def test_engine_step_identical_on_every_path(name):
         assert_same_run(runs[p], runs[PATHS[0]], f"{name}: {p} vs {PATHS[0]}")
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "BF16"])
+@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_K_M"])
 def test_engine_step_identical_with_more_threads(name):
     model = random_model(**MODELS[name])
     assert_same_run(run_mixed(model, threads=2), run_mixed(model, threads=1), f"{name}: 2 threads vs 1")
@@ -262,7 +284,7 @@ def sequence_batched(eng, prompt, params, vocab):
     return np.concatenate(logits), tokens
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias"])
+@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias", "qwen2-Q4_K_M", "gemma3-Q4_0-window"])
 def test_sequence_logits_do_not_depend_on_batching(name):
     model = random_model(**MODELS[name])
     vocab = model.config.vocab_size

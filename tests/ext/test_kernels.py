@@ -243,12 +243,13 @@ def _act_input(n_blocks: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("kernel_path", PATHS, indirect=True)
 def test_activation_quantization_is_within_half_a_step(kernel_path):
     x = _act_input(45, 1)
-    d, isum, qs = _cpu.quantize_activations(x)
+    d, isum, qs, hsum = _cpu.quantize_activations(x)
     b = x.reshape(-1, 32).astype(np.float64)
     amax = np.abs(b).max(1)
     np.testing.assert_allclose(d, amax / 127, rtol=1e-6)
     assert np.all(np.abs(qs.astype(np.int32)) <= 127)
     np.testing.assert_array_equal(isum, qs.astype(np.int32).sum(1))
+    np.testing.assert_array_equal(hsum, qs.astype(np.int32).reshape(-1, 2, 16).sum(2))   # Q6_K's half sums
     err = np.abs(qs * d[:, None].astype(np.float64) - b)
     assert np.all(err <= d[:, None] * (0.5 + 1e-5) + 1e-30)
     np.testing.assert_array_equal(qs[0], 0)
@@ -267,10 +268,11 @@ def test_activation_quantization_bytes_equal_across_paths():
         _cpu.set_path(old)
     assert len(results) >= 2, "at least scalar and one SIMD path should run on x86-64 CI machines"
     base = results.pop("scalar")
-    for p, (d, isum, qs) in results.items():
+    for p, (d, isum, qs, hsum) in results.items():
         np.testing.assert_array_equal(d.view(np.uint32), base[0].view(np.uint32), err_msg=p)
         np.testing.assert_array_equal(isum, base[1], err_msg=p)
         np.testing.assert_array_equal(qs, base[2], err_msg=p)
+        np.testing.assert_array_equal(hsum, base[3], err_msg=p)
 
 
 def test_activation_quantization_rejects_bad_lengths():
@@ -284,7 +286,7 @@ def engine_activations(x: np.ndarray) -> np.ndarray:
     """float64 values of the 8-bit activations the engine makes of x (ntok, cols), with the active path."""
     out = []
     for row in x:
-        d, _, qs = _cpu.quantize_activations(row)
+        d, _, qs, _ = _cpu.quantize_activations(row)
         out.append((qs.astype(np.float64) * d[:, None].astype(np.float64)).reshape(-1))
     return np.array(out)
 
@@ -344,3 +346,36 @@ def test_rms_norm_matches_float64(n):
     tiny = np.full(n, 1e-4, np.float32)                                   # eps matters when x is small
     np.testing.assert_allclose(_cpu.rms_norm(tiny, np.ones(n, np.float32), 1e-5),
                                1e-4 / np.sqrt(1e-8 + 1e-5), rtol=2e-6)
+
+
+# ---- gated units -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel_path", PATHS)
+def test_gated_units_match_float64(kernel_path):
+    """SwiGLU silu(g) u and GeGLU gelu_tanh(g) u (Gemma's tanh approximation), over the range where exp saturates
+    (within 2e-6 relative; 1e-12 absolute in the negative tail)."""
+    _cpu.set_path(kernel_path)
+    rng = np.random.default_rng(12)
+    g = np.concatenate([rng.standard_normal(4000) * 3, np.linspace(-120, 120, 96)]).astype(np.float32)
+    u = rng.standard_normal(g.size).astype(np.float32)
+    g64, u64 = g.astype(np.float64), u.astype(np.float64)
+    inner = np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)
+    # 0.5 (1 + tanh(a)) written as 1 / (1 + exp(-2a)): the same function, without float64's cancellation in
+    # 1 + tanh(a) for large negative a (checked on the rest of the range)
+    with np.errstate(over="ignore"):
+        half_one_plus_tanh = 1 / (1 + np.exp(-2 * inner))
+    moderate = np.abs(inner) < 5
+    np.testing.assert_allclose(half_one_plus_tanh[moderate], 0.5 * (1 + np.tanh(inner[moderate])), rtol=1e-12)
+    gelu = g64 * half_one_plus_tanh
+    silu = g64 / (1 + np.exp(-g64))
+    for kind, want in (("geglu", gelu * u64), ("swiglu", silu * u64)):
+        got = _cpu.glu(g, u, kind)
+        assert np.all(np.isfinite(got)), kind
+        # atol: in the far negative tail exp(-z) turns float32's rounding of z into a few 1e-6 of values < 1e-13
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-12, err_msg=kind)
+
+
+def test_gated_units_reject_bad_input():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        _cpu.glu(np.zeros(12, np.float32), np.zeros(12, np.float32), "geglu")
+    with pytest.raises(ValueError, match="unknown"):
+        _cpu.glu(np.zeros(8, np.float32), np.zeros(8, np.float32), "relu")

@@ -35,12 +35,12 @@ LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['r
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
-            "qwen2": ("Qwen2ForCausalLM", "qwen2")}
+            "qwen2": ("Qwen2ForCausalLM", "qwen2"), "qwen3": ("Qwen3ForCausalLM", "qwen3")}
 
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"  # llama | mistral | qwen2 (qwen2 has q/k/v biases)
+    arch: str = "llama"  # llama | mistral | qwen2 (q/k/v biases) | qwen3 (QK-norm) | gemma3 (GGUF only)
     vocab_size: int = 512
     dim: int = 128
     n_layers: int = 2
@@ -54,12 +54,17 @@ class TinySpec:
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
     tokenizer: str = "bpe"  # bpe (byte-level, like SmolLM2/Qwen2) | spm (SentencePiece-style, like Llama 2)
+    sliding_window: int = 0  # gemma3: the local layers' window (every 6th layer is global, as in Gemma 3)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def qkv_bias(self) -> bool:
         return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch in ("qwen3", "gemma3")
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -194,6 +199,10 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
                        b + "ffn_down.weight": (spec.dim, spec.hidden_dim)})
         if spec.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+        if spec.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (spec.head_dim,), b + "attn_k_norm.weight": (spec.head_dim,)})
+        if spec.arch == "gemma3":      # sandwich norms; GGUF's Gemma norms hold 1 + w, as these do
+            shapes.update({b + "post_attention_norm.weight": (spec.dim,), b + "post_ffw_norm.weight": (spec.dim,)})
     out = {}
     for name, shape in shapes.items():
         rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
@@ -213,14 +222,16 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray:
-    """Valid random blocks of a K-quant type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
+    """Valid random blocks of a K-quant or IQ4 type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
     qtype = GGMLQuantizationType[type_name]
     block, size = GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise ValueError(f"{type_name} needs cols divisible by {block}, got {cols}")
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,)}[type_name]
+    # where each type keeps its f16 scales: Q2_K d, dmin after 16 scales + 64 values; Q3_K d last
+    scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,), "Q2_K": (80, 82),
+                     "Q3_K": (size - 2,), "IQ4_NL": (0,), "IQ4_XS": (0,)}[type_name]
     for off in scale_offsets:
         d = (rng.uniform(0.5, 1.0, size=(rows, cols // block)) * 2e-4 / np.sqrt(cols / 256)).astype(np.float16)
         data[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
@@ -256,6 +267,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
     w.add_vocab_size(spec.vocab_size)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
     tok = gguf_tokenizer_metadata(spec)
     w.add_tokenizer_model(tok["model"])
     if tok["model"] == "gpt2":
@@ -280,7 +293,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         w.add_tensor("rope_freqs.weight", factors)
     embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)
     for name, x in weights.items():
-        if arch != "qwen2" and name.endswith(("attn_q.weight", "attn_k.weight")):
+        if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
         if x.ndim == 1:
             w.add_tensor(name, x)
@@ -314,7 +327,8 @@ HF_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self
             "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
             "attn_v.bias": "self_attn.v_proj.bias", "attn_output.weight": "self_attn.o_proj.weight",
             "ffn_norm.weight": "post_attention_layernorm.weight", "ffn_gate.weight": "mlp.gate_proj.weight",
-            "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+            "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight",
+            "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -404,6 +418,12 @@ def write_tiny_hf(folder: str | Path, spec: TinySpec = TinySpec(), dtype: str = 
 # ---- named variants ------------------------------------------------------------------------------------------
 _K = TinySpec(dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512)  # K-quant blocks are 256 wide
 _QWEN2 = TinySpec(arch="qwen2", dim=256, n_heads=4, n_kv_heads=2, hidden_dim=320)
+# Qwen3: QK-norm, head_dim 128 != dim / n_heads. Gemma 3: head_dim 256, GQA 2, 7 layers (6 local, layer 5 global)
+# with a window of 40 positions, which the tests' prompts outrun.
+_QWEN3 = TinySpec(arch="qwen3", dim=256, n_heads=4, n_kv_heads=2, head_dim=128, hidden_dim=320, rope_theta=1e6,
+                  norm_eps=1e-6)
+_GEMMA3 = TinySpec(arch="gemma3", dim=256, n_heads=4, n_kv_heads=2, head_dim=256, hidden_dim=512, n_layers=7,
+                   rope_theta=1e6, norm_eps=1e-6, sliding_window=40)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -420,12 +440,20 @@ VARIANTS = {
                             {"weight_type": "Q8_0", "chat_template": LLAMA2_TEMPLATE}),
     "qwen2-gguf-q8_0": ("gguf", _QWEN2, {}),
     "llama3rope-gguf-f32": ("gguf", TinySpec(rope_scaling=_L3), {"weight_type": "F32"}),
+    # Llama 3.2's shape in small: tied, GQA 4, theta 500000, llama3 scaling as a rope_freqs tensor
+    "llama32-gguf-f16": ("gguf", TinySpec(dim=256, n_heads=4, n_kv_heads=1, hidden_dim=384, rope_theta=500000.0,
+                                          rope_scaling={**_L3, "factor": 32.0}), {"weight_type": "F16"}),
+    "qwen3-gguf-f32": ("gguf", _QWEN3, {"weight_type": "F32"}),
+    "qwen3-gguf-q8_0": ("gguf", _QWEN3, {"weight_type": "Q8_0"}),
+    "gemma3-gguf-f32": ("gguf", _GEMMA3, {"weight_type": "F32"}),
+    "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
     "llama-hf-f32": ("hf", TinySpec(), {"dtype": "f32"}),
     "llama-hf-bf16-sharded": ("hf", TinySpec(tie_embeddings=False), {"dtype": "bf16", "shards": 3}),
     "qwen2-hf-bf16": ("hf", _QWEN2, {"dtype": "bf16"}),
+    "qwen3-hf-bf16": ("hf", _QWEN3, {"dtype": "bf16"}),
     "llama3rope-hf-bf16": ("hf", TinySpec(rope_scaling=_L3), {"dtype": "bf16"}),
     "mistral-hf-hd128": ("hf", TinySpec(arch="mistral", dim=256, n_heads=2, n_kv_heads=1, head_dim=128,
                                         hidden_dim=96 * 4), {"dtype": "bf16"}),

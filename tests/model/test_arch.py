@@ -61,6 +61,18 @@ def test_from_hf_qwen2_has_biases_and_ignores_unused_window():
         ("qwen2", True, True, 64, 32768, 1e-6)
 
 
+def test_from_hf_qwen3_has_qk_norm_and_no_biases():
+    qwen3_06b = {  # Qwen/Qwen3-0.6B config.json
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 3072,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+        "sliding_window": None, "rope_scaling": None}
+    c = ModelConfig.from_hf(qwen3_06b)
+    assert (c.arch, c.qk_norm, c.qkv_bias, c.head_dim, c.q_dim, c.rope_neox, c.context_length) == \
+        ("qwen3", True, False, 128, 2048, True, 40960)
+
+
 def test_from_hf_mistral_sliding_window_caps_context():
     c = ModelConfig.from_hf(MISTRAL_7B_V01)
     assert (c.arch, c.head_dim, c.context_length, c.tie_embeddings) == ("mistral", 128, 4096, False)
@@ -110,6 +122,67 @@ def test_from_gguf_llama_and_qwen2():
     # vocab size from the token list when the arch key is absent
     no_vocab = {k: v for k, v in GGUF_SMOLLM2.items() if k != "llama.vocab_size"}
     assert ModelConfig.from_gguf({**no_vocab, "tokenizer.ggml.tokens": ["a"] * 64}, names).vocab_size == 64
+    # linear rope scaling, also when only the factor is written (older files)
+    assert ModelConfig.from_gguf({**GGUF_SMOLLM2, "llama.rope.scale_linear": 4.0}, names).rope_linear_factor == 4.0
+    assert ModelConfig.from_gguf({**GGUF_SMOLLM2, "llama.rope.scaling.type": "linear",
+                                  "llama.rope.scaling.factor": 2.0}, names).rope_linear_factor == 2.0
+
+
+GGUF_GEMMA3_270M = {  # the metadata of gemma-3-270m's GGUF (llama.cpp's converter)
+    "general.architecture": "gemma3", "gemma3.context_length": 32768, "gemma3.embedding_length": 640,
+    "gemma3.block_count": 18, "gemma3.feed_forward_length": 2048, "gemma3.attention.head_count": 4,
+    "gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.attention.key_length": 256,
+    "gemma3.attention.value_length": 256, "gemma3.rope.freq_base": 1e6, "gemma3.attention.sliding_window": 512,
+    "gemma3.attention.head_count_kv": 1, "tokenizer.ggml.tokens": ["a"] * 262144,
+}
+
+
+def test_from_gguf_gemma3_as_llama_cpp_reads_it():
+    c = ModelConfig.from_gguf(GGUF_GEMMA3_270M, ["token_embd.weight"])
+    assert (c.arch, c.vocab_size, c.head_dim, c.q_dim, c.rope_neox, c.tie_embeddings, c.qkv_bias) == \
+        ("gemma3", 262144, 256, 1024, True, True, False)
+    assert (c.qk_norm, c.sandwich_norms, c.ffn_act, c.logit_softcap) == (True, True, "gelu_tanh", 0.0)
+    assert c.embed_scale == pytest.approx(math.sqrt(640)) and c.query_scale == 1 / 16     # query_pre_attn_scalar 256
+    assert (c.sliding_window, c.rope_theta, c.rope_theta_local, c.rope_linear_factor) == (512, 1e6, 10000.0, 1.0)
+    assert c.local_layers == tuple(i for i in range(18) if i not in (5, 11, 17))         # every 6th layer global
+    assert [c.layer_window(i) for i in (4, 5, 6)] == [512, 0, 512]
+    shapes = expected_shapes(c)
+    assert shapes["blk.3.attn_q_norm.weight"] == (1, 256) and shapes["blk.3.post_ffw_norm.weight"] == (1, 640)
+    assert c.switches() == ["QK-norm", "sandwich norms", "GeGLU", "an embedding scale", "its own attention scale",
+                            "sliding-window layers"]
+    assert ModelConfig.from_gguf(GGUF_SMOLLM2, []).switches() == []
+
+
+def test_from_gguf_gemma3_variants():
+    g = GGUF_GEMMA3_270M
+    # the 27B's query_pre_attn_scalar is dim / n_heads (168), not head_dim (128)
+    c = ModelConfig.from_gguf({**g, "gemma3.block_count": 62, "gemma3.embedding_length": 5376,
+                               "gemma3.attention.head_count": 32, "gemma3.attention.key_length": 128,
+                               "gemma3.attention.value_length": 128}, [])
+    assert c.query_scale == pytest.approx(168 ** -0.5)
+    # 4B and up: linear RoPE scaling of the global layers, a soft-cap, a pattern given as flags
+    c = ModelConfig.from_gguf({**g, "gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0,
+                               "gemma3.final_logit_softcapping": 30.0, "gemma3.rope.freq_base_swa": 20000.0,
+                               "gemma3.attention.sliding_window_pattern": [True, False] * 9}, [])
+    assert (c.rope_linear_factor, c.logit_softcap, c.rope_theta_local) == (8.0, 30.0, 20000.0)
+    assert c.local_layers == tuple(range(0, 18, 2))
+    assert ModelConfig.from_gguf({**g, "gemma3.attention.sliding_window_pattern": 3}, []).local_layers == \
+        tuple(i for i in range(18) if i % 3 != 2)
+    # no window: every layer global
+    no_window = {k: v for k, v in g.items() if k != "gemma3.attention.sliding_window"}
+    assert ModelConfig.from_gguf(no_window, []).local_layers == ()
+    with pytest.raises(ValueError, match="3 entries for 18 layers"):
+        ModelConfig.from_gguf({**g, "gemma3.attention.sliding_window_pattern": [True] * 3}, [])
+
+
+def test_from_gguf_qwen3():
+    qwen3 = {k.replace("llama.", "qwen3."): v for k, v in GGUF_SMOLLM2.items()}
+    qwen3.update({"general.architecture": "qwen3", "qwen3.attention.key_length": 128,
+                  "qwen3.attention.value_length": 128, "qwen3.rope.dimension_count": 128})
+    c = ModelConfig.from_gguf(qwen3, ["output.weight"])
+    assert (c.arch, c.qk_norm, c.qkv_bias, c.rope_neox, c.head_dim, c.sandwich_norms, c.ffn_act) == \
+        ("qwen3", True, False, True, 128, False, "silu")
+    assert expected_shapes(c)["blk.0.attn_k_norm.weight"] == (1, 128)
 
 
 @pytest.mark.parametrize("change,message", [

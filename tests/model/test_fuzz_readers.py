@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SEED = int(os.environ.get("INFERD_FUZZ_SEED", "4242"))
-CASES = int(os.environ.get("INFERD_FUZZ_CASES", "250"))
+CASES = int(os.environ.get("INFERD_FUZZ_CASES", "100"))   # more for a deeper run: INFERD_FUZZ_CASES=1000
 ADDRESS_SPACE_LIMIT = 6 << 30      # a runaway allocation becomes a MemoryError (reported) instead of swapping
 CASE_TIMEOUT_S = 30
 PEAK_SLACK = 16 << 20              # allowance on top of what the unmutated file needs

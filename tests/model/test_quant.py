@@ -11,6 +11,7 @@ from gguf import quants as gguf_quants
 
 from inferd.model.quant import check_quantize_arg, convert_tensor, target_type, to_float32
 from inferd.model.tensor import Tensor
+from tests.model.kquant_ref import quantize_k
 from tests.model.make_tiny import random_kquant, to_bf16_bits
 from tests.model.quant_ref import quantize_reference
 
@@ -96,14 +97,17 @@ def _tensor(name: str, x: np.ndarray, type_name: str) -> Tensor:
         data = x.astype(np.float16).view(np.uint16)
     elif type_name == "BF16":
         data = to_bf16_bits(x)
+    elif type_name.endswith("_K"):
+        data = quantize_k(x, type_name)
     else:
         data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
     return Tensor(name, type_name, rows, cols, data)
 
 
-@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K",
+                                       "Q5_K", "Q6_K"])
 def test_native_types_pass_through_untouched(type_name):
-    x = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32)
     t = _tensor("blk.0.ffn_up.weight", x, type_name)
     assert convert_tensor(t) is t  # no copy: the array stays a view of the file
 
@@ -140,15 +144,11 @@ def test_float_weights_quantized_on_load_equal_the_reference(quantize):
     np.testing.assert_array_equal(out.data, quantize_reference(to_float32(t, 0, 40), quantize.upper()))
 
 
-@pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it re-quantizes K-quants)")
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0", "Q5_1"])
+@pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it re-quantizes Q2_K and Q3_K)")
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_requantized_types_become_q8_0_of_their_values(type_name):
     rows, cols = 6, 512
-    if type_name.endswith("_K"):
-        data = random_kquant(rows, cols, type_name, seed=5)
-    else:
-        x = np.random.default_rng(4).standard_normal((rows, cols)).astype(np.float32)
-        data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
+    data = random_kquant(rows, cols, type_name, seed=5)
     t = Tensor("blk.0.ffn_gate.weight", type_name, rows, cols, data)
     values = gguf_quants.dequantize(data, GGMLQuantizationType[type_name]).astype(np.float32)
     assert np.isfinite(values).all() and np.abs(values).max() > 0
@@ -164,8 +164,8 @@ def test_requantized_types_become_q8_0_of_their_values(type_name):
 
 
 def test_unsupported_type_and_argument_are_named():
-    t = Tensor("blk.0.ffn_up.weight", "IQ4_NL", 2, 32, np.zeros((2, 18), np.uint8))
-    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type IQ4_NL, which cannot be loaded"):
+    t = Tensor("blk.0.ffn_up.weight", "IQ2_XXS", 2, 256, np.zeros((2, 66), np.uint8))
+    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type IQ2_XXS, which cannot be loaded"):
         convert_tensor(t)
     with pytest.raises(ValueError, match="quantize must be one of q8_0, q4_0 or None, got 'q2_k'"):
         check_quantize_arg("q2_k")

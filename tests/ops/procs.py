@@ -158,7 +158,13 @@ class HAProxy(Process):
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c rejected the config:\n{check.stdout}{check.stderr}")
         super().start()
-        wait_for(self.stats_socket.exists, 20, "haproxy stats socket", self)
+        wait_for(self._answers, 20, "haproxy stats socket", self)   # the file appears before haproxy listens on it
+
+    def _answers(self) -> bool:
+        try:
+            return "Name: HAProxy" in self.command("show info")
+        except OSError:
+            return False
 
     def command(self, line: str) -> str:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -10,7 +10,8 @@ in two equal halves. Then: every valid request got a complete, well-formed answe
 error it deserved and nothing got a 5xx; the server is healthy, holds no KV block and no request; no thread
 was left behind; resident memory grew less than 5% over the second half; nothing was logged at ERROR.
 
-Short mode (CI): a few hundred requests, small max_tokens. Long mode: INFERD_SOAK=long or --soak-long.
+Marked slow (`pytest -m slow`): short mode, a few hundred requests with small max_tokens; long mode: INFERD_SOAK=long
+or --soak-long.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import pytest
 
 from tests.reliability.wire import CHAT, CMPL, check_response, check_stream
 from tests.server.conftest import ServerThread, make_settings
@@ -347,6 +349,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, collections.Counter]:
     return table
 
 
+@pytest.mark.slow   # minutes of mixed traffic; `pytest -m slow` (and --soak-long for the long plan)
 def test_soak(loaded_model, soak_mode):
     cfg = PLANS[soak_mode]
     t_start = time.monotonic()

@@ -30,7 +30,9 @@ def model_path(request):
 
 
 @pytest.fixture(scope="session")
-def loaded_model(model_path):
+def loaded_model(request, model_path):
+    if not os.environ.get("INFERD_TEST_MODEL"):
+        return request.getfixturevalue("smollm2_model")   # the session's one SmolLM2
     from inferd.model.loader import load_model
     return load_model(model_path)
 

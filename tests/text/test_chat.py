@@ -160,3 +160,19 @@ def test_stop_checker_unicode_and_no_stops():
     assert "".join(out) == "日本語です" and matched == "。"
     out, matched, tail = _run([""], ["plain", " text"])
     assert out == ["plain", " text"] and matched is None and tail == ""
+
+
+def test_gemma_template_for_files_without_one():
+    """What Gemma 3's own template renders (transformers, google/gemma-3-270m-it): system folded into the first user
+    turn, the assistant called "model", BOS first."""
+    from inferd.text.chat import GEMMA_TEMPLATE, default_template
+
+    assert default_template("gemma3") == GEMMA_TEMPLATE and default_template("llama") is None
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
+    t = ChatTemplate(GEMMA_TEMPLATE, bos_token="<bos>", eos_token="<eos>")
+    assert t.render(msgs) == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+                              "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert t.render(msgs[1:2], add_generation_prompt=False) == "<bos><start_of_turn>user\nHi<end_of_turn>\n"
+    with pytest.raises(ChatTemplateError, match="alternate"):
+        t.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])

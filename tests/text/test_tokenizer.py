@@ -123,8 +123,8 @@ def _gguf_tokenizer(path) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path) -> Tokenizer:
-    return _gguf_tokenizer(smollm2_path)
+def smol(smollm2_model) -> Tokenizer:
+    return smollm2_model.tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,52 @@
+/* The quantized tile kernels of the SIMD paths: qtile.h compiled once per path, each copy in its own target
+ * region, giving the kernel tables qkernels_avx2, qkernels_avx512vnni and qkernels_avxvnni (tile.h).
+ *
+ * KNT is each (path, type)'s tokens per call: AVX-512VL has 32 vector registers, room for 8 tokens'
+ * accumulators; AVX2 and AVX-VNNI have 16, so 4. */
+#include <string.h>
+#include "inferd.h"
+#include "tile.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* the types whose prefill unpacks each tile once (tile.h's qbatch_fn): all but Q4_0 and Q8_0, whose vectors are
+ * a load and a mask or a load away */
+#define KBATCH(type) ((type) != WT_Q4_0 && (type) != WT_Q8_0)
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define KSUFFIX avx2
+#define KVNNI 0
+#define KNT(type) 4
+#include "qtile.h"
+#undef KSUFFIX
+#undef KVNNI
+#undef KNT
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512vl,avx512vnni")
+#define KSUFFIX avx512vnni
+#define KVNNI 1
+#define DPBUSD(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
+#define KNT(type) 8
+#include "qtile.h"
+#undef KSUFFIX
+#undef KVNNI
+#undef KNT
+#undef DPBUSD
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#define KSUFFIX avxvnni
+#define KVNNI 1
+#define DPBUSD(acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
+#define KNT(type) 4
+#include "qtile.h"
+#undef KSUFFIX
+#undef KVNNI
+#undef KNT
+#undef DPBUSD
+#pragma GCC pop_options
+#endif

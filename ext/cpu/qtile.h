@@ -1,0 +1,292 @@
+/* The SIMD tile kernels, written once for every quantized type and included by matmul_simd.c once per path
+ * inside a `#pragma GCC target` region, with:
+ *   KSUFFIX        the path's name (the functions and the table get it as a suffix)
+ *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
+ *   KNT(type)      tokens per call of the many-token kernel of `type` (the kernel table's block size)
+ *
+ * One call: ntok tokens against one tile (8 rows). For every 32-value block, in column order:
+ *   1. the block's 8 weight vectors wv[j] (lane r: values 4j..4j+3 of row r, unsigned; signed for Q8_0),
+ *   2. for each token, its exact int32 block sum isum (tile.h and matmul.c's scalar kernel define it per type),
+ *   3. acc = fma(float(isum), dw * dx, acc), and for the types with a min, acc = fma(mw, dx * sum x, acc),
+ *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
+ * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
+ * are the same operations in the same order on every path and for every ntok: bit-identical results. */
+
+#define KCAT_(a, b) a##_##b
+#define KCAT(a, b) KCAT_(a, b)
+#define KFN(name) KCAT(name, KSUFFIX)
+#define KINLINE static inline __attribute__((always_inline))
+
+KINLINE __m256i KFN(bcast4)(const void *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+KINLINE __m256 KFN(load_f16x8)(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+KINLINE __m256 KFN(load_u8x8_ps)(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* wv[0..7] of block s of a tile block (tile.h's group, hbit and h2bit pieces put together) */
+KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[8]) {
+    if (type == WT_Q8_0) {
+        for (int j = 0; j < 8; j++) {
+            wv[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            if (KVNNI) wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8((char)0x80));   /* w + 128: unsigned */
+        }
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const uint8_t *g = blk + tile_group_off(type, s);
+    for (int p = 0; p < 4; p++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(g + 32 * p));
+        wv[p] = _mm256_and_si256(v, m4);
+        wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    /* the high bits move to bit 4 (5-bit) or bits 4-5 (Q6_K); 16-bit shifts carry bits across bytes only into
+     * positions the mask clears */
+    if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) {
+        const __m256i m = _mm256_set1_epi8(0x10);
+        __m256i h = _mm256_loadu_si256((const __m256i *)(blk + tile_hbits_off(type, s)));
+        wv[0] = _mm256_or_si256(wv[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), m));
+        wv[1] = _mm256_or_si256(wv[1], _mm256_and_si256(_mm256_slli_epi16(h, 3), m));
+        wv[2] = _mm256_or_si256(wv[2], _mm256_and_si256(_mm256_slli_epi16(h, 2), m));
+        wv[3] = _mm256_or_si256(wv[3], _mm256_and_si256(_mm256_slli_epi16(h, 1), m));
+        wv[4] = _mm256_or_si256(wv[4], _mm256_and_si256(h, m));
+        wv[5] = _mm256_or_si256(wv[5], _mm256_and_si256(_mm256_srli_epi16(h, 1), m));
+        wv[6] = _mm256_or_si256(wv[6], _mm256_and_si256(_mm256_srli_epi16(h, 2), m));
+        wv[7] = _mm256_or_si256(wv[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), m));
+    } else if (type == WT_Q6_K) {
+        const __m256i m = _mm256_set1_epi8(0x30);
+        const uint8_t *hp = blk + tile_hbits_off(type, s);
+        for (int half = 0; half < 2; half++) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(hp + 32 * half));
+            __m256i *w = wv + 4 * half;
+            w[0] = _mm256_or_si256(w[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), m));
+            w[1] = _mm256_or_si256(w[1], _mm256_and_si256(_mm256_slli_epi16(h, 2), m));
+            w[2] = _mm256_or_si256(w[2], _mm256_and_si256(h, m));
+            w[3] = _mm256_or_si256(w[3], _mm256_and_si256(_mm256_srli_epi16(h, 2), m));
+        }
+    }
+}
+
+/* Q6_K's sub-block scales of block s: sc32[0..1] (int32 per lane, for the VNNI products), sc16[0..1] (int16 in
+ * both halves of a lane, AVX2's madd), pair (lane r = the two scales as int16, for the -32 * hsum correction) */
+typedef struct { __m256i sc32[2], sc16[2], pair; } KFN(q6scales);
+
+KINLINE void KFN(load_q6scales)(const uint8_t *sc, KFN(q6scales) *o) {
+    __m128i a = _mm_loadl_epi64((const __m128i *)sc), b = _mm_loadl_epi64((const __m128i *)(sc + 8));
+    o->sc32[0] = _mm256_cvtepi8_epi32(a);
+    o->sc32[1] = _mm256_cvtepi8_epi32(b);
+    for (int i = 0; i < 2; i++)
+        o->sc16[i] = _mm256_or_si256(_mm256_and_si256(o->sc32[i], _mm256_set1_epi32(0xffff)),
+                                     _mm256_slli_epi32(o->sc32[i], 16));
+    o->pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+}
+
+/* the exact int32 block sum of one token (xb) against wv, per lane */
+KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i wv[8], const block_q8x *xb,
+                                const KFN(q6scales) *q6) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i x[8];
+    for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
+    if (type == WT_Q6_K) {
+#if KVNNI
+        /* each half's sum starts from -32 * its sum of x (values are stored as q + 32) */
+        __m256i a = _mm256_set1_epi32(xb->q6_corr[0]), b = _mm256_set1_epi32(xb->q6_corr[1]);
+        for (int j = 0; j < 4; j++) {
+            a = DPBUSD(a, wv[j], x[j]);
+            b = DPBUSD(b, wv[4 + j], x[4 + j]);
+        }
+        return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
+#else
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {   /* maddubs pairs <= 2 * 63 * 127: no int16 overflow before the madd */
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x[j]), q6->sc16[0]));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4 + j], x[4 + j]), q6->sc16[1]));
+        }
+        __m256i sum = _mm256_add_epi32(a, b);
+        /* values are stored as q + 32: subtract 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) */
+        __m256i corr = _mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum));
+        return _mm256_sub_epi32(sum, _mm256_slli_epi32(corr, 5));
+#endif
+    }
+    if (type == WT_Q8_0) {
+#if KVNNI
+        __m256i a = _mm256_set1_epi32(xb->q8_corr), b = _mm256_setzero_si256();   /* (w + 128) x - 128 sum(x) */
+        for (int j = 0; j < 8; j++) {
+            if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
+            else a = DPBUSD(a, wv[j], x[j]);
+        }
+        return _mm256_add_epi32(a, b);
+#else
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {   /* |w| x sign(w): pairs of 128 * 127 would overflow int16 if added */
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
+                                                               _mm256_sign_epi8(x[j], wv[j])), ones);
+            if (chains == 2 && (j & 1)) b = _mm256_add_epi32(b, p);
+            else a = _mm256_add_epi32(a, p);
+        }
+        return _mm256_add_epi32(a, b);
+#endif
+    }
+    /* 4- and 5-bit unsigned values; Q4_0 and Q5_0 subtract 8 or 16 times sum(x) */
+    int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
+    int32_t corr = type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : 0;
+#if KVNNI
+    __m256i a = _mm256_set1_epi32(corr), b = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
+        else a = DPBUSD(a, wv[j], x[j]);
+    }
+    (void)ones; (void)five;
+    return _mm256_add_epi32(a, b);
+#else
+    /* int16 partial sums: 8 maddubs of 4-bit values stay below 8 * 2 * 15 * 127 < 2^15; 5-bit values allow 4 */
+    __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i p = _mm256_maddubs_epi16(wv[j], x[j]);
+        if (five ? j >= 4 : (chains == 2 && (j & 1))) b = _mm256_add_epi16(b, p);
+        else a = _mm256_add_epi16(a, p);
+    }
+    __m256i sum = five ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
+                       : _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
+    return corr ? _mm256_add_epi32(sum, _mm256_set1_epi32(corr)) : sum;
+#endif
+}
+
+/* Each tile block fetches the same block PREFETCH_TILES tiles ahead into L2 when several tokens share the call
+ * or the matrix is large (the hardware prefetcher alone falls behind there; see bench/results for the A/B). */
+#define PREFETCH_TILES 8
+
+/* the rows' scale dw and min mw of block s of a tile block (d, dmin: its super-block's, for the K-quants) */
+KINLINE void KFN(block_scales)(const int type, const uint8_t *blk, int s, __m256 d, __m256 dmin, __m256 *dw,
+                               __m256 *mw) {
+    *dw = d;
+    *mw = d;
+    if (type == WT_Q4_K || type == WT_Q5_K) {
+        const uint8_t *sm = blk + tile_scales_off(type, s);
+        *dw = _mm256_mul_ps(d, KFN(load_u8x8_ps)(sm));
+        *mw = _mm256_xor_ps(_mm256_mul_ps(dmin, KFN(load_u8x8_ps)(sm + 8)), _mm256_set1_ps(-0.0f));
+    } else if (type == WT_Q4_1 || type == WT_Q5_1) {
+        *mw = KFN(load_f16x8)(blk + 16);
+    }
+}
+
+/* one token's block: acc = fma(float(isum), dw * dx, acc), then the min term */
+KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 dw, __m256 mw, const block_q8x *xb) {
+    const int has_min = type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), acc);
+    if (has_min) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc);
+    return acc;
+}
+
+/* one token's 8 rows into y (taken by value, so that the accumulators can stay in registers) */
+KINLINE void KFN(store)(__m256 acc, float *o, int nrows, int accumulate) {
+    if (nrows == TILE_ROWS) {
+        _mm256_storeu_ps(o, accumulate ? _mm256_add_ps(_mm256_loadu_ps(o), acc) : acc);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc);
+        for (int r = 0; r < nrows; r++) o[r] = accumulate ? o[r] + tmp[r] : tmp[r];
+    }
+}
+
+KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int nb, const block_q8x *xq, int nb32,
+                       float *y, int ldy, int ycol, int nrows, int accumulate, int prefetch) {
+    const int nsub = type_is_k(type) ? 8 : 1, chains = ntok == 1 ? 2 : 1;
+    const size_t bb = tile_block_bytes(type);
+    __m256 acc[8];
+    for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * bb;
+        if (ntok > 1 || prefetch)
+            for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)PREFETCH_TILES * nb * bb + o, 0, 2);
+        __m256 d = KFN(load_f16x8)(blk), dmin = d;
+        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+        for (int s = 0; s < nsub; s++) {
+            __m256i wv[8];
+            KFN(load_wv)(type, blk, s, wv);
+            __m256 dw, mw;
+            KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
+            KFN(q6scales) q6;
+            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
+            const block_q8x *xb0 = xq + (size_t)b * nsub + s;
+            for (int k = 0; k < ntok; k++) {
+                const block_q8x *xb = xb0 + (size_t)k * nb32;
+                acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, wv, xb, &q6), dw, mw, xb);
+            }
+        }
+    }
+    for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
+}
+
+/* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
+ * vectors, scales) on the stack, then every group of tokens reads them: the unpacking (nibbles, high bits, the
+ * K-quants' scale products) is no longer repeated for every group of KNT tokens. Same operations per token and
+ * block as KFN(tile): the same bits. */
+typedef struct { __m256i wv[8]; __m256 dw, mw; KFN(q6scales) q6; } KFN(prepared);
+
+KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(prepared) *p) {
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const size_t bb = tile_block_bytes(type);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = base + (size_t)b * bb;
+        __m256 d = KFN(load_f16x8)(blk), dmin = d;
+        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+        for (int s = 0; s < nsub; s++, p++) {
+            KFN(load_wv)(type, blk, s, p->wv);
+            KFN(block_scales)(type, blk, s, d, dmin, &p->dw, &p->mw);
+            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &p->q6);
+        }
+    }
+}
+
+KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prepared) *p, int nb32,
+                                  const block_q8x *xq, float *y, int ldy, int ycol, int nrows, int accumulate) {
+    const int chains = ntok == 1 ? 2 : 1;
+    __m256 acc[8];
+    for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb32; b++, p++)
+        for (int k = 0; k < ntok; k++) {
+            const block_q8x *xb = xq + (size_t)k * nb32 + b;
+            acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, p->wv, xb, &p->q6), p->dw, p->mw, xb);
+        }
+    for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
+}
+
+/* the kernels of one type: KNT(type) tokens per call, and one */
+#define KDEFINE(name, TYPE)                                                                                      \
+    static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
+                              int ycol, int nrows, int accumulate, int prefetch) {                               \
+        KFN(tile)(TYPE, KNT(TYPE), base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);              \
+    }                                                                                                            \
+    static void KFN(name##_1)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
+                              int ycol, int nrows, int accumulate, int prefetch) {                               \
+        KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
+    }                                                                                                            \
+    static void KFN(name##_b)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,     \
+                              int ldy, int ycol, int nrows, int accumulate) {                                    \
+        KFN(prepared) p[nb32];                                                                                   \
+        KFN(prepare_tile)(TYPE, base, nb, p);                                                                    \
+        int t = 0;                                                                                               \
+        for (; t + KNT(TYPE) <= ntok; t += KNT(TYPE))                                                            \
+            KFN(prepared_tokens)(TYPE, KNT(TYPE), p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,\
+                                 nrows, accumulate);                                                             \
+        for (; t < ntok; t++)                                                                                    \
+            KFN(prepared_tokens)(TYPE, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows, \
+                                 accumulate);                                                                    \
+    }
+KDEFINE(q4_0, WT_Q4_0)
+KDEFINE(q4_1, WT_Q4_1)
+KDEFINE(q5_0, WT_Q5_0)
+KDEFINE(q5_1, WT_Q5_1)
+KDEFINE(q8_0, WT_Q8_0)
+KDEFINE(q4_k, WT_Q4_K)
+KDEFINE(q5_k, WT_Q5_K)
+KDEFINE(q6_k, WT_Q6_K)
+#undef KDEFINE
+
+/* KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
+#define KENTRY(name, TYPE) [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL}
+const qkernel_t KFN(qkernels)[NUM_WEIGHT_TYPES] = {
+    KENTRY(q4_0, WT_Q4_0), KENTRY(q4_1, WT_Q4_1), KENTRY(q5_0, WT_Q5_0), KENTRY(q5_1, WT_Q5_1),
+    KENTRY(q8_0, WT_Q8_0), KENTRY(q4_k, WT_Q4_K), KENTRY(q5_k, WT_Q5_K), KENTRY(q6_k, WT_Q6_K),
+};
+#undef KENTRY

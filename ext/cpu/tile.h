@@ -1,0 +1,121 @@
+/* The engine's 8-row tile layouts of the quantized types, shared by weight.c (repacking, dequantizing) and the
+ * kernels (matmul.c, qtile.h).
+ *
+ * A tile holds 8 rows (lane r = row 8t + r); along the columns it is a sequence of tile blocks of 32 columns
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or of 256 columns (the K-quants). The pieces:
+ *   group   128 bytes, 32 values of 8 rows, 4 or 5 or 6-bit values' low nibbles: byte 32p + 4r + e holds value 4p+e
+ *           of row r in its low half and value 16+4p+e in its high half (p, e < 4). Loaded as 4 vectors, each
+ *           split into its low and high nibbles, it gives the 8 vectors wv[0..7] whose lane r holds values
+ *           4j..4j+3 of row r: the activation's bytes 4j..4j+3 broadcast meet them in one dpbusd/maddubs.
+ *   hbit     32 bytes, the 5th bit of a group's values: byte 4r + e, bit p = value 4p+e, bit 4+p = value 16+4p+e.
+ *   h2bit    64 bytes, bits 4-5 of a group's values: byte 4r + e, bits 2p..2p+1 = value 4p+e; then byte 32+4r+e
+ *           the same for value 16+4p+e.
+ *   f16[8]   16 bytes, one f16 per row.
+ * Tile blocks:
+ *   Q4_0  d | group                                   value = d * (q - 8)
+ *   Q4_1  d | m | group                               value = d * q + m
+ *   Q5_0  d | hbit | group                            value = d * (q - 16)
+ *   Q5_1  d | m | hbit | group                        value = d * q + m
+ *   Q8_0  d | qs[256] (byte 32j + 4r + e = value 4j+e of row r, int8)
+ *   Q4_K  d | dmin | 8 x (sc[8] | mn[8]) | 8 x group               sub-block s (values 32s..32s+31):
+ *   Q5_K  d | dmin | 8 x (sc[8] | mn[8]) | 8 x (hbit | group)      value = d*sc[s] * q - dmin*mn[s]
+ *   Q6_K  d | 16 x sc[8] (int8) | 8 x (h2bit | group)              value = d * sc[k] * (q - 32), k = value / 16
+ * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them.
+ * The sizes are the GGUF sizes (Q6_K, 32-value types) or 32 bytes per 8 rows more (Q4_K, Q5_K: 1.6%/2.2%). */
+#ifndef INFERD_TILE_H
+#define INFERD_TILE_H
+
+#include <string.h>
+#include "inferd.h"
+
+enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
+       TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192 };
+
+static inline int type_is_k(int type) { return type == WT_Q4_K || type == WT_Q5_K || type == WT_Q6_K; }
+
+static inline size_t tile_block_bytes(int type) {
+    switch (type) {
+    case WT_Q4_0: return TB_Q4_0;
+    case WT_Q4_1: return TB_Q4_1;
+    case WT_Q5_0: return TB_Q5_0;
+    case WT_Q5_1: return TB_Q5_1;
+    case WT_Q8_0: return TB_Q8_0;
+    case WT_Q4_K: return TB_Q4_K;
+    case WT_Q5_K: return TB_Q5_K;
+    case WT_Q6_K: return TB_Q6_K;
+    }
+    return 0;
+}
+
+/* A quantized tile kernel: ntok tokens (xq, token stride nb32 blocks) against the tile at `base` of nb tile blocks;
+ * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. The kernel table gives, per path and type, the
+ * tokens per call of the many-token kernel (its block size) and a one-token kernel for the rest. */
+typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
+                         int nrows, int accumulate, int prefetch);
+/* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
+typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
+                          int ycol, int nrows, int accumulate);
+typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; } qkernel_t;
+#define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
+extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
+    qkernels_avxvnni[NUM_WEIGHT_TYPES];
+
+/* byte offsets inside a tile block: the group of 32-value block s (s < 8 for K-quants, 0 otherwise), its hbit or
+ * h2bit piece, and (K-quants) its scales */
+static inline size_t tile_group_off(int type, int s) {
+    switch (type) {
+    case WT_Q4_0: return 16;
+    case WT_Q4_1: return 32;
+    case WT_Q5_0: return 48;
+    case WT_Q5_1: return 64;
+    case WT_Q4_K: return 160 + 128 * (size_t)s;
+    case WT_Q5_K: return 160 + 160 * (size_t)s + 32;
+    case WT_Q6_K: return 144 + 192 * (size_t)s + 64;
+    }
+    return 0;
+}
+static inline size_t tile_hbits_off(int type, int s) {    /* hbit (5-bit types) or h2bit (Q6_K) */
+    switch (type) {
+    case WT_Q5_0: return 16;
+    case WT_Q5_1: return 32;
+    case WT_Q5_K: return 160 + 160 * (size_t)s;
+    case WT_Q6_K: return 144 + 192 * (size_t)s;
+    }
+    return 0;
+}
+static inline size_t tile_scales_off(int type, int s) {   /* Q4_K/Q5_K: sc[8] then mn[8]; Q6_K: sc[2 x 8] */
+    return type == WT_Q6_K ? 16 + 16 * (size_t)s : 32 + 16 * (size_t)s;
+}
+
+static inline float tile_f16(const uint8_t *p, int r) {
+    uint16_t h;
+    memcpy(&h, p + 2 * r, 2);
+    return f16_to_f32(h);
+}
+
+/* the 32 values of block s, lane r, as stored: unsigned (4-6 bits) or, for Q8_0, signed */
+static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, int q[32]) {
+    if (type == WT_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            for (int e = 0; e < 4; e++) q[4 * j + e] = (int8_t)blk[16 + 32 * j + 4 * r + e];
+        return;
+    }
+    const uint8_t *g = blk + tile_group_off(type, s), *h = blk + tile_hbits_off(type, s);
+    int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
+    for (int p = 0; p < 4; p++)
+        for (int e = 0; e < 4; e++) {
+            uint8_t b = g[32 * p + 4 * r + e];
+            int lo = b & 15, hi = b >> 4;
+            if (five) {
+                lo |= ((h[4 * r + e] >> p) & 1) << 4;
+                hi |= ((h[4 * r + e] >> (4 + p)) & 1) << 4;
+            } else if (type == WT_Q6_K) {
+                lo |= ((h[4 * r + e] >> (2 * p)) & 3) << 4;
+                hi |= ((h[32 + 4 * r + e] >> (2 * p)) & 3) << 4;
+            }
+            q[4 * p + e] = lo;
+            q[16 + 4 * p + e] = hi;
+        }
+}
+
+#endif

@@ -1,0 +1,138 @@
+"""The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1) against the gguf
+package's own dequantizer and float64 numpy, on every path this CPU runs, and fused weights of several types.
+
+Weights are random valid blocks (every bit pattern of values and sub-block scales; tests/model/kquant_ref.py) and
+blocks quantized from normal data; row counts are not multiples of the 8-row tile. Tolerance against float64 on
+the engine's own 8-bit activations: the integer block sums are exact, only the per-block float accumulation
+rounds (1e-5 of the |W| |x| bound, as in test_kernels.py)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from inferd import _cpu
+from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, path_available
+from tests.model.kquant_ref import quantize_k, random_blocks
+
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+TYPES = K_TYPES + ("Q5_0", "Q5_1")
+SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
+
+
+@pytest.fixture
+def kernel_path(request):
+    """Runs the test on the path given by parametrize, restoring the previous path afterwards."""
+    old = _cpu.get_path()
+    _cpu.set_path(request.param)
+    yield request.param
+    _cpu.set_path(old)
+
+
+def shapes(type_name):
+    return SHAPES["K" if type_name in K_TYPES else "32"]
+
+
+def gguf_values(raw: np.ndarray, type_name: str, cols: int) -> np.ndarray:
+    return gguf_quants.dequantize(np.ascontiguousarray(raw), GGMLQuantizationType[type_name]).reshape(-1, cols)
+
+
+def quantized(values: np.ndarray, type_name: str) -> np.ndarray:
+    if type_name in K_TYPES:
+        return quantize_k(values, type_name)
+    return gguf_quants.quantize(values, GGMLQuantizationType[type_name]).reshape(values.shape[0], -1)
+
+
+def weights(type_name, rows, cols, seed):
+    """(random valid blocks, blocks quantized from N(0, 1/cols) data)"""
+    rng = np.random.default_rng(seed)
+    return [random_blocks(type_name, rows, cols, rng),
+            quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32), type_name)]
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_equals_gguf(type_name):
+    for rows, cols in shapes(type_name):
+        for raw in weights(type_name, rows, cols, rows + cols):
+            w = _cpu.Weight(type_name, rows, cols, raw)
+            np.testing.assert_array_equal(w.dequantize(), gguf_values(raw, type_name, cols).astype(np.float32))
+            assert w.nbytes >= raw.nbytes
+
+
+@pytest.mark.parametrize("kernel_path", PATHS, indirect=True)
+@pytest.mark.parametrize("type_name", TYPES)
+def test_matmul_matches_float64(kernel_path, type_name):
+    rng = np.random.default_rng(5)
+    for rows, cols in shapes(type_name):
+        for raw in weights(type_name, rows, cols, rows * cols):
+            W = gguf_values(raw, type_name, cols).astype(np.float64)
+            w = _cpu.Weight(type_name, rows, cols, raw)
+            for ntok in (1, 6, 9):                       # 9: a group of 8 (or two of 4) and a tail
+                x = rng.standard_normal((ntok, cols)).astype(np.float32)
+                x[0, :32] *= 1e-4                        # blocks of very different scales in one row
+                y = w.matmul(x)
+                xq = engine_activations(x)
+                bound = np.abs(xq) @ np.abs(W).T
+                assert np.all(np.abs(y - xq @ W.T) <= 1e-5 * bound + 1e-30), f"{type_name} {rows}x{cols} ntok {ntok}"
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_bad_shapes_are_refused(type_name):
+    block = 256 if type_name in K_TYPES else 32
+    cols = block + 32 if type_name in K_TYPES else 48
+    with pytest.raises(ValueError):
+        _cpu.Weight(type_name, 4, cols, np.zeros((4, 10), np.uint8))
+    with pytest.raises(ValueError):
+        _cpu.Weight(type_name, 4, block, np.zeros((4, 3), np.uint8))      # wrong byte count
+
+
+# ---- fused weights ---------------------------------------------------------------------------------------------
+def test_segments_of_different_types_compute_each_part():
+    """Wq (Q4_K) | Wk (Q4_K) | Wv (Q6_K) | a Q8_0 part: one weight of 3 segments whose rows equal each part's own,
+    bit for bit, on every path."""
+    cols, rng = 512, np.random.default_rng(8)
+    specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", 16), ("Q8_0", 13)]
+    parts = []
+    for t, rows in specs:
+        values = (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
+        raw = quantized(values, t) if t != "Q8_0" else _cpu.quantize(values, "Q8_0")
+        parts.append((t, rows, cols, raw))
+    fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
+    singles = [_cpu.Weight(*p) for p in parts]
+    np.testing.assert_array_equal(fused.dequantize(), np.concatenate([s.dequantize() for s in singles]))
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    old = _cpu.get_path()
+    try:
+        for p in filter(path_available, ALL_PATHS):
+            _cpu.set_path(p)
+            want = np.concatenate([s.matmul(x) for s in singles], axis=1)
+            np.testing.assert_array_equal(fused.matmul(x).view(np.uint32), want.view(np.uint32))
+    finally:
+        _cpu.set_path(old)
+
+
+def test_interleaved_parts_alternate_groups_of_rows():
+    cols, rng = 256, np.random.default_rng(9)
+    gate, up = (random_blocks("Q4_K", 64, cols, rng) for _ in range(2))
+    fused = _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 64, cols, gate), ("Q4_K", 64, cols, up)],
+                        interleave=32)
+    g, u = gguf_values(gate, "Q4_K", cols), gguf_values(up, "Q4_K", cols)
+    want = np.concatenate([g[:32], u[:32], g[32:], u[32:]]).astype(np.float32)
+    np.testing.assert_array_equal(fused.dequantize(), want)
+
+
+def test_bad_fusions_are_refused():
+    z = np.zeros((8, 144), np.uint8)
+    with pytest.raises(ValueError, match="not supported"):        # four segments
+        _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8)),
+                                                ("Q4_K", 8, 256, z), ("Q8_0", 8, 256, np.zeros((8, 272), np.uint8))])
+    with pytest.raises(ValueError):                               # a part of 5 rows before another: tiles straddle
+        _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 5, 256, z[:5]), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8))])
+    with pytest.raises(ValueError, match="not supported"):        # input widths differ
+        _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q4_K", 8, 512, np.zeros((8, 288), np.uint8))])
+    with pytest.raises(ValueError, match="not supported"):        # interleaved parts of two types
+        _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8))],
+                    interleave=8)

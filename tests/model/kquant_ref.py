@@ -1,0 +1,97 @@
+"""Numpy writers of GGUF K-quant blocks (Q4_K, Q5_K, Q6_K) for tests: the gguf package reads these types but
+does not write them. A plain quantizer (scales from each sub-block's range, rounded to nearest), not llama.cpp's
+search for the best scales: tests need valid blocks with values close to the input, and they read them back with
+gguf's own dequantize, so the packing below is checked against an independent reader.
+
+random_blocks() gives arbitrary valid blocks (every bit pattern but the f16 scales is valid), which exercise
+every value and scale, including those a quantizer rarely produces."""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+QK_K = 256
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8).reshape(*v.shape, 2)
+
+
+def _pack_scales_k4(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """(n, 8) 6-bit scales and mins -> (n, 12) bytes, the layout get_scale_min_k4 reads."""
+    out = np.zeros((sc.shape[0], 12), np.uint8)
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    out[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = (mn[:, 0:4] & 63) | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (sc[:, 4:8] & 15) | ((mn[:, 4:8] & 15) << 4)
+    return out
+
+
+def _asym(x: np.ndarray, levels: int):
+    """x (n, 8, 32) -> d, dmin (n,), sc, mn (n, 8), q (n, 8, 32) with x ~ d*sc*q - dmin*mn."""
+    lo = np.minimum(x.min(-1), 0.0)
+    hi = x.max(-1)
+    scale, minv = (hi - lo) / levels, -lo
+    d = (scale.max(-1) / 63).astype(np.float16).astype(np.float32)
+    dmin = (minv.max(-1) / 63).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.clip(np.nan_to_num(np.rint(scale / d[:, None])), 0, 63)
+        mn = np.clip(np.nan_to_num(np.rint(minv / dmin[:, None])), 0, 63)
+        step = (d[:, None] * sc)[..., None]
+        q = np.nan_to_num(np.rint((x + (dmin[:, None] * mn)[..., None]) / step))
+    return d, dmin, sc, mn, np.clip(q, 0, levels).astype(np.uint8)
+
+
+def quantize_k(x: np.ndarray, type_name: str) -> np.ndarray:
+    """float32 (rows, cols), cols % 256 == 0 -> uint8 (rows, bytes_per_row) GGUF blocks."""
+    rows, cols = x.shape
+    if cols % QK_K:
+        raise ValueError(f"{type_name} needs rows of a multiple of 256 values, got {cols}")
+    b = np.asarray(x, np.float64).reshape(-1, QK_K)
+    n = b.shape[0]
+    if type_name in ("Q4_K", "Q5_K"):
+        d, dmin, sc, mn, q = _asym(b.reshape(n, 8, 32), 15 if type_name == "Q4_K" else 31)
+        q = q.reshape(n, 4, 2, 32)                               # chunk c: sub-blocks 2c (low), 2c+1 (high)
+        qs = ((q[:, :, 0] & 15) | ((q[:, :, 1] & 15) << 4)).reshape(n, 128)
+        head = [_f16(d), _f16(dmin), _pack_scales_k4(sc, mn)]
+        if type_name == "Q4_K":
+            out = np.concatenate(head + [qs], 1)
+        else:
+            hbit = (q >> 4) & 1                                   # (n, 4, 2, 32): bit 2c + half of qh[l]
+            qh = np.zeros((n, 32), np.uint8)
+            for c in range(4):
+                for h in range(2):
+                    qh |= (hbit[:, c, h] << (2 * c + h)).astype(np.uint8)
+            out = np.concatenate(head + [qh, qs], 1)
+    elif type_name == "Q6_K":
+        s = b.reshape(n, 16, 16)
+        amax_i = np.abs(s).argmax(-1)
+        vmax = np.take_along_axis(s, amax_i[..., None], -1)[..., 0]
+        scale = vmax / -32                                        # signed: the largest magnitude maps to -32
+        imax = np.abs(scale).argmax(-1)
+        d = (np.take_along_axis(scale, imax[:, None], -1)[:, 0] / -128).astype(np.float16).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.clip(np.nan_to_num(np.rint(scale / d[:, None])), -128, 127)
+            step = (d[:, None] * sc)[..., None]
+            q = np.clip(np.nan_to_num(np.rint(s / step)), -32, 31).astype(np.int16) + 32
+        q = q.reshape(n, 2, 4, 32).astype(np.uint8)               # half n, quarter k (values 128n + 32k + l)
+        ql = np.concatenate([(q[:, :, 0] & 15) | ((q[:, :, 2] & 15) << 4),
+                             (q[:, :, 1] & 15) | ((q[:, :, 3] & 15) << 4)], -1).reshape(n, 128)
+        qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) |
+              ((q[:, :, 3] >> 4) << 6)).reshape(n, 64)
+        out = np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), _f16(d)], 1)
+    else:
+        raise ValueError(type_name)
+    return np.ascontiguousarray(out.astype(np.uint8).reshape(rows, -1))
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
+    """Random valid GGUF blocks: random bytes, with the f16 scales set to values in [0, scale)."""
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    nb = cols // block
+    data = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+    offsets = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
+               "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}[type_name]
+    for off in offsets:
+        data[:, :, off:off + 2] = _f16(rng.uniform(0, scale, (rows, nb)).astype(np.float32))
+    return np.ascontiguousarray(data.reshape(rows, nb * size))
