@@ -204,7 +204,7 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         } else {
             up_rows(L, 2 * j, nt, in, xq, g);             /* gate and up rows alternate in blocks of 32 */
             up_rows(L, 2 * j + 1, nt, in, xq, u);
-            gelu_tanh_mul(g, u, g, nt * QK);
+            geglu(g, u, g, nt * QK);                      /* the decoder's GeGLU (norm.c) */
         }
         if (is_quant(&L->wdown))
             quantize_act_strided(g, nt * QK, c->xq_h + (size_t)t0 * nbh + j, nbh);

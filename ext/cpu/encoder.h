@@ -100,7 +100,6 @@ void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int p
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
-void gelu_tanh_mul(const float *g, const float *u, float *h, int n);  /* h = gelu_tanh(g) * u */
 /* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (4 n) */
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
                      float scale, int window, float *out, int out_stride, float *scores);

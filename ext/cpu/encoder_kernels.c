@@ -1,4 +1,4 @@
-/* Kernels that only encoders need: LayerNorm, GELU (erf and tanh forms) and bidirectional attention over a
+/* Kernels that only encoders need: LayerNorm, GELU (erf form) and bidirectional attention over a
  * sequence's own tokens (no KV cache: an encoder sees its whole input at once).
  *
  * As everywhere in the engine, the scalar and AVX2 variants do the same IEEE operations in the same order, so the
@@ -26,18 +26,16 @@ void layernorm(const float *x, const float *w, const float *b, int n, float eps,
     for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * inv * w[i] + b[i];
 }
 
-/* ---------------- GELU ----------------
+/* ---------------- GELU (erf form; Gemma's tanh form is norm.c's geglu) ----------------
  * erf by a rational approximation on [-4, 4] (odd polynomial of degree 13 over an even one of degree 8, the form
  * Eigen and XLA use; |error| < 5e-7 against libm's erf), with separate multiplies and adds so that the scalar
- * variant is the same arithmetic as the vector one. tanh(y) = 1 - 2 / (exp(2y) + 1), with vecmath's exp. */
+ * variant is the same arithmetic as the vector one. */
 static const float ERF_P[7] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f,
                                -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
                                -1.60960333262415e-02f};
 static const float ERF_Q[5] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f,
                                -7.37332916720468e-03f, -1.42647390514189e-02f};
 #define SQRT1_2 0.70710678118654752f
-#define GELU_TANH_K 0.79788456080286536f   /* sqrt(2 / pi) */
-#define GELU_TANH_C 0.044715f
 
 static inline float erf_scalar(float x) {
     x = fminf(fmaxf(x, -4.0f), 4.0f);
@@ -47,18 +45,8 @@ static inline float erf_scalar(float x) {
     return x * p / q;
 }
 
-static inline float gelu_tanh_scalar(float x) {
-    float y = GELU_TANH_K * (x + GELU_TANH_C * (x * x * x));
-    float t = 1.0f - 2.0f / (exp_scalar(2.0f * y) + 1.0f);
-    return 0.5f * x * (1.0f + t);
-}
-
 static void gelu_erf_scalar(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erf_scalar(x[i] * SQRT1_2));
-}
-
-static void gelu_tanh_mul_scalar(const float *g, const float *u, float *h, int n) {
-    for (int i = 0; i < n; i++) h[i] = gelu_tanh_scalar(g[i]) * u[i];
 }
 
 /* ---------------- bidirectional attention, scalar ---------------- */
@@ -125,21 +113,6 @@ ENC_AVX2 static void gelu_erf_avx2(float *x, int n) {
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, e)));
     }
     gelu_erf_scalar(x + i, n - i);
-}
-
-ENC_AVX2 static void gelu_tanh_mul_avx2(const float *g, const float *u, float *h, int n) {
-    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
-    const __m256 k = _mm256_set1_ps(GELU_TANH_K), c = _mm256_set1_ps(GELU_TANH_C);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i);
-        __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-        __m256 y = _mm256_mul_ps(k, _mm256_add_ps(x, _mm256_mul_ps(c, x3)));
-        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_mul_ps(two, y)), one)));
-        __m256 gl = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t));
-        _mm256_storeu_ps(h + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
-    }
-    gelu_tanh_mul_scalar(g + i, u + i, h + i, n - i);
 }
 
 /* four keys at a time: each key's eight lanes of fma chains, then the four sums in hsum8_pairs' order */
@@ -263,13 +236,6 @@ void gelu_erf(float *x, int n) {
     if (cpu_path() != PATH_SCALAR) { gelu_erf_avx2(x, n); return; }
 #endif
     gelu_erf_scalar(x, n);
-}
-
-void gelu_tanh_mul(const float *g, const float *u, float *h, int n) {
-#if defined(__x86_64__)
-    if (cpu_path() != PATH_SCALAR) { gelu_tanh_mul_avx2(g, u, h, n); return; }
-#endif
-    gelu_tanh_mul_scalar(g, u, h, n);
 }
 
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,

@@ -160,15 +160,16 @@ def pick_service(state: ServerState, name: str | None) -> EmbeddingService:
     for s in services:
         if name is None or name == s.name:
             return s
+    names = ", ".join(f"`{s.name}`" for s in services)
     if name is not None and state.model is not None and name in state.model_names():
         raise ProtocolError(f"model `{name}` is a chat model and does not serve embeddings; this server embeds with "
-                            f"{', '.join(f'`{s.name}`' for s in services) or 'no model (start it with --embedding-model)'}",
-                            "model", code="model_not_embedding")
+                            f"{names or 'no model (start it with --embedding-model)'}", "model",
+                            code="model_not_embedding")
     if not services:
         raise ProtocolError("this server has no embedding model; start it with --embedding-model PATH", "model",
                             status=404, code="model_not_found")
-    raise ProtocolError(f"The model `{name}` does not exist; embedding models here: "
-                        f"{', '.join(f'`{s.name}`' for s in services)}", "model", status=404, code="model_not_found")
+    raise ProtocolError(f"The model `{name}` does not exist; embedding models here: {names}", "model", status=404,
+                        code="model_not_found")
 
 
 async def embeddings(request: web.Request) -> web.Response:
