@@ -668,3 +668,6 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     free(scratch)
     k = min(max(sp.num_logprobs, 0), vocab)
     return (out.token, out.logprob, [out.top_ids[j] for j in range(k)], [out.top_logprobs[j] for j in range(k)])
+
+
+include "encoder.pxi"

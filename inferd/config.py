@@ -39,6 +39,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     served_model_name: str = ""
     model_cache_dir: str = ""
     quantize: str = ""
+    embedding_model: str = ""
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -94,6 +95,7 @@ DOCS: dict[str, str] = {
     "served_model_name": "Name clients use in the `model` field; empty means the model's own name.",
     "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
     "quantize": "Quantize a float (Hugging Face) model at load time: q8_0 or q4_0; empty keeps the file's types.",
+    "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
     "api_keys": "Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list disables auth. Env: comma-separated.",

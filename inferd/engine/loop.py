@@ -37,6 +37,11 @@ class Observer(Protocol):
     def on_finished(self, states: Sequence[RequestState]) -> None: ...
 
 
+class SideQueue(Protocol):
+    def has_work(self) -> bool: ...
+    def step(self) -> int: ...
+
+
 class StepRunner(Protocol):
     """The engine as the loop uses it (Engine, CudaEngine, or a test's fake)."""
     weight_bytes: int
@@ -87,6 +92,9 @@ class EngineLoop:
         self.before_step: Callable[[list[RequestState]], None] | None = None
         self.dead: BaseException | None = None   # set if the loop itself crashed
         self.num_steps = 0
+        # Prefill-only work of other models served beside this one (EmbeddingQueue): one step of each between
+        # this engine's steps, on this thread, so the models take turns on the cores instead of fighting for them.
+        self.side_queues: list[SideQueue] = []
 
         self._lock = threading.Lock()
         self._inbox: list[RequestState] = []
@@ -147,6 +155,10 @@ class EngineLoop:
             self._aborts.append(request_id)
         self._wake.set()
 
+    def wake(self) -> None:
+        """A side queue has new work."""
+        self._wake.set()
+
     # ---- the scheduler thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -159,11 +171,15 @@ class EngineLoop:
                                                             status=503))
                     return
                 self._finished(self.scheduler.expire_timeouts())
-                if not self.scheduler.has_work:
+                side = [q for q in self.side_queues if q.has_work()]
+                if not self.scheduler.has_work and not side:
                     self._wake.wait(self.idle_wait_s)
                     self._wake.clear()
                     continue
-                self.step()
+                for q in side:
+                    q.step()
+                if self.scheduler.has_work:
+                    self.step()
         except BaseException as e:  # a bug in the loop itself: fail everyone rather than hang them
             log.exception("scheduler loop crashed")
             self.dead = e

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from inferd.config import Settings
 from inferd.engine.request import Request
-from inferd.server import openai
+from inferd.server import embeddings, openai
 from inferd.server import protocol as P
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
@@ -27,6 +27,7 @@ from inferd.server.systemd import Notifier
 log = logging.getLogger("inferd.server")
 
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
+EMBEDDING_ONLY_PATHS = ("/v1/embeddings",)
 OPENAPI = web.AppKey("openapi", dict)
 
 
@@ -94,6 +95,10 @@ async def lifecycle_middleware(request: web.Request, handler):
         raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
     if state.status == "draining" and not state.accepting:
         raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
+    if state.model is None and state.embeddings and request.path not in EMBEDDING_ONLY_PATHS \
+            and not request.path.startswith("/v1/models"):
+        raise ProtocolError(f"this server serves only the embedding model `{state.embeddings[0].name}`: "
+                            "POST /v1/embeddings", status=404, code="model_not_found")
     state.in_flight += 1
     state.idle.clear()
     try:
@@ -112,6 +117,10 @@ async def health(request: web.Request) -> web.Response:
     if state.engine_loop is not None and state.engine_loop.dead is not None:
         body = {"status": "failed", "error": f"the scheduler stopped: {state.engine_loop.dead!r}"}
         return web.json_response(body, status=503)
+    for svc in state.embeddings:
+        if svc.worker is not None and svc.worker.dead is not None:
+            body = {"status": "failed", "error": f"the {svc.name} embedding worker stopped: {svc.worker.dead!r}"}
+            return web.json_response(body, status=503)
     if state.status == "ready":
         return web.json_response(body)
     if state.failure:
@@ -122,16 +131,19 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     from inferd.server.metrics import CONTENT_TYPE
     state = request.app[STATE]
-    if state.metrics is None:
+    if state.metrics is None and not state.embeddings:
         return web.Response(status=503, text="# the model is still loading\n", headers={"Retry-After": "5"})
-    return web.Response(body=state.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    body = state.metrics.render() if state.metrics is not None else b""
+    if state.embedding_metrics is not None:
+        body += state.embedding_metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def openapi_document() -> dict[str, Any]:
     """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
     bodies = {"/v1/completions": P.CompletionRequest, "/v1/chat/completions": P.ChatCompletionRequest,
               "/tokenize": P.TokenizeRequest, "/detokenize": P.DetokenizeRequest,
-              "/v1/cache/warm": P.CacheWarmRequest}
+              "/v1/cache/warm": P.CacheWarmRequest, "/v1/embeddings": embeddings.EmbeddingRequest}
     _, components = msgspec.json.schema_components(list(bodies.values()),
                                                    ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}
@@ -171,6 +183,11 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
     s = state.settings
     pin_mmap_threshold()   # before the model's big allocations: RSS must not creep up over months
     try:
+        if state.model is None and is_embedding_folder(s.model):   # the folder decides: an embedding-only server
+            await start_embeddings(state, s.model, s.served_model_name or None)
+            state.status = "ready"
+            state.notifier.ready(f"serving {state.embeddings[0].name}")
+            return
         if s.device != "cpu":   # before the model load: a missing GPU should not cost a download first
             from inferd.engine.device import check_device
             await loop.run_in_executor(None, check_device, s.device)
@@ -196,6 +213,8 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.metrics = Metrics(state.served_model_name, bandwidth)
         state.metrics.bind(state.engine_loop)
         state.engine_loop.observer = state.metrics   # after the warm-up, which is not a user request
+        if s.embedding_model:
+            await start_embeddings(state, s.embedding_model, None)
         state.status = "ready"
         log.info("serving %s: %d KV blocks (%d positions), context %d, %d threads, %s kernels, read bandwidth "
                  "%.1f GB/s", state.served_model_name, engine.num_kv_blocks, engine.num_kv_blocks * engine.block_size,
@@ -210,6 +229,28 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.notifier.status(f"failed: {state.failure}")
     finally:
         state.ready_event.set()
+
+
+async def start_embeddings(state: ServerState, path: str, name: str | None) -> None:
+    """Loads an embedding model and starts its queue's thread (see server/embedding_service.py)."""
+    from inferd.engine.engine import physical_cores
+    from inferd.server.embedding_service import EmbeddingMetrics, start_embedding_service
+    s = state.settings
+    if state.embedding_metrics is None:
+        state.embedding_metrics = EmbeddingMetrics()
+    state.notifier.status(f"loading embedding model {path}")
+    service = await asyncio.get_running_loop().run_in_executor(None, lambda: start_embedding_service(
+        path, name=name, quantize=s.quantize or None, threads=s.threads or physical_cores(),
+        max_batch_tokens=max(s.max_batch_tokens, 2048), max_waiting=s.max_waiting,
+        metrics=state.embedding_metrics, watchdog=state.notifier.watchdog, engine_loop=state.engine_loop))
+    state.embeddings.append(service)
+    log.info("serving embedding model %s: %d dimensions, up to %d tokens per input", service.name,
+             service.embedder.dimensions, service.embedder.max_seq_length)
+
+
+def is_embedding_folder(path: str) -> bool:
+    from inferd.model.embedding import is_embedding_folder as check
+    return check(path)
 
 
 def idle_wait(notifier: Notifier) -> float:
@@ -239,6 +280,7 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
     app[STATE] = state
     app[OPENAPI] = openapi_document()
     openai.add_routes(app)
+    embeddings.add_routes(app)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
@@ -252,6 +294,8 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
             await asyncio.gather(task, return_exceptions=True)
         if state.engine_loop is not None:
             await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
+        for svc in state.embeddings:
+            await asyncio.get_running_loop().run_in_executor(None, svc.stop)
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -10,6 +10,7 @@ from __future__ import annotations
 import unicodedata
 import uuid
 
+import msgspec
 from aiohttp import web
 
 from inferd.engine.request import Request
@@ -35,13 +36,18 @@ def model_card(state: ServerState) -> P.ModelCard:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response(P.ModelList([model_card(request.app[STATE])]))
+    state = request.app[STATE]
+    cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
+    return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     name = request.match_info["model"]
-    if name not in state.model_names():
+    for e in state.embeddings:
+        if e.name == name:
+            return json_response(e.card())
+    if state.model is None or name not in state.model_names():
         raise ProtocolError(f"The model `{name}` does not exist", "model", status=404, code="model_not_found")
     return json_response(model_card(state))
 

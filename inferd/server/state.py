@@ -35,6 +35,8 @@ class ServerState:
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)   # set on ready or failed
+    embeddings: list[Any] = field(default_factory=list)   # EmbeddingService: the embedding models served
+    embedding_metrics: Any = None                           # EmbeddingMetrics
 
     @property
     def tokenizer(self):

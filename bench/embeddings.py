@@ -1,0 +1,194 @@
+"""inferd's encoder vs sentence-transformers (torch CPU), same machine, same threads, in one run.
+
+    python bench/embeddings.py [-t 2] [-r 3] [--models all-MiniLM-L6-v2,embeddinggemma-300m] [--out FILE]
+    python bench/embeddings.py --serve [--clients 32] [--seconds 20] [--models all-MiniLM-L6-v2]
+
+Workloads: sentences/s for a batch of 1 (one short sentence per call, 32 calls), 32 and 256 short sentences
+(~16 tokens), and 64 passages of ~256 tokens; plus the latency of one short query (median of 50 calls). Each
+workload runs inferd (weights as stored, and --quantize q8_0) and sentence-transformers (torch.set_num_threads(t),
+inference_mode, its own length-sorted batching with batch_size = the workload's size) alternately, -r repeats,
+median. Tokenization is included on both sides. --serve instead starts `inferd serve MODEL` and runs closed-loop
+clients (each POSTs one short sentence per request to /v1/embeddings), against the in-process rate of the same
+sentences in batches of 256, measured in the same run. Models come from ~/.cache/inferd-test-models
+(../shared/models/fetch.sh all-minilm-l6-v2 embeddinggemma-300m).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+# bench/profile.py would shadow the standard library's profile module that torch imports
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(HERE.parent))
+
+from inferd.engine.embedder import Embedder  # noqa: E402
+from inferd.model.embedding import load_embedding_model  # noqa: E402
+
+MODELS = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
+WORDS = ("river bank money city market doctor patient music guitar quickly slowly never always because although "
+         "computer network protein energy climate forest ocean mountain history language science the a of and to in "
+         "is was with for on at by from that this it they we you he she").split()
+
+
+def texts(n: int, words: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, words)).capitalize() + "." for _ in range(n)]
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ours_run(e: Embedder, batch: list[str], size: int) -> Callable[[], None]:
+    def run() -> None:
+        for i in range(0, len(batch), size):
+            e.embed(e.tokenize(batch[i:i + size], truncate=True))
+    return run
+
+
+def st_run(st: Any, batch: list[str], size: int) -> Callable[[], None]:
+    import torch
+
+    def run() -> None:
+        with torch.inference_mode():
+            for i in range(0, len(batch), size):
+                st.encode(batch[i:i + size], batch_size=size)
+    return run
+
+
+def serve_bench(args: argparse.Namespace) -> None:
+    import concurrent.futures
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+    short = texts(512, 13, 3)
+    lines = []
+    for name in args.models.split(","):
+        folder = MODELS / name
+        run = ours_run(Embedder(load_embedding_model(folder), threads=args.threads), short, 256)
+        run()
+        in_process = len(short) / timed(run)
+        del run
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(port),
+                                 "--threads", str(args.threads), "--max-batch-tokens", "8192"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(600):
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.2)
+
+            def client(k: int, url: str = url, model: str = folder.name.lower()) -> int:
+                done, i = 0, k
+                deadline = time.monotonic() + args.seconds
+                while time.monotonic() < deadline:
+                    body = json.dumps({"model": model, "input": short[i % len(short)],
+                                       "encoding_format": "base64"}).encode()
+                    req = urllib.request.Request(url + "/v1/embeddings", body, {"Content-Type": "application/json"})
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        r.read()
+                    done += 1
+                    i += args.clients
+                return done
+
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+                total = sum(pool.map(client, range(args.clients)))
+            served = total / (time.perf_counter() - t0)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        lines.append(f"| {name} | {args.clients} | {served:.3g} | {in_process:.3g} | {served / in_process:.0%} |")
+        print(lines[-1], flush=True)
+    text = ("\n## served: closed-loop clients, one short sentence per request (machine shared)\n\n"
+            "| model | clients | served sent/s | in-process batch-256 sent/s | served / in-process |\n"
+            "| --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
+    with open(args.out, "a") as f:
+        f.write(text)
+    print(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--models", default="all-MiniLM-L6-v2,embeddinggemma-300m")
+    ap.add_argument("--out", default=str(HERE / "results" / "embeddings.md"))
+    ap.add_argument("--serve", action="store_true", help="served throughput instead (appended to --out)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    if args.serve:
+        serve_bench(args)
+        return
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    torch.set_num_threads(args.threads)
+
+    short = texts(256, 13, 1)
+    passages = texts(64, 220, 2)
+    workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
+                 ("64 passages x ~256 tok", passages, 64)]
+    lines = [f"threads {args.threads}, repeats {args.repeats} (median), torch {torch.__version__}, "
+             f"machine shared with other jobs: compare ratios, not absolute numbers", "",
+             "| model | workload | tokens/input | inferd f32 sent/s | inferd q8_0 sent/s "
+             "| sentence-transformers sent/s | f32 / st | q8_0 / st |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    latency_lines = []
+    for name in args.models.split(","):
+        folder = MODELS / name
+        st = SentenceTransformer(str(folder), device="cpu")
+        ours = {q: Embedder(load_embedding_model(folder, quantize=q), threads=args.threads) for q in (None, "q8_0")}
+        for label, batch, size in workloads:
+            ntok = statistics.mean(len(x) for x in ours[None].tokenize(batch, truncate=True))
+            runs = {"f32": ours_run(ours[None], batch, size), "q8_0": ours_run(ours["q8_0"], batch, size),
+                    "st": st_run(st, batch, size)}
+            for fn in runs.values():                                         # warm-up
+                fn()
+            reps = 1 if "passages" in label and "gemma" in name else args.repeats
+            times: dict[str, list[float]] = {k: [] for k in runs}
+            for _ in range(reps):                                            # alternating
+                for k, fn in runs.items():
+                    times[k].append(timed(fn))
+            rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
+            lines.append(f"| {name} | {label} | {ntok:.0f} | {rate['f32']:.3g} | {rate['q8_0']:.3g} | {rate['st']:.3g} "
+                         f"| {rate['f32'] / rate['st']:.2f}x | {rate['q8_0'] / rate['st']:.2f}x |")
+            print(lines[-1], flush=True)
+        if "MiniLM" in name:
+            query = ["How do I reset my password?"]
+            lat = {}
+            for key, fn in (("f32", ours_run(ours[None], query, 1)), ("q8_0", ours_run(ours["q8_0"], query, 1)),
+                            ("st", st_run(st, query, 1))):
+                for _ in range(5):
+                    fn()
+                lat[key] = statistics.median(timed(fn) for _ in range(50)) * 1e3
+            latency_lines.append(f"single short query on {name} (median of 50): inferd f32 {lat['f32']:.2f} ms, "
+                                 f"q8_0 {lat['q8_0']:.2f} ms, sentence-transformers {lat['st']:.2f} ms")
+            print(latency_lines[-1], flush=True)
+    text = "# /v1/embeddings encoder vs sentence-transformers\n\n" + "\n".join(lines + [""] + latency_lines) + "\n"
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+/* Encoders (embedding models): BERT and bidirectional Gemma 3. Types and the entry points the Cython wrapper
+ * calls; the forward pass is encoder.c, its own kernels encoder_kernels.c. Shapes in comments as in inferd.h. */
+#ifndef INFERD_ENCODER_H
+#define INFERD_ENCODER_H
+
+#include "inferd.h"
+
+enum { ENC_BERT = 0, ENC_GEMMA3 = 1 };                  /* values are stable, the Python side uses them */
+enum { POOL_MEAN = 0, POOL_CLS = 1, POOL_LAST = 2 };
+#define ENC_MAX_DENSE 4
+
+typedef struct {
+    int arch;
+    int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
+    int max_positions;         /* BERT: rows of the position table; Gemma: rows of the RoPE tables */
+    float norm_eps;
+    float attn_scale;          /* multiplies q.k: 1/sqrt(head_dim), Gemma query_pre_attn_scalar^-1/2 */
+    float embed_scale;         /* Gemma: sqrt(dim); BERT: 1 */
+    int sliding_window;        /* Gemma's sliding layers: keys within window - 1 positions either side; 0 none */
+    int pooling;               /* POOL_* */
+    int normalize;             /* L2-normalize the output vector */
+} encoder_config_t;
+
+typedef struct {
+    weight_t wqkv;  float *bqkv;      /* (q_dim + 2 kv_dim, dim); bias (q_dim + 2 kv_dim) or NULL */
+    weight_t wo;    float *bo;        /* (dim, q_dim); (dim) or NULL */
+    weight_t wup;   float *bup;       /* BERT (hidden, dim) + (hidden); Gemma (2 hidden, dim): per 32 hidden
+                                       * units their 32 gate rows then their 32 up rows, no bias */
+    weight_t wdown; float *bdown;     /* (dim, hidden); (dim) or NULL */
+    /* BERT, post-norm: norm1 after attention, norm2 after the FFN, LayerNorm weight and bias (dim) */
+    float *norm1_w, *norm1_b, *norm2_w, *norm2_b;
+    /* Gemma: RMSNorm weights with Gemma's 1 + w folded in at load: before/after attention and FFN (dim), q and k
+     * per head (head_dim) */
+    float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm, *q_norm, *k_norm;
+    int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
+    /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
+    float *wqkv_p, *wo_p, *wup_p, *wdown_p;
+} enc_layer_t;
+
+typedef struct {
+    encoder_config_t cfg;
+    weight_t tok_embd;                /* (vocab, dim) */
+    float *pos_embd;                  /* BERT: (max_positions, dim) */
+    float *type_embd;                 /* BERT: (dim), token type 0 */
+    float *embd_norm_w, *embd_norm_b; /* BERT: (dim) */
+    float *final_norm;                /* Gemma: (dim), 1 + w */
+    float *rope_global, *rope_local;  /* Gemma: (max_positions, head_dim/2, 2) cos, sin */
+    enc_layer_t *layers;              /* (n_layers) */
+    int n_dense;                      /* sentence-transformers Dense modules after pooling, float weights */
+    weight_t dense[ENC_MAX_DENSE];    /* (out, in) */
+    float *dense_bias[ENC_MAX_DENSE]; /* (out) or NULL */
+    float *dense_p[ENC_MAX_DENSE];    /* panels of dense[i] */
+    int out_dim;                      /* the vector's length: dim, or the last Dense's out */
+} encoder_t;
+
+/* A flat batch of whole sequences, one after another. */
+typedef struct {
+    int num_tokens, num_seqs;
+    const int32_t *token_ids;         /* (num_tokens) */
+    const int32_t *seq_start;         /* (num_seqs + 1) first token of each sequence, then num_tokens */
+    float *out;                       /* (num_seqs, out_dim) the embeddings */
+    float *hidden_out;                /* (num_tokens, dim) or NULL: last hidden states before pooling, for tests */
+} enc_batch_t;
+
+enum { ESTAGE_EMBED, ESTAGE_QKV, ESTAGE_ATTENTION, ESTAGE_WO, ESTAGE_NORM, ESTAGE_UP, ESTAGE_DOWN, ESTAGE_POOL,
+       ENC_NUM_STAGES };
+
+typedef struct {
+    const encoder_t *model;
+    pool_t *pool;
+    int max_tokens, max_seqs;
+    int profile_on;
+    double profile[ENC_NUM_STAGES];
+    /* scratch, allocated once */
+    float *x;                         /* (max_tokens, dim) residual stream */
+    float *xn;                        /* (max_tokens, dim) normed input of a float weight; Wo/down output (Gemma) */
+    float *qkv;                       /* (max_tokens, q_dim + 2 kv_dim) */
+    float *attn;                      /* (max_tokens, q_dim) attention output */
+    float *h;                         /* (max_tokens, hidden) FFN activation, for a float down projection */
+    block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
+    block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
+    float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
+    float *scores;                    /* (threads, 4, max_tokens) attention scores of up to four queries */
+    int32_t *seq_of;                  /* (max_tokens) sequence of each token */
+    float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
+    float *pooled2;
+} encoder_ctx_t;
+
+encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads);
+void encoder_ctx_free(encoder_ctx_t *c);
+int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 invalid batch */
+
+/* float GEMM over 16-row panels (gemm_panels.c): y[t, r - 16 panel_begin] (+)= W x[t] for the rows of panels
+ * [panel_begin, panel_end); x (ntok, cols) */
+#define PANEL_ROWS 16
+float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NULL for a quantized w or no memory */
+void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
+                 float *y, int ldy, int accumulate);
+
+/* kernels (encoder_kernels.c) */
+void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
+void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
+/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (4 n) */
+void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
+                     float scale, int window, float *out, int out_stride, float *scores);
+
+#endif

@@ -1,0 +1,269 @@
+# Included by _cpu.pyx: the encoder (embedding models), ext/cpu/encoder.c. One nogil call per batch.
+
+cdef extern from "encoder.h" nogil:
+    enum:
+        ENC_MAX_DENSE
+        ENC_NUM_STAGES
+    ctypedef struct encoder_config_t:
+        int arch
+        int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
+        int max_positions
+        float norm_eps, attn_scale, embed_scale
+        int sliding_window, pooling, normalize
+    ctypedef struct enc_layer_t:
+        weight_t wqkv, wo, wup, wdown
+        float *bqkv
+        float *bo
+        float *bup
+        float *bdown
+        float *norm1_w
+        float *norm1_b
+        float *norm2_w
+        float *norm2_b
+        float *attn_norm
+        float *post_attn_norm
+        float *ffn_norm
+        float *post_ffn_norm
+        float *q_norm
+        float *k_norm
+        int sliding
+        float *wqkv_p
+        float *wo_p
+        float *wup_p
+        float *wdown_p
+    ctypedef struct encoder_t:
+        encoder_config_t cfg
+        weight_t tok_embd
+        float *pos_embd
+        float *type_embd
+        float *embd_norm_w
+        float *embd_norm_b
+        float *final_norm
+        float *rope_global
+        float *rope_local
+        enc_layer_t *layers
+        int n_dense
+        weight_t dense[4]
+        float *dense_bias[4]
+        float *dense_p[4]
+        int out_dim
+    ctypedef struct enc_batch_t:
+        int num_tokens, num_seqs
+        const int32_t *token_ids
+        const int32_t *seq_start
+        float *out
+        float *hidden_out
+    ctypedef struct encoder_ctx_t:
+        int profile_on
+        double profile[ENC_NUM_STAGES]
+    encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
+    void encoder_ctx_free(encoder_ctx_t *c)
+    int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
+    float *pack_panels(const weight_t *w)
+
+
+ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
+POOLINGS = {"mean": 0, "cls": 1, "last": 2}
+ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", "ffn up+act", "matmul down",
+                       "pool+dense")
+
+
+cdef class EncoderModel:
+    """An encoder's weights in the engine's layout. `config`: arch ('bert' | 'gemma3'), vocab, dim, n_layers,
+    n_heads, n_kv_heads, head_dim, hidden, max_positions, norm_eps, attn_scale, embed_scale, sliding_window,
+    pooling ('mean' | 'cls' | 'last'), normalize, and for Gemma sliding_layers (a list of layer indices).
+    `tensors`: matrices as (type_name, rows, cols, data): 'tok_embd', 'blk.{i}.wqkv', 'wo', 'wup', 'wdown',
+    'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd', 'type_embd', 'embd_norm_w', 'embd_norm_b',
+    per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
+    'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
+    'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one."""
+    cdef encoder_t m
+    cdef list _keep
+    cdef int n_built
+    cdef readonly int out_dim, max_positions
+
+    def __init__(self, dict config, dict tensors):
+        cdef encoder_config_t *c = &self.m.cfg
+        arch, pooling = config["arch"], config.get("pooling", "mean")
+        if arch not in ENCODER_ARCHS or pooling not in POOLINGS:
+            raise ValueError(f"unsupported encoder {arch!r} or pooling {pooling!r}")
+        c.arch = ENCODER_ARCHS[arch]; c.pooling = POOLINGS[pooling]
+        c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
+        c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
+        c.hidden = config["hidden"]; c.max_positions = config["max_positions"]; c.norm_eps = config["norm_eps"]
+        c.attn_scale = config["attn_scale"]; c.embed_scale = config.get("embed_scale", 1.0)
+        c.sliding_window = config.get("sliding_window", 0); c.normalize = config.get("normalize", False)
+        if c.dim % 32 or c.hidden % 32 or c.head_dim % 32 or c.n_heads < 1 or c.n_kv_heads < 1 \
+                or c.n_heads % c.n_kv_heads or c.n_layers < 1 or c.max_positions < 1:
+            raise ValueError("unsupported encoder shape: dim, hidden and head_dim must be multiples of 32, "
+                             "heads a multiple of KV heads")
+        self._keep = []
+        cdef int q_dim = c.n_heads * c.head_dim, qkv_dim = q_dim + 2 * c.n_kv_heads * c.head_dim
+        self.m.layers = <enc_layer_t *>calloc(c.n_layers, sizeof(enc_layer_t))
+        if self.m.layers == NULL:
+            raise MemoryError()
+        init_weight(&self.m.tok_embd, tensors["tok_embd"])
+        cdef int bert = c.arch == 0, i, j
+        cdef enc_layer_t *L
+        if bert:
+            self.m.pos_embd = self._floats(tensors["pos_embd"], c.max_positions * c.dim)
+            self.m.type_embd = self._floats(tensors["type_embd"], c.dim)
+            self.m.embd_norm_w = self._floats(tensors["embd_norm_w"], c.dim)
+            self.m.embd_norm_b = self._floats(tensors["embd_norm_b"], c.dim)
+        else:
+            self.m.final_norm = self._floats(tensors["final_norm"], c.dim)
+            self.m.rope_global = self._floats(tensors["rope_global"], c.max_positions * c.head_dim)
+            self.m.rope_local = self._floats(tensors["rope_local"], c.max_positions * c.head_dim)
+        sliding = set(config.get("sliding_layers", ()))
+        for i in range(c.n_layers):
+            L = &self.m.layers[i]
+            p = f"blk.{i}."
+            self.n_built = i + 1                     # its fields start zeroed: freeing a half-built layer is safe
+            self._matrix(&L.wqkv, &L.wqkv_p, tensors[p + "wqkv"], qkv_dim, c.dim)
+            self._matrix(&L.wo, &L.wo_p, tensors[p + "wo"], c.dim, q_dim)
+            self._matrix(&L.wup, &L.wup_p, tensors[p + "wup"], c.hidden * (1 if bert else 2), c.dim)
+            self._matrix(&L.wdown, &L.wdown_p, tensors[p + "wdown"], c.dim, c.hidden)
+            if bert:
+                L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
+                L.bo = self._floats(tensors[p + "bo"], c.dim)
+                L.bup = self._floats(tensors[p + "bup"], c.hidden)
+                L.bdown = self._floats(tensors[p + "bdown"], c.dim)
+                L.norm1_w = self._floats(tensors[p + "norm1_w"], c.dim)
+                L.norm1_b = self._floats(tensors[p + "norm1_b"], c.dim)
+                L.norm2_w = self._floats(tensors[p + "norm2_w"], c.dim)
+                L.norm2_b = self._floats(tensors[p + "norm2_b"], c.dim)
+            else:
+                L.attn_norm = self._floats(tensors[p + "attn_norm"], c.dim)
+                L.post_attn_norm = self._floats(tensors[p + "post_attn_norm"], c.dim)
+                L.ffn_norm = self._floats(tensors[p + "ffn_norm"], c.dim)
+                L.post_ffn_norm = self._floats(tensors[p + "post_ffn_norm"], c.dim)
+                L.q_norm = self._floats(tensors[p + "q_norm"], c.head_dim)
+                L.k_norm = self._floats(tensors[p + "k_norm"], c.head_dim)
+                L.sliding = i in sliding
+        self.out_dim = c.dim
+        j = 0
+        while f"dense.{j}" in tensors:
+            if j == ENC_MAX_DENSE:
+                raise ValueError(f"at most {ENC_MAX_DENSE} Dense layers are supported")
+            spec = tensors[f"dense.{j}"]
+            if spec[0] not in ("F32", "F16", "BF16") or spec[2] != self.out_dim:
+                raise ValueError(f"Dense layer {j}: a float weight of {self.out_dim} inputs is needed, got "
+                                 f"{spec[0]} with {spec[2]}")
+            self.m.n_dense = j + 1
+            self._matrix(&self.m.dense[j], &self.m.dense_p[j], spec, spec[1], spec[2])
+            if f"dense.{j}.bias" in tensors:
+                self.m.dense_bias[j] = self._floats(tensors[f"dense.{j}.bias"], spec[1])
+            self.out_dim = spec[1]
+            j += 1
+        self.m.out_dim = self.out_dim
+        self.max_positions = c.max_positions
+
+    cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols) except -1:
+        """Builds a matrix; a float one is repacked into panels for the encoder's GEMM and its row-major copy freed
+        (the weight_t keeps its type and shape)."""
+        if spec[1] != rows or spec[2] != cols:
+            raise ValueError(f"weight of shape ({spec[1]}, {spec[2]}) where ({rows}, {cols}) is needed")
+        init_weight(w, spec)
+        if not weight_is_quantized(w.type):
+            with nogil:
+                panels[0] = pack_panels(w)
+            if panels[0] == NULL:
+                raise MemoryError(f"out of memory repacking a {rows}x{cols} weight")
+            weight_free(w)
+        return 0
+
+    cdef float *_floats(self, object t, Py_ssize_t n) except NULL:
+        arr = np.ascontiguousarray(t, dtype=np.float32).reshape(-1)
+        if arr.shape[0] != n:
+            raise ValueError(f"expected {n} values, got {arr.shape[0]}")
+        self._keep.append(arr)
+        return <float *>cnp.PyArray_DATA(arr)
+
+    def __dealloc__(self):
+        cdef int i
+        weight_free(&self.m.tok_embd)
+        if self.m.layers != NULL:
+            for i in range(self.n_built):
+                weight_free(&self.m.layers[i].wqkv); weight_free(&self.m.layers[i].wo)
+                weight_free(&self.m.layers[i].wup); weight_free(&self.m.layers[i].wdown)
+                free(self.m.layers[i].wqkv_p); free(self.m.layers[i].wo_p)
+                free(self.m.layers[i].wup_p); free(self.m.layers[i].wdown_p)
+            free(self.m.layers)
+        for i in range(self.m.n_dense):
+            weight_free(&self.m.dense[i])
+            free(self.m.dense_p[i])
+
+    @property
+    def weight_bytes(self):
+        cdef size_t total = self.m.tok_embd.nbytes
+        cdef int i
+        for i in range(self.n_built):
+            L = &self.m.layers[i]
+            total += L.wqkv.nbytes + L.wo.nbytes + L.wup.nbytes + L.wdown.nbytes
+        return total
+
+
+cdef class Encoder:
+    """Scratch for one EncoderModel; encode() runs the whole batch (all layers, pooling, Dense, normalization)
+    in one nogil C call."""
+    cdef encoder_ctx_t *c
+    cdef EncoderModel model
+    cdef readonly int max_tokens, max_seqs, out_dim, dim
+
+    def __init__(self, EncoderModel model, int max_tokens, int max_seqs, int threads):
+        if max_tokens < 1 or max_seqs < 1 or threads < 1:
+            raise ValueError("max_tokens, max_seqs and threads must be positive")
+        self.model = model
+        with nogil:
+            self.c = encoder_ctx_create(&model.m, max_tokens, max_seqs, threads)
+        if self.c == NULL:
+            raise MemoryError(f"cannot allocate the encoder's scratch for {max_tokens} tokens")
+        self.max_tokens = max_tokens
+        self.max_seqs = max_seqs
+        self.out_dim = model.out_dim
+        self.dim = model.m.cfg.dim
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            encoder_ctx_free(self.c)
+
+    def encode(self, int32_t[::1] token_ids, int32_t[::1] seq_start, bint want_hidden=False):
+        """token_ids (num_tokens,): the sequences one after another; seq_start (num_seqs + 1,): where each begins,
+        then num_tokens. Returns (vectors (num_seqs, out_dim) float32, last hidden states (num_tokens, dim) or
+        None)."""
+        cdef int T = token_ids.shape[0], S = seq_start.shape[0] - 1, rc
+        if S < 1 or T < 1:
+            raise ValueError("an empty batch")
+        if T > self.max_tokens or S > self.max_seqs:
+            raise ValueError(f"batch of {T} tokens in {S} sequences exceeds this encoder's "
+                             f"{self.max_tokens} tokens / {self.max_seqs} sequences")
+        out = np.empty((S, self.out_dim), np.float32)
+        hidden = np.empty((T, self.dim), np.float32) if want_hidden else None
+        cdef float[:, ::1] ov = out
+        cdef float[:, ::1] hv
+        cdef enc_batch_t b
+        memset(&b, 0, sizeof(b))
+        b.num_tokens = T
+        b.num_seqs = S
+        b.token_ids = &token_ids[0]
+        b.seq_start = &seq_start[0]
+        b.out = &ov[0, 0]
+        if hidden is not None:
+            hv = hidden
+            b.hidden_out = &hv[0, 0]
+        with nogil:
+            rc = encoder_forward(self.c, &b)
+        if rc:
+            raise ValueError(f"invalid encoder batch (code {rc}): token ids out of range, an empty sequence, "
+                             "a sequence longer than the model's positions or starts that do not add up")
+        return out, hidden
+
+    def set_profiling(self, bint on):
+        cdef int i
+        self.c.profile_on = on
+        if on:
+            for i in range(ENC_NUM_STAGES):
+                self.c.profile[i] = 0.0
+
+    def profile(self):
+        return {name: self.c.profile[i] for i, name in enumerate(ENCODER_STAGE_NAMES)}

@@ -1,0 +1,105 @@
+"""An embedding model as the server runs it: loaded from its folder, its queue, the thread that runs the queue's
+steps, and its Prometheus metrics (own names under `inferd:embedding_*`, label model_name, in their own registry
+appended to /metrics: no clash with the chat model's families)."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from inferd.engine.embedder import Embedder
+from inferd.engine.embedding_queue import EmbeddingJob, EmbeddingQueue, EmbeddingWorker
+from inferd.model.embedding import load_embedding_model
+
+P = "inferd:"
+LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+
+
+class EmbeddingMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(P + "embedding_requests", "Embedding requests by outcome (finished, aborted: the "
+                                "client went away, failed).", ["model_name", "status"], registry=r)
+        self.inputs = Counter(P + "embedding_inputs", "Inputs embedded.", ["model_name"], registry=r)
+        self.tokens = Counter(P + "embedding_prompt_tokens", "Tokens of the inputs embedded.", ["model_name"],
+                              registry=r)
+        self.latency = Histogram(P + "embedding_request_latency_seconds", "From queued to vectors ready.",
+                                 ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(P + "embedding_request_queue_time_seconds", "From queued to first encoded.",
+                                    ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
+        self.services: list[EmbeddingService] = []
+        r.register(self)
+
+    def observer(self, name: str) -> Callable[[EmbeddingJob, str], None]:
+        def observe(job: EmbeddingJob, how: str) -> None:
+            self.requests.labels(name, how).inc()
+            if how == "finished":
+                self.inputs.labels(name).inc(len(job.inputs))
+                self.tokens.labels(name).inc(job.num_tokens)
+                now = time.monotonic()
+                self.latency.labels(name).observe(now - job.arrival)
+                self.queue_time.labels(name).observe((job.first_step or now) - job.arrival)
+        return observe
+
+    def collect(self):   # state read at scrape time
+        g = GaugeMetricFamily(P + "embedding_num_requests_waiting", "Embedding requests queued or being encoded.",
+                              labels=["model_name"])
+        for s in self.services:
+            g.add_metric([s.name], len(s.queue.jobs))
+        yield g
+
+    def describe(self):
+        return []
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass
+class EmbeddingService:
+    name: str
+    embedder: Embedder
+    queue: EmbeddingQueue
+    worker: EmbeddingWorker | None = None      # None when a scheduler loop runs the queue's steps
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def card(self) -> dict[str, Any]:
+        m = self.embedder.model
+        return {"id": self.name, "object": "model", "owned_by": "inferd", "type": "embedding",
+                "max_model_len": m.max_seq_length, "dimensions": m.dimensions,
+                "matryoshka_dimensions": list(m.matryoshka_dims), "input_types": sorted(m.prompts)}
+
+    def stop(self) -> None:
+        """After the engine loop (if any) has stopped: fails whatever is still queued."""
+        if self.worker is not None:
+            self.worker.stop()
+        self.queue.fail_all("the server is shutting down")
+
+
+def start_embedding_service(path: str, *, name: str | None, quantize: str | None, threads: int,
+                            max_batch_tokens: int, max_waiting: int, metrics: EmbeddingMetrics,
+                            watchdog: Callable[[], None] | None = None, engine_loop: Any = None) -> EmbeddingService:
+    """Loads the folder and builds the encoder (blocking: call it off the event loop). Its queue's steps run on
+    `engine_loop`'s thread when given (beside a chat model), else on a thread of its own."""
+    model = load_embedding_model(path, quantize=quantize)
+    embedder = Embedder(model, threads=threads, max_batch_tokens=max_batch_tokens)
+    service_name = name or os.path.basename(os.path.normpath(path)).lower()
+    queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(service_name))
+    embedder.embed(embedder.tokenize(["warm up"]))      # first-touch page faults before the first user request
+    if engine_loop is not None:
+        queue.wake = engine_loop.wake
+        engine_loop.side_queues.append(queue)
+        service = EmbeddingService(service_name, embedder, queue)
+    else:
+        worker = EmbeddingWorker(queue, watchdog)
+        service = EmbeddingService(service_name, embedder, queue, worker)
+        worker.start()
+    metrics.services.append(service)
+    return service
+
