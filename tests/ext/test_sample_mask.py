@@ -52,18 +52,18 @@ def test_pack_layout():
 
 
 SETTINGS = [
-    dict(temperature=0.0),
-    dict(temperature=1.0),
-    dict(temperature=2.5),
-    dict(temperature=0.7, top_k=5),
-    dict(temperature=0.7, top_k=500),                    # k past the number of allowed tokens
-    dict(temperature=1.0, top_p=0.9),
-    dict(temperature=1.0, top_p=0.05),
-    dict(temperature=1.0, min_p=0.2),
-    dict(temperature=1.0, top_k=20, top_p=0.8, min_p=0.05),
-    dict(temperature=1.0, repetition_penalty=0.1, presence_penalty=-2.0, frequency_penalty=-2.0),
-    dict(temperature=0.0, repetition_penalty=0.1, presence_penalty=-2.0, frequency_penalty=-2.0),
-    dict(temperature=1.0, num_logprobs=20),
+    {"temperature": 0.0},
+    {"temperature": 1.0},
+    {"temperature": 2.5},
+    {"temperature": 0.7, "top_k": 5},
+    {"temperature": 0.7, "top_k": 500},                    # k past the number of allowed tokens
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 1.0, "top_p": 0.05},
+    {"temperature": 1.0, "min_p": 0.2},
+    {"temperature": 1.0, "top_k": 20, "top_p": 0.8, "min_p": 0.05},
+    {"temperature": 1.0, "repetition_penalty": 0.1, "presence_penalty": -2.0, "frequency_penalty": -2.0},
+    {"temperature": 0.0, "repetition_penalty": 0.1, "presence_penalty": -2.0, "frequency_penalty": -2.0},
+    {"temperature": 1.0, "num_logprobs": 20},
 ]
 
 
@@ -131,7 +131,7 @@ def test_last_token_of_a_partial_word_can_be_the_allowed_one():
 
 def test_nothing_allowed_gives_token_minus_one():
     logits = np.arange(40, dtype=np.float32)
-    for params in (dict(temperature=0.0), dict(temperature=1.0, top_k=3, num_logprobs=2)):
+    for params in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 3, "num_logprobs": 2}):
         tok, lp, top_ids, _ = sample(logits, 0, pack([], 40), **params)
         assert tok == -1 and lp == -math.inf
         assert all(i == -1 for i in top_ids)
