@@ -276,11 +276,13 @@ class SequenceMatcher:
     def llmatcher(self) -> llg.LLMatcher:
         return self._m
 
-    def fill_mask(self, row: np.ndarray) -> None:
-        """Writes the allowed-token bitmask for the next token into `row` (contiguous int32/uint32 words)."""
+    def fill_mask(self, row: np.ndarray) -> bool:
+        """Writes the allowed-token bitmask for the next token into `row` (contiguous int32/uint32 words); True
+        (a LazyMatcher that has not started says False and leaves the row alone)."""
         if row.dtype.itemsize != 4 or not row.flags.c_contiguous or row.ndim != 1:
             raise ValueError("a mask row must be a contiguous 1-D array of 32-bit words")
         self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        return True
 
     def advance(self, token: int) -> bool:
         """Takes the sampled token; False when the grammar does not allow it (the matcher is in error then)."""
