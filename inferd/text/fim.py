@@ -30,12 +30,12 @@ class FimUnsupported(ValueError):
 
 def fim_token_ids(tokenizer: Tokenizer) -> tuple[int, int, int] | None:
     """(prefix, suffix, middle) token ids, or None when the model has no FIM tokens."""
-    if getattr(tokenizer, "fim_ids", None):
+    if tokenizer.fim_ids is not None:
         return tokenizer.fim_ids
     for texts in KNOWN_FIM_TEXTS:
-        ids = [tokenizer.hf.token_to_id(t) for t in texts]
-        if all(i is not None for i in ids):
-            return ids[0], ids[1], ids[2]
+        pre, suf, mid = (tokenizer.hf.token_to_id(t) for t in texts)
+        if pre is not None and suf is not None and mid is not None:
+            return pre, suf, mid
     return None
 
 

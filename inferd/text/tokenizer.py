@@ -207,14 +207,15 @@ class Tokenizer:
         eos_ids = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
                    if i is not None}
         eos_ids |= {vocab[t] for t in EOG_TEXTS if t in vocab}
-        pre, suf, mid = (token_id(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid"))
-        if pre is None or suf is None or mid is None:   # older files
-            pre, suf, mid = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("prefix", "suffix", "middle"))
+        f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid"))
+        if f_pre is None or f_suf is None or f_mid is None:   # older files
+            f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("prefix", "suffix", "middle"))
         return cls(hf, token_bytes=token_bytes, special_ids=[i for i, _, ty in specials if ty != USER_DEFINED],
                    bos_id=bos, eos_id=eos, eos_ids=eos_ids,
                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
                    strip_first_space=strip,
-                   fim_ids=(pre, suf, mid) if pre is not None and suf is not None and mid is not None else None)
+                   fim_ids=(f_pre, f_suf, f_mid) if f_pre is not None and f_suf is not None and f_mid is not None
+                   else None)
 
     @classmethod
     def from_hf_files(cls, tokenizer_json: str | os.PathLike[str],
