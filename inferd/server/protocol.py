@@ -86,14 +86,30 @@ class Message(Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # assistant: the calls it made
+    tool_call_id: str | None = None                    # role "tool": the call this answers
 
 
 class StreamOptions(Struct):
     include_usage: bool = False
 
 
-class ResponseFormat(Struct):
+class ResponseFormat(Struct, forbid_unknown_fields=False):
+    """{"type": "text" | "json_object" | "json_schema", "json_schema": {name, schema, strict, description}};
+    checked in depth by inferd.text.grammar."""
     type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class StructuredOutputs(Struct, forbid_unknown_fields=False):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool | None = None
 
 
 class _SamplingRequest(Struct, kw_only=True):
@@ -116,6 +132,16 @@ class _SamplingRequest(Struct, kw_only=True):
     # extensions (vLLM-style extra fields; the openai SDK sends them with extra_body)
     ignore_eos: bool = False
     speculative: bool | None = None    # prompt-lookup speculative decoding; null: the server's setting
+    # constrained output beyond response_format: vLLM's guided_* and structured_outputs, llama-server's grammar
+    # (GBNF) and json_schema; one at most (inferd.text.grammar)
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    grammar: str | None = None
+    json_schema: Any = None
 
 
 class ChatCompletionRequest(_SamplingRequest, kw_only=True):
@@ -126,6 +152,7 @@ class ChatCompletionRequest(_SamplingRequest, kw_only=True):
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     add_generation_prompt: bool = True
 
@@ -134,8 +161,9 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
     prompt: str | list[Any]
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    suffix: str | None = None
+    suffix: str | None = None          # fill-in-the-middle: the text after the cursor (inferd.text.fim)
     best_of: Annotated[int, Meta(ge=1)] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -340,9 +368,21 @@ class ChatLogprobs(Struct):
     content: list[TokenLogprob]
 
 
-class ChatMessage(Struct):
+class FunctionCall(Struct):
+    name: str
+    arguments: str                     # JSON text
+
+
+class ToolCallInfo(Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class ChatMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallInfo] | None = None
 
 
 class ChatChoice(Struct):
@@ -362,9 +402,23 @@ class ChatCompletionResponse(Struct):
     usage: UsageInfo | None = None
 
 
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A streamed tool call: index, id, type and name in the first chunk, then argument fragments."""
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct):
