@@ -195,7 +195,7 @@ class Limits:
     max_stop: int = 16
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def message_text(m: Message, i: int) -> str:
@@ -212,8 +212,9 @@ def message_text(m: Message, i: int) -> str:
     return "".join(texts)
 
 
-def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[str, str]]:
-    """Validated messages as plain {role, content} dicts for the chat template."""
+def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[str, Any]]:
+    """Validated messages as plain {role, content} dicts for the chat template (plus tool_calls, tool_call_id and
+    name where given; inferd.text.tools.prepare_messages shapes those for the template)."""
     if not messages:
         raise ProtocolError("messages must contain at least one message", "messages")
     if len(messages) > limits.max_messages:
@@ -224,7 +225,18 @@ def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[
             raise ProtocolError(f"unsupported role {m.role!r}; use one of {', '.join(ROLES)}",
                                 f"messages[{i}].role")
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": message_text(m, i)})
+        msg: dict[str, Any] = {"role": role, "content": message_text(m, i)}
+        if m.tool_calls:
+            if role != "assistant":
+                raise ProtocolError("only assistant messages have tool_calls", f"messages[{i}].tool_calls")
+            msg["tool_calls"] = m.tool_calls
+        if role == "tool":
+            if not m.tool_call_id:
+                raise ProtocolError("a tool message needs the tool_call_id it answers", f"messages[{i}].tool_call_id")
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
     return out
 
 

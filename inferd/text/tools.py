@@ -480,7 +480,7 @@ class ToolCallParser:
             return False
         taken = obj.feed(self._buf)
         self._buf = self._buf[taken:]
-        if not self._started and obj.name is not None and (obj.args_start is not None or obj.done):
+        if not self._started and obj.name is not None:
             self._calls.append(ToolCall(self._new_id(), obj.name, ""))
             events.append(ToolCallStart(len(self._calls) - 1, self._calls[-1].id, obj.name))
             self._started = True
