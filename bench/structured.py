@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from serve import Server, free_port, inferd_server  # noqa: E402
+from serve import Server, free_port, inferd_server
 
 PEERS = Path.home() / ".cache" / "inferd-peers"
 
@@ -86,7 +85,7 @@ async def level(url: str, concurrency: int, n: int, extra: dict) -> tuple[float,
                 try:
                     tokens += await one(session, url, {"messages": messages(i), "max_tokens": MAX_TOKENS,
                                                        "temperature": 0.0, **extra})
-                except Exception as e:
+                except Exception as e:  # counted and reported, never silently dropped
                     errors += 1
                     print("  error:", e, file=sys.stderr)
 
