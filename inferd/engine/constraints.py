@@ -31,6 +31,10 @@ class Constraint:
             return LazyMatcher(self.grammar, self.trigger_token)
         return self.grammar.new_matcher()
 
+    def new_mask(self) -> np.ndarray:
+        """A mask row for one sequence: (vocab + 31) // 32 uint32 words."""
+        return np.zeros(mask_words(self.grammar.vocab_size), np.uint32)
+
 
 @dataclass(frozen=True)
 class Advance:

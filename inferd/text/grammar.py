@@ -311,10 +311,11 @@ class SequenceMatcher:
 class CompiledGrammar:
     """A grammar compiled against one model's vocabulary; new_matcher() is cheap (a copy of a pristine one)."""
 
-    def __init__(self, spec: GrammarSpec, matcher: llg.LLMatcher, eos_ids: frozenset[int]):
+    def __init__(self, spec: GrammarSpec, matcher: llg.LLMatcher, eos_ids: frozenset[int], vocab_size: int):
         self.spec = spec
         self._pristine = matcher
         self._eos = eos_ids
+        self.vocab_size = vocab_size      # the mask rows' width in tokens (the model's logits)
         self.warnings: list[str] = list(matcher.get_grammar_warnings())
 
     def new_matcher(self) -> SequenceMatcher:
@@ -372,7 +373,7 @@ class GrammarCompiler:
         matcher = llg.LLMatcher(tok, spec.grammar, limits=self.limits, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{spec.param}: {_describe(spec, matcher.get_error())}", spec.param)
-        return CompiledGrammar(spec, matcher, self.eos_ids)
+        return CompiledGrammar(spec, matcher, self.eos_ids, self.vocab_size)
 
     def _future(self, spec: GrammarSpec) -> concurrent.futures.Future[CompiledGrammar]:
         if len(spec.grammar) > self.max_grammar_bytes:
@@ -414,7 +415,9 @@ class GrammarCompiler:
     @staticmethod
     def _same_param(compiled: CompiledGrammar, spec: GrammarSpec) -> CompiledGrammar:
         # the cache is keyed by grammar text: the same schema may come from another field name
-        return compiled if compiled.spec == spec else CompiledGrammar(spec, compiled._pristine, compiled._eos)
+        if compiled.spec == spec:
+            return compiled
+        return CompiledGrammar(spec, compiled._pristine, compiled._eos, compiled.vocab_size)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
