@@ -119,7 +119,7 @@ class _SamplingRequest(Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     temperature: Temperature | None = None
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None     # 0: greedy (OpenAI's range is [0, 1])
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     presence_penalty: Penalty | None = None
@@ -164,6 +164,25 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
     suffix: str | None = None          # fill-in-the-middle: the text after the cursor (inferd.text.fim)
     best_of: Annotated[int, Meta(ge=1)] | None = None
     response_format: ResponseFormat | None = None
+
+
+class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=False):
+    """POST /v1/responses (checked in depth by inferd.server.responses; this shape documents it)."""
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    tools: list[dict[str, Any]] | None = None          # {"type": "function", "name", "description", "parameters"}
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None                 # {"format": {"type": "text" | "json_object" | "json_schema"}}
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    seed: int | None = None
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -274,14 +293,8 @@ def check_common(req: _SamplingRequest, limits: Limits) -> None:
 
 def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
     check_common(req, limits)
-    for name in ("tools", "functions"):
-        if getattr(req, name):
-            raise ProtocolError(f"{name} are not supported by this server", name)
-    if req.tool_choice not in (None, "none"):
-        raise ProtocolError("tool_choice is not supported by this server", "tool_choice")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise ProtocolError(f"response_format type {req.response_format.type!r} is not supported; only 'text'",
-                            "response_format")
+    if req.functions:
+        raise ProtocolError("functions (the deprecated form) are not supported; send tools", "functions")
     if req.top_logprobs is not None and not req.logprobs:
         raise ProtocolError("top_logprobs requires logprobs to be true", "top_logprobs")
     for name in ("max_tokens", "max_completion_tokens"):
@@ -296,8 +309,8 @@ def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
 def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[int]]:
     """Validated prompts: each a string or a list of token ids."""
     check_common(req, limits)
-    if req.suffix is not None:
-        raise ProtocolError("suffix is not supported by this server", "suffix")
+    if req.suffix is not None and not isinstance(req.prompt, str):
+        raise ProtocolError("suffix needs a single text prompt (the code before the cursor)", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise ProtocolError("best_of is not supported (it must equal n when given)", "best_of")
     p = req.prompt
@@ -487,5 +500,5 @@ def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 REQUEST_TYPES: dict[str, type] = {
     "CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,
     "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest,
-    "CacheWarmRequest": CacheWarmRequest,
+    "CacheWarmRequest": CacheWarmRequest, "ResponsesRequest": ResponsesRequest,
 }

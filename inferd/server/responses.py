@@ -11,6 +11,7 @@ Stored responses live in a bounded in-memory store (most recent `size`, each for
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 import string
 import threading
@@ -20,7 +21,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallStart
+import msgspec
+from aiohttp import web
+
+from inferd.engine.request import Request
+from inferd.server import protocol as P
+from inferd.server.chat import render_chat
+from inferd.server.generation import (Generation, check_model, check_prompt_len, encode, json_response, limits,
+                                      resolve_max_tokens, sampling_params, sse_event, stop_token_ids)
+from inferd.server.protocol import ProtocolError
+from inferd.server.state import STATE
+from inferd.server.structured import prepare_chat
+from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart
 
 
 class ResponsesError(ValueError):
@@ -344,3 +356,139 @@ class ResponseBuilder:
         if calls:
             msg["tool_calls"] = calls
         return [msg]
+
+
+# ---- the endpoints ------------------------------------------------------------------------------------------------
+def _chat_request(p: ChatPlan, body: Mapping[str, Any]) -> P.ChatCompletionRequest:
+    """The chat-completions request the plan amounts to (checked by the same code as /v1/chat/completions)."""
+
+    fmt = p.response_format
+    if fmt is not None and fmt.get("type") == "json_schema" and "json_schema" not in fmt:
+        # text.format is flat ({"type", "name", "schema", "strict"}); chat nests it under json_schema
+        fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    chat = {"messages": p.messages, "tools": p.tools, "tool_choice": p.tool_choice, "response_format": fmt,
+            "parallel_tool_calls": p.parallel_tool_calls, "max_tokens": p.max_tokens, "temperature": p.temperature,
+            "top_p": p.top_p, "model": body.get("model"), "seed": body.get("seed")}
+    try:
+        return msgspec.convert({k: v for k, v in chat.items() if v is not None}, P.ChatCompletionRequest)
+    except msgspec.ValidationError as e:
+        raise ResponsesError(f"invalid request: {e}") from None
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses"""
+
+
+    state = request.app[STATE]
+    store = response_store(state)
+    try:
+        body = msgspec.json.decode(await request.read())
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"could not parse the request body as JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    try:
+        p = plan(body, store)
+        req = _chat_request(p, body)
+    except ResponsesError as e:
+        raise ProtocolError(str(e), e.param, status=e.status) from None
+    lim = limits(state)
+    check_model(state, req.model)
+    P.check_chat(req, lim)
+    messages = P.check_messages(req.messages, lim)
+    prep = await prepare_chat(state, req, messages, state.chat_template.source)
+    prompt = await encode(state, render_chat(state, prep.messages, True, prep.tools), add_special=False)
+    check_prompt_len(state, len(prompt), "input")
+    max_tokens = resolve_max_tokens(state, req.max_tokens, len(prompt), None, "max_output_tokens")
+    gen = Generation.submit(state, "resp", lambda rid: [(0, Request(
+        f"{rid}-0", prompt, sampling_params(req, state, None, 0), max_tokens, (), stop_token_ids(state, False),
+        timeout_s=state.settings.request_timeout_s or None, constraint=prep.constraint))])
+    builder = ResponseBuilder(state.served_model_name, p)
+    parser = ToolCallParser(prep.tool_format) if prep.tool_format is not None else None
+
+    def feed(text: str, final: bool) -> None:
+        if parser is None:
+            builder.add(ContentDelta(text))
+            return
+        for e in parser.feed(text) + (parser.finish() if final else []):
+            builder.add(e)
+
+    def finish() -> dict[str, Any]:
+        c = gen.choices[0]
+        u = gen.usage()
+        reason = c.finish_reason or "stop"
+        response = builder.finish(reason, {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                                           "cached_tokens": u.prompt_tokens_details.cached_tokens})
+        if p.store:
+            store.put(response, p.messages + builder.output_messages())
+        return response
+
+    try:
+        if not p.stream:
+            async for item in gen.outputs(3600.0):
+                if item is not None:
+                    feed(item[1].text, item[1].finish_reason is not None)
+            response = finish()
+            gen.log("ok")
+            return json_response(response)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        await resp.prepare(request)
+
+        async def send(events: list[dict[str, Any]]) -> None:
+            for ev in events:
+                await resp.write(f"event: {ev['type']}\n".encode() + sse_event(ev))
+
+        await send(builder.drain())
+        try:
+            async for item in gen.outputs(state.settings.sse_keepalive_s):
+                if item is None:
+                    await resp.write(b": ping\n\n")
+                    continue
+                feed(item[1].text, item[1].finish_reason is not None)
+                await send(builder.drain())
+            finish()
+        except ProtocolError as err:
+            builder.fail(err.message)
+            gen.log(f"error {err.status} (streamed)")
+        await send(builder.drain())
+        gen.log("ok")
+        return resp
+    except (asyncio.CancelledError, ConnectionResetError):
+        gen.state.metrics.on_client_disconnected()
+        gen.log("client disconnected")
+        raise
+    finally:
+        for c in gen.choices:
+            c.handle.abort()
+
+
+def response_store(state: Any) -> ResponseStore:
+    if state.responses is None:
+        state.responses = ResponseStore(state.settings.responses_store_size, state.settings.responses_ttl_s)
+    return state.responses
+
+
+async def get_response(request: web.Request) -> web.Response:
+    """GET /v1/responses/{response_id}"""
+    rid = request.match_info["response_id"]
+    stored = response_store(request.app[STATE]).get(rid)
+    if stored is None:
+        e = not_found(rid)
+        raise ProtocolError(str(e), e.param, status=404)
+    return json_response(stored.response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    """DELETE /v1/responses/{response_id}"""
+    rid = request.match_info["response_id"]
+    if not response_store(request.app[STATE]).delete(rid):
+        e = not_found(rid)
+        raise ProtocolError(str(e), e.param, status=404)
+    return json_response({"id": rid, "object": "response.deleted", "deleted": True})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)

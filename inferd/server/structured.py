@@ -40,7 +40,7 @@ def grammar_compiler(state: ServerState) -> GrammarCompiler:
     if state.grammar is None:
         s = state.settings
         state.grammar = GrammarCompiler(state.tokenizer, state.engine.vocab_size if state.engine is not None
-                                        else None, compile_timeout=getattr(s, "grammar_compile_timeout_s", 10.0))
+                                        else None, compile_timeout=s.grammar_compile_timeout_s)
     return state.grammar
 
 
