@@ -69,7 +69,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 def chat_full(gen: Generation, with_logprobs: bool, prep: ChatPrep) -> P.ChatCompletionResponse:
     choices = []
     for c in gen.choices:
-        content, calls = parse_message(c.text, prep.tool_format)
+        content, calls = parse_message(c.text, prep)
         choices.append(P.ChatChoice(
             c.index, P.ChatMessage("assistant", content, calls),
             chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
@@ -82,7 +82,7 @@ async def chat_stream(gen: Generation, req: P.ChatCompletionRequest, prep: ChatP
     def chunk(choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> P.ChatCompletionChunk:
         return P.ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
-    tools = {c.index: ChoiceTools(prep.tool_format) for c in gen.choices} if prep.tool_format else {}
+    tools = {c.index: ChoiceTools(prep) for c in gen.choices} if prep.tool_format else {}
     for c in gen.choices:
         yield chunk([P.ChatChunkChoice(c.index, P.Delta(role="assistant", content=""), None, None)])
     async for item in gen.outputs(gen.state.settings.sse_keepalive_s):

@@ -404,7 +404,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         f"{rid}-0", prompt, sampling_params(req, state, None, 0), max_tokens, (), stop_token_ids(state, False),
         timeout_s=state.settings.request_timeout_s or None, constraint=prep.constraint))])
     builder = ResponseBuilder(state.served_model_name, p)
-    parser = ToolCallParser(prep.tool_format) if prep.tool_format is not None else None
+    parser = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format is not None else None
 
     def feed(text: str, final: bool) -> None:
         if parser is None:

@@ -77,6 +77,7 @@ class ChatPrep:
     tools: list[dict[str, Any]] | None             # the template's `tools` variable
     constraint: Constraint | None                  # what the scheduler applies to every choice
     tool_format: ToolFormat | None                 # set: parse tool calls out of the text
+    tool_names: tuple[str, ...] = ()
 
 
 async def prepare_chat(state: ServerState, req: P.ChatCompletionRequest, messages: list[dict[str, Any]],
@@ -116,7 +117,8 @@ async def prepare_chat(state: ServerState, req: P.ChatCompletionRequest, message
         raise ProtocolError(str(e), e.param) from None
     if call_spec is not None and not getattr(state.engine, "supports_token_masks", False):
         call_spec = None   # tool calls still work, only without the guarantee
-    return ChatPrep(rendered, template_tools(tools, fmt), await compile_spec(state, call_spec, lazy), fmt)
+    return ChatPrep(rendered, template_tools(tools, fmt), await compile_spec(state, call_spec, lazy), fmt,
+                    tuple(t.name for t in tools))
 
 
 async def prepare_completion(state: ServerState, req: P.CompletionRequest) -> Constraint | None:
@@ -132,19 +134,20 @@ def tool_call_infos(calls: list[ToolCall]) -> list[P.ToolCallInfo]:
     return [P.ToolCallInfo(c.id, P.FunctionCall(c.name, c.arguments)) for c in calls]
 
 
-def parse_message(text: str, fmt: ToolFormat | None) -> tuple[str | None, list[P.ToolCallInfo] | None]:
+def parse_message(text: str, prep: ChatPrep) -> tuple[str | None, list[P.ToolCallInfo] | None]:
     """A whole answer -> (content, tool_calls or None)."""
-    if fmt is None:
+    if prep.tool_format is None:
         return text, None
-    content, calls = parse_tool_calls(text, fmt)
+    content, calls = parse_tool_calls(text, prep.tool_format, tool_names=prep.tool_names)
     return content, (tool_call_infos(calls) or None)
 
 
 class ChoiceTools:
     """One streamed choice's text -> (content delta, tool-call deltas) in OpenAI's shape."""
 
-    def __init__(self, fmt: ToolFormat):
-        self.parser = ToolCallParser(fmt)
+    def __init__(self, prep: ChatPrep):
+        assert prep.tool_format is not None
+        self.parser = ToolCallParser(prep.tool_format, tool_names=prep.tool_names)
 
     @property
     def has_calls(self) -> bool:

@@ -307,6 +307,8 @@ class _CallObject:
         if self.expect == "open":
             if ch == "{":
                 self.depth, self.expect = 1, "key"
+            else:                                  # not an object: not a call
+                self.done = True
             return
         if ch in "{[":
             if self.depth == 1 and self.expect == "value":
@@ -370,7 +372,10 @@ class ToolCallParser:
     index, id and name first, then fragments of its arguments). Streaming and whole-text parsing are this same
     parser, so they always agree."""
 
-    def __init__(self, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id):
+    def __init__(self, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id,
+                 tool_names: Iterable[str] = ()):
+        """tool_names: the request's tools. With them, hermes-style models may also answer with a fenced
+        ```json {"name": <a tool>, "arguments": {...}}``` block (Qwen2.5-Coder does), which counts as a call."""
         self.fmt = fmt.name if isinstance(fmt, ToolFormat) else fmt
         self._new_id = new_id
         self._buf = ""                       # text not yet handed out
@@ -386,6 +391,9 @@ class ToolCallParser:
                        LLAMA3: "<|python_tag|>"}[self.fmt]
         self._open = open_marker
         self._close = "</tool_call>" if self.fmt in (HERMES, GENERIC) else None
+        self._tool_names = frozenset(tool_names)
+        self._fence = "```json" if self.fmt in (HERMES, GENERIC) and self._tool_names else None
+        self._fenced = False                  # the current object opened with the fence
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -434,17 +442,21 @@ class ToolCallParser:
                 self._buf = stripped
                 self._start_object("")
                 return True
-        at = buf.find(self._open)
+        at, marker = buf.find(self._open), self._open
+        fence_at = buf.find(self._fence) if self._fence else -1
+        if fence_at >= 0 and (at < 0 or fence_at < at):
+            at, marker = fence_at, self._fence
         if at >= 0:
             before = buf[:at].rstrip()                  # whitespace next to a call is not content
             if before.strip():
                 events.append(ContentDelta(before))
                 self._seen_text = True
-            self._buf = buf[at + len(self._open):]
+            self._buf = buf[at + len(marker):]
             if self.fmt == MISTRAL:
                 self._mode = "list"
             else:   # (kept to give back as text if what follows is not a call)
-                self._start_object(buf[len(before):at] + self._open)
+                self._start_object(buf[len(before):at] + marker)
+                self._fenced = marker == self._fence
             return True
         if final:
             if buf.strip() or not self._calls:
@@ -452,7 +464,7 @@ class ToolCallParser:
             self._buf = ""
             return False
         # hold back what may still become the marker, and trailing whitespace (dropped if a call follows)
-        keep = _partial_suffix(buf, self._open)
+        keep = max(_partial_suffix(buf, self._open), _partial_suffix(buf, self._fence) if self._fence else 0)
         head = buf[:len(buf) - keep]
         keep += len(head) - len(head.rstrip())
         out = buf[:len(buf) - keep]
@@ -467,6 +479,7 @@ class ToolCallParser:
 
     def _start_object(self, marker: str) -> None:
         self._marker = marker
+        self._fenced = False
         self._seen_text_since_call = False
         self._obj = _CallObject()
         self._started = False
@@ -480,16 +493,18 @@ class ToolCallParser:
             return False
         taken = obj.feed(self._buf)
         self._buf = self._buf[taken:]
-        if not self._started and obj.name is not None:
+        if not self._started and obj.name is not None and (not self._fenced or obj.name in self._tool_names):
             self._calls.append(ToolCall(self._new_id(), obj.name, ""))
             events.append(ToolCallStart(len(self._calls) - 1, self._calls[-1].id, obj.name))
             self._started = True
         if self._started:
             self._emit_args(events, final=obj.done)
         if obj.done:
+            self._obj = None
             if not self._started:                       # not a call after all: it was text
                 events.append(ContentDelta(self._marker + obj.raw))
-            self._obj = None
+                self._mode = "text" if self.fmt != MISTRAL else "list"
+                return True
             self._mode = "between" if self.fmt != MISTRAL else "list"
             return True
         return False
@@ -508,6 +523,17 @@ class ToolCallParser:
 
     def _step_between(self, events: list[Event], final: bool) -> bool:
         buf = self._buf.lstrip()
+        if self._fenced:
+            if buf.startswith("```"):
+                self._buf = buf[3:]
+                self._fenced = False
+                self._mode = "text"
+                return True
+            if not final and (not buf or "```".startswith(buf)):
+                return False
+            self._fenced = False
+            self._mode = "text"
+            return True
         if self._close and buf.startswith(self._close):
             self._buf = buf[len(self._close):]
             self._mode = "text"
@@ -555,10 +581,10 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, fmt: ToolFormat | str,
-                     new_id: Callable[[], str] = new_call_id) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id,
+                     tool_names: Iterable[str] = ()) -> tuple[str | None, list[ToolCall]]:
     """The whole output -> (content or None, tool calls). Content that is only whitespace around calls is None."""
-    parser = ToolCallParser(fmt, new_id)
+    parser = ToolCallParser(fmt, new_id, tool_names)
     events = parser.feed(text) + parser.finish()
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
     return (None if parser.calls and not content else content), parser.calls

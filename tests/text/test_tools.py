@@ -355,3 +355,22 @@ def test_llama3_and_mistral_grammars_compile_and_parse(qwen):
 def test_mistral_grammar_needs_the_token():
     with pytest.raises(ToolError, match="TOOL_CALLS"):
         tool_call_grammar(parse_tools([TIME]), MISTRAL)
+
+
+FENCED = 'I will call it.\n```json\n{\n  "name": "get_time",\n  "arguments": {"tz": "UTC"}\n}\n```'
+
+
+def test_a_fenced_json_call_of_a_known_tool_is_a_call():
+    """Qwen2.5-Coder often answers `auto` with a ```json block instead of <tool_call>: with the request's tool names
+    that is a call (also streamed piece by piece); a fenced object naming no tool stays text."""
+    content, calls = parse_tool_calls(FENCED, HERMES, ids(), tool_names=["get_time"])
+    assert content == "I will call it." and [(c.name, c.arguments) for c in calls] == [("get_time", '{"tz": "UTC"}')]
+    parser = ToolCallParser(HERMES, ids(), tool_names=["get_time"])
+    events = [e for ch in FENCED for e in parser.feed(ch)] + parser.finish()
+    assert "".join(e.text for e in events if isinstance(e, ToolArgsDelta)) == '{"tz": "UTC"}'
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == "I will call it."
+    assert parse_tool_calls(FENCED, HERMES, ids())[1] == []                         # without tool names: text
+    other = 'See:\n```json\n{"name": "Bob", "age": 3}\n```'
+    assert parse_tool_calls(other, HERMES, ids(), tool_names=["get_time"]) == (other, [])
+    code = "```json\n[1, 2]\n```"
+    assert parse_tool_calls(code, HERMES, ids(), tool_names=["get_time"]) == (code, [])
