@@ -175,3 +175,14 @@ def test_streamed_constrained_output_equals_the_whole_one(client, model_name):
 def test_stream_has_no_usage_unless_asked(client, model_name):
     stream = chat(client, model_name, max_tokens=4, stream=True)
     assert all(chunk.usage is None for chunk in stream)
+
+
+def test_constrained_requests_do_not_speculate(server, client, model_name):
+    """Prompt-lookup drafts are not checked against the grammar, so a constrained request never drafts: asking
+    for speculation changes nothing in its output and no draft token is proposed for it."""
+    drafts = server.metric("inferd:spec_decode_num_draft_tokens_total")
+    kw = {"response_format": RF, "temperature": 0.0, "max_tokens": 120}
+    plain = chat(client, model_name, **kw).choices[0].message.content
+    spec = chat(client, model_name, extra_body={"speculative": True}, **kw).choices[0].message.content
+    assert spec == plain and json.loads(spec)
+    assert server.metric("inferd:spec_decode_num_draft_tokens_total") == drafts
