@@ -6,6 +6,7 @@ in a ChoiceTools. Every problem becomes a ProtocolError naming the request field
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -99,16 +100,23 @@ async def prepare_chat(state: ServerState, req: P.ChatCompletionRequest, message
         raise ProtocolError(str(e), e.param) from None
     if not uses_tools:
         return ChatPrep(rendered, None, await compile_spec(state, spec), None)
-    if spec is not None:
-        raise ProtocolError(f"{spec.param} cannot be combined with tools unless tool_choice is \"none\"", spec.param)
+    answer_schema = None
+    if spec is not None and choice != "required":   # "auto": answer in the response format, or call a tool
+        if spec.kind not in ("json_schema", "json_object"):
+            raise ProtocolError(f"{spec.param}: only a JSON response format can be combined with tools",
+                                spec.param)
+        answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = req.parallel_tool_calls is not False
     tok = state.tokenizer
     trigger = trigger_token(fmt, tok.hf.token_to_id)
     try:
-        if choice == "required":
+        if choice == "required":     # the calls are forced; a response format is for a later answer
             call_spec: GrammarSpec | None = tool_call_grammar(tools, fmt, only=only, parallel=parallel,
                                                               trigger_token_id=trigger)
             lazy = None
+        elif answer_schema is not None:
+            call_spec, lazy = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger,
+                                                or_json=answer_schema), None
         elif trigger is not None:       # auto: free text, then the call grammar from the trigger token on
             call_spec, lazy = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger), trigger
         else:                           # auto without a trigger token (Llama 3 JSON): parsed, not constrained

@@ -599,12 +599,17 @@ def _call_schema(tools: Iterable[Tool], args_key: str) -> dict[str, Any]:
 
 
 def tool_call_grammar(tools: Sequence[Tool], fmt: ToolFormat | str, *, only: str | None = None,
-                      parallel: bool = True, trigger_token_id: int | None = None) -> GrammarSpec:
+                      parallel: bool = True, trigger_token_id: int | None = None,
+                      or_json: Mapping[str, Any] | None = None) -> GrammarSpec:
     """A grammar for the tool-call part of the output: one call (several with `parallel`) of `tools` (only the
     one named `only` when given), arguments valid against the tool's parameters schema. For hermes and mistral it
     starts with the opening marker, so it serves both "required" (from the first token) and "auto" (a
-    LazyMatcher starts it at the trigger token)."""
+    LazyMatcher starts it at the trigger token). or_json: a JSON schema the whole output may follow instead of
+    calling (tool_choice "auto" with response_format: answer in that JSON, or call)."""
     name = fmt.name if isinstance(fmt, ToolFormat) else fmt
+    if or_json is not None and name == LLAMA3:
+        raise ToolError("response_format cannot be combined with tools for this model's JSON tool calls",
+                        "response_format")
     chosen = [t for t in tools if only is None or t.name == only]
     if not chosen:
         raise ToolError("tool_choice names no given tool", "tool_choice")
@@ -624,6 +629,9 @@ def tool_call_grammar(tools: Sequence[Tool], fmt: ToolFormat | str, *, only: str
     else:
         lark = "start: " + repeated("obj", "; ") + "\n"
     lark += "obj: " + obj + "\n"
+    if or_json is not None:
+        lark = lark.replace("start: ", "calls: ", 1)
+        lark = "start: answer | calls\nanswer: %json " + json.dumps(dict(or_json)) + "\n" + lark
     grammar = llg.LLMatcher.grammar_from_lark(lark)
     return GrammarSpec(grammar, "tools", "tools")
 

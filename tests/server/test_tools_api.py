@@ -170,3 +170,25 @@ def test_cors_on_the_real_app(make_server, model_name):
     pre_status, pre_origin, (status, origin, body) = asyncio.run(main())
     assert pre_status == 204 and pre_origin == "https://app.example.com"
     assert status == 200 and origin == "https://app.example.com" and body.endswith(b"data: [DONE]\n\n")
+
+
+def test_auto_tools_with_a_response_format_answer_json_or_call(client, model_name):
+    """An agent's structured final answer with tools available: the output is either that JSON or tool calls."""
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 30}}, "required": ["answer"],
+              "additionalProperties": False}
+    kinds = set()
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=model_name, messages=ASK, tools=[WEATHER], temperature=1.0, seed=seed, max_tokens=150,
+            parallel_tool_calls=False,
+            response_format={"type": "json_schema", "json_schema": {"name": "final", "schema": schema}})
+        msg = r.choices[0].message
+        if msg.tool_calls:
+            kinds.add("call")
+            assert r.choices[0].finish_reason == "tool_calls"
+            for call in msg.tool_calls:
+                check_call(call)
+        else:
+            kinds.add("json")
+            assert set(json.loads(msg.content)) == {"answer"}
+    assert kinds
