@@ -200,8 +200,9 @@ def _generic_conversation(messages: list[dict[str, Any]], tools: Sequence[Tool])
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            blocks = "".join(f"\n<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']}, ensure_ascii=False)}\n</tool_call>"
-                             for c in m["tool_calls"])
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in m["tool_calls"]]
+            blocks = "".join(f"\n<tool_call>\n{json.dumps(c, ensure_ascii=False)}\n</tool_call>" for c in calls)
             content = m.get("content") or ""
             out.append({"role": "assistant", "content": (content + blocks).strip("\n")})
         elif m.get("role") == "tool":
