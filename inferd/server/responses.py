@@ -318,7 +318,8 @@ class ResponseBuilder:
         else:
             self.status = "completed"
         cached = usage.get("cached_tokens", 0)
-        self.usage = {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        self.usage = {"input_tokens": usage["prompt_tokens"],
+                      "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                       "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
         response = self.response()

@@ -404,7 +404,7 @@ class GrammarCompiler:
         fut = self._future(spec)
         try:
             compiled = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), self.compile_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._timeout_error(spec) from None
         return self._same_param(compiled, spec)
 

@@ -445,7 +445,7 @@ class ToolCallParser:
                 return True
         at, marker = buf.find(self._open), self._open
         fence_at = buf.find(self._fence) if self._fence else -1
-        if fence_at >= 0 and (at < 0 or fence_at < at):
+        if self._fence and fence_at >= 0 and (at < 0 or fence_at < at):
             at, marker = fence_at, self._fence
         if at >= 0:
             before = buf[:at].rstrip()                  # whitespace next to a call is not content

@@ -27,7 +27,8 @@ ASK = [{"role": "user", "content": "What's the weather like in Paris today?"}]
 @pytest.fixture(scope="module")
 def qwen():
     from inferd.model.loader import load_model
-    srv = ServerThread(make_settings(num_kv_blocks=64, max_running=4, served_model_name="qwen"), load_model(QWEN)).start()
+    settings = make_settings(num_kv_blocks=64, max_running=4, served_model_name="qwen")
+    srv = ServerThread(settings, load_model(QWEN)).start()
     yield srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
     srv.stop()
 

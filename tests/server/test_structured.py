@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 import openai
@@ -59,7 +59,7 @@ def test_json_schema_output_always_validates(client, model_name, seed):
 
 
 # ---- the SDK's parse() with pydantic models ------------------------------------------------------------------
-class Kind(str, Enum):
+class Kind(StrEnum):
     cat = "cat"
     dog = "dog"
 
