@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from serve import Server, free_port, inferd_server
+from serve import Server, free_port, inferd_server  # noqa: E402 (after the sys.path line)
 
 PEERS = Path.home() / ".cache" / "inferd-peers"
 
