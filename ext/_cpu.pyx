@@ -5,7 +5,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from cinferd cimport *
 
@@ -481,6 +481,7 @@ FORWARD_ERRORS = {
     FORWARD_BAD_BLOCK: "a KV block id outside the cache",
     FORWARD_BAD_OUT_ROW: "a logits row that is not a token of the batch",
     FORWARD_BAD_SAMPLE_PARAMS: "sampling parameters point outside the history or logit-bias arrays",
+    FORWARD_BAD_MASK_ROW: "a row's mask_row outside token_masks",
 }
 
 
@@ -499,12 +500,26 @@ def _sample_params_dtype():
               ("history_offset", "<i8", <char *>&p.history_offset - base),
               ("history_len", "<i4", <char *>&p.history_len - base),
               ("num_prompt", "<i4", <char *>&p.num_prompt - base),
-              ("bias_offset", "<i8", <char *>&p.bias_offset - base), ("bias_len", "<i4", <char *>&p.bias_len - base)]
+              ("bias_offset", "<i8", <char *>&p.bias_offset - base), ("bias_len", "<i4", <char *>&p.bias_len - base),
+              ("mask_row", "<i4", <char *>&p.mask_row - base)]
     return np.dtype({"names": [f[0] for f in fields], "formats": [f[1] for f in fields],
                      "offsets": [f[2] for f in fields], "itemsize": sizeof(sample_params_t)})
 
 
 SAMPLE_PARAMS_DTYPE = _sample_params_dtype()
+
+
+def _as_mask_words(a):
+    """A packed mask as uint32 words: llguidance's int32 bitmasks are viewed, not converted."""
+    a = np.ascontiguousarray(a)
+    if a.dtype not in (np.int32, np.uint32):
+        raise ValueError(f"token masks must be int32 or uint32 words, got {a.dtype}")
+    return a.view(np.uint32)
+
+
+def mask_words(int vocab):
+    """uint32 words in one packed allowed-token bitmask row (bit i & 31 of word i >> 5 allows token i)."""
+    return (vocab + 31) // 32
 
 
 cdef class Context:
@@ -535,10 +550,12 @@ cdef class Context:
     def forward(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
                 int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask,
                 cnp.ndarray params, int32_t[::1] history, int32_t[::1] bias_ids, float[::1] bias_values,
-                bint want_logits=False, bint want_hidden=False):
+                bint want_logits=False, bint want_hidden=False, token_masks=None):
         """Returns (samples, logits or None, hidden or None). `params`: num_out SAMPLE_PARAMS_DTYPE records, whose
         history and bias ranges must lie inside `history` and `bias_ids` (inferd/engine/engine.py builds them).
-        samples is a dict of arrays: token, logprob, top_ids, top_logprobs."""
+        token_masks: None or (num_masks, mask_words(vocab)) allowed-token bitmasks; a row whose record has
+        mask_row >= 0 samples under that mask (token -1 when it allows nothing). samples is a dict of arrays:
+        token, logprob, top_ids, top_logprobs (top entries past the number of allowed tokens are id -1)."""
         cdef int T = token_ids.shape[0], n_out = out_rows.shape[0], i, rc
         if positions.shape[0] != T or seq_of_token.shape[0] != T or sample_mask.shape[0] != n_out:
             raise ValueError("batch arrays disagree in length")
@@ -566,6 +583,15 @@ cdef class Context:
         b.num_bias = bias_ids.shape[0]
         if bias_values.shape[0] != bias_ids.shape[0]:
             raise ValueError("bias_ids and bias_values disagree in length")
+        cdef const uint32_t[:, ::1] masks
+        if token_masks is not None:
+            masks = _as_mask_words(token_masks)
+            if masks.shape[1] != mask_words(self.vocab):
+                raise ValueError(f"token_masks rows have {masks.shape[1]} words; the vocabulary of {self.vocab} "
+                                 f"needs {mask_words(self.vocab)}")
+            if masks.shape[0]:
+                b.token_masks = &masks[0, 0]
+                b.num_masks = masks.shape[0]
         cdef sample_out_t *so = <sample_out_t *>calloc(max(n_out, 1), sizeof(sample_out_t))
         if so == NULL:
             raise MemoryError("cannot allocate the step's sample records")
@@ -638,10 +664,18 @@ cdef class Context:
         return k.view(np.float16).reshape(shape), v.view(np.float16).reshape(shape)
 
 
-def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None):
-    """Samples one row with the C sampler (tests and tools). Returns (token, logprob, top_ids, top_logprobs)."""
+def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None, allowed=None):
+    """Samples one row with the C sampler (tests and tools). Returns (token, logprob, top_ids, top_logprobs).
+    allowed: None, or a packed allowed-token bitmask (mask_words(vocab) uint32 words)."""
     cdef float[::1] lv = np.array(logits, dtype=np.float32)
     cdef int vocab = lv.shape[0]
+    cdef const uint32_t[::1] av
+    cdef const uint32_t *allowed_ptr = NULL
+    if allowed is not None:
+        av = _as_mask_words(allowed).reshape(-1)
+        if av.shape[0] != mask_words(vocab):
+            raise ValueError(f"the mask has {av.shape[0]} words; a vocabulary of {vocab} needs {mask_words(vocab)}")
+        allowed_ptr = &av[0]
     cdef int32_t[::1] hist = np.ascontiguousarray(np.asarray(history, dtype=np.int32).reshape(-1))
     bias = bias or {}
     cdef int32_t[::1] bids = np.array(list(bias.keys()), dtype=np.int32).reshape(-1)
@@ -664,7 +698,8 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None)
     cdef float zero_f = 0
     with nogil:
         sample_row(&lv[0], vocab, &sp, position, &hist[0] if hist.shape[0] else &zero_i,
-                   &bids[0] if bids.shape[0] else &zero_i, &bvals[0] if bvals.shape[0] else &zero_f, scratch, &out)
+                   &bids[0] if bids.shape[0] else &zero_i, &bvals[0] if bvals.shape[0] else &zero_f, allowed_ptr,
+                   scratch, &out)
     free(scratch)
     k = min(max(sp.num_logprobs, 0), vocab)
     return (out.token, out.logprob, [out.top_ids[j] for j in range(k)], [out.top_logprobs[j] for j in range(k)])

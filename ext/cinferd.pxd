@@ -1,5 +1,5 @@
 # Declarations of the C engine (ext/cpu/inferd.h) for the Cython wrapper.
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "inferd.h" nogil:
     enum:
@@ -80,13 +80,15 @@ cdef extern from "inferd.h" nogil:
         int history_len, num_prompt
         int64_t bias_offset
         int bias_len
+        int mask_row
     ctypedef struct sample_out_t:
         int32_t token
         float logprob
         int32_t top_ids[20]
         float top_logprobs[20]
     void sample_row(float *logits, int vocab, const sample_params_t *sp, int position, const int32_t *history,
-                    const int32_t *bias_ids, const float *bias_values, void *scratch, sample_out_t *out)
+                    const int32_t *bias_ids, const float *bias_values, const uint32_t *allowed, void *scratch,
+                    sample_out_t *out)
 
     ctypedef struct model_config_t:
         int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
@@ -133,6 +135,8 @@ cdef extern from "inferd.h" nogil:
         const float *bias_values
         int64_t num_history
         int64_t num_bias
+        const uint32_t *token_masks
+        int num_masks
         float *logits_out
         sample_out_t *samples
         float *hidden_out
@@ -155,4 +159,5 @@ cdef extern from "inferd.h" nogil:
         FORWARD_BAD_BLOCK
         FORWARD_BAD_OUT_ROW
         FORWARD_BAD_SAMPLE_PARAMS
+        FORWARD_BAD_MASK_ROW
     int forward(context_t *c, const batch_t *b)

@@ -50,6 +50,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_prompt_tokens: NonNegInt = 0
     max_tokens_limit: NonNegInt = 0
     max_n: PosInt = 8
+    cors_allowed_origins: list[str] = []
+    # structured output, the Responses API
+    grammar_compile_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
+    responses_store_size: NonNegInt = 1000
+    responses_ttl_s: Annotated[float, Meta(gt=0)] = 3600.0
     # engine and scheduler
     device: str = "cpu"
     threads: NonNegInt = 0
@@ -105,6 +110,10 @@ DOCS: dict[str, str] = {
     "max_prompt_tokens": "Most prompt tokens accepted in one request; 0 means the context length.",
     "max_tokens_limit": "Largest max_tokens a request may ask for; 0 means the context length.",
     "max_n": "Largest `n` (choices per request).",
+    "cors_allowed_origins": "Origins browsers may call the API from (e.g. https://app.example.com), or \"*\" for any; empty sends no CORS headers. Env: comma-separated.",
+    "grammar_compile_timeout_s": "Seconds a request waits for its JSON schema, grammar or tools to compile before a 400 (compiled grammars are cached).",
+    "responses_store_size": "Responses kept for previous_response_id and GET /v1/responses/{id} (the oldest go first); 0 stores none.",
+    "responses_ttl_s": "Seconds a stored response is kept.",
     "device": "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs inferd built with nvcc).",
     "threads": "Compute threads; 0 means one per physical core.",
     "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",

@@ -207,9 +207,12 @@ static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
         if (cap > 0)                            /* cap * tanh(x / cap), scaled by the reciprocal as llama.cpp does */
             for (int j = 0; j < vocab; j++) row[j] = cap * tanhf(row[j] * (1.0f / cap));
         if (b->logits_out) memcpy(b->logits_out + i * vocab, row, (size_t)vocab * sizeof(float));
+        const sample_params_t *sp = &b->params[i];
+        const uint32_t *allowed = b->token_masks && sp->mask_row >= 0
+                                  ? b->token_masks + (size_t)sp->mask_row * ((vocab + 31) / 32) : NULL;
         if (b->sample_mask[i])
-            sample_row(row, vocab, &b->params[i], b->positions[b->out_rows[i]] + 1, b->history, b->bias_ids,
-                       b->bias_values, scratch, &b->samples[i]);
+            sample_row(row, vocab, sp, b->positions[b->out_rows[i]] + 1, b->history, b->bias_ids, b->bias_values,
+                       allowed, scratch, &b->samples[i]);
     }
 }
 
@@ -277,6 +280,7 @@ static int check_batch(const context_t *c, const batch_t *b) {
             p->bias_offset < 0 || p->bias_len < 0 || p->bias_offset + p->bias_len > b->num_bias ||
             p->num_logprobs > MAX_TOP_LOGPROBS)
             return FORWARD_BAD_SAMPLE_PARAMS;
+        if (b->token_masks && b->sample_mask[i] && p->mask_row >= b->num_masks) return FORWARD_BAD_MASK_ROW;
     }
     return FORWARD_OK;
 }

@@ -148,6 +148,7 @@ typedef struct {
     int history_len, num_prompt;
     int64_t bias_offset;         /* into batch->bias_ids / bias_values */
     int bias_len;
+    int mask_row;                /* row of batch->token_masks to apply; -1 (or no token_masks): unconstrained */
 } sample_params_t;
 
 typedef struct {
@@ -157,10 +158,11 @@ typedef struct {
     float top_logprobs[MAX_TOP_LOGPROBS];
 } sample_out_t;
 
-/* logits: (vocab), modified in place; scratch: vocab floats + vocab ints */
+/* logits: (vocab), modified in place; allowed: ((vocab + 31) / 32) packed allowed-token bits, or NULL for
+ * none; scratch: vocab floats + vocab cand_t + vocab ints. out->token is -1 when the mask allows nothing. */
 void sample_row(float *logits, int vocab, const sample_params_t *sp, int position,
                 const int32_t *history, const int32_t *bias_ids, const float *bias_values,
-                void *scratch, sample_out_t *out);
+                const uint32_t *allowed, void *scratch, sample_out_t *out);
 uint64_t rng_u64(uint64_t seed, uint64_t position);
 
 /* ---- the model and one forward step ---- */
@@ -224,6 +226,8 @@ typedef struct {
     const int32_t *bias_ids;           /* (num_bias) flat logit-bias entries */
     const float *bias_values;          /* (num_bias) */
     int64_t num_history, num_bias;
+    const uint32_t *token_masks;       /* (num_masks, (vocab + 31) / 32) allowed-token bitmasks, or NULL */
+    int num_masks;
     float *logits_out;                 /* (num_out, vocab) or NULL: raw logits copied here */
     sample_out_t *samples;             /* (num_out) */
     float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
@@ -270,6 +274,7 @@ typedef enum {
     FORWARD_BAD_BLOCK = -5,         /* a KV block id outside the cache */
     FORWARD_BAD_OUT_ROW = -6,       /* a logits row that is not a token of the batch */
     FORWARD_BAD_SAMPLE_PARAMS = -7, /* a history or logit-bias range outside its array, or too many top logprobs */
+    FORWARD_BAD_MASK_ROW = -8,      /* a sampled row's mask_row past num_masks (token_masks given) */
 } forward_status_t;
 int forward(context_t *c, const batch_t *b);
 

@@ -40,6 +40,8 @@ def physical_cores() -> int:
 
 
 class Engine(EngineShape):
+    supports_token_masks = True    # SeqInput.allowed: the C sampler applies a grammar's mask
+
     def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
                  threads: int | None = None, max_logits_rows: int | None = None, progress=None):
         super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
@@ -55,18 +57,21 @@ class Engine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
-        params, history, bias_ids, bias_values = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
+        params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq,
+                                                                              len(b.out_rows))
         samples, logits, hidden = self._ctx.forward(
             b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask, params, history,
-            bias_ids, bias_values, any(s.want_logits for s in seqs), want_hidden)
+            bias_ids, bias_values, any(s.want_logits for s in seqs), want_hidden, token_masks=masks)
         outputs = [self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
                    for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)]
         return (outputs, hidden) if want_hidden else outputs
 
     def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
-        """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t) and the
-        flat history and logit-bias arrays they point into."""
+        """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t), the flat
+        history and logit-bias arrays they point into, and the grammars' mask rows (None when no row has one)."""
         p = np.zeros(n_out, _cpu.SAMPLE_PARAMS_DTYPE)
+        p["mask_row"] = -1
+        masks: list[np.ndarray] = []
         p["repetition_penalty"] = 1.0      # logits-only rows: greedy, nothing to adjust
         p["top_p"] = 1.0
         p["num_logprobs"] = -1
@@ -93,8 +98,13 @@ class Engine(EngineShape):
                 rec["history_offset"], rec["history_len"] = len(history), len(hist)
                 rec["num_prompt"] = row.seq.num_prompt
                 history.extend(hist)
+            if row.seq.allowed is not None:
+                if row.seq.num_sampled != 1:
+                    raise ValueError("a grammar's mask applies to one sampled row (no drafts)")
+                rec["mask_row"] = len(masks)
+                masks.append(row.seq.allowed)
         return (p, np.asarray(history, np.int32), np.asarray(bias_ids, np.int32),
-                np.asarray(bias_values, np.float32))
+                np.asarray(bias_values, np.float32), np.stack(masks) if masks else None)
 
     @staticmethod
     def _output(s: SeqInput, first: int, count: int, first_sampled: int, samples, logits, vocab: int) -> SeqOutput:
@@ -104,8 +114,10 @@ class Engine(EngineShape):
         sp = s.params
         if sp is not None and sp.logprobs is not None:
             out.logprobs = [float(samples["logprob"][r]) for r in rows]
+            # under a grammar, fewer tokens than asked for may be allowed: the sampler marks the rest with id -1
             out.top_logprobs = [[(int(samples["top_ids"][r, j]), float(samples["top_logprobs"][r, j]))
-                                 for j in range(min(sp.logprobs, vocab))] for r in rows]
+                                 for j in range(min(sp.logprobs, vocab)) if samples["top_ids"][r, j] >= 0]
+                                for r in rows]
         if s.want_logits:
             out.logits = logits[first:first + count]
         return out

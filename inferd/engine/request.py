@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class Request:
     warm: bool = False                     # prefill the prompt's full blocks into the prefix cache, no output
     timeout_s: float | None = None
     speculative: bool | None = None        # prompt-lookup speculative decoding; None: the server's setting
+    constraint: Any = None                 # engine.constraints.Constraint: a grammar every choice must follow
 
 
 @dataclass
@@ -87,6 +88,8 @@ class RequestState:
     speculative: bool = False                              # resolved at admission (request, else server)
     lookup: PromptLookup | None = None                     # prompt-lookup drafts over token_ids
     gate: AcceptanceGate | None = None
+    matcher: Any = None                                    # constrained: the grammar's state (constraints.py)
+    mask: np.ndarray | None = None                         # constrained: the next token's allowed-token bits
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -22,6 +22,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from inferd.engine.constraints import advance
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState, TextState, log_softmax_top
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
@@ -125,6 +126,10 @@ class Scheduler:
         st.token_ids = list(req.prompt_ids)
         st.num_prompt = len(req.prompt_ids)
         st.speculative = (self.speculative if req.speculative is None else req.speculative) and not req.warm
+        if req.constraint is not None:   # drafts are not checked against the grammar: constrained does not draft
+            st.speculative = False
+            st.matcher = req.constraint.new_matcher()
+            st.mask = req.constraint.new_mask()
         st.warm_target = len(req.prompt_ids) // self.block_size * self.block_size
         if not req.warm and self.tokenizer is not None and req.detokenize:
             st.text = TextState(self.tokenizer, req.prompt_ids, req.stop)
@@ -328,9 +333,11 @@ class Scheduler:
         if s.draft:   # the decode token, then the drafts; the history as it would be if all were accepted
             token_ids = token_ids + s.draft
             history = st.token_ids + s.draft
+        # the grammar's mask for the token this step samples (from the matcher as of the last sampled token)
+        allowed = st.mask if st.matcher is not None and s.num_sampled and st.matcher.fill_mask(st.mask) else None
         return SeqInput(token_ids=token_ids, start_pos=start, block_table=list(self.kv.block_table(st.key)),
                         num_sampled=s.num_sampled, params=st.params, history=history, num_prompt=st.num_prompt,
-                        want_logits=self._wants_logits(st))
+                        want_logits=self._wants_logits(st), allowed=allowed)
 
     # ---- postprocess --------------------------------------------------------------------------------------
 
@@ -403,8 +410,16 @@ class Scheduler:
         req = st.request
         new_ids: list[int] = []
         reason: FinishReason | None = None
+        grammar_error: str | None = None
         text = ""
         for tok in tokens:
+            grammar_done = False
+            if st.matcher is not None:
+                step = advance(st.matcher, tok, req.stop_token_ids)
+                if not step.ok:
+                    grammar_error = step.error
+                    break
+                grammar_done = step.done
             st.token_ids.append(tok)
             st.output_ids.append(tok)
             new_ids.append(tok)
@@ -415,11 +430,23 @@ class Scheduler:
                 text += delta
                 if hit_stop:
                     reason = FinishReason.STOP
+            if reason is None and grammar_done:   # the grammar is complete: nothing more may follow
+                reason = FinishReason.STOP
             if reason is None and (len(st.output_ids) >= req.max_tokens
                                    or len(st.token_ids) >= self.max_model_len):
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break
+        if grammar_error is not None:
+            if st.matcher.accepts_eos():    # what was written is complete: end there
+                reason = FinishReason.STOP
+            else:
+                if st.text is not None:
+                    text += st.text.flush()
+                self._outputs.append((st, RequestOutput(request_id=req.request_id, token_ids=new_ids, text=text,
+                                                        usage=st.usage())))
+                self._finish(st, FinishReason.ERROR, f"the output could not follow its grammar: {grammar_error}")
+                return True
         n = len(new_ids)
         logprobs = list(out.logprobs[:n]) if st.params is not None and st.params.logprobs is not None else None
         top = list(out.top_logprobs[:n]) if logprobs is not None and out.top_logprobs else None

@@ -60,6 +60,8 @@ class SeqInput:
     history: Sequence[int] = ()       # prompt + generated tokens so far (for penalties)
     num_prompt: int = 0               # history[:num_prompt] is the prompt
     want_logits: bool = False         # return the logits of every token in token_ids
+    # the grammar's allowed tokens for the sampled row (num_sampled 1): packed uint32 bits, (vocab + 31) // 32
+    allowed: np.ndarray | None = None
 
 
 @dataclass

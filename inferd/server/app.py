@@ -18,8 +18,9 @@ from aiohttp import web
 
 from inferd.config import Settings
 from inferd.engine.request import Request
-from inferd.server import embeddings, openai
+from inferd.server import embeddings, openai, responses
 from inferd.server import protocol as P
+from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
@@ -143,7 +144,8 @@ def openapi_document() -> dict[str, Any]:
     """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
     bodies = {"/v1/completions": P.CompletionRequest, "/v1/chat/completions": P.ChatCompletionRequest,
               "/tokenize": P.TokenizeRequest, "/detokenize": P.DetokenizeRequest,
-              "/v1/cache/warm": P.CacheWarmRequest, "/v1/embeddings": embeddings.EmbeddingRequest}
+              "/v1/cache/warm": P.CacheWarmRequest, "/v1/responses": P.ResponsesRequest,
+              "/v1/embeddings": embeddings.EmbeddingRequest}
     _, components = msgspec.json.schema_components(list(bodies.values()),
                                                    ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}
@@ -154,6 +156,10 @@ def openapi_document() -> dict[str, Any]:
             "responses": {"200": {"description": "OK"}, "400": {"description": "invalid request"}}}}
     for path in ("/v1/models", "/health", "/metrics"):
         paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
+    paths["/v1/responses/{response_id}"] = {
+        verb: {"parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+               "responses": {"200": {"description": "OK"}, "404": {"description": "not stored (or expired)"}}}
+        for verb in ("get", "delete")}
     return {"openapi": "3.1.0", "info": {"title": "inferd", "version": "0.1.0"}, "paths": paths,
             "components": {"schemas": components}}
 
@@ -202,6 +208,10 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             bandwidth = await loop.run_in_executor(None, _cpu.measure_read_bandwidth, 256 << 20, engine.threads, 3)
         state.served_model_name = s.served_model_name or state.model.model_name
         state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
+        if getattr(engine, "supports_token_masks", False):
+            # the grammar vocabulary (~2 s for 150k tokens) builds in the background, not in the first request
+            from inferd.text.grammar import GrammarCompiler
+            state.grammar = GrammarCompiler(tok, engine.vocab_size, compile_timeout=s.grammar_compile_timeout_s)
         state.max_model_len = min(s.max_model_len or engine.context_length, engine.context_length,
                                   engine.num_kv_blocks * engine.block_size)
         scheduler = Scheduler(engine, max_running=s.max_running, max_model_len=state.max_model_len,
@@ -281,6 +291,8 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
     app[OPENAPI] = openapi_document()
     openai.add_routes(app)
     embeddings.add_routes(app)
+    responses.add_routes(app)
+    setup_cors(app, settings.cors_allowed_origins)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
@@ -296,6 +308,8 @@ def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load
             await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         for svc in state.embeddings:
             await asyncio.get_running_loop().run_in_executor(None, svc.stop)
+        if state.grammar is not None:
+            state.grammar.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages -> chat template -> tokens -> n choices; the full response or its stream."""
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from aiohttp import web
 
@@ -11,11 +11,13 @@ from inferd.server.generation import (Choice, Generation, check_model, check_pro
                                       resolve_max_tokens, sampling_params, stop_token_ids, wants_usage)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
+from inferd.server.structured import ChatPrep, ChoiceTools, finish_reason, parse_message, prepare_chat
 
 
-def render_chat(state: ServerState, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+def render_chat(state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None = None) -> str:
     try:
-        return state.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return state.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     except ValueError as e:   # ChatTemplateError: the template refused these messages
         raise ProtocolError(str(e), "messages") from None
 
@@ -46,7 +48,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     P.check_chat(req, lim)
     messages = P.check_messages(req.messages, lim)
     stops = P.stop_list(req.stop, lim)
-    text = render_chat(state, messages, req.add_generation_prompt)
+    prep = await prepare_chat(state, req, messages, state.chat_template.source)
+    text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools)
     prompt = await encode(state, text, add_special=False)   # the template wrote BOS itself if it wants one
     check_prompt_len(state, len(prompt), "messages")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -57,22 +60,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     timeout = state.settings.request_timeout_s or None
     gen = Generation.submit(state, "chatcmpl", lambda rid: [
         (0, Request(f"{rid}-{j}", prompt, sampling_params(req, state, logprobs, j), max_tokens, stops, eos,
-                    timeout_s=timeout, speculative=req.speculative)) for j in range(req.n)])
-    return await respond(request, gen, lambda: chat_full(gen, logprobs is not None),
-                         chat_stream(gen, req) if req.stream else None)
+                    timeout_s=timeout, speculative=req.speculative, constraint=prep.constraint))
+        for j in range(req.n)])
+    return await respond(request, gen, lambda: chat_full(gen, logprobs is not None, prep),
+                         chat_stream(gen, req, prep) if req.stream else None)
 
 
-def chat_full(gen: Generation, with_logprobs: bool) -> P.ChatCompletionResponse:
-    return P.ChatCompletionResponse(gen.rid, gen.created, gen.model, [
-        P.ChatChoice(c.index, P.ChatMessage("assistant", c.text),
-                     chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
-                     c.finish_reason) for c in gen.choices], gen.fingerprint, usage=gen.usage())
+def chat_full(gen: Generation, with_logprobs: bool, prep: ChatPrep) -> P.ChatCompletionResponse:
+    choices = []
+    for c in gen.choices:
+        content, calls = parse_message(c.text, prep)
+        choices.append(P.ChatChoice(
+            c.index, P.ChatMessage("assistant", content, calls),
+            chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
+            finish_reason(c.finish_reason, bool(calls))))
+    return P.ChatCompletionResponse(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=gen.usage())
 
 
-async def chat_stream(gen: Generation, req: P.ChatCompletionRequest) -> AsyncIterator[P.ChatCompletionChunk | None]:
+async def chat_stream(gen: Generation, req: P.ChatCompletionRequest, prep: ChatPrep
+                      ) -> AsyncIterator[P.ChatCompletionChunk | None]:
     def chunk(choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> P.ChatCompletionChunk:
         return P.ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
+    tools = {c.index: ChoiceTools(prep) for c in gen.choices} if prep.tool_format else {}
     for c in gen.choices:
         yield chunk([P.ChatChunkChoice(c.index, P.Delta(role="assistant", content=""), None, None)])
     async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
@@ -84,9 +94,15 @@ async def chat_stream(gen: Generation, req: P.ChatCompletionRequest) -> AsyncIte
         if out.logprobs is not None and out.token_ids:
             lp = chat_logprobs(gen.state, c, out.token_ids, out.logprobs,
                                out.top_logprobs or [[]] * len(out.logprobs))
-        if out.text or (lp is not None and lp.content):
-            yield chunk([P.ChatChunkChoice(c.index, P.Delta(content=out.text), lp, None)])
+        content, calls = out.text, None
+        if c.index in tools:   # tool-call syntax becomes delta.tool_calls, never content
+            content, deltas = tools[c.index].feed(out.text, final=out.finish_reason is not None)
+            calls = deltas or None
+        if content or calls or (lp is not None and lp.content):
+            yield chunk([P.ChatChunkChoice(c.index, P.Delta(content=content or None if calls else content,
+                                                            tool_calls=calls), lp, None)])
         if out.finish_reason is not None:
-            yield chunk([P.ChatChunkChoice(c.index, P.Delta(), None, c.finish_reason)])
+            has_calls = c.index in tools and tools[c.index].has_calls
+            yield chunk([P.ChatChunkChoice(c.index, P.Delta(), None, finish_reason(c.finish_reason, has_calls))])
     if wants_usage(req):
         yield chunk([], gen.usage())

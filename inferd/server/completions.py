@@ -17,6 +17,8 @@ from inferd.server.generation import (Choice, Generation, check_model, check_pro
                                       stop_token_ids, wants_usage)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
+from inferd.server.structured import prepare_completion
+from inferd.text.fim import FimUnsupported, fim_prompt_ids
 
 # (token, logprob, top) of one position; the first prompt token has neither (nothing predicts it)
 Entry = tuple[int, float | None, list[tuple[int, float]] | None]
@@ -76,7 +78,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
     stops = P.stop_list(req.stop, lim)
     prompts = Prompts([], [])
     for p in raw_prompts:
-        ids = await encode(state, p, add_special=True) if isinstance(p, str) else p
+        if req.suffix is not None:   # fill in the middle: the code before the cursor, then after it
+            try:
+                ids = fim_prompt_ids(state.tokenizer, str(p), req.suffix)
+            except FimUnsupported as e:
+                raise ProtocolError(str(e), "suffix") from None
+        else:
+            ids = await encode(state, p, add_special=True) if isinstance(p, str) else p
         if not ids:
             raise ProtocolError("the prompt is empty (it has no tokens)", "prompt")
         check_prompt_len(state, len(ids), "prompt")
@@ -88,9 +96,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return await nothing_to_generate(request, state, req, prompts)
     eos = stop_token_ids(state, req.ignore_eos)
     timeout = state.settings.request_timeout_s or None
+    constraint = await prepare_completion(state, req)
     gen = Generation.submit(state, "cmpl", lambda rid: [
         (i, Request(f"{rid}-{i}-{j}", p, sampling_params(req, state, req.logprobs, j), max_tokens, stops, eos,
-                    prompt_logprobs=prompt_lp, timeout_s=timeout, speculative=req.speculative))
+                    prompt_logprobs=prompt_lp, timeout_s=timeout, speculative=req.speculative,
+                    constraint=constraint))
         for i, p in enumerate(prompts.ids) for j in range(req.n)])
     return await respond(request, gen, lambda: completions_full(gen, req, prompts),
                          completions_stream(gen, req, prompts) if req.stream else None)

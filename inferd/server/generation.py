@@ -80,10 +80,11 @@ def resolve_max_tokens(state: ServerState, requested: int | None, prompt_len: in
 
 def sampling_params(req: P._SamplingRequest, state: ServerState, logprobs: int | None, choice: int) -> SamplingParams:
     seed = req.seed + choice if req.seed is not None and choice else req.seed   # n choices must differ
+    greedy = req.top_p == 0.0      # OpenAI accepts top_p 0: only the most likely token, i.e. greedy
     params = SamplingParams(
-        temperature=1.0 if req.temperature is None else req.temperature,
+        temperature=0.0 if greedy else 1.0 if req.temperature is None else req.temperature,
         top_k=0 if req.top_k is None or req.top_k < 0 else req.top_k,
-        top_p=1.0 if req.top_p is None else req.top_p,
+        top_p=1.0 if req.top_p is None or greedy else req.top_p,
         min_p=0.0 if req.min_p is None else req.min_p,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,

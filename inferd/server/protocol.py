@@ -86,14 +86,30 @@ class Message(Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None     # assistant: the calls it made
+    tool_call_id: str | None = None                    # role "tool": the call this answers
 
 
 class StreamOptions(Struct):
     include_usage: bool = False
 
 
-class ResponseFormat(Struct):
+class ResponseFormat(Struct, forbid_unknown_fields=False):
+    """{"type": "text" | "json_object" | "json_schema", "json_schema": {name, schema, strict, description}};
+    checked in depth by inferd.text.grammar."""
     type: str
+    json_schema: dict[str, Any] | None = None
+
+
+class StructuredOutputs(Struct, forbid_unknown_fields=False):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool | None = None
 
 
 class _SamplingRequest(Struct, kw_only=True):
@@ -103,7 +119,7 @@ class _SamplingRequest(Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     temperature: Temperature | None = None
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None     # 0: greedy (OpenAI's range is [0, 1])
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     presence_penalty: Penalty | None = None
@@ -116,6 +132,16 @@ class _SamplingRequest(Struct, kw_only=True):
     # extensions (vLLM-style extra fields; the openai SDK sends them with extra_body)
     ignore_eos: bool = False
     speculative: bool | None = None    # prompt-lookup speculative decoding; null: the server's setting
+    # constrained output beyond response_format: vLLM's guided_* and structured_outputs, llama-server's grammar
+    # (GBNF) and json_schema; one at most (inferd.text.grammar)
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    grammar: str | None = None
+    json_schema: Any = None
 
 
 class ChatCompletionRequest(_SamplingRequest, kw_only=True):
@@ -126,6 +152,7 @@ class ChatCompletionRequest(_SamplingRequest, kw_only=True):
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     add_generation_prompt: bool = True
 
@@ -134,8 +161,28 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
     prompt: str | list[Any]
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    suffix: str | None = None
+    suffix: str | None = None          # fill-in-the-middle: the text after the cursor (inferd.text.fim)
     best_of: Annotated[int, Meta(ge=1)] | None = None
+    response_format: ResponseFormat | None = None
+
+
+class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=False):
+    """POST /v1/responses (checked in depth by inferd.server.responses; this shape documents it)."""
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    tools: list[dict[str, Any]] | None = None          # {"type": "function", "name", "description", "parameters"}
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None                 # {"format": {"type": "text" | "json_object" | "json_schema"}}
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    seed: int | None = None
 
 
 class TokenizeRequest(Struct, kw_only=True):
@@ -167,7 +214,7 @@ class Limits:
     max_stop: int = 16
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def message_text(m: Message, i: int) -> str:
@@ -184,8 +231,9 @@ def message_text(m: Message, i: int) -> str:
     return "".join(texts)
 
 
-def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[str, str]]:
-    """Validated messages as plain {role, content} dicts for the chat template."""
+def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[str, Any]]:
+    """Validated messages as plain {role, content} dicts for the chat template (plus tool_calls, tool_call_id and
+    name where given; inferd.text.tools.prepare_messages shapes those for the template)."""
     if not messages:
         raise ProtocolError("messages must contain at least one message", "messages")
     if len(messages) > limits.max_messages:
@@ -196,7 +244,18 @@ def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[
             raise ProtocolError(f"unsupported role {m.role!r}; use one of {', '.join(ROLES)}",
                                 f"messages[{i}].role")
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": message_text(m, i)})
+        msg: dict[str, Any] = {"role": role, "content": message_text(m, i)}
+        if m.tool_calls:
+            if role != "assistant":
+                raise ProtocolError("only assistant messages have tool_calls", f"messages[{i}].tool_calls")
+            msg["tool_calls"] = m.tool_calls
+        if role == "tool":
+            if not m.tool_call_id:
+                raise ProtocolError("a tool message needs the tool_call_id it answers", f"messages[{i}].tool_call_id")
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
     return out
 
 
@@ -234,14 +293,8 @@ def check_common(req: _SamplingRequest, limits: Limits) -> None:
 
 def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
     check_common(req, limits)
-    for name in ("tools", "functions"):
-        if getattr(req, name):
-            raise ProtocolError(f"{name} are not supported by this server", name)
-    if req.tool_choice not in (None, "none"):
-        raise ProtocolError("tool_choice is not supported by this server", "tool_choice")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise ProtocolError(f"response_format type {req.response_format.type!r} is not supported; only 'text'",
-                            "response_format")
+    if req.functions:
+        raise ProtocolError("functions (the deprecated form) are not supported; send tools", "functions")
     if req.top_logprobs is not None and not req.logprobs:
         raise ProtocolError("top_logprobs requires logprobs to be true", "top_logprobs")
     for name in ("max_tokens", "max_completion_tokens"):
@@ -256,8 +309,8 @@ def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
 def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[int]]:
     """Validated prompts: each a string or a list of token ids."""
     check_common(req, limits)
-    if req.suffix is not None:
-        raise ProtocolError("suffix is not supported by this server", "suffix")
+    if req.suffix is not None and not isinstance(req.prompt, str):
+        raise ProtocolError("suffix needs a single text prompt (the code before the cursor)", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise ProtocolError("best_of is not supported (it must equal n when given)", "best_of")
     p = req.prompt
@@ -340,9 +393,21 @@ class ChatLogprobs(Struct):
     content: list[TokenLogprob]
 
 
-class ChatMessage(Struct):
+class FunctionCall(Struct):
+    name: str
+    arguments: str                     # JSON text
+
+
+class ToolCallInfo(Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class ChatMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallInfo] | None = None
 
 
 class ChatChoice(Struct):
@@ -362,9 +427,23 @@ class ChatCompletionResponse(Struct):
     usage: UsageInfo | None = None
 
 
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A streamed tool call: index, id, type and name in the first chunk, then argument fragments."""
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct):
@@ -421,5 +500,5 @@ def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
 REQUEST_TYPES: dict[str, type] = {
     "CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,
     "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest,
-    "CacheWarmRequest": CacheWarmRequest,
+    "CacheWarmRequest": CacheWarmRequest, "ResponsesRequest": ResponsesRequest,
 }

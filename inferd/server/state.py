@@ -28,6 +28,8 @@ class ServerState:
     engine_loop: Any = None          # EngineLoop
     metrics: Any = None              # Metrics
     chat_template: Any = None        # ChatTemplate
+    grammar: Any = None              # GrammarCompiler (structured output, tool calls)
+    responses: Any = None            # ResponseStore (the Responses API)
     served_model_name: str = ""
     max_model_len: int = 0
     created: int = field(default_factory=lambda: int(time.time()))

@@ -97,7 +97,7 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer, *, token_bytes: Sequence[bytes], special_ids: Iterable[int],
                  bos_id: int | None, eos_id: int | None, eos_ids: Iterable[int], add_bos: bool,
-                 strip_first_space: bool):
+                 strip_first_space: bool, fim_ids: tuple[int, int, int] | None = None):
         self.hf = hf
         self._token_bytes = list(token_bytes)
         self.special_ids = frozenset(special_ids)  # control/unknown: no text when decoding with skip_special
@@ -107,6 +107,8 @@ class Tokenizer:
         self.add_bos = add_bos and bos_id is not None
         # SentencePiece adds a space in front of the text; decoding drops it again from the first text token
         self.strip_first_space = strip_first_space
+        # (prefix, suffix, middle) fill-in-the-middle tokens named by the file's metadata (GGUF), if any
+        self.fim_ids = fim_ids
 
     @property
     def vocab_size(self) -> int:
@@ -205,10 +207,15 @@ class Tokenizer:
         eos_ids = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
                    if i is not None}
         eos_ids |= {vocab[t] for t in EOG_TEXTS if t in vocab}
+        f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid"))
+        if f_pre is None or f_suf is None or f_mid is None:   # older files
+            f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("prefix", "suffix", "middle"))
         return cls(hf, token_bytes=token_bytes, special_ids=[i for i, _, ty in specials if ty != USER_DEFINED],
                    bos_id=bos, eos_id=eos, eos_ids=eos_ids,
                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-                   strip_first_space=strip)
+                   strip_first_space=strip,
+                   fim_ids=(f_pre, f_suf, f_mid) if f_pre is not None and f_suf is not None and f_mid is not None
+                   else None)
 
     @classmethod
     def from_hf_files(cls, tokenizer_json: str | os.PathLike[str],

@@ -199,8 +199,8 @@ def test_the_c_guard_names_what_is_out_of_range(engine):
     """Context.forward (below the validation in batch.flatten) refuses records that point outside their arrays,
     with the guard's own message, and changes nothing."""
     b = engine.flatten([SeqInput([5, 6, 7], 0, [3], params=SamplingParams(repetition_penalty=1.2))])
-    params, history, bias_ids, bias_values = engine._sampling_arrays([SeqInput([5, 6, 7], 0, [3])],
-                                                                     b.rows_of_seq, len(b.out_rows))
+    params, history, bias_ids, bias_values, _ = engine._sampling_arrays([SeqInput([5, 6, 7], 0, [3])],
+                                                                        b.rows_of_seq, len(b.out_rows))
     snap = kv_snapshot(engine)
     args = (b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask)
     bad = params.copy()

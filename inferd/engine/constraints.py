@@ -1,0 +1,84 @@
+"""Constrained sequences on the scheduler side: each one's matcher, the step's packed mask rows for the C sampler,
+and what a sampled token does to the matcher.
+
+A request carries a `Constraint` (a grammar compiled on the HTTP side, and whether it is lazy: tool calls under
+tool_choice "auto" start at a trigger token). Each of its choices gets its own matcher at admission. Before a step,
+`StepMasks.build` fills one mask row per constrained sampled row (llguidance's executor, several matchers in
+parallel with the GIL released) and says which row each sequence uses; after it, `advance` feeds the sampled
+token and reports whether the choice goes on, is complete (the grammar accepts and nothing can follow) or failed.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llguidance as llg
+import numpy as np
+
+from inferd.text.grammar import CompiledGrammar, SequenceMatcher, fill_masks, mask_words
+from inferd.text.tools import LazyMatcher
+
+Matcher = SequenceMatcher | LazyMatcher
+
+
+@dataclass(frozen=True)
+class Constraint:
+    grammar: CompiledGrammar
+    trigger_token: int | None = None      # set: lazy, unconstrained until this token is sampled
+
+    def new_matcher(self) -> Matcher:
+        if self.trigger_token is not None:
+            return LazyMatcher(self.grammar, self.trigger_token)
+        return self.grammar.new_matcher()
+
+    def new_mask(self) -> np.ndarray:
+        """A mask row for one sequence: (vocab + 31) // 32 uint32 words."""
+        return np.zeros(mask_words(self.grammar.vocab_size), np.uint32)
+
+
+@dataclass(frozen=True)
+class Advance:
+    ok: bool                  # the token was allowed
+    done: bool                # the grammar is complete: end the choice here ("stop")
+    error: str | None = None  # why the matcher failed (a token outside the grammar, a limit)
+
+
+def advance(matcher: Matcher, token: int, eos_ids: frozenset[int]) -> Advance:
+    """Feeds one sampled token. An end-of-sequence token is accepted only where the grammar may end."""
+    if token < 0:
+        return Advance(False, False, "the grammar allows no token here")
+    if token in eos_ids and isinstance(matcher, LazyMatcher) and matcher.active is None:
+        return Advance(True, True)
+    if not matcher.advance(token):
+        return Advance(False, False, matcher.error or "the sampled token is outside the grammar")
+    return Advance(True, matcher.is_done)
+
+
+class StepMasks:
+    """A reusable (max_rows, words) mask buffer and the executor that fills it."""
+
+    def __init__(self, vocab_size: int, max_rows: int, threads: int = 1):
+        self.words = mask_words(vocab_size)
+        self.buffer = np.zeros((max(1, max_rows), self.words), np.uint32)
+        self.executor = llg.LLExecutor(num_threads=max(1, threads))
+
+    def build(self, matchers: Sequence[Matcher | None]) -> tuple[np.ndarray | None, list[int]]:
+        """matchers: one per sampled row (None: unconstrained). Returns (token_masks or None, mask_row per row:
+        -1 for an unconstrained row or a lazy matcher that has not started)."""
+        rows: list[int] = []
+        full: list[tuple[SequenceMatcher, int]] = []
+        n = 0
+        for m in matchers:
+            inner = m.active if isinstance(m, LazyMatcher) else m
+            if inner is None:
+                rows.append(-1)
+                continue
+            if n == len(self.buffer):
+                self.buffer = np.zeros((2 * n, self.words), np.uint32)
+            full.append((inner, n))
+            rows.append(n)
+            n += 1
+        if not full:
+            return None, rows
+        fill_masks(self.executor, full, self.buffer[:n])
+        return self.buffer[:n], rows
