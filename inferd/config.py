@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from typing import Annotated, Any, Mapping, Sequence
+from typing import Annotated, Any
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from msgspec import Meta
@@ -103,16 +104,20 @@ DOCS: dict[str, str] = {
     "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
-    "api_keys": "Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list disables auth. Env: comma-separated.",
+    "api_keys": ("Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list "
+                 "disables auth. Env: comma-separated."),
     "api_key_file": "File with more API keys, one per line (# comments allowed); keeps keys out of the command line.",
     "max_body_bytes": "Largest request body accepted; larger ones get 413.",
     "max_messages": "Most chat messages accepted in one request.",
     "max_prompt_tokens": "Most prompt tokens accepted in one request; 0 means the context length.",
     "max_tokens_limit": "Largest max_tokens a request may ask for; 0 means the context length.",
     "max_n": "Largest `n` (choices per request).",
-    "cors_allowed_origins": "Origins browsers may call the API from (e.g. https://app.example.com), or \"*\" for any; empty sends no CORS headers. Env: comma-separated.",
-    "grammar_compile_timeout_s": "Seconds a request waits for its JSON schema, grammar or tools to compile before a 400 (compiled grammars are cached).",
-    "responses_store_size": "Responses kept for previous_response_id and GET /v1/responses/{id} (the oldest go first); 0 stores none.",
+    "cors_allowed_origins": ("Origins browsers may call the API from (e.g. https://app.example.com), or \"*\" for any; "
+                             "empty sends no CORS headers. Env: comma-separated."),
+    "grammar_compile_timeout_s": ("Seconds a request waits for its JSON schema, grammar or tools to compile before a "
+                                  "400 (compiled grammars are cached)."),
+    "responses_store_size": ("Responses kept for previous_response_id and GET /v1/responses/{id} (the oldest go first);"
+                             " 0 stores none."),
     "responses_ttl_s": "Seconds a stored response is kept.",
     "device": "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs inferd built with nvcc).",
     "threads": "Compute threads; 0 means one per physical core.",
@@ -123,18 +128,23 @@ DOCS: dict[str, str] = {
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
-    "cpu_path": "Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU runs. All paths give bit-identical results.",
+    "cpu_path": ("Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU "
+                 "runs. All paths give bit-identical results."),
     "cuda_device": "Index of the GPU to use with device = cuda.",
-    "cuda_weights": "Weight format on the GPU: auto (the file's where a kernel reads it, else bf16), bf16, int8, int4 or q8_0.",
+    "cuda_weights": ("Weight format on the GPU: auto (the file's where a kernel reads it, else bf16), bf16, int8, int4 "
+                     "or q8_0."),
     "cuda_kv": "KV cache format on the GPU: f16 or bf16.",
     "cuda_graphs": "Capture each decode step as a CUDA graph and replay it (off runs the same kernels eagerly).",
     "cuda_pdl": "Programmatic dependent launch between kernels of a captured graph.",
     "cuda_gemm": "Prefill matrix products on the GPU: cublas, or own (inferd's tensor-core kernel).",
-    "speculative": "Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a request's `speculative` field overrides it.",
+    "speculative": ("Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a "
+                    "request's `speculative` field overrides it."),
     "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
     "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
     "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",
-    "drain_delay_s": "On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer takes the replica out before it stops listening (more than its check interval x fall count); 0 stops listening at once.",
+    "drain_delay_s": ("On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer "
+                      "takes the replica out before it stops listening (more than its check interval x fall count); 0 "
+                      "stops listening at once."),
     "measure_bandwidth": "Measure memory read bandwidth at start-up (for the bandwidth-utilisation metric).",
     "log_level": "Logging level: debug, info, warning, error or critical.",
     "log_requests": "Log one line per request (id, tokens in/out, cached, TTFT, tokens/s).",
@@ -147,6 +157,7 @@ class ConfigError(ValueError):
 
 def field_types() -> dict[str, Any]:
     info = msgspec.inspect.type_info(Settings)
+    assert isinstance(info, msgspec.inspect.StructType)
     return {f.name: f.type for f in info.fields}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -27,7 +27,11 @@ def flatten(seqs: Sequence[SeqInput], *, vocab_size: int, context_length: int, n
     """Raises ValueError naming the sequence and the problem."""
     if len(seqs) > max_seqs:
         raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {max_seqs}")
-    tokens, positions, seq_of_token, out_rows, mask = [], [], [], [], []
+    tokens: list[int] = []
+    positions: list[int] = []
+    seq_of_token: list[int] = []
+    out_rows: list[int] = []
+    mask: list[int] = []
     rows_of_seq: list[tuple[int, int, int]] = []
     width = 1
     for i, s in enumerate(seqs):

@@ -249,6 +249,7 @@ class CudaEngine(EngineShape):
         if hist_ids is not None:
             flags = np.isin(ids, hist_ids).astype(np.int32)
             cnt = np.zeros(len(ids), np.int32)
+            assert out_ids is not None and out_counts is not None   # made with hist_ids
             cnt[np.searchsorted(ids, out_ids)] = out_counts
             e["flags"] = flags | (cnt << 1)
         return e
@@ -272,5 +273,5 @@ def _top_logprobs(row: np.ndarray, k: int) -> list[tuple[int, float]]:
     m = float(row.max())
     lse = m + math.log(float(np.exp((row - m).astype(np.float64)).sum()))
     idx = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
-    idx = sorted(idx.tolist(), key=lambda i: (-row[i], i))
-    return [(int(i), float(row[i]) - lse) for i in idx]
+    order = sorted(idx.tolist(), key=lambda i: (-row[i], i))
+    return [(int(i), float(row[i]) - lse) for i in order]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class NoFreeBlocks(Exception):

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 from inferd.engine.loop_waker import LoopWaker
 from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState

@@ -22,7 +22,8 @@ class LoopWaker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self._items: deque[tuple[asyncio.Queue, object]] = deque()            # (queue, output) pairs; deque appends and pops are thread-safe
+        # (queue, output) pairs; deque appends and pops are thread-safe
+        self._items: deque[tuple[asyncio.Queue, object]] = deque()
         self._signalled = False                  # a byte is on its way: later pushes need not write another
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -119,10 +120,11 @@ def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int
             part = chunk[pos:end]
             lo, hi = pos, min(end, ctx - 1)
             if pos >= first and hi > lo:
-                out = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0]
+                logits = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0].logits
+                assert logits is not None
                 for r0 in range(lo, hi, 32):   # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
                     r1 = min(hi, r0 + 32)
-                    token_nll = _token_nll(out.logits[r0 - pos:r1 - pos], np.asarray(chunk[r0 + 1:r1 + 1]))
+                    token_nll = _token_nll(logits[r0 - pos:r1 - pos], np.asarray(chunk[r0 + 1:r1 + 1]))
                     nll += float(token_nll.sum())
                     nll2 += float((token_nll ** 2).sum())
                 count += hi - lo

@@ -18,7 +18,8 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -15,7 +15,7 @@ until an attempt window is good again.
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class PromptLookup:
@@ -81,7 +81,7 @@ class AcceptanceGate:
         if drafted <= 0:
             return
         self.attempts.append((drafted, accepted))
-        if len(self.attempts) < self.attempts.maxlen:
+        if len(self.attempts) < (self.attempts.maxlen or 0):
             return
         total = sum(d for d, _ in self.attempts)
         rate = sum(a for _, a in self.attempts) / total

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping
+from typing import Any
+from collections.abc import Collection, Mapping
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class ModelConfig:
         return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
-    def from_hf(cls, cfg: Mapping[str, Any]) -> "ModelConfig":
+    def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """From a Hugging Face config.json dict (Llama/Mistral/Qwen2/Qwen3ForCausalLM)."""
         archs = cfg.get("architectures") or []
         known = [HF_ARCHS[a] for a in archs if a in HF_ARCHS]
@@ -157,7 +158,7 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (),
-                  rope_freqs: np.ndarray | None = None) -> "ModelConfig":
+                  rope_freqs: np.ndarray | None = None) -> ModelConfig:
         """From GGUF metadata (decoded values, or GGUFReader fields) plus the names of the file's tensors.
 
         rope_freqs: the values of `rope_freqs.weight` when the file has it (llama.cpp stores llama3 rope
@@ -335,8 +336,8 @@ def _hf_rope_scaling(scaling: Mapping[str, Any] | None) -> dict | None:
         return None
     if kind != "llama3":
         raise ValueError(f"rope scaling type {kind!r} is not supported (only llama3)")
-    out = {k: scaling.get(k) for k in LLAMA3_KEYS}
-    _check_llama3({k: v for k, v in out.items() if v is not None})
+    out: dict[str, Any] = {k: scaling.get(k) for k in LLAMA3_KEYS}
+    _check_llama3({k: v for k, v in out.items() if v is not None})   # raises if any is missing
     return {"factor": float(out["factor"]), "low_freq_factor": float(out["low_freq_factor"]),
             "high_freq_factor": float(out["high_freq_factor"]),
             "original_max_position_embeddings": int(out["original_max_position_embeddings"])}

@@ -129,16 +129,17 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
 
     entries: dict[str, tuple[Path, SafetensorsEntry]] = {}
     for file in safetensors_files(root):
-        for e in read_safetensors_header(file).values():
-            if e.name in entries:
-                raise ModelLoadError(file, f"tensor {e.name} also appears in {entries[e.name][0].name}")
-            entries[e.name] = (file, e)
+        for entry in read_safetensors_header(file).values():
+            if entry.name in entries:
+                raise ModelLoadError(file, f"tensor {entry.name} also appears in {entries[entry.name][0].name}")
+            entries[entry.name] = (file, entry)
 
     if config.n_layers * TENSORS_PER_LAYER > len(entries):
         raise ModelLoadError(cfg_path, f"num_hidden_layers {config.n_layers} needs at least "
-                                       f"{config.n_layers * TENSORS_PER_LAYER} tensors; the weights have {len(entries)}")
+                                       f"{config.n_layers * TENSORS_PER_LAYER} tensors; the weights have "
+                                       f"{len(entries)}")
     wanted: dict[str, tuple[Path, SafetensorsEntry]] = {}
-    for hf_name, (file, e) in entries.items():
+    for hf_name, (file, entry) in entries.items():
         if hf_name.endswith("rotary_emb.inv_freq"):
             continue  # old checkpoints store the rope table; it is recomputed from rope_theta
         name = gguf_name(hf_name)
@@ -146,27 +147,27 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
             raise ModelLoadError(file, f"unexpected tensor {hf_name} (not part of a {config.arch} model)")
         if name == "output.weight" and config.tie_embeddings:
             continue  # some tied checkpoints save lm_head anyway; it must equal embed_tokens
-        if e.dtype not in DTYPES:
-            raise ModelLoadError(file, f"tensor {hf_name} has dtype {e.dtype}, which is not supported "
+        if entry.dtype not in DTYPES:
+            raise ModelLoadError(file, f"tensor {hf_name} has dtype {entry.dtype}, which is not supported "
                                        f"(supported: {', '.join(DTYPES)})")
-        if not 1 <= len(e.shape) <= 2:
-            raise ModelLoadError(file, f"tensor {hf_name} has shape {list(e.shape)}; expected 1-D or 2-D")
-        wanted[name] = (file, e)
+        if not 1 <= len(entry.shape) <= 2:
+            raise ModelLoadError(file, f"tensor {hf_name} has shape {list(entry.shape)}; expected 1-D or 2-D")
+        wanted[name] = (file, entry)
     try:
-        check_tensors(config, {n: _rows_cols(e.shape) for n, (_, e) in wanted.items()})
+        check_tensors(config, {n: _rows_cols(entry.shape) for n, (_, entry) in wanted.items()})
     except ValueError as err:
         raise ModelLoadError(root, _to_hf_names(str(err))) from err
 
     maps: dict[Path, mmap.mmap] = {}
     tensors = {}
-    for name, (file, e) in wanted.items():
+    for name, (file, entry) in wanted.items():
         if file not in maps:
             with open(file, "rb") as f:
                 maps[file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        np_dtype, type_name = DTYPES[e.dtype]
-        rows, cols = _rows_cols(e.shape)
-        data = np.frombuffer(maps[file], dtype=np_dtype, count=rows * cols, offset=e.start).reshape(rows, cols)
-        if e.start % data.itemsize:
+        np_dtype, type_name = DTYPES[entry.dtype]
+        rows, cols = _rows_cols(entry.shape)
+        data = np.frombuffer(maps[file], dtype=np_dtype, count=rows * cols, offset=entry.start).reshape(rows, cols)
+        if entry.start % data.itemsize:
             data = data.copy()  # files from old writers may leave tensors unaligned; kernels want aligned rows
         tensors[name] = Tensor(name, type_name, rows, cols, data)
 

@@ -14,7 +14,7 @@ Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from gguf import GGMLQuantizationType

@@ -11,7 +11,8 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import msgspec
 from aiohttp import web
@@ -198,6 +199,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             from inferd.engine.device import check_device
             await loop.run_in_executor(None, check_device, s.device)
         if state.model is None:
+            assert load is not None
             state.notifier.status(f"loading model {s.model}")
             state.model = await loop.run_in_executor(None, load)
         state.engine = await loop.run_in_executor(None, build_engine, state.model, s)
@@ -278,7 +280,7 @@ async def warm_up(state: ServerState) -> None:
             raise RuntimeError(f"warm-up generation failed: {out.error_message}")
 
 
-def create_app(settings: Settings, *, api_keys: list[str] = (), model=None, load: Callable[[], Any] | None = None,
+def create_app(settings: Settings, *, api_keys: Sequence[str] = (), model=None, load: Callable[[], Any] | None = None,
                notifier: Notifier | None = None) -> web.Application:
     """`model`: an already loaded model (tests); otherwise `load()` (default: pull + load per settings)
     runs in a worker thread after the server starts listening."""

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: messages -> chat template -> tokens -> n choices; the full response or its stream."""
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from typing import Any
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -129,7 +129,7 @@ async def completions_stream(gen: Generation, req: P.CompletionRequest, prompts:
             yield None
             continue
         c, out = item
-        text, entries = "", []
+        text, entries = "", list[Entry]()
         if req.echo and c.index not in echoed:
             # a choice's first output carries all its prompt logprobs: the prompt goes out once, complete
             echoed.add(c.index)

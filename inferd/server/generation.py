@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from aiohttp import web
@@ -245,6 +245,7 @@ async def merged_outputs(handles: list[RequestHandle], keepalive_s: float
             for t in sorted(done, key=tasks.__getitem__):
                 i = tasks.pop(t)
                 out = t.result()
+                assert out is not None   # get() without a timeout always returns one
                 if not handles[i].done:
                     tasks[asyncio.ensure_future(handles[i].get())] = i
                 yield i, out

@@ -112,7 +112,7 @@ async def drain(state, site: web.TCPSite, grace_s: float, delay_s: float = 0.0) 
     try:
         await asyncio.wait_for(state.idle.wait(), grace_s)
         return
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.warning("drain timed out with %d requests still running; ending them", state.in_flight)
     if state.engine_loop is not None:
         # Stopping the scheduler ends every request with "the server is shutting down": streams get an
@@ -120,5 +120,5 @@ async def drain(state, site: web.TCPSite, grace_s: float, delay_s: float = 0.0) 
         await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         try:
             await asyncio.wait_for(state.idle.wait(), 2.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass

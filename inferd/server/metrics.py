@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import prometheus_client
 import prometheus_client.exposition
@@ -60,7 +61,8 @@ class Metrics:
         def histogram(name, doc, buckets):
             return Histogram(P + name, doc, m, buckets=buckets, registry=r).labels(model_name)
 
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose prefill finished.").labels(model_name)
+        self.prompt_tokens = counter("prompt_tokens",
+                                     "Prompt tokens of requests whose prefill finished.").labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self.request_success = counter("request_success", "Finished requests by finish reason.",
                                        ["model_name", "finished_reason"])
@@ -68,8 +70,9 @@ class Metrics:
                                          "Speculative (prompt-lookup) tokens proposed and verified.").labels(model_name)
         self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
                                             "Speculative tokens the model agreed with (kept).").labels(model_name)
-        self.client_disconnected = counter("http_requests_client_disconnected",
-                                           "Requests whose client went away before the response ended.").labels(model_name)
+        self.client_disconnected = counter(
+            "http_requests_client_disconnected",
+            "Requests whose client went away before the response ended.").labels(model_name)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens.",
                              ITL_BUCKETS)
@@ -110,7 +113,8 @@ class Metrics:
 
     def on_finished(self, states: Sequence[RequestState]) -> None:
         for st in states:
-            self.request_success.labels(self.model_name, st.finish_reason.value).inc()
+            reason = st.finish_reason.value if st.finish_reason is not None else FinishReason.ERROR.value
+            self.request_success.labels(self.model_name, reason).inc()
             end = st.finish_time or time.monotonic()
             self.e2e.observe(end - st.arrival_time)
             if st.first_scheduled_time is not None:

@@ -127,6 +127,7 @@ async def cache_warm(request: web.Request) -> web.Response:
         out = await handle.get()
     finally:
         handle.abort()
+    assert out is not None   # get() without a timeout always returns one
     err = output_error(out)
     if err is not None:
         raise err

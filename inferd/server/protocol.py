@@ -327,7 +327,7 @@ def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[
     else:
         raise ProtocolError("prompt must be a string, a list of strings, a list of token ids or a list of "
                             "lists of token ids", "prompt")
-    for i, item in enumerate(prompts):
+    for item in prompts:
         if isinstance(item, list):
             if not item:
                 raise ProtocolError("a token-id prompt must not be empty", "prompt")

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 log = logging.getLogger("inferd.systemd")
 
@@ -63,7 +63,7 @@ class Notifier:
 
     def notify(self, *lines: str) -> bool:
         """Send `lines` as one datagram; False (and a debug log) if systemd is not listening."""
-        if self._sock is None:
+        if self._sock is None or self.address is None:
             return False
         data = "\n".join(lines).encode()
         try:

@@ -22,7 +22,8 @@ import codecs
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -133,7 +134,7 @@ class Tokenizer:
             if isinstance(text, str):  # tokenizers refuses lone surrogates (valid in JSON, not in UTF-8)
                 raise ValueError("text is not valid Unicode (it holds a lone surrogate code point)") from None
             raise TypeError(f"text must be a str, got {type(text).__name__}") from None
-        if add_special and self.add_bos:
+        if add_special and self.add_bos and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         return ids
 
@@ -162,7 +163,7 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, fields: Mapping[str, Any]) -> "Tokenizer":
+    def from_gguf(cls, fields: Mapping[str, Any]) -> Tokenizer:
         """From GGUF metadata (decoded values, or GGUFReader fields). Raises ValueError naming the problem."""
         meta = {k: (v.contents() if hasattr(v, "contents") else v) for k, v in fields.items()
                 if k.startswith("tokenizer.ggml.")}
@@ -221,7 +222,7 @@ class Tokenizer:
     def from_hf_files(cls, tokenizer_json: str | os.PathLike[str],
                       tokenizer_config_json: str | os.PathLike[str] | None = None,
                       generation_config_json: str | os.PathLike[str] | None = None,
-                      extra_eos_ids: Iterable[int] = ()) -> "Tokenizer":
+                      extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
         """From a Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json when present)."""
         spec = _read_json(tokenizer_json)
         tcfg = _read_json(tokenizer_config_json) if tokenizer_config_json else {}
