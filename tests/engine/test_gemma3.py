@@ -25,6 +25,7 @@ import pytest
 
 from inferd.engine.engine import Engine, SeqInput
 from inferd.engine.runner import perplexity
+from tests.engine.agreement import assert_greedy_agrees
 from tests.reference import Reference
 
 GEMMA3 = Path(os.environ.get("INFERD_TEST_GEMMA3",
@@ -111,21 +112,4 @@ def test_gemma3_greedy_matches_llama_cpp(gemma3, prompt, prompt_ids, expected):
 
     text = render_chat(gemma3.template, [{"role": "user", "content": prompt}], gemma3.tokenizer)
     assert gemma3.tokenizer.encode(text, add_special=False) == prompt_ids
-    eng, table = gemma3.engine, list(range(4))
-    forced = eng.step([SeqInput(prompt_ids + expected, 0, table, 0, want_logits=True)])[0]
-    logits = forced.logits[len(prompt_ids) - 1:len(prompt_ids) - 1 + len(expected)]
-    first_tie = len(expected)
-    for i, want in enumerate(expected):
-        ours = int(np.argmax(logits[i]))
-        if ours != want:
-            gap = float(logits[i][ours] - logits[i][want])
-            assert gap < NEAR_TIE, f"token {i}: we pick {ours}, llama.cpp {want}, {gap:.3f} logits apart"
-            first_tie = min(first_tie, i)
-    assert first_tie >= 8, "the two engines should agree well past the start of the answer"
-    out = eng.step([SeqInput(prompt_ids, 0, table, 1)])[0]
-    generated, pos = [out.tokens[0]], len(prompt_ids)
-    while len(generated) < first_tie + 1:
-        out = eng.step([SeqInput([generated[-1]], pos, table, 1)])[0]
-        generated.append(out.tokens[0])
-        pos += 1
-    assert generated[:first_tie] == expected[:first_tie]
+    assert_greedy_agrees(gemma3.engine, prompt_ids, expected, NEAR_TIE, 8, list(range(4)))

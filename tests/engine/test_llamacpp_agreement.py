@@ -21,12 +21,11 @@ requires the free-running greedy output to equal llama.cpp's up to the first suc
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from inferd.engine.engine import Engine
-from inferd.engine.types import SeqInput
 from inferd.text.chat import render_chat
+from tests.engine.agreement import assert_greedy_agrees
 
 # logits. The gap at a disagreement depends on our kernels' rounding too: with the K-quant tile kernels SmolLM2's
 # logits on the haiku sequence moved by 0.22 on average (max 2.1) against the earlier kernels, both about as far
@@ -61,24 +60,4 @@ def test_greedy_matches_llama_cpp(smollm2, prompt, prompt_ids, expected):
                        add_generation_prompt=True)
     assert model.tokenizer.encode(text, add_special=False) == prompt_ids
 
-    table = list(range(4))
-    forced = engine.step([SeqInput(prompt_ids + expected, 0, table, 0, want_logits=True)])[0]
-    logits = forced.logits[len(prompt_ids) - 1:len(prompt_ids) - 1 + len(expected)]
-    first_tie = len(expected)
-    for i, want in enumerate(expected):
-        ours = int(np.argmax(logits[i]))
-        if ours != want:
-            gap = float(logits[i][ours] - logits[i][want])
-            assert gap < NEAR_TIE, f"token {i}: we pick {ours}, llama.cpp {want}, {gap:.3f} logits apart"
-            first_tie = min(first_tie, i)
-    assert first_tie >= 7, "the two engines should agree well past the start of the answer"
-
-    # free-running greedy decode equals llama.cpp's tokens up to the first near tie
-    out = engine.step([SeqInput(prompt_ids, 0, table, 1)])[0]
-    generated = [out.tokens[0]]
-    pos = len(prompt_ids)
-    while len(generated) < first_tie + 1:
-        out = engine.step([SeqInput([generated[-1]], pos, table, 1)])[0]
-        generated.append(out.tokens[0])
-        pos += 1
-    assert generated[:first_tie] == expected[:first_tie]
+    assert_greedy_agrees(engine, prompt_ids, expected, NEAR_TIE, 7, list(range(4)))

@@ -11,31 +11,9 @@ import numpy as np
 import pytest
 
 from inferd import _cpu
+from tests.ext.paths import PATHS
 
-ALL_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni")
 BLOCK = _cpu.BLOCK_SIZE
-
-
-def available_paths() -> list[str]:
-    old, ok = _cpu.get_path(), []
-    for p in ALL_PATHS:
-        try:
-            _cpu.set_path(p)
-            ok.append(p)
-        except ValueError:
-            pass
-    _cpu.set_path(old)
-    return ok
-
-
-PATHS = available_paths()
-
-
-@pytest.fixture(autouse=True)
-def restore_path():
-    old = _cpu.get_path()
-    yield
-    _cpu.set_path(old)
 
 
 def make_cache(seq_len: int, n_kv: int, hd: int, seed: int):

@@ -10,33 +10,11 @@ import pytest
 from inferd import _cpu
 from inferd.engine.engine import Engine
 from inferd.engine.types import SamplingParams, SeqInput
+from tests.ext.paths import PATHS
 from tests.reference import make_tensor, random_model
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")     # rows of a multiple of 256
-ALL_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni")
-
-
-def available_paths() -> list[str]:
-    old, ok = _cpu.get_path(), []
-    for p in ALL_PATHS:
-        try:
-            _cpu.set_path(p)
-            ok.append(p)
-        except ValueError:
-            pass
-    _cpu.set_path(old)
-    return ok
-
-
-PATHS = available_paths()
-
-
-@pytest.fixture(autouse=True)
-def restore_path():
-    old = _cpu.get_path()
-    yield
-    _cpu.set_path(old)
 
 
 def test_simd_paths_are_available_here():

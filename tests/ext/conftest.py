@@ -1,0 +1,11 @@
+"""Every kernel test may force a path; the next test starts from the one that was active."""
+import pytest
+
+from inferd import _cpu
+
+
+@pytest.fixture(autouse=True)
+def restore_path():
+    old = _cpu.get_path()
+    yield
+    _cpu.set_path(old)
