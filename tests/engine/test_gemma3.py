@@ -2,20 +2,24 @@
 against the float64 reference layer by layer over a prompt longer than the 512-position sliding window, perplexity
 against llama-perplexity, and greedy decoding against llama.cpp.
 
-The file mixes Q4_K, Q5_0, Q6_K and Q8_0; inferd re-quantizes the first three to Q8_0 at load, while the reference
-dequantizes the file's own blocks (gguf's numpy code), so the comparison also covers that conversion.
+The file mixes Q4_K, Q5_0, Q6_K and Q8_0, which inferd computes in their own formats; the reference dequantizes the
+file's blocks with gguf's numpy code, so the comparison also covers inferd's repacking of them.
 
-Recorded with llama.cpp 0.3.36 (../shared/peers/llama-cpp.sh), 2 threads:
-- `llama-perplexity -m gemma-3-270m-q4_k_m.gguf -f bench/data/gpl-3.txt -c 512 -t 2` -> LLAMA_CPP_PPL, LLAMA_CPP_STDERR
-  (14 chunks); the issue's bar is 0.5%.
-- greedy continuations (CASES): `llama-server -m FILE -t 2`, /completion with {"prompt": ids, "n_predict": 24,
-  "temperature": 0, "n_probs": 2, "cache_prompt": false}; the ids are the Gemma chat format rendered by inferd and
-  tokenized by the server's /tokenize (the test checks inferd's tokenizer gives the same ids). As in
-  test_llamacpp_agreement.py, inferd is fed llama.cpp's tokens and must pick llama.cpp's token at every position
-  unless llama.cpp's token is within NEAR_TIE logits of ours.
+Recorded with llama.cpp 0.3.36 (../shared/peers/llama-cpp.sh), 2 threads, `-nr` (no weight repacking: built with
+GGML_NATIVE on this VM, llama.cpp picks its AMX kernels for the Q8_0 tensors and dies of SIGILL at the first
+`tilezero`; -nr keeps it on its ordinary CPU kernels):
+- `llama-perplexity -m gemma-3-270m-q4_k_m.gguf -f bench/data/gpl-3.txt -c 512 -t 2 -nr` -> "Final estimate:
+  PPL = 13.8819 +/- 0.64731" (14 chunks); inferd: 13.8425 +/- 0.64487, 0.28% lower (the issue's bar is 0.5%; with
+  the K-quant and Q5_0 tensors re-quantized to Q8_0, as before native kernels, it was 13.8973, 0.11% higher). The
+  text tokenizes to the same 7562 ids in both (llama-server's /tokenize).
+- greedy continuations (CASES): `llama-server -m FILE -t 2 -nr`, /completion with {"prompt": ids, "n_predict": 24,
+  "temperature": 0, "n_probs": 5, "cache_prompt": false}, kept in gemma3_llama_cpp.json; the ids are the Gemma chat
+  format rendered by inferd and tokenized by the server's /tokenize (the test checks inferd's tokenizer gives the
+  same ids). As in test_llamacpp_agreement.py, inferd is fed llama.cpp's tokens (teacher forcing).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +29,7 @@ import pytest
 
 from inferd.engine.engine import Engine, SeqInput
 from inferd.engine.runner import perplexity
-from tests.engine.agreement import assert_greedy_agrees
+from tests.engine.agreement import assert_free_run_matches
 from tests.reference import Reference
 
 GEMMA3 = Path(os.environ.get("INFERD_TEST_GEMMA3",
@@ -33,12 +37,20 @@ GEMMA3 = Path(os.environ.get("INFERD_TEST_GEMMA3",
 TEXT = Path(__file__).resolve().parents[2] / "bench" / "data" / "gpl-3.txt"
 
 # Each layer on the engine's own input (600 positions, worst token): the residual stream after it, measured at most
-# 4.2e-2 (layer 0), and the layer's update (attention + FFN contribution), measured at most 0.16 (layer 4). Like
-# SmolLM2's (test_forward_reference.py), these are the 8-bit activations, plus here the Q8_0 re-quantization.
+# 4.4e-2 (layer 0), and the layer's update (attention + FFN contribution), measured at most 0.10 (layer 4). Like
+# SmolLM2's (test_forward_reference.py), these are the 8-bit activations.
 LAYER_TOL = 0.08
 UPDATE_TOL = 0.25
 LOGITS_TOL = 0.05    # the logits of the engine's own final state
+# Greedy agreement: where we pick another token than llama.cpp, llama.cpp's own log-probabilities of the two must be
+# within NEAR_TIE. Measured: 2 such places in 72, llama.cpp margins 0.002 ("france" token 7, where the float64
+# reference sides with us by 0.66) and 0.238 ("haiku" token 10). Log-probabilities of llama.cpp's top 5 at every
+# place: mean |ours - llama.cpp's| 0.047 for its top token, 0.094 over all five. Against the float64 reference
+# (log-probabilities of the same tokens) llama.cpp is the farther of the two: mean 0.079-0.096 per prompt against
+# inferd's 0.062-0.071.
 NEAR_TIE = 0.25
+LOGPROB_TOP1_TOL = 0.1
+LOGPROB_TOP5_TOL = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +100,11 @@ def test_gemma3_matches_reference_past_the_window(gemma3):
     assert row_errors(last, ref.logits(hidden[-1][-1:])).max() < LOGITS_TOL
 
 
-LLAMA_CPP_PPL = None
-LLAMA_CPP_STDERR = None
+LLAMA_CPP_PPL = 13.8819
+LLAMA_CPP_STDERR = 0.64731
 
 
 def test_gemma3_perplexity_matches_llama_cpp(gemma3):
-    if LLAMA_CPP_PPL is None:
-        pytest.skip("llama-perplexity's number for this file is not recorded yet")
     tok = gemma3.tokenizer
     tokens = tok.encode(TEXT.read_text(encoding="utf-8"), add_special=False)
     r = perplexity(gemma3.engine, tokens, 512, tok.bos_id if tok.add_bos else None)
@@ -103,13 +113,32 @@ def test_gemma3_perplexity_matches_llama_cpp(gemma3):
     assert abs(r.stderr - LLAMA_CPP_STDERR) / LLAMA_CPP_STDERR < 0.02, (r.stderr, LLAMA_CPP_STDERR)
 
 
-CASES: list = []
+# llama.cpp's greedy continuations with its top 5 log-probabilities at each step (see the module's docstring)
+CASES = json.loads((Path(__file__).parent / "gemma3_llama_cpp.json").read_text())
 
 
-@pytest.mark.parametrize("prompt,prompt_ids,expected", CASES)
-def test_gemma3_greedy_matches_llama_cpp(gemma3, prompt, prompt_ids, expected):
+@pytest.mark.parametrize("case", CASES, ids=["france", "haiku", "sky"])
+def test_gemma3_greedy_matches_llama_cpp(gemma3, case):
     from inferd.text.chat import render_chat
 
-    text = render_chat(gemma3.template, [{"role": "user", "content": prompt}], gemma3.tokenizer)
+    prompt_ids, expected, tops = case["prompt_ids"], case["tokens"], case["top_logprobs"]
+    text = render_chat(gemma3.template, [{"role": "user", "content": case["prompt"]}], gemma3.tokenizer)
     assert gemma3.tokenizer.encode(text, add_special=False) == prompt_ids
-    assert_greedy_agrees(gemma3.engine, prompt_ids, expected, NEAR_TIE, 8, list(range(4)))
+    eng, table = gemma3.engine, list(range(4))
+    forced = eng.step([SeqInput(prompt_ids + expected, 0, table, 0, want_logits=True)])[0]
+    logits = forced.logits[len(prompt_ids) - 1:len(prompt_ids) - 1 + len(expected)].astype(np.float64)
+    logprobs = logits - logits.max(1, keepdims=True)
+    logprobs -= np.log(np.exp(logprobs).sum(1, keepdims=True))
+    first_tie = len(expected)
+    for i, want in enumerate(expected):
+        ours = int(np.argmax(logits[i]))
+        if ours != want:          # only where llama.cpp itself all but ties our token with its own
+            theirs = dict(tops[i])
+            assert ours in theirs and theirs[want] - theirs[ours] < NEAR_TIE, \
+                f"token {i}: we pick {ours}, llama.cpp {want} (its top 5: {tops[i]})"
+            first_tie = min(first_tie, i)
+    assert first_tie >= 7, "the two engines should agree well past the start of the answer"
+    diffs = np.array([[logprobs[i, t] - lp for t, lp in top] for i, top in enumerate(tops)])
+    assert np.abs(diffs[:, 0]).mean() < LOGPROB_TOP1_TOL and np.abs(diffs).mean() < LOGPROB_TOP5_TOL, \
+        (np.abs(diffs[:, 0]).mean(), np.abs(diffs).mean())
+    assert_free_run_matches(eng, prompt_ids, expected, first_tie, table)

@@ -10,7 +10,8 @@ own top two are within NEAR_TIE.
 
 The prompts are longer than the Gemma model's 40-position window, so its local layers attend to a window that
 slides; the weights are F32/F16, which both engines multiply without quantizing activations, so what is left is
-float32 arithmetic and the f16 KV cache of both. Measured: at most 2e-3 apart (see the assertion message).
+float32 arithmetic and the f16 KV cache of both. Measured (llama.cpp 0.3.36): at most 2.9e-3 apart on Gemma 3,
+5.8e-3 on Qwen3, 7.0e-3 on the Llama 3.2-shaped model (F16).
 """
 from __future__ import annotations
 
