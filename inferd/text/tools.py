@@ -443,6 +443,16 @@ class ToolCallParser:
                 self._buf = stripped
                 self._start_object("")
                 return True
+        if self.fmt == MISTRAL and not self._seen_text and not self._calls:
+            # [TOOL_CALLS] is a control token that the text may not show: a reply that opens with a list of
+            # objects is the call list
+            head = "".join(buf.split())[:2]
+            if head in ("", "[") and not final:
+                return False
+            if head == "[{":
+                self._buf = buf.lstrip()
+                self._mode = "list"
+                return True
         at, marker = buf.find(self._open), self._open
         fence_at = buf.find(self._fence) if self._fence else -1
         if self._fence and fence_at >= 0 and (at < 0 or fence_at < at):

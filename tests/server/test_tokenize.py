@@ -52,6 +52,14 @@ def test_openapi_document_describes_the_request_bodies(server):
     chat = schemas["ChatCompletionRequest"]
     assert "messages" in chat["required"]
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
-    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm",
+                 "/v1/responses"):
         ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.split("/")[-1] in schemas
+    # structured output, tools, FIM and the Responses API are described
+    for field in ("response_format", "tools", "tool_choice", "parallel_tool_calls", "guided_json", "guided_regex",
+                  "guided_choice", "guided_grammar", "structured_outputs", "grammar", "json_schema"):
+        assert field in chat["properties"], field
+    assert "suffix" in schemas["CompletionRequest"]["properties"]
+    assert {"input", "instructions", "text", "previous_response_id"} <= set(schemas["ResponsesRequest"]["properties"])
+    assert set(doc["paths"]["/v1/responses/{response_id}"]) == {"get", "delete"}

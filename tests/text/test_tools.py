@@ -185,6 +185,8 @@ CASES = [
     (LLAMA3, "The answer is {x}.", "The answer is {x}.", []),
     (MISTRAL, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]', None,
      [("f", '{"a": 1}'), ("g", "{}")]),
+    (MISTRAL, ' [{"name": "f", "arguments": {"a": 1}}]', None, [("f", '{"a": 1}')]),   # the control token unshown
+    (MISTRAL, "[a link](x) and text", "[a link](x) and text", []),
     (GENERIC, 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"x": true}}\n</tool_call>', "Sure.",
      [("f", '{"x": true}')]),
 ]
