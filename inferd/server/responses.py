@@ -395,9 +395,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise ProtocolError(str(e), e.param, status=e.status) from None
     lim = limits(state)
     check_model(state, req.model)
-    P.check_chat(req, lim)
-    messages = P.check_messages(req.messages, lim)
-    prep = await prepare_chat(state, req, messages, state.chat_template.source)
+    try:
+        P.check_chat(req, lim)
+        messages = P.check_messages(req.messages, lim)
+        prep = await prepare_chat(state, req, messages, state.chat_template.source)
+    except ProtocolError as e:   # name the Responses API's own fields
+        if e.param is not None and e.message.startswith(e.param):
+            e.message = str(responses_param(e.param)) + e.message[len(e.param):]
+        e.param = responses_param(e.param)
+        raise
     prompt = await encode(state, render_chat(state, prep.messages, True, prep.tools), add_special=False)
     check_prompt_len(state, len(prompt), "input")
     max_tokens = resolve_max_tokens(state, req.max_tokens, len(prompt), None, "max_output_tokens")
@@ -462,6 +468,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     finally:
         for c in gen.choices:
             c.handle.abort()
+
+
+def responses_param(param: str | None) -> str | None:
+    """A chat-completions field name as the Responses API calls it."""
+    if param is None:
+        return None
+    for chat, ours in (("response_format.json_schema", "text.format"), ("response_format", "text.format"),
+                       ("max_tokens", "max_output_tokens"), ("messages", "input")):
+        if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
+            return ours + param[len(chat):]
+    return param
 
 
 def response_store(state: Any) -> ResponseStore:

@@ -149,6 +149,11 @@ def test_responses_errors(client, model_name):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model_name, input=[{"type": "image", "url": "x"}])
     assert e.value.body["param"] == "input[0].type"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_name, input="x", text={"format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "strin"}}})
+    assert e.value.body["param"] == "text.format.schema"
+    assert e.value.body["message"].startswith("text.format.schema: ") and "Invalid type" in e.value.body["message"]
 
 
 # ---- CORS on the real app --------------------------------------------------------------------------------------------
