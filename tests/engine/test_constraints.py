@@ -109,3 +109,28 @@ def test_advance_reports_errors_and_eos_before_a_lazy_start(smol):
     lazy = Constraint(compiler.compile_sync(regex_grammar("<x", "r")), trigger_token=0).new_matcher()
     r = advance(lazy, next(iter(eos)), eos)
     assert r.ok and r.done
+
+
+def test_the_policy_gives_each_choice_a_matcher_and_ends_one_its_token_breaks(smol):
+    """Through the scheduling policy with the fake engine, which ignores masks: its first token is outside the
+    grammar, so the choice ends with an error naming the grammar (not a crash), and the request did not speculate
+    though it asked to."""
+    from inferd.engine.request import FinishReason, Request
+    from tests.engine.fake_engine import VOCAB, FakeEngine, fake_next_token
+    from tests.engine.test_scheduler import Harness
+    tok, _ = smol
+    compiler = GrammarCompiler(tok, max(VOCAB, tok.vocab_size))
+    try:
+        constraint = Constraint(compiler.compile_sync(regex_grammar("[0-9]{3}", "guided_regex")))
+        prompt = [5, 6, 7]
+        first = fake_next_token(prompt)
+        assert not tok.decode([first]).isdigit()          # the fake model's first token breaks the grammar
+        h = Harness(FakeEngine(), speculative=True)
+        st = h.add(Request("r1", prompt, max_tokens=10, constraint=constraint))
+        assert st.matcher is not None and st.mask is not None and not st.speculative
+        h.run_until_idle()
+        last = h.outputs["r1"][-1]
+        assert last.finish_reason == FinishReason.ERROR and "grammar" in last.error_message
+        assert st.output_ids == []                          # the breaking token is not part of the output
+    finally:
+        compiler.close()
