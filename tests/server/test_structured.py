@@ -4,6 +4,7 @@ extensions, logprobs after masking, determinism alone and in a batch, streaming 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import re
 from enum import StrEnum
@@ -88,6 +89,9 @@ class Pet(BaseModel):
 class Event(BaseModel):
     title: str = Field(max_length=12)
     day: str = Field(pattern=r"^2025-0[1-9]-[0-2][0-9]$")
+    starts: datetime.datetime                    # string formats: date-time, date, email
+    ends_on: datetime.date
+    contact: str = Field(json_schema_extra={"format": "email"}, max_length=30)
     tags: list[Literal["work", "home", "fun"]] = Field(min_length=1, max_length=3)
 
 
@@ -101,6 +105,9 @@ def test_sdk_parse_returns_a_parsed_model(client, model_name, model_cls):
         if isinstance(parsed, Pet):
             assert 1 <= len(parsed.toys) <= 2 and re.fullmatch(r"[A-Z]{3}-[0-9]{2}", parsed.owner.code)
             assert parsed.previous_owner is None or isinstance(parsed.previous_owner, Owner)
+        else:
+            assert isinstance(parsed.starts, datetime.datetime) and isinstance(parsed.ends_on, datetime.date)
+            assert re.fullmatch(r"[^@\s]+@[^@\s]+", parsed.contact), parsed.contact
 
 
 # ---- the extensions -------------------------------------------------------------------------------------------
