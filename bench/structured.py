@@ -161,6 +161,7 @@ async def main_async(args) -> int:
     rows.append(("inferd, free", free))
     rows.append(("inferd, json_schema", constrained))
     llama = None
+    llama_failure = "not built (../shared/peers/llama-cpp.sh)" if bin_dir is None else ""
     if bin_dir is not None and (bin_dir / "llama-server").exists():
         port = free_port()
         cmd = [str(bin_dir / "llama-server"), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
@@ -171,6 +172,8 @@ async def main_async(args) -> int:
             await llama.wait_ready()
             rows.append(("llama-server, json_schema", await level(llama.url, args.concurrency, args.requests,
                                                                   {"json_schema": NOTES})))
+        except RuntimeError as e:   # a peer that cannot start is reported, not fatal to inferd's numbers
+            llama_failure = str(e)
         finally:
             llama.stop()
     lines = [f"Structured output, {path.name}, c={args.concurrency}, {args.requests} requests, {args.threads} "
@@ -184,6 +187,8 @@ async def main_async(args) -> int:
               f"masks of 8 constrained sequences per step: median {mask_p50:.2f} ms, p90 {mask_p90:.2f} ms"]
     if llama is not None and len(rows) == 3 and rows[2][1][0]:
         lines.append(f"inferd json_schema / llama-server json_schema: {constrained[0] / rows[2][1][0]:.2f}x")
+    if llama_failure:
+        lines.append(f"llama-server: {llama_failure}")
     text = "\n".join(lines)
     print(text)
     out = HERE / "results" / "structured.md"
