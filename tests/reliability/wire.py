@@ -21,12 +21,17 @@ class WireError(AssertionError):
 def parse_sse(raw: bytes) -> list[Any]:
     """The data payloads of an SSE body (dicts, or the string "[DONE]"); comments (pings) dropped.
 
-    Raises WireError for bad framing: a body that does not end in a blank line, an event of several lines,
-    a line that is neither `data: ` nor a `: ` comment, JSON that does not parse, anything after [DONE].
+    Two framings: chat/completions streams (one `data: ` line per event, ending with [DONE]) and the Responses
+    API's typed events (`event: NAME` then `data: ` whose "type" is NAME; no [DONE], the last event is
+    response.completed, response.incomplete, response.failed or error).
+    Raises WireError for bad framing: a body that does not end in a blank line, an event of more lines than its
+    framing has, a line that is neither `data: ` nor a `: ` comment, JSON that does not parse, anything after the end.
     """
     body = raw.decode("utf-8")
     if not body.endswith("\n\n"):
         raise WireError(f"stream does not end with a blank line: {body[-80:]!r}")
+    if body.startswith("event: "):
+        return _parse_typed_sse(body)
     out: list[Any] = []
     for block in body[:-2].split("\n\n"):
         if "\n" in block:
@@ -47,6 +52,31 @@ def parse_sse(raw: bytes) -> list[Any]:
             raise WireError(f"event is not JSON: {payload[:120]!r}") from None
     if not out or out[-1] != "[DONE]":
         raise WireError("stream ended without [DONE]")
+    return out
+
+
+TYPED_ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
+
+
+def _parse_typed_sse(body: str) -> list[Any]:
+    out: list[Any] = []
+    for block in body[:-2].split("\n\n"):
+        if block.startswith(":"):
+            continue
+        lines = block.split("\n")
+        if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+            raise WireError(f"an `event:` line and a `data:` line expected: {block[:120]!r}")
+        if out and out[-1].get("type") in TYPED_ENDS:
+            raise WireError("an event after the stream's last one")
+        try:
+            event = json.loads(lines[1][len("data: "):])
+        except ValueError:
+            raise WireError(f"event is not JSON: {lines[1][:120]!r}") from None
+        if not isinstance(event, dict) or event.get("type") != lines[0][len("event: "):]:
+            raise WireError(f"event's type differs from its name: {block[:120]!r}")
+        out.append(event)
+    if not out or out[-1]["type"] not in TYPED_ENDS:
+        raise WireError(f"typed stream ended without one of {TYPED_ENDS}")
     return out
 
 
