@@ -101,7 +101,7 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
     }
 }
 
-/* ---------------- AVX2 and VNNI ---------------- */
+/* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */
 #if defined(__x86_64__)
 #define SIMD_ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
 
