@@ -57,7 +57,8 @@ static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, 
  *   Q6_K          isum = sc[2s] (sum_0..15 q x - 32 sum_0..15 x) + sc[2s+1] (sum_16..31 q x - 32 sum_16..31 x),
  *                                                                        dw = d
  * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
- * computed once per activation block. */
+ * computed once per activation block (Q4_1 and Q5_1: acc = fma(float(sum x), mw * dx, acc), Q4_1's order from
+ * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with). */
 static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok,
                               float *y, int ldy, int ycol, int nrows, int accumulate) {
     int nsub = type_is_k(type) ? 8 : 1, q[32];
@@ -93,7 +94,8 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
                     }
                     }
                     acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
-                    if (has_min) acc[r] = __builtin_fmaf(mw, xb->dsum, acc[r]);
+                    if (type == WT_Q4_1 || type == WT_Q5_1) acc[r] = __builtin_fmaf((float)xb->isum, mw * xb->d, acc[r]);
+                    else if (has_min) acc[r] = __builtin_fmaf(mw, xb->dsum, acc[r]);
                 }
             }
         }
@@ -101,7 +103,7 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
     }
 }
 
-/* ---------------- AVX2 and VNNI ---------------- */
+/* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */
 #if defined(__x86_64__)
 #define SIMD_ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
 

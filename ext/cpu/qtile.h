@@ -173,7 +173,10 @@ KINLINE void KFN(block_scales)(const int type, const uint8_t *blk, int s, __m256
 KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 dw, __m256 mw, const block_q8x *xb) {
     const int has_min = type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K;
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(xb->d)), acc);
-    if (has_min) acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc);
+    if (type == WT_Q4_1 || type == WT_Q5_1)   /* Q4_1's order since its first kernel: sum x times (m * dx) */
+        acc = _mm256_fmadd_ps(_mm256_set1_ps((float)xb->isum), _mm256_mul_ps(mw, _mm256_set1_ps(xb->d)), acc);
+    else if (has_min)
+        acc = _mm256_fmadd_ps(mw, _mm256_set1_ps(xb->dsum), acc);
     return acc;
 }
 
