@@ -38,15 +38,6 @@ PATHS = [pytest.param(p, marks=pytest.mark.skipif(not path_available(p), reason=
          for p in ALL_PATHS]
 
 
-@pytest.fixture
-def kernel_path(request):
-    """Runs the test on the path given by parametrize, restoring the previous path afterwards."""
-    old = _cpu.get_path()
-    _cpu.set_path(request.param)
-    yield request.param
-    _cpu.set_path(old)
-
-
 # ---- numpy references -----------------------------------------------------------------------------------------
 def roundf(v: np.ndarray) -> np.ndarray:
     """C roundf: half away from zero (float64 arithmetic is exact for float32 inputs)."""

@@ -23,15 +23,6 @@ TYPES = K_TYPES + ("Q5_0", "Q5_1")
 SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
 
 
-@pytest.fixture
-def kernel_path(request):
-    """Runs the test on the path given by parametrize, restoring the previous path afterwards."""
-    old = _cpu.get_path()
-    _cpu.set_path(request.param)
-    yield request.param
-    _cpu.set_path(old)
-
-
 def shapes(type_name):
     return SHAPES["K" if type_name in K_TYPES else "32"]
 
