@@ -186,9 +186,18 @@ class EngineLoop:
             self.dead = e
             with self._lock:
                 new, self._inbox = self._inbox, []
-            for st in new:
-                self.scheduler.add(st)
-            self.scheduler.abort_all(FinishReason.ERROR, f"internal scheduler error: {e!r}", status=500)
+            message = f"internal scheduler error: {e!r}"
+            try:
+                for st in new:
+                    self.scheduler.add(st)
+                self.scheduler.abort_all(FinishReason.ERROR, message, status=500)
+            except BaseException:   # the policy itself is what broke: tell each request directly
+                log.exception("could not fail the requests through the scheduler")
+                for st in list(self.scheduler.requests.values()) + new:
+                    if st.waker is not None and st.queue is not None and not st.finished:
+                        st.waker.push([(st.queue, RequestOutput(st.request.request_id, finish_reason=FinishReason.ERROR,
+                                                                error_status=500, error_message=message))])
+                return
             self._flush()
 
     def admit_pending(self) -> bool:

@@ -155,3 +155,17 @@ def test_a_closed_event_loop_is_forgotten_and_a_new_one_served():
 
     outs = asyncio.run(fresh())
     assert len(tokens_of(outs)) == 3 and outs[-1].finish_reason == FinishReason.LENGTH
+
+
+async def test_a_broken_policy_still_fails_every_request_instead_of_hanging_it(running):
+    s = running(FakeEngine())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("policy bug")
+    s.scheduler.schedule = broken          # the step crashes the loop ...
+    s.scheduler.abort_all = broken         # ... and failing the requests through the policy crashes too
+    outs = await collect(s.submit(req("a", range(5), max_tokens=3)))
+    assert (outs[-1].finish_reason, outs[-1].error_status) == (FinishReason.ERROR, 500)
+    assert "policy bug" in outs[-1].error_message and s.dead is not None
+    with pytest.raises(SchedulerStopped):
+        s.submit(req("b", [1]))
