@@ -13,7 +13,7 @@ import numpy as np
 
 from inferd.engine.loop import StepRunner, run_batch
 from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
-from inferd.engine.scheduler import EngineShape, Scheduler
+from inferd.engine.scheduler import EngineSizes, Scheduler
 from inferd.engine.types import BLOCK_SIZE, SeqInput
 
 
@@ -41,7 +41,7 @@ class GenerationStats:
         return steps / self.decode_seconds if steps > 0 and self.decode_seconds else 0.0
 
 
-class SteppableEngine(StepRunner, EngineShape, Protocol):
+class SteppableEngine(StepRunner, EngineSizes, Protocol):
     context_length: int
 
 

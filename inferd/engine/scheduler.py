@@ -32,7 +32,7 @@ from inferd.engine.types import RequestStatus, SeqInput, SeqOutput
 log = logging.getLogger("inferd.scheduler")
 
 
-class EngineShape(Protocol):
+class EngineSizes(Protocol):
     """What the policy needs to know of an engine: the sizes it was built for."""
     block_size: int
     num_kv_blocks: int
@@ -81,7 +81,7 @@ class StepStats:
 
 
 class Scheduler:
-    def __init__(self, engine: EngineShape, *, max_model_len: int, max_running: int | None = None,
+    def __init__(self, engine: EngineSizes, *, max_model_len: int, max_running: int | None = None,
                  enable_prefix_caching: bool = True, tokenizer=None, speculative: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         self.block_size = engine.block_size
