@@ -1,4 +1,5 @@
 """`inferd serve | generate | pull | perplexity`: the command line."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,8 +9,20 @@ from inferd.config import DEFAULT_MODEL, ConfigError, Settings, add_arguments, l
 from inferd.model.pull import PullError
 
 # the settings `generate` and `perplexity` share with `serve` (same names, same file/env/flag precedence)
-ENGINE_SETTINGS = ("model", "model_cache_dir", "quantize", "device", "threads", "cpu_path", "cuda_device",
-                   "cuda_weights", "cuda_kv", "cuda_graphs", "cuda_pdl", "cuda_gemm")
+ENGINE_SETTINGS = (
+    "model",
+    "model_cache_dir",
+    "quantize",
+    "device",
+    "threads",
+    "cpu_path",
+    "cuda_device",
+    "cuda_weights",
+    "cuda_kv",
+    "cuda_graphs",
+    "cuda_pdl",
+    "cuda_gemm",
+)
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +45,7 @@ def _load(settings: Settings):
     from inferd.model.loader import load_model
     from inferd.model.pull import cache_dir, resolve
 
-    check_device(settings.device)   # before the download and load: say at once when the GPU cannot be used
+    check_device(settings.device)  # before the download and load: say at once when the GPU cannot be used
     path = resolve(settings.model, cache=cache_dir(settings.model_cache_dir))
     return load_model(path, quantize=settings.quantize or None)
 
@@ -56,13 +69,22 @@ def cmd_generate(args) -> int:
     if args.chat:
         from inferd.text.chat import render_chat
 
-        text = render_chat(model.chat_template, [{"role": "user", "content": args.prompt}], tok,
-                           add_generation_prompt=True)
+        text = render_chat(
+            model.chat_template, [{"role": "user", "content": args.prompt}], tok, add_generation_prompt=True
+        )
         prompt = tok.encode(text, add_special=False)
     else:
         prompt = tok.encode(args.prompt)
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty,
-                            args.presence_penalty, args.frequency_penalty, seed=args.seed)
+    params = SamplingParams(
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        args.min_p,
+        args.repetition_penalty,
+        args.presence_penalty,
+        args.frequency_penalty,
+        seed=args.seed,
+    )
     max_tokens = min(args.max_tokens, model.config.context_length - len(prompt))
     engine = build_engine(model, settings, num_kv_blocks=blocks_needed(len(prompt) + max(max_tokens, 1)), max_seqs=1)
     stats = GenerationStats()
@@ -71,12 +93,16 @@ def cmd_generate(args) -> int:
         sys.stdout.write(out.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    print(f"prompt {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | generated "
-          f"{stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | {engine.threads} threads, "
-          f"{engine.kernel_path} kernels", file=sys.stderr)
+    print(
+        f"prompt {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | generated "
+        f"{stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | {engine.threads} threads, "
+        f"{engine.kernel_path} kernels",
+        file=sys.stderr,
+    )
     if args.speculative:
-        print(f"speculative: {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens accepted",
-              file=sys.stderr)
+        print(
+            f"speculative: {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens accepted", file=sys.stderr
+        )
     return 0
 
 
@@ -91,8 +117,14 @@ def cmd_perplexity(args) -> int:
     tokens = model.tokenizer.encode(text, add_special=False)
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     batch = min(args.ctx, 512)
-    engine = build_engine(model, settings, num_kv_blocks=blocks_needed(args.ctx), max_batch_tokens=batch,
-                          max_seqs=1, max_logits_rows=batch)
+    engine = build_engine(
+        model,
+        settings,
+        num_kv_blocks=blocks_needed(args.ctx),
+        max_batch_tokens=batch,
+        max_seqs=1,
+        max_logits_rows=batch,
+    )
 
     def progress(done, total, ppl):
         print(f"[{done}/{total}] ppl {ppl:.4f}", file=sys.stderr)
@@ -110,7 +142,7 @@ def cmd_serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "serve":   # serve owns its options (config file < env < flags)
+    if argv and argv[0] == "serve":  # serve owns its options (config file < env < flags)
         return cmd_serve(argv[1:])
     parser = argparse.ArgumentParser(prog="inferd", description="Self-hosted OpenAI-compatible LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, OSError, PullError, ConfigError) as e:   # ModelLoadError is a ValueError: one clear line
+    except (ValueError, OSError, PullError, ConfigError) as e:  # ModelLoadError is a ValueError: one clear line
         print(f"inferd: error: {e}", file=sys.stderr)
         return 1
 

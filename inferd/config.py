@@ -22,7 +22,7 @@ SYSTEM_CONFIG = "/etc/inferd/inferd.toml"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEVICES = ("cpu", "cuda")
 QUANTIZE_TARGETS = ("q8_0", "q4_0")
-CPU_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni", "vnni")   # vnni: whichever VNNI the CPU has
+CPU_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni", "vnni")  # vnni: whichever VNNI the CPU has
 CUDA_WEIGHTS = ("auto", "bf16", "int8", "int4", "q8_0")
 CUDA_KV = ("f16", "bf16")
 CUDA_GEMMS = ("cublas", "own")
@@ -86,9 +86,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        for name, allowed in (("device", DEVICES), ("quantize", ("",) + QUANTIZE_TARGETS),
-                              ("cpu_path", ("",) + CPU_PATHS), ("cuda_weights", CUDA_WEIGHTS), ("cuda_kv", CUDA_KV),
-                              ("cuda_gemm", CUDA_GEMMS)):
+        for name, allowed in (
+            ("device", DEVICES),
+            ("quantize", ("",) + QUANTIZE_TARGETS),
+            ("cpu_path", ("",) + CPU_PATHS),
+            ("cuda_weights", CUDA_WEIGHTS),
+            ("cuda_kv", CUDA_KV),
+            ("cuda_gemm", CUDA_GEMMS),
+        ):
             value = getattr(self, name)
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
@@ -104,20 +109,27 @@ DOCS: dict[str, str] = {
     "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
-    "api_keys": ("Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list "
-                 "disables auth. Env: comma-separated."),
+    "api_keys": (
+        "Accepted API keys for /v1/*, /tokenize and /detokenize (Authorization: Bearer KEY); empty list "
+        "disables auth. Env: comma-separated."
+    ),
     "api_key_file": "File with more API keys, one per line (# comments allowed); keeps keys out of the command line.",
     "max_body_bytes": "Largest request body accepted; larger ones get 413.",
     "max_messages": "Most chat messages accepted in one request.",
     "max_prompt_tokens": "Most prompt tokens accepted in one request; 0 means the context length.",
     "max_tokens_limit": "Largest max_tokens a request may ask for; 0 means the context length.",
     "max_n": "Largest `n` (choices per request).",
-    "cors_allowed_origins": ("Origins browsers may call the API from (e.g. https://app.example.com), or \"*\" for any; "
-                             "empty sends no CORS headers. Env: comma-separated."),
-    "grammar_compile_timeout_s": ("Seconds a request waits for its JSON schema, grammar or tools to compile before a "
-                                  "400 (compiled grammars are cached)."),
-    "responses_store_size": ("Responses kept for previous_response_id and GET /v1/responses/{id} (the oldest go first);"
-                             " 0 stores none."),
+    "cors_allowed_origins": (
+        'Origins browsers may call the API from (e.g. https://app.example.com), or "*" for any; '
+        "empty sends no CORS headers. Env: comma-separated."
+    ),
+    "grammar_compile_timeout_s": (
+        "Seconds a request waits for its JSON schema, grammar or tools to compile before a "
+        "400 (compiled grammars are cached)."
+    ),
+    "responses_store_size": (
+        "Responses kept for previous_response_id and GET /v1/responses/{id} (the oldest go first); 0 stores none."
+    ),
     "responses_ttl_s": "Seconds a stored response is kept.",
     "device": "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs inferd built with nvcc).",
     "threads": "Compute threads; 0 means one per physical core.",
@@ -128,23 +140,30 @@ DOCS: dict[str, str] = {
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
-    "cpu_path": ("Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU "
-                 "runs. All paths give bit-identical results."),
+    "cpu_path": (
+        "Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU "
+        "runs. All paths give bit-identical results."
+    ),
     "cuda_device": "Index of the GPU to use with device = cuda.",
-    "cuda_weights": ("Weight format on the GPU: auto (the file's where a kernel reads it, else bf16), bf16, int8, int4 "
-                     "or q8_0."),
+    "cuda_weights": (
+        "Weight format on the GPU: auto (the file's where a kernel reads it, else bf16), bf16, int8, int4 or q8_0."
+    ),
     "cuda_kv": "KV cache format on the GPU: f16 or bf16.",
     "cuda_graphs": "Capture each decode step as a CUDA graph and replay it (off runs the same kernels eagerly).",
     "cuda_pdl": "Programmatic dependent launch between kernels of a captured graph.",
     "cuda_gemm": "Prefill matrix products on the GPU: cublas, or own (inferd's tensor-core kernel).",
-    "speculative": ("Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a "
-                    "request's `speculative` field overrides it."),
+    "speculative": (
+        "Prompt-lookup speculative decoding for every request (same output, faster on repetitive text); a "
+        "request's `speculative` field overrides it."
+    ),
     "request_timeout_s": "A request still unfinished after this many seconds fails with 504; 0 disables.",
     "sse_keepalive_s": "Seconds between `: ping` comments on a stream that is waiting for tokens.",
     "drain_timeout_s": "On SIGTERM, seconds to let running requests finish before closing them.",
-    "drain_delay_s": ("On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer "
-                      "takes the replica out before it stops listening (more than its check interval x fall count); 0 "
-                      "stops listening at once."),
+    "drain_delay_s": (
+        "On SIGTERM, seconds /health answers 503 while new requests are still served, so a load balancer "
+        "takes the replica out before it stops listening (more than its check interval x fall count); 0 "
+        "stops listening at once."
+    ),
     "measure_bandwidth": "Measure memory read bandwidth at start-up (for the bandwidth-utilisation metric).",
     "log_level": "Logging level: debug, info, warning, error or critical.",
     "log_requests": "Log one line per request (id, tokens in/out, cached, TTFT, tokens/s).",
@@ -170,8 +189,9 @@ def _is_bool(t: Any) -> bool:
 
 
 def _python_type(t: Any) -> type:
-    return {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float,
-            msgspec.inspect.BoolType: bool}.get(type(t), str)
+    return {msgspec.inspect.IntType: int, msgspec.inspect.FloatType: float, msgspec.inspect.BoolType: bool}.get(
+        type(t), str
+    )
 
 
 def _parse_text(name: str, text: str, source: str) -> Any:
@@ -205,7 +225,7 @@ def read_toml(path: str) -> dict[str, Any]:
         if key not in fields:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
     try:
-        msgspec.convert(data, Settings)   # types and ranges, with the file's name in the message
+        msgspec.convert(data, Settings)  # types and ranges, with the file's name in the message
     except (msgspec.ValidationError, ValueError) as e:
         raise ConfigError(f"config file {path}: {e}") from None
     return data
@@ -217,9 +237,9 @@ def read_env(env: Mapping[str, str]) -> dict[str, Any]:
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":
             continue
-        name = key[len(ENV_PREFIX):].lower()
+        name = key[len(ENV_PREFIX) :].lower()
         if name not in fields:
-            continue   # INFERD_CUDA (a build switch) and friends are not settings
+            continue  # INFERD_CUDA (a build switch) and friends are not settings
         out[name] = _parse_text(name, value, key)
     return out
 
@@ -228,8 +248,11 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
     """One option per setting (--max-batch-tokens ...), or per setting in `names`; unset options stay None so
     lower layers show."""
     defaults = Settings()
-    parser.add_argument("--config", metavar="PATH",
-                        help=f"TOML settings file (default: $INFERD_CONFIG, else {SYSTEM_CONFIG} if present)")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML settings file (default: $INFERD_CONFIG, else {SYSTEM_CONFIG} if present)",
+    )
     for name, t in field_types().items():
         if names is not None and name not in names:
             continue
@@ -238,8 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         shown = ",".join(default) if isinstance(default, list) else default
         help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
         if _is_bool(t):
-            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                                help=help_text)
+            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(*flags, dest=name, metavar=name.upper(), default=None, help=help_text)
 

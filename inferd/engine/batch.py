@@ -1,5 +1,6 @@
 """A step's sequences -> the flat arrays both engines take (tokens of every sequence one after another, prefill
 chunks and decode tokens mixed), with every input checked and named when wrong."""
+
 from __future__ import annotations
 
 import random
@@ -13,17 +14,25 @@ from inferd.engine.types import BLOCK_SIZE, GREEDY, SamplingParams, SeqInput
 
 @dataclass
 class FlatBatch:
-    tokens: np.ndarray          # (num_tokens,) int32
-    positions: np.ndarray       # (num_tokens,) int32
-    seq_of_token: np.ndarray    # (num_tokens,) int32
-    block_tables: np.ndarray    # (num_seqs, blocks of the longest) int32
-    out_rows: np.ndarray        # (num_out,) int32: token index of each logits row, ascending
-    sample_mask: np.ndarray     # (num_out,) int32: 1 where the row is sampled
-    rows_of_seq: list[tuple[int, int, int]]   # per sequence: (first out row, rows, first sampled row within)
+    tokens: np.ndarray  # (num_tokens,) int32
+    positions: np.ndarray  # (num_tokens,) int32
+    seq_of_token: np.ndarray  # (num_tokens,) int32
+    block_tables: np.ndarray  # (num_seqs, blocks of the longest) int32
+    out_rows: np.ndarray  # (num_out,) int32: token index of each logits row, ascending
+    sample_mask: np.ndarray  # (num_out,) int32: 1 where the row is sampled
+    rows_of_seq: list[tuple[int, int, int]]  # per sequence: (first out row, rows, first sampled row within)
 
 
-def flatten(seqs: Sequence[SeqInput], *, vocab_size: int, context_length: int, num_kv_blocks: int, max_seqs: int,
-            max_batch_tokens: int, max_logits_rows: int) -> FlatBatch:
+def flatten(
+    seqs: Sequence[SeqInput],
+    *,
+    vocab_size: int,
+    context_length: int,
+    num_kv_blocks: int,
+    max_seqs: int,
+    max_batch_tokens: int,
+    max_logits_rows: int,
+) -> FlatBatch:
     """Raises ValueError naming the sequence and the problem."""
     if len(seqs) > max_seqs:
         raise ValueError(f"{len(seqs)} sequences in one step; the engine takes at most {max_seqs}")
@@ -45,8 +54,9 @@ def flatten(seqs: Sequence[SeqInput], *, vocab_size: int, context_length: int, n
             raise ValueError(f"sequence {i}: token id {bad[0]} is outside the vocabulary of {vocab_size}")
         end = s.start_pos + n
         if s.start_pos < 0 or end > context_length:
-            raise ValueError(f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context "
-                             f"of {context_length}")
+            raise ValueError(
+                f"sequence {i}: positions {s.start_pos}..{end - 1} are outside the context of {context_length}"
+            )
         used = -(-end // BLOCK_SIZE)
         if len(s.block_table) < used:
             raise ValueError(f"sequence {i}: {len(s.block_table)} KV blocks cannot hold {end} positions")
@@ -73,9 +83,15 @@ def flatten(seqs: Sequence[SeqInput], *, vocab_size: int, context_length: int, n
     for i, s in enumerate(seqs):
         k = min(width, len(s.block_table))
         tables[i, :k] = s.block_table[:k]
-    return FlatBatch(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-                     np.asarray(seq_of_token, np.int32), tables, np.asarray(out_rows, np.int32),
-                     np.asarray(mask, np.int32), rows_of_seq)
+    return FlatBatch(
+        np.asarray(tokens, np.int32),
+        np.asarray(positions, np.int32),
+        np.asarray(seq_of_token, np.int32),
+        tables,
+        np.asarray(out_rows, np.int32),
+        np.asarray(mask, np.int32),
+        rows_of_seq,
+    )
 
 
 def kv_bytes_per_token(config) -> int:
@@ -88,8 +104,7 @@ class EngineShape:
 
     block_size = BLOCK_SIZE
 
-    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int, max_seqs: int,
-                 max_logits_rows: int | None):
+    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int, max_seqs: int, max_logits_rows: int | None):
         cfg = model.config
         self.model = model
         self.config = cfg
@@ -107,23 +122,31 @@ class EngineShape:
         return max(1, nbytes // (kv_bytes_per_token(config) * BLOCK_SIZE))
 
     def flatten(self, seqs: Sequence[SeqInput]) -> FlatBatch:
-        return flatten(seqs, vocab_size=self.vocab_size, context_length=self.context_length,
-                       num_kv_blocks=self.num_kv_blocks, max_seqs=self.max_seqs,
-                       max_batch_tokens=self.max_batch_tokens, max_logits_rows=self.max_logits_rows)
+        return flatten(
+            seqs,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            num_kv_blocks=self.num_kv_blocks,
+            max_seqs=self.max_seqs,
+            max_batch_tokens=self.max_batch_tokens,
+            max_logits_rows=self.max_logits_rows,
+        )
 
 
 @dataclass
 class SampledRow:
     """One logits row to sample, with what both engines' samplers need to know of it."""
-    row: int                    # index among the step's logits rows
+
+    row: int  # index among the step's logits rows
     seq: SeqInput
-    k: int                      # index of the row's token in seq.token_ids
+    k: int  # index of the row's token in seq.token_ids
     params: SamplingParams
-    seed: int                   # the request's seed, or one drawn for this step (unseeded greedy)
+    seed: int  # the request's seed, or one drawn for this step (unseeded greedy)
 
 
-def sampled_rows(seqs: Sequence[SeqInput], rows_of_seq: list[tuple[int, int, int]], vocab_size: int
-                 ) -> Iterator[SampledRow]:
+def sampled_rows(
+    seqs: Sequence[SeqInput], rows_of_seq: list[tuple[int, int, int]], vocab_size: int
+) -> Iterator[SampledRow]:
     """The sampled rows of a step in order (logits-only rows skipped); the loop both engines fill their
     sampler's records from. Raises ValueError for a logit_bias token outside the vocabulary."""
     for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
@@ -141,4 +164,4 @@ def penalty_history(s: SeqInput, k: int) -> list[int]:
     """The sequence as known when sampling after token_ids[k]: its history, plus the tokens of this step (draft
     tokens of speculative decoding) that the history does not hold yet."""
     known = s.start_pos + k + 1
-    return list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos):k + 1])
+    return list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos) : k + 1])

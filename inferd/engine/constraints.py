@@ -7,6 +7,7 @@ tool_choice "auto" start at a trigger token). Each of its choices gets its own m
 parallel with the GIL released) and says which row each sequence uses; after it, `advance` feeds the sampled
 token and reports whether the choice goes on, is complete (the grammar accepts and nothing can follow) or failed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ Matcher = SequenceMatcher | LazyMatcher
 @dataclass(frozen=True)
 class Constraint:
     grammar: CompiledGrammar
-    trigger_token: int | None = None      # set: lazy, unconstrained until this token is sampled
+    trigger_token: int | None = None  # set: lazy, unconstrained until this token is sampled
 
     def new_matcher(self) -> Matcher:
         if self.trigger_token is not None:
@@ -38,8 +39,8 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Advance:
-    ok: bool                  # the token was allowed
-    done: bool                # the grammar is complete: end the choice here ("stop")
+    ok: bool  # the token was allowed
+    done: bool  # the grammar is complete: end the choice here ("stop")
     error: str | None = None  # why the matcher failed (a token outside the grammar, a limit)
 
 

@@ -12,6 +12,7 @@ of 32, Q4_0's rule). The KV cache is f16 (as the CPU engine's) or bf16.
 Settings (inferd/config.py): cuda_weights (auto|bf16|int8|int4|q8_0), cuda_kv (f16|bf16), cuda_graphs, cuda_pdl,
 cuda_gemm (cublas|own: our mma kernel instead of cuBLAS), cuda_device; engine/device.py passes them in.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,8 +47,10 @@ def _cuda():
     try:
         from inferd import _cuda
     except ImportError as e:
-        raise RuntimeError("inferd was built without its CUDA backend (inferd._cuda is missing: build with nvcc "
-                           "on PATH, or INFERD_CUDA=1 to make that an error)") from e
+        raise RuntimeError(
+            "inferd was built without its CUDA backend (inferd._cuda is missing: build with nvcc "
+            "on PATH, or INFERD_CUDA=1 to make that an error)"
+        ) from e
     return _cuda
 
 
@@ -69,20 +72,38 @@ def _vector(t) -> np.ndarray:
 
 
 class CudaEngine(EngineShape):
-
-    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
-                 threads: int | None = None, max_logits_rows: int | None = None, weight_dtype: str = "auto",
-                 kv_dtype: str = "f16", device: int = 0, use_graphs: bool = True, use_pdl: bool = True,
-                 gemm: str = "cublas"):
+    def __init__(
+        self,
+        model,
+        *,
+        num_kv_blocks: int,
+        max_batch_tokens: int = 512,
+        max_seqs: int = 64,
+        threads: int | None = None,
+        max_logits_rows: int | None = None,
+        weight_dtype: str = "auto",
+        kv_dtype: str = "f16",
+        device: int = 0,
+        use_graphs: bool = True,
+        use_pdl: bool = True,
+        gemm: str = "cublas",
+    ):
         if model.config.switches():
-            raise ValueError(f"the CUDA backend does not run {model.config.arch} models yet (they need "
-                             f"{', '.join(model.config.switches())}); use --device cpu")
+            raise ValueError(
+                f"the CUDA backend does not run {model.config.arch} models yet (they need "
+                f"{', '.join(model.config.switches())}); use --device cpu"
+            )
         cu = _cuda()
         if cu.device_count() == 0:
             raise RuntimeError("no CUDA device is visible")
         self._cu = cu
-        super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
-                         max_logits_rows=max_logits_rows)
+        super().__init__(
+            model,
+            num_kv_blocks=num_kv_blocks,
+            max_batch_tokens=max_batch_tokens,
+            max_seqs=max_seqs,
+            max_logits_rows=max_logits_rows,
+        )
         cfg = model.config
         self.threads = threads or 1
         self.weight_dtype = weight_dtype.lower()
@@ -98,13 +119,21 @@ class CudaEngine(EngineShape):
         graphs, pdl = use_graphs, use_pdl
         gemm_kind = 1 if gemm == "own" else 0
         self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
-        model_config = engine_config(cfg)   # the CPU engine's, and its RoPE frequencies (rope.c) below
+        model_config = engine_config(cfg)  # the CPU engine's, and its RoPE frequencies (rope.c) below
         config = {
-            **model_config, "qkv_bias": int(cfg.qkv_bias), "norm_eps": float(cfg.norm_eps),
+            **model_config,
+            "qkv_bias": int(cfg.qkv_bias),
+            "norm_eps": float(cfg.norm_eps),
             "tie_embeddings": int(cfg.tie_embeddings or "output.weight" not in model.tensors),
-            "kv_dtype": cu.KV_F16 if kv == "f16" else cu.KV_BF16, "num_kv_blocks": num_kv_blocks,
-            "max_batch_tokens": max_batch_tokens, "max_seqs": max_seqs, "max_logits_rows": self.max_logits_rows,
-            "max_adj": self.max_adj, "use_graphs": int(graphs), "use_pdl": int(pdl), "gemm_kind": gemm_kind,
+            "kv_dtype": cu.KV_F16 if kv == "f16" else cu.KV_BF16,
+            "num_kv_blocks": num_kv_blocks,
+            "max_batch_tokens": max_batch_tokens,
+            "max_seqs": max_seqs,
+            "max_logits_rows": self.max_logits_rows,
+            "max_adj": self.max_adj,
+            "use_graphs": int(graphs),
+            "use_pdl": int(pdl),
+            "gemm_kind": gemm_kind,
         }
         self._m = cu.Model(config, rope_frequencies(model_config))
         self._load(_with_cuda_types(model))
@@ -175,10 +204,13 @@ class CudaEngine(EngineShape):
         params, adj_offset, adj, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
         want_logits = need_logits or any(s.want_logits for s in seqs)
         out_tok, out_lp, logits, used_graph = self._m.step(
-            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, params, adj_offset, adj, want_logits)
+            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, params, adj_offset, adj, want_logits
+        )
         self.last_step_used_graph = used_graph
-        return [self._output(s, first, count, first_sampled, out_tok, out_lp, logits)
-                for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)]
+        return [
+            self._output(s, first, count, first_sampled, out_tok, out_lp, logits)
+            for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)
+        ]
 
     def _sampling_arrays(self, seqs, rows_of_seq, positions, out_rows):
         cu = self._cu
@@ -206,8 +238,8 @@ class CudaEngine(EngineShape):
             for r in range(first, first + count):
                 adj_offset[r + 1] = n_adj
                 if r < first + first_sampled:
-                    continue                      # a logits-only row: greedy, nothing to adjust
-                k = n - (first + count - r)       # index of this row's token in token_ids
+                    continue  # a logits-only row: greedy, nothing to adjust
+                k = n - (first + count - r)  # index of this row's token in token_ids
                 p = params[r]
                 p["temperature"] = sp.temperature
                 p["top_p"] = sp.top_p
@@ -235,7 +267,7 @@ class CudaEngine(EngineShape):
             hist = np.asarray(penalty_history(s, k), np.int64)
             hist = hist[(hist >= 0) & (hist < self.vocab_size)]
             hist_ids = np.unique(hist)
-            out = hist[s.num_prompt:] if s.num_prompt < len(hist) else hist[:0]
+            out = hist[s.num_prompt :] if s.num_prompt < len(hist) else hist[:0]
             out_ids, out_counts = np.unique(out, return_counts=True)
         if bias_ids is None and hist_ids is None:
             return None
@@ -244,12 +276,12 @@ class CudaEngine(EngineShape):
         e["token"] = ids
         if bias_ids is not None:
             b = np.zeros(len(ids), np.float32)
-            np.add.at(b, np.searchsorted(ids, bias_ids), bias_vals)   # a repeated id adds up, as on the CPU
+            np.add.at(b, np.searchsorted(ids, bias_ids), bias_vals)  # a repeated id adds up, as on the CPU
             e["bias"] = b
         if hist_ids is not None:
             flags = np.isin(ids, hist_ids).astype(np.int32)
             cnt = np.zeros(len(ids), np.int32)
-            assert out_ids is not None and out_counts is not None   # made with hist_ids
+            assert out_ids is not None and out_counts is not None  # made with hist_ids
             cnt[np.searchsorted(ids, out_ids)] = out_counts
             e["flags"] = flags | (cnt << 1)
         return e
@@ -265,7 +297,7 @@ class CudaEngine(EngineShape):
             k = min(sp.logprobs, MAX_LOGPROBS)
             out.top_logprobs = [_top_logprobs(logits[r], k) if k > 0 else [] for r in rows]
         if s.want_logits:
-            out.logits = logits[first:first + count].copy()
+            out.logits = logits[first : first + count].copy()
         return out
 
 

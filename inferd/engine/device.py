@@ -2,6 +2,7 @@
 kernel and GPU settings configure it. Both classes take the same sizing arguments (num_kv_blocks=,
 max_batch_tokens=, max_seqs=, threads=, max_logits_rows=) and have the same step() contract.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,16 +19,20 @@ def check_cuda() -> None:
     try:
         from inferd import _cuda
     except ImportError as e:
-        raise DeviceError(f"--device cuda: inferd was built without its CUDA backend (inferd._cuda cannot be "
-                          f"imported: {e}); rebuild with nvcc on PATH (INFERD_CUDA=1 makes its absence a build "
-                          f"error), or use --device cpu") from None
+        raise DeviceError(
+            f"--device cuda: inferd was built without its CUDA backend (inferd._cuda cannot be "
+            f"imported: {e}); rebuild with nvcc on PATH (INFERD_CUDA=1 makes its absence a build "
+            f"error), or use --device cpu"
+        ) from None
     try:
         count = _cuda.device_count()
-    except Exception as e:   # no driver, a driver older than the toolkit, ...: the runtime says which
+    except Exception as e:  # no driver, a driver older than the toolkit, ...: the runtime says which
         raise DeviceError(f"--device cuda: the CUDA runtime cannot be used: {e}") from None
     if count <= 0:
-        raise DeviceError("--device cuda: no CUDA device is visible (no NVIDIA GPU, or CUDA_VISIBLE_DEVICES hides "
-                          "them); use --device cpu")
+        raise DeviceError(
+            "--device cuda: no CUDA device is visible (no NVIDIA GPU, or CUDA_VISIBLE_DEVICES hides "
+            "them); use --device cpu"
+        )
 
 
 def check_device(device: str) -> None:
@@ -42,30 +47,53 @@ def engine_class(device: str):
     check_device(device)
     if device == "cuda":
         from inferd.engine.cuda_engine import CudaEngine
+
         return CudaEngine
     from inferd.engine.engine import Engine
+
     return Engine
 
 
-def build_engine(model: Any, settings: Settings, *, num_kv_blocks: int | None = None, max_seqs: int | None = None,
-                 max_batch_tokens: int | None = None, max_logits_rows: int | None = None):
+def build_engine(
+    model: Any,
+    settings: Settings,
+    *,
+    num_kv_blocks: int | None = None,
+    max_seqs: int | None = None,
+    max_batch_tokens: int | None = None,
+    max_logits_rows: int | None = None,
+):
     """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones."""
     engine_cls = engine_class(settings.device)
     if num_kv_blocks is None:
-        num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(model.config,
-                                                                                 settings.kv_cache_mib << 20)
-    sizes = dict(num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens or settings.max_batch_tokens,
-                 max_seqs=max_seqs or settings.max_running, threads=settings.threads or None,
-                 max_logits_rows=max_logits_rows)
+        num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(
+            model.config, settings.kv_cache_mib << 20
+        )
+    sizes = dict(
+        num_kv_blocks=num_kv_blocks,
+        max_batch_tokens=max_batch_tokens or settings.max_batch_tokens,
+        max_seqs=max_seqs or settings.max_running,
+        threads=settings.threads or None,
+        max_logits_rows=max_logits_rows,
+    )
     if settings.device == "cuda":
-        return engine_cls(model, **sizes, weight_dtype=settings.cuda_weights, kv_dtype=settings.cuda_kv,
-                          device=settings.cuda_device, use_graphs=settings.cuda_graphs, use_pdl=settings.cuda_pdl,
-                          gemm=settings.cuda_gemm)
+        return engine_cls(
+            model,
+            **sizes,
+            weight_dtype=settings.cuda_weights,
+            kv_dtype=settings.cuda_kv,
+            device=settings.cuda_device,
+            use_graphs=settings.cuda_graphs,
+            use_pdl=settings.cuda_pdl,
+            gemm=settings.cuda_gemm,
+        )
     if settings.cpu_path:
         from inferd import _cpu
+
         _cpu.set_path(settings.cpu_path)
     from inferd.engine.load_progress import LoadProgress
-    progress = LoadProgress()   # a bar on a terminal and a summary line, for loads over a second
+
+    progress = LoadProgress()  # a bar on a terminal and a summary line, for loads over a second
     engine = engine_cls(model, **sizes, progress=progress)
     progress.finish()
     return engine

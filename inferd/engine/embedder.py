@@ -1,6 +1,7 @@
 """Embedder: an embedding model in memory and the encoder that runs it. tokenize() turns texts into token ids
 (prompts, limits, truncation), embed() turns many token-id sequences into vectors, packing them into as few
 encoder calls as the batch limits allow (one nogil C call each: all layers, pooling, Dense, normalization)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,8 +15,9 @@ from ..model.embedding import EmbeddingModel
 class InputTooLong(ValueError):
     def __init__(self, index: int, length: int, limit: int):
         self.index, self.length, self.limit = index, length, limit
-        super().__init__(f"input {index} has {length} tokens, more than the model's maximum of {limit}; "
-                         "shorten it or set truncate")
+        super().__init__(
+            f"input {index} has {length} tokens, more than the model's maximum of {limit}; shorten it or set truncate"
+        )
 
 
 class Embedder:
@@ -70,7 +72,7 @@ class Embedder:
             if len(ids) > self.max_seq_length:
                 if not truncate:
                     raise InputTooLong(i, len(ids), self.max_seq_length)
-                ids = ids[:self.max_seq_length]
+                ids = ids[: self.max_seq_length]
             out.append(list(ids))
         return out
 

@@ -8,6 +8,7 @@ steps without holding the others back for more than a step. A request finishes w
 vector; an aborted one (the client went away) is dropped before its next input is encoded. Everything here runs
 on one thread except submit() and abort(), which only append to or flag what that thread reads under a lock.
 """
+
 from __future__ import annotations
 
 import threading
@@ -36,13 +37,13 @@ class Encoder(Protocol):
 class EmbeddingJob:
     rid: str
     inputs: list[list[int]]
-    on_done: Callable[[EmbeddingJob], None]   # called on the queue's thread once: vectors set, or error
+    on_done: Callable[[EmbeddingJob], None]  # called on the queue's thread once: vectors set, or error
     arrival: float = field(default_factory=time.monotonic)
     vectors: np.ndarray | None = None
-    next_input: int = 0                          # inputs handed to steps so far
+    next_input: int = 0  # inputs handed to steps so far
     error: str | None = None
     aborted: bool = False
-    first_step: float | None = None              # when its first input was encoded (queue time ends)
+    first_step: float | None = None  # when its first input was encoded (queue time ends)
 
     @property
     def num_tokens(self) -> int:
@@ -50,12 +51,13 @@ class EmbeddingJob:
 
 
 class EmbeddingQueue:
-    def __init__(self, encoder: Encoder, max_waiting: int = 1024,
-                 observer: Callable[[EmbeddingJob, str], None] | None = None):
+    def __init__(
+        self, encoder: Encoder, max_waiting: int = 1024, observer: Callable[[EmbeddingJob, str], None] | None = None
+    ):
         self.encoder = encoder
         self.max_waiting = max_waiting
-        self.observer = observer                 # metrics: (job, "finished" | "aborted" | "failed")
-        self.wake: Callable[[], None] | None = None   # the thread that runs step(), when it is not an EmbeddingWorker
+        self.observer = observer  # metrics: (job, "finished" | "aborted" | "failed")
+        self.wake: Callable[[], None] | None = None  # the thread that runs step(), when it is not an EmbeddingWorker
         self.jobs: deque[EmbeddingJob] = deque()
         self.lock = threading.Lock()
         self.wakeup = threading.Condition(self.lock)
@@ -72,14 +74,14 @@ class EmbeddingQueue:
             self.wake()
 
     def abort(self, job: EmbeddingJob) -> None:
-        job.aborted = True          # read by the queue's thread at its next step; a plain flag write
+        job.aborted = True  # read by the queue's thread at its next step; a plain flag write
 
     def has_work(self) -> bool:
         return bool(self.jobs)
 
     def step(self) -> int:
         """One encoder call over the next inputs; returns how many inputs it encoded (0: nothing to do)."""
-        picked: list[tuple[EmbeddingJob, int, int]] = []     # (job, first input, end)
+        picked: list[tuple[EmbeddingJob, int, int]] = []  # (job, first input, end)
         seqs: list[list[int]] = []
         tokens = 0
         with self.lock:
@@ -100,7 +102,7 @@ class EmbeddingQueue:
                     picked.append((job, lo, hi))
                     job.next_input = hi
                 if hi < len(job.inputs):
-                    break                    # the batch is full
+                    break  # the batch is full
         if not seqs:
             return 0
         now = time.monotonic()
@@ -119,8 +121,8 @@ class EmbeddingQueue:
         with self.lock:
             for job, lo, hi in picked:
                 job.first_step = job.first_step or now
-                assert job.vectors is not None           # allocated by submit()
-                job.vectors[lo:hi] = vectors[row:row + hi - lo]
+                assert job.vectors is not None  # allocated by submit()
+                job.vectors[lo:hi] = vectors[row : row + hi - lo]
                 row += hi - lo
                 if hi == len(job.inputs) and job in self.jobs:
                     self.jobs.remove(job)
@@ -175,7 +177,7 @@ class EmbeddingWorker:
                 self.queue.step()
                 if self.watchdog is not None:
                     self.watchdog()
-        except BaseException as e:     # keep /health honest: a dead worker is reported, not hidden
+        except BaseException as e:  # keep /health honest: a dead worker is reported, not hidden
             self.dead = e
             self.queue.fail_all(f"the embedding worker stopped: {e!r}")
             raise

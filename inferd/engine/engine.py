@@ -1,5 +1,6 @@
 """Engine: the model's one owner. Turns a list of per-sequence inputs into the flat batch the C forward pass
 takes, runs it (one nogil call: every layer, logits, sampling) and hands back sampled tokens."""
+
 from __future__ import annotations
 
 import os
@@ -40,14 +41,28 @@ def physical_cores() -> int:
 
 
 class Engine(EngineShape):
-    supports_token_masks = True    # SeqInput.allowed: the C sampler applies a grammar's mask
+    supports_token_masks = True  # SeqInput.allowed: the C sampler applies a grammar's mask
 
-    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int = 512, max_seqs: int = 64,
-                 threads: int | None = None, max_logits_rows: int | None = None, progress=None):
-        super().__init__(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
-                         max_logits_rows=max_logits_rows)
+    def __init__(
+        self,
+        model,
+        *,
+        num_kv_blocks: int,
+        max_batch_tokens: int = 512,
+        max_seqs: int = 64,
+        threads: int | None = None,
+        max_logits_rows: int | None = None,
+        progress=None,
+    ):
+        super().__init__(
+            model,
+            num_kv_blocks=num_kv_blocks,
+            max_batch_tokens=max_batch_tokens,
+            max_seqs=max_seqs,
+            max_logits_rows=max_logits_rows,
+        )
         self.threads = threads or physical_cores()
-        self._model = build_cpu_model(model, self.threads, progress)   # progress: see weights.build_cpu_model
+        self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
         self._ctx = _cpu.Context(self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads)
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
@@ -57,13 +72,26 @@ class Engine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
-        params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq,
-                                                                              len(b.out_rows))
+        params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
         samples, logits, hidden = self._ctx.forward(
-            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, b.sample_mask, params, history,
-            bias_ids, bias_values, any(s.want_logits for s in seqs), want_hidden, token_masks=masks)
-        outputs = [self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
-                   for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)]
+            b.tokens,
+            b.positions,
+            b.seq_of_token,
+            b.block_tables,
+            b.out_rows,
+            b.sample_mask,
+            params,
+            history,
+            bias_ids,
+            bias_values,
+            any(s.want_logits for s in seqs),
+            want_hidden,
+            token_masks=masks,
+        )
+        outputs = [
+            self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
+            for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)
+        ]
         return (outputs, hidden) if want_hidden else outputs
 
     def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
@@ -72,13 +100,13 @@ class Engine(EngineShape):
         p = np.zeros(n_out, _cpu.SAMPLE_PARAMS_DTYPE)
         p["mask_row"] = -1
         masks: list[np.ndarray] = []
-        p["repetition_penalty"] = 1.0      # logits-only rows: greedy, nothing to adjust
+        p["repetition_penalty"] = 1.0  # logits-only rows: greedy, nothing to adjust
         p["top_p"] = 1.0
         p["num_logprobs"] = -1
         history: list[int] = []
         bias_ids: list[int] = []
         bias_values: list[float] = []
-        bias_of: dict[int, tuple[int, int]] = {}   # per sequence: its logit-bias entries' (offset, length)
+        bias_of: dict[int, tuple[int, int]] = {}  # per sequence: its logit-bias entries' (offset, length)
         for row in sampled_rows(seqs, rows_of_seq, self.vocab_size):
             sp = row.params
             if id(row.seq) not in bias_of:
@@ -103,8 +131,13 @@ class Engine(EngineShape):
                     raise ValueError("a grammar's mask applies to one sampled row (no drafts)")
                 rec["mask_row"] = len(masks)
                 masks.append(row.seq.allowed)
-        return (p, np.asarray(history, np.int32), np.asarray(bias_ids, np.int32),
-                np.asarray(bias_values, np.float32), np.stack(masks) if masks else None)
+        return (
+            p,
+            np.asarray(history, np.int32),
+            np.asarray(bias_ids, np.int32),
+            np.asarray(bias_values, np.float32),
+            np.stack(masks) if masks else None,
+        )
 
     @staticmethod
     def _output(s: SeqInput, first: int, count: int, first_sampled: int, samples, logits, vocab: int) -> SeqOutput:
@@ -115,9 +148,14 @@ class Engine(EngineShape):
         if sp is not None and sp.logprobs is not None:
             out.logprobs = [float(samples["logprob"][r]) for r in rows]
             # under a grammar, fewer tokens than asked for may be allowed: the sampler marks the rest with id -1
-            out.top_logprobs = [[(int(samples["top_ids"][r, j]), float(samples["top_logprobs"][r, j]))
-                                 for j in range(min(sp.logprobs, vocab)) if samples["top_ids"][r, j] >= 0]
-                                for r in rows]
+            out.top_logprobs = [
+                [
+                    (int(samples["top_ids"][r, j]), float(samples["top_logprobs"][r, j]))
+                    for j in range(min(sp.logprobs, vocab))
+                    if samples["top_ids"][r, j] >= 0
+                ]
+                for r in rows
+            ]
         if s.want_logits:
-            out.logits = logits[first:first + count]
+            out.logits = logits[first : first + count]
         return out

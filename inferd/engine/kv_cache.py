@@ -26,12 +26,12 @@ class NoFreeBlocks(Exception):
 @dataclass
 class KVStats:
     num_blocks: int
-    num_used: int          # referenced by at least one live sequence
-    num_free: int          # allocatable now (never used, or cached but unreferenced)
-    num_cached: int        # holding a registered prefix hash (used or not)
-    num_cached_free: int   # cached and unreferenced: hits still possible, evicted first-in first-out
-    prefix_queries: int    # prompt tokens looked up in the prefix cache since start
-    prefix_hits: int       # of which found cached
+    num_used: int  # referenced by at least one live sequence
+    num_free: int  # allocatable now (never used, or cached but unreferenced)
+    num_cached: int  # holding a registered prefix hash (used or not)
+    num_cached_free: int  # cached and unreferenced: hits still possible, evicted first-in first-out
+    prefix_queries: int  # prompt tokens looked up in the prefix cache since start
+    prefix_hits: int  # of which found cached
 
     @property
     def usage(self) -> float:
@@ -121,7 +121,7 @@ class KVCacheManager:
         parent: bytes | None = None
         bs = self.block_size
         for i in range(min(len(token_ids), max_cached_tokens) // bs):
-            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             block_id = self.hash_to_block.get(h)
             if block_id is None:
                 break
@@ -167,7 +167,7 @@ class KVCacheManager:
         num_full = min(num_computed, len(token_ids)) // bs
         parent = seq.block_hashes[-1] if seq.block_hashes else None
         for i in range(len(seq.block_hashes), num_full):
-            h = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             block_id = seq.block_table[i]
             if h not in self.hash_to_block:
                 self.hash_to_block[h] = block_id

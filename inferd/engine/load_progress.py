@@ -5,6 +5,7 @@ LoadProgress is the `progress(done_bytes, total_bytes)` callback of weights.buil
 On a terminal it draws a bar once the load has run for more than `after` seconds (a small model loads before the
 bar would be seen); in a log it writes nothing while loading. Either way, finish() writes one line with the
 weights' size and the time, for loads that took longer than `after`."""
+
 from __future__ import annotations
 
 import sys
@@ -29,8 +30,9 @@ class LoadProgress:
         if not self.tty or time.monotonic() - self.start < self.after:
             return
         filled = BAR_WIDTH * done // max(total, 1)
-        self.stream.write(f"\rloading {self.what} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
-                          f"{done / 1e9:.2f}/{total / 1e9:.2f} GB")
+        self.stream.write(
+            f"\rloading {self.what} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done / 1e9:.2f}/{total / 1e9:.2f} GB"
+        )
         self.stream.flush()
         self.drawn = True
 

@@ -45,16 +45,19 @@ class SideQueue(Protocol):
 
 class StepRunner(Protocol):
     """The engine as the loop uses it (Engine, CudaEngine, or a test's fake)."""
+
     weight_bytes: int
     kv_bytes_per_token: int
 
     def step(self, seqs: list[SeqInput]) -> list[SeqOutput]: ...
 
 
-def run_batch(engine: StepRunner, batch: ScheduledBatch,
-              before_step: Callable[[list[RequestState]], None] | None = None) -> list[SeqOutput | BaseException]:
+def run_batch(
+    engine: StepRunner, batch: ScheduledBatch, before_step: Callable[[list[RequestState]], None] | None = None
+) -> list[SeqOutput | BaseException]:
     """One engine step over the batch. If it raises, each sequence is rerun alone (rewriting the same K/V
     positions is harmless), so one bad sequence fails alone, not its neighbours."""
+
     def run(indices: list[int]) -> list[SeqOutput]:
         if before_step is not None:
             before_step([batch.seqs[i].state for i in indices])
@@ -79,9 +82,17 @@ def run_batch(engine: StepRunner, batch: ScheduledBatch,
 
 
 class EngineLoop:
-    def __init__(self, engine: StepRunner, scheduler: Scheduler, *, max_waiting: int = 256,
-                 observer: Observer | None = None, watchdog: Callable[[], None] | None = None,
-                 idle_wait_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        engine: StepRunner,
+        scheduler: Scheduler,
+        *,
+        max_waiting: int = 256,
+        observer: Observer | None = None,
+        watchdog: Callable[[], None] | None = None,
+        idle_wait_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.engine = engine
         self.scheduler = scheduler
         self.max_waiting = max_waiting
@@ -91,7 +102,7 @@ class EngineLoop:
         self.clock = clock
         # Test hook (fault injection): called with the states of a batch before Engine.step; may raise.
         self.before_step: Callable[[list[RequestState]], None] | None = None
-        self.dead: BaseException | None = None   # set if the loop itself crashed
+        self.dead: BaseException | None = None  # set if the loop itself crashed
         self.num_steps = 0
         # Prefill-only work of other models served beside this one (EmbeddingQueue): one step of each between
         # this engine's steps, on this thread, so the models take turns on the cores instead of fighting for them.
@@ -131,7 +142,7 @@ class EngineLoop:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self._thread is None or not self._thread.is_alive():   # nothing pushes any more
+        if self._thread is None or not self._thread.is_alive():  # nothing pushes any more
             for waker in list(self._wakers.values()):
                 waker.close()
 
@@ -168,8 +179,9 @@ class EngineLoop:
                 if self.watchdog is not None:
                     self.watchdog()
                 if self.admit_pending():
-                    self._finished(self.scheduler.abort_all(FinishReason.ABORT, "the server is shutting down",
-                                                            status=503))
+                    self._finished(
+                        self.scheduler.abort_all(FinishReason.ABORT, "the server is shutting down", status=503)
+                    )
                     return
                 self._finished(self.scheduler.expire_timeouts())
                 side = [q for q in self.side_queues if q.has_work()]
@@ -191,12 +203,23 @@ class EngineLoop:
                 for st in new:
                     self.scheduler.add(st)
                 self.scheduler.abort_all(FinishReason.ERROR, message, status=500)
-            except BaseException:   # the policy itself is what broke: tell each request directly
+            except BaseException:  # the policy itself is what broke: tell each request directly
                 log.exception("could not fail the requests through the scheduler")
                 for st in list(self.scheduler.requests.values()) + new:
                     if st.waker is not None and st.queue is not None and not st.finished:
-                        st.waker.push([(st.queue, RequestOutput(st.request.request_id, finish_reason=FinishReason.ERROR,
-                                                                error_status=500, error_message=message))])
+                        st.waker.push(
+                            [
+                                (
+                                    st.queue,
+                                    RequestOutput(
+                                        st.request.request_id,
+                                        finish_reason=FinishReason.ERROR,
+                                        error_status=500,
+                                        error_message=message,
+                                    ),
+                                )
+                            ]
+                        )
                 return
             self._flush()
 
@@ -248,7 +271,7 @@ class EngineLoop:
             if st.waker is not None and st.queue is not None:
                 by_waker.setdefault(st.waker, []).append((st.queue, out))
         for waker, items in by_waker.items():
-            if waker.loop.is_closed():        # nobody is listening any more; this thread is its only pusher
+            if waker.loop.is_closed():  # nobody is listening any more; this thread is its only pusher
                 waker.close()
                 if self._wakers.get(waker.loop) is waker:
                     del self._wakers[waker.loop]

@@ -22,26 +22,26 @@ if TYPE_CHECKING:
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"        # EOS, a stop token or a stop string; also a completed cache warm
-    LENGTH = "length"    # max_tokens or the context length
-    ABORT = "abort"      # client disconnected, or the server is shutting down
-    ERROR = "error"      # see RequestOutput.error_status / error_message
+    STOP = "stop"  # EOS, a stop token or a stop string; also a completed cache warm
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"  # client disconnected, or the server is shutting down
+    ERROR = "error"  # see RequestOutput.error_status / error_message
 
 
 @dataclass
 class Request:
     request_id: str
     prompt_ids: list[int]
-    params: SamplingParams | None = None   # None: greedy
+    params: SamplingParams | None = None  # None: greedy
     max_tokens: int = 16
-    stop: Sequence[str] = ()               # stop strings, never part of the returned text
-    stop_token_ids: frozenset[int] = frozenset()   # EOS ids (unless ignore_eos) and any extra stop ids
+    stop: Sequence[str] = ()  # stop strings, never part of the returned text
+    stop_token_ids: frozenset[int] = frozenset()  # EOS ids (unless ignore_eos) and any extra stop ids
     detokenize: bool = True
-    prompt_logprobs: int | None = None     # echo + logprobs: top-k of every prompt position (0: chosen only)
-    warm: bool = False                     # prefill the prompt's full blocks into the prefix cache, no output
+    prompt_logprobs: int | None = None  # echo + logprobs: top-k of every prompt position (0: chosen only)
+    warm: bool = False  # prefill the prompt's full blocks into the prefix cache, no output
     timeout_s: float | None = None
-    speculative: bool | None = None        # prompt-lookup speculative decoding; None: the server's setting
-    constraint: Any = None                 # engine.constraints.Constraint: a grammar every choice must follow
+    speculative: bool | None = None  # prompt-lookup speculative decoding; None: the server's setting
+    constraint: Any = None  # engine.constraints.Constraint: a grammar every choice must follow
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Usage:
 @dataclass
 class RequestOutput:
     """One step's worth of news about one request (a delta, except usage which is cumulative)."""
+
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -62,7 +63,7 @@ class RequestOutput:
     # (logprob of the prompt token, top-k [(token, logprob)]) for prompt positions 1.. (new ones only)
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     finish_reason: FinishReason | None = None
-    error_status: int | None = None        # HTTP status when finish_reason is ERROR
+    error_status: int | None = None  # HTTP status when finish_reason is ERROR
     error_message: str | None = None
     usage: Usage | None = None
 
@@ -75,22 +76,22 @@ class RequestState:
     waker: LoopWaker | None = None
     queue: asyncio.Queue[RequestOutput] | None = None
     status: RequestStatus = RequestStatus.WAITING
-    params: SamplingParams | None = None                   # the request's, with a seed drawn if it had none
-    token_ids: list[int] = field(default_factory=list)     # prompt + generated
+    params: SamplingParams | None = None  # the request's, with a seed drawn if it had none
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated
     num_prompt: int = 0
-    num_computed: int = 0                                  # positions whose K/V is in the cache
+    num_computed: int = 0  # positions whose K/V is in the cache
     output_ids: list[int] = field(default_factory=list)
-    text: TextState | None = None                          # when detokenizing
-    warm_target: int = 0                                   # warm requests: positions to get cached
-    num_cached_tokens: int | None = None                   # prefix-cache hit at first admission
+    text: TextState | None = None  # when detokenizing
+    warm_target: int = 0  # warm requests: positions to get cached
+    num_cached_tokens: int | None = None  # prefix-cache hit at first admission
     num_preemptions: int = 0
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     _prompt_logprobs_sent: int = 0
-    speculative: bool = False                              # resolved at admission (request, else server)
-    lookup: PromptLookup | None = None                     # prompt-lookup drafts over token_ids
+    speculative: bool = False  # resolved at admission (request, else server)
+    lookup: PromptLookup | None = None  # prompt-lookup drafts over token_ids
     gate: AcceptanceGate | None = None
-    matcher: Any = None                                    # constrained: the grammar's state (constraints.py)
-    mask: np.ndarray | None = None                         # constrained: the next token's allowed-token bits
+    matcher: Any = None  # constrained: the grammar's state (constraints.py)
+    mask: np.ndarray | None = None  # constrained: the next token's allowed-token bits
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -116,7 +117,7 @@ class RequestState:
     def take_prompt_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]] | None:
         if self.request.prompt_logprobs is None or self._prompt_logprobs_sent == len(self.prompt_logprobs):
             return None
-        new = self.prompt_logprobs[self._prompt_logprobs_sent:]
+        new = self.prompt_logprobs[self._prompt_logprobs_sent :]
         self._prompt_logprobs_sent = len(self.prompt_logprobs)
         return new
 
@@ -143,6 +144,7 @@ class TextState:
     def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str]):
         from inferd.text.chat import StopChecker
         from inferd.text.tokenizer import IncrementalDetokenizer
+
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.stops = StopChecker(list(stop)) if stop else None
 

@@ -1,6 +1,7 @@
 """The engine without the server: `inferd generate` (one request through the same scheduler as the server's,
 driven in the caller's thread) and `inferd perplexity` (one sequence owning KV blocks 0..n-1, prefilled in chunks
 of the engine's token budget, logits scored in numpy)."""
+
 from __future__ import annotations
 
 import math
@@ -45,13 +46,25 @@ class SteppableEngine(StepRunner, EngineSizes, Protocol):
     context_length: int
 
 
-def generate(engine: SteppableEngine, request: Request, *, tokenizer=None, speculative: bool = False,
-             stats: GenerationStats | None = None) -> Iterator[RequestOutput]:
+def generate(
+    engine: SteppableEngine,
+    request: Request,
+    *,
+    tokenizer=None,
+    speculative: bool = False,
+    stats: GenerationStats | None = None,
+) -> Iterator[RequestOutput]:
     """One request through the server's own scheduler, driven in this thread: schedule -> run -> postprocess
     until it finishes. Yields its outputs (token ids, and text when a tokenizer is given); raises ValueError
     if the request fails."""
-    scheduler = Scheduler(engine, max_model_len=engine.context_length, max_running=1, enable_prefix_caching=False,
-                          tokenizer=tokenizer, speculative=speculative)
+    scheduler = Scheduler(
+        engine,
+        max_model_len=engine.context_length,
+        max_running=1,
+        enable_prefix_caching=False,
+        tokenizer=tokenizer,
+        speculative=speculative,
+    )
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(request.prompt_ids)
     scheduler.add(RequestState(request, arrival_time=time.monotonic()))
@@ -95,8 +108,9 @@ def _token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return m[:, 0].astype(np.float64) + np.log(sums) - picked
 
 
-def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int | None = None,
-               progress=None) -> PerplexityResult:
+def perplexity(
+    engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int | None = None, progress=None
+) -> PerplexityResult:
     """llama.cpp's method: chunks of `ctx` tokens (the first replaced by BOS when the model adds one), each
     scored on its second half; PPL = exp(mean NLL), its error from the NLL's standard error."""
     n_chunks = len(tokens) // ctx
@@ -109,7 +123,7 @@ def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int
     nll = nll2 = 0.0
     count = 0
     for c in range(n_chunks):
-        chunk = list(tokens[c * ctx:(c + 1) * ctx])
+        chunk = list(tokens[c * ctx : (c + 1) * ctx])
         if bos_id is not None:
             chunk[0] = bos_id
         pos = 0
@@ -122,11 +136,11 @@ def perplexity(engine: SteppableEngine, tokens: list[int], ctx: int, bos_id: int
             if pos >= first and hi > lo:
                 logits = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0].logits
                 assert logits is not None
-                for r0 in range(lo, hi, 32):   # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
+                for r0 in range(lo, hi, 32):  # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
                     r1 = min(hi, r0 + 32)
-                    token_nll = _token_nll(logits[r0 - pos:r1 - pos], np.asarray(chunk[r0 + 1:r1 + 1]))
+                    token_nll = _token_nll(logits[r0 - pos : r1 - pos], np.asarray(chunk[r0 + 1 : r1 + 1]))
                     nll += float(token_nll.sum())
-                    nll2 += float((token_nll ** 2).sum())
+                    nll2 += float((token_nll**2).sum())
                 count += hi - lo
             else:
                 engine.step([SeqInput(part, pos, table, 0)])

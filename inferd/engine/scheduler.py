@@ -34,6 +34,7 @@ log = logging.getLogger("inferd.scheduler")
 
 class EngineSizes(Protocol):
     """What the policy needs to know of an engine: the sizes it was built for."""
+
     block_size: int
     num_kv_blocks: int
     max_batch_tokens: int
@@ -44,14 +45,15 @@ class EngineSizes(Protocol):
 @dataclass
 class ScheduledSeq:
     state: RequestState
-    num_new: int        # positions run this step, starting at state.num_computed (1 + len(draft) for a decode)
-    num_sampled: int    # 0 or 1, or 1 + len(draft)
-    draft: list[int] = field(default_factory=list)   # speculative tokens verified after the decode token
+    num_new: int  # positions run this step, starting at state.num_computed (1 + len(draft) for a decode)
+    num_sampled: int  # 0 or 1, or 1 + len(draft)
+    draft: list[int] = field(default_factory=list)  # speculative tokens verified after the decode token
 
 
 @dataclass
 class ScheduledBatch:
     """One step's work: `inputs[i]` is what the engine runs for `seqs[i]`."""
+
     seqs: list[ScheduledSeq]
     inputs: list[SeqInput]
 
@@ -67,23 +69,32 @@ class ScheduledBatch:
 @dataclass
 class StepStats:
     """What one step did; handed to the observer (metrics) from the scheduler thread."""
+
     duration_s: float = 0.0
     num_seqs: int = 0
-    num_prefill_tokens: int = 0      # prompt (or recomputed) positions run this step
-    num_decode_tokens: int = 0       # tokens generated this step (accepted drafts included)
-    bytes_read: int = 0              # weights once + K/V of every attended position
-    prompt_tokens_done: int = 0      # prompt lengths of requests whose prefill finished this step
-    num_draft_tokens: int = 0        # speculative tokens proposed and verified this step
-    num_accepted_tokens: int = 0     # of which the model agreed with
+    num_prefill_tokens: int = 0  # prompt (or recomputed) positions run this step
+    num_decode_tokens: int = 0  # tokens generated this step (accepted drafts included)
+    bytes_read: int = 0  # weights once + K/V of every attended position
+    prompt_tokens_done: int = 0  # prompt lengths of requests whose prefill finished this step
+    num_draft_tokens: int = 0  # speculative tokens proposed and verified this step
+    num_accepted_tokens: int = 0  # of which the model agreed with
     ttfts: list[float] = field(default_factory=list)
     itls: list[float] = field(default_factory=list)
     finished: list[RequestState] = field(default_factory=list)
 
 
 class Scheduler:
-    def __init__(self, engine: EngineSizes, *, max_model_len: int, max_running: int | None = None,
-                 enable_prefix_caching: bool = True, tokenizer=None, speculative: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        engine: EngineSizes,
+        *,
+        max_model_len: int,
+        max_running: int | None = None,
+        enable_prefix_caching: bool = True,
+        tokenizer=None,
+        speculative: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.block_size = engine.block_size
         self.kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
@@ -99,7 +110,7 @@ class Scheduler:
 
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        self.requests: dict[str, RequestState] = {}   # every unfinished request, by id
+        self.requests: dict[str, RequestState] = {}  # every unfinished request, by id
         self.num_preemptions = 0
         self._outputs: list[tuple[RequestState, RequestOutput]] = []
 
@@ -127,7 +138,7 @@ class Scheduler:
         st.token_ids = list(req.prompt_ids)
         st.num_prompt = len(req.prompt_ids)
         st.speculative = (self.speculative if req.speculative is None else req.speculative) and not req.warm
-        if req.constraint is not None:   # drafts are not checked against the grammar: constrained does not draft
+        if req.constraint is not None:  # drafts are not checked against the grammar: constrained does not draft
             st.speculative = False
             st.matcher = req.constraint.new_matcher()
             st.mask = req.constraint.new_mask()
@@ -146,8 +157,10 @@ class Scheduler:
             return "the prompt is empty"
         total = len(req.prompt_ids) + (0 if req.warm else req.max_tokens)
         if total > self.max_model_len:
-            return (f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                    f"needs {len(req.prompt_ids)} prompt tokens + {req.max_tokens} max tokens = {total}")
+            return (
+                f"this model's maximum context length is {self.max_model_len} tokens; the request "
+                f"needs {len(req.prompt_ids)} prompt tokens + {req.max_tokens} max tokens = {total}"
+            )
         return None
 
     def abort(self, request_id: str) -> RequestState | None:
@@ -159,8 +172,11 @@ class Scheduler:
 
     def expire_timeouts(self) -> list[RequestState]:
         now = self.clock()
-        expired = [st for st in list(self.running) + list(self.waiting)
-                   if st.request.timeout_s is not None and now - st.arrival_time > st.request.timeout_s]
+        expired = [
+            st
+            for st in list(self.running) + list(self.waiting)
+            if st.request.timeout_s is not None and now - st.arrival_time > st.request.timeout_s
+        ]
         for st in expired:
             self._finish(st, FinishReason.ERROR, f"request timed out after {st.request.timeout_s:g} s", status=504)
         return expired
@@ -204,13 +220,12 @@ class Scheduler:
                 rows_left -= self._rows(s)
 
         # Then waiting ones, strictly in arrival order, only if nothing had to be preempted (no room).
-        while (self.waiting and budget > 0 and rows_left > 0 and not preempted
-               and len(self.running) < self.max_running):
+        while self.waiting and budget > 0 and rows_left > 0 and not preempted and len(self.running) < self.max_running:
             st = self.waiting[0]
             if not self.kv.has_seq(st.key):
                 self._match_prefix(st)
             remaining = st.target_len - st.num_computed
-            if remaining <= 0:   # a cache warm whose blocks were all cached already
+            if remaining <= 0:  # a cache warm whose blocks were all cached already
                 self._finish(st, FinishReason.STOP)
                 continue
             n = self._chunk(st, min(remaining, budget), rows_left)
@@ -242,8 +257,7 @@ class Scheduler:
         if self._wants_logits(st):
             return []
         req = st.request
-        room = min(req.max_tokens - len(st.output_ids), self.max_model_len - len(st.token_ids),
-                   budget, rows_left) - 1
+        room = min(req.max_tokens - len(st.output_ids), self.max_model_len - len(st.token_ids), budget, rows_left) - 1
         spare = max(0, self.kv.num_free_blocks - len(self.running))
         capacity = (len(self.kv.block_table(st.key)) + spare) * self.block_size
         room = min(room, capacity - (st.num_computed + 1))
@@ -252,7 +266,7 @@ class Scheduler:
         if st.lookup is None or st.gate is None:
             st.lookup = PromptLookup()
             st.gate = AcceptanceGate()
-        st.lookup.extend(st.token_ids[len(st.lookup.tokens):])   # generated since the last look
+        st.lookup.extend(st.token_ids[len(st.lookup.tokens) :])  # generated since the last look
         if not st.gate.allow():
             return []
         return st.lookup.propose()[:room]
@@ -275,7 +289,7 @@ class Scheduler:
         if st.request.warm:
             cap = st.target_len
         elif self._wants_logits(st):
-            cap = 0   # prompt logprobs need the logits of every prompt position: nothing may be skipped
+            cap = 0  # prompt logprobs need the logits of every prompt position: nothing may be skipped
         else:
             cap = len(st.token_ids) - 1
         st.num_computed = self.kv.match_prefix(st.key, st.token_ids, cap)
@@ -289,9 +303,10 @@ class Scheduler:
                 continue
             victim = next((v for v in reversed(self.running) if id(v) not in in_batch), None)
             if victim is None or victim is st:
-                if len(self.running) == 1 and not in_batch:   # alone and still no room: never will be
-                    self._finish(st, FinishReason.ERROR, "the request needs more KV cache than the server has",
-                                 status=400)
+                if len(self.running) == 1 and not in_batch:  # alone and still no room: never will be
+                    self._finish(
+                        st, FinishReason.ERROR, "the request needs more KV cache than the server has", status=400
+                    )
                 else:
                     self._preempt(st)
                 return False
@@ -321,7 +336,7 @@ class Scheduler:
             st.status = RequestStatus.PREEMPTED
         else:
             st.status = RequestStatus.WAITING
-            st.prompt_logprobs.clear()   # collected again, from position 1, by the recompute
+            st.prompt_logprobs.clear()  # collected again, from position 1, by the recompute
         st.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(st)
@@ -329,16 +344,24 @@ class Scheduler:
     def _seq_input(self, s: ScheduledSeq) -> SeqInput:
         st = s.state
         start = st.num_computed
-        token_ids = st.token_ids[start:start + s.num_new]
+        token_ids = st.token_ids[start : start + s.num_new]
         history = st.token_ids
-        if s.draft:   # the decode token, then the drafts; the history as it would be if all were accepted
+        if s.draft:  # the decode token, then the drafts; the history as it would be if all were accepted
             token_ids = token_ids + s.draft
             history = st.token_ids + s.draft
         # the grammar's mask for the token this step samples (from the matcher as of the last sampled token)
         allowed = st.mask if st.matcher is not None and s.num_sampled and st.matcher.fill_mask(st.mask) else None
-        return SeqInput(token_ids=token_ids, start_pos=start, block_table=list(self.kv.block_table(st.key)),
-                        num_sampled=s.num_sampled, params=st.params, history=history, num_prompt=st.num_prompt,
-                        want_logits=self._wants_logits(st), allowed=allowed)
+        return SeqInput(
+            token_ids=token_ids,
+            start_pos=start,
+            block_table=list(self.kv.block_table(st.key)),
+            num_sampled=s.num_sampled,
+            params=st.params,
+            history=history,
+            num_prompt=st.num_prompt,
+            want_logits=self._wants_logits(st),
+            allowed=allowed,
+        )
 
     # ---- postprocess --------------------------------------------------------------------------------------
 
@@ -350,7 +373,7 @@ class Scheduler:
         now = self.clock()
         for s, out in zip(batch.seqs, outputs):
             st = s.state
-            if st.status is RequestStatus.FINISHED:   # aborted meanwhile
+            if st.status is RequestStatus.FINISHED:  # aborted meanwhile
                 continue
             if isinstance(out, BaseException):
                 log.error("engine failed request %s: %r", st.request.request_id, out)
@@ -390,7 +413,7 @@ class Scheduler:
                 stats.prompt_tokens_done += st.num_prompt
             if s.num_sampled == 0:
                 if st.request.max_tokens == 0 and st.num_computed >= len(st.token_ids):
-                    self._finish(st, FinishReason.LENGTH)   # scoring a prompt (echo) without generating
+                    self._finish(st, FinishReason.LENGTH)  # scoring a prompt (echo) without generating
                     stats.finished.append(st)
                 continue
             if st.first_token_time is None:
@@ -431,33 +454,45 @@ class Scheduler:
                 text += delta
                 if hit_stop:
                     reason = FinishReason.STOP
-            if reason is None and grammar_done:   # the grammar is complete: nothing more may follow
+            if reason is None and grammar_done:  # the grammar is complete: nothing more may follow
                 reason = FinishReason.STOP
-            if reason is None and (len(st.output_ids) >= req.max_tokens
-                                   or len(st.token_ids) >= self.max_model_len):
+            if reason is None and (len(st.output_ids) >= req.max_tokens or len(st.token_ids) >= self.max_model_len):
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break
         if grammar_error is not None:
-            if st.matcher.accepts_eos():    # what was written is complete: end there
+            if st.matcher.accepts_eos():  # what was written is complete: end there
                 reason = FinishReason.STOP
             else:
                 if st.text is not None:
                     text += st.text.flush()
-                self._outputs.append((st, RequestOutput(request_id=req.request_id, token_ids=new_ids, text=text,
-                                                        usage=st.usage())))
+                self._outputs.append(
+                    (st, RequestOutput(request_id=req.request_id, token_ids=new_ids, text=text, usage=st.usage()))
+                )
                 self._finish(st, FinishReason.ERROR, f"the output could not follow its grammar: {grammar_error}")
                 return True
         n = len(new_ids)
         logprobs = list(out.logprobs[:n]) if st.params is not None and st.params.logprobs is not None else None
         top = list(out.top_logprobs[:n]) if logprobs is not None and out.top_logprobs else None
         if reason is not None and reason != FinishReason.STOP and st.text is not None:
-            text += st.text.flush()   # release text held back for a stop string that never came
-        if reason is not None:   # free the blocks before the client can see the end of its request
+            text += st.text.flush()  # release text held back for a stop string that never came
+        if reason is not None:  # free the blocks before the client can see the end of its request
             self._finish(st, reason, deliver=False)
-        self._outputs.append((st, RequestOutput(
-            request_id=req.request_id, token_ids=new_ids, text=text, logprobs=logprobs, top_logprobs=top,
-            finish_reason=reason, prompt_logprobs=st.take_prompt_logprobs(), usage=st.usage())))
+        self._outputs.append(
+            (
+                st,
+                RequestOutput(
+                    request_id=req.request_id,
+                    token_ids=new_ids,
+                    text=text,
+                    logprobs=logprobs,
+                    top_logprobs=top,
+                    finish_reason=reason,
+                    prompt_logprobs=st.take_prompt_logprobs(),
+                    usage=st.usage(),
+                ),
+            )
+        )
         return reason is not None
 
     def _collect_prompt_logprobs(self, st: RequestState, s: ScheduledSeq, logits: np.ndarray | None) -> None:
@@ -468,13 +503,20 @@ class Scheduler:
         # row i predicts position start + i + 1; only rows that predict a prompt token matter here
         rows = min(s.num_new, st.num_prompt - 1 - start)
         if rows > 0:
-            targets = st.token_ids[start + 1:start + 1 + rows]
+            targets = st.token_ids[start + 1 : start + 1 + rows]
             st.prompt_logprobs.extend(log_softmax_top(logits[:rows], targets, k))
 
     # ---- finishing ---------------------------------------------------------------------------------------
 
-    def _finish(self, st: RequestState, reason: FinishReason, message: str | None = None, *,
-                status: int = 500, deliver: bool = True) -> None:
+    def _finish(
+        self,
+        st: RequestState,
+        reason: FinishReason,
+        message: str | None = None,
+        *,
+        status: int = 500,
+        deliver: bool = True,
+    ) -> None:
         if st.status is RequestStatus.FINISHED:
             return
         if st in self.running:
@@ -488,7 +530,17 @@ class Scheduler:
         self.requests.pop(st.request.request_id, None)
         if deliver:
             text = st.text.flush() if st.text is not None and reason == FinishReason.LENGTH else ""
-            self._outputs.append((st, RequestOutput(
-                request_id=st.request.request_id, text=text, finish_reason=reason,
-                error_message=message, error_status=status if reason == FinishReason.ERROR else None,
-                prompt_logprobs=st.take_prompt_logprobs(), usage=st.usage())))
+            self._outputs.append(
+                (
+                    st,
+                    RequestOutput(
+                        request_id=st.request.request_id,
+                        text=text,
+                        finish_reason=reason,
+                        error_message=message,
+                        error_status=status if reason == FinishReason.ERROR else None,
+                        prompt_logprobs=st.take_prompt_logprobs(),
+                        usage=st.usage(),
+                    ),
+                )
+            )

@@ -12,6 +12,7 @@ The gate stops drafting where it does not pay: when fewer than 30% of the drafte
 were accepted, speculation pauses, for 10 steps the first time and twice as long each time after (at most 80),
 until an attempt window is good again.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -31,10 +32,10 @@ class PromptLookup:
     def extend(self, tokens: Sequence[int]) -> None:
         for token in tokens:
             self.tokens.append(token)
-            end = len(self.tokens) - 2             # n-grams ending here now have a token after them
+            end = len(self.tokens) - 2  # n-grams ending here now have a token after them
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if end - n + 1 >= 0:
-                    self.index[tuple(self.tokens[end - n + 1:end + 1])] = end - n + 1
+                    self.index[tuple(self.tokens[end - n + 1 : end + 1])] = end - n + 1
 
     def propose(self) -> list[int]:
         """Tokens that followed the latest earlier match of the last n tokens, longest n first."""
@@ -43,7 +44,7 @@ class PromptLookup:
                 continue
             start = self.index.get(tuple(self.tokens[-n:]))
             if start is not None:
-                return self.tokens[start + n:start + n + self.max_draft]
+                return self.tokens[start + n : start + n + self.max_draft]
         return []
 
 
@@ -63,7 +64,7 @@ class AcceptanceGate:
     """Pauses speculation while it mostly fails (see the module doc)."""
 
     def __init__(self, window: int = 10, min_rate: float = 0.3, first_pause: int = 10, max_pause: int = 80):
-        self.attempts: deque[tuple[int, int]] = deque(maxlen=window)   # (drafted, accepted)
+        self.attempts: deque[tuple[int, int]] = deque(maxlen=window)  # (drafted, accepted)
         self.min_rate = min_rate
         self.first_pause = first_pause
         self.max_pause = max_pause

@@ -1,5 +1,6 @@
 """The values both engines and the scheduler exchange. Plain Python: importing this module needs no compiled
 extension, so the scheduler, the protocol and their tests run without a compiler."""
+
 from __future__ import annotations
 
 import enum
@@ -8,22 +9,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
-BLOCK_SIZE = 64      # positions per KV block: the attention kernels' tile (checked against the C header)
-MAX_LOGPROBS = 20    # top logprobs a sampled row can report (checked against the C header)
+BLOCK_SIZE = 64  # positions per KV block: the attention kernels' tile (checked against the C header)
+MAX_LOGPROBS = 20  # top logprobs a sampled row can report (checked against the C header)
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy
-    top_k: int = 0                    # 0 = off
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
-    seed: int | None = None           # random numbers depend only on (seed, position)
-    logprobs: int | None = None       # None: none; 0: the chosen token's; k <= 20: also the top k
+    seed: int | None = None  # random numbers depend only on (seed, position)
+    logprobs: int | None = None  # None: none; 0: the chosen token's; k <= 20: also the top k
 
     def validate(self) -> None:
         """Raises ValueError naming the first bad field."""
@@ -52,14 +53,15 @@ GREEDY = SamplingParams(temperature=0.0)
 @dataclass
 class SeqInput:
     """One sequence's part of a step."""
-    token_ids: Sequence[int]          # a prefill chunk, 1 decode token, or 1 + draft tokens
-    start_pos: int                    # position of token_ids[0]; earlier positions are in the KV cache
-    block_table: Sequence[int]        # KV blocks covering [0, start_pos + len(token_ids)), BLOCK_SIZE each
-    num_sampled: int = 1              # sample after the last num_sampled tokens (0: non-final prefill chunk)
+
+    token_ids: Sequence[int]  # a prefill chunk, 1 decode token, or 1 + draft tokens
+    start_pos: int  # position of token_ids[0]; earlier positions are in the KV cache
+    block_table: Sequence[int]  # KV blocks covering [0, start_pos + len(token_ids)), BLOCK_SIZE each
+    num_sampled: int = 1  # sample after the last num_sampled tokens (0: non-final prefill chunk)
     params: SamplingParams | None = None
-    history: Sequence[int] = ()       # prompt + generated tokens so far (for penalties)
-    num_prompt: int = 0               # history[:num_prompt] is the prompt
-    want_logits: bool = False         # return the logits of every token in token_ids
+    history: Sequence[int] = ()  # prompt + generated tokens so far (for penalties)
+    num_prompt: int = 0  # history[:num_prompt] is the prompt
+    want_logits: bool = False  # return the logits of every token in token_ids
     # the grammar's allowed tokens for the sampled row (num_sampled 1): packed uint32 bits, (vocab + 31) // 32
     allowed: np.ndarray | None = None
 
@@ -76,10 +78,11 @@ class RequestStatus(enum.Enum):
     """Where a request is in its life. A request whose prompt was computed once never goes back to WAITING or
     PREFILLING: preempted, it waits as PREEMPTED and recomputes as DECODING (its prompt logprobs, if any, are
     complete and its prompt tokens were counted)."""
-    WAITING = "waiting"          # queued; its prompt has not been computed yet
-    PREFILLING = "prefilling"    # running; prompt chunks still to come
-    DECODING = "decoding"        # running; the prompt has been computed
-    PREEMPTED = "preempted"      # queued again after its prompt was computed (its KV blocks were taken)
+
+    WAITING = "waiting"  # queued; its prompt has not been computed yet
+    PREFILLING = "prefilling"  # running; prompt chunks still to come
+    DECODING = "decoding"  # running; the prompt has been computed
+    PREEMPTED = "preempted"  # queued again after its prompt was computed (its KV blocks were taken)
     FINISHED = "finished"
 
     @property

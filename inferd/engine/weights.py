@@ -3,6 +3,7 @@ parallel region per fused matmul), repacked by C into 8-row tiles straight from 
 matrix keeps each part's quantized type (Q4_K_M files give Q4_K Q and K with a Q6_K V: one matrix of two
 segments). Parts are converted only where segments cannot hold them: float parts beside quantized ones, or
 interleaved parts (gate|up) of different types; then they are brought to the most precise of their types."""
+
 from __future__ import annotations
 
 import mmap
@@ -15,7 +16,7 @@ from inferd.model.quant import REQUANT_TYPES, requantize, to_float32
 # most precise first
 PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
 FLOATS = ("F32", "F16", "BF16")
-QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")   # the types _cpu.quantize writes
+QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")  # the types _cpu.quantize writes
 MAX_SEGMENTS = 3
 
 
@@ -58,23 +59,29 @@ def fuse(parts, interleave: int = 0) -> tuple:
         raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
     types = ["Q8_0" if p.type in REQUANT_TYPES else p.type for p in parts]
     quantized = not any(t in FLOATS for t in types)
-    if len(set(types)) == 1 or (quantized and not interleave and _segments(types) <= MAX_SEGMENTS and
-                                all(p.rows % 8 == 0 for p in parts[:-1])):
+    if len(set(types)) == 1 or (
+        quantized and not interleave and _segments(types) <= MAX_SEGMENTS and all(p.rows % 8 == 0 for p in parts[:-1])
+    ):
         return ("parts", [_spec(p) for p in parts], interleave)
     target = min(types, key=PRECISION.index)
     if target not in QUANTIZABLE:
         target = "Q8_0"
-    return ("parts", [_spec(p) if p.type == target else (target, p.rows, cols, np.asarray(_convert(p, target)))
-                      for p in parts], interleave)
+    return (
+        "parts",
+        [_spec(p) if p.type == target else (target, p.rows, cols, np.asarray(_convert(p, target))) for p in parts],
+        interleave,
+    )
 
 
 def _requantized(t):
     """Data of a matrix the engine does not compute in its type (Q2_K, Q3_K, IQ4_*): a function giving its Q8_0
     rows, called when the weight is built, so that one such tensor at a time exists in Q8_0."""
+
     def data() -> np.ndarray:
         out = requantize(t).data
         release_file_pages(t.data)
         return out
+
     return data
 
 
@@ -115,9 +122,16 @@ def engine_config(cfg) -> dict:
     """A ModelConfig as the C engines read it (model_config_t, and the CUDA runner's config): built here once."""
     rope = cfg.rope_scaling or {}
     return {
-        "vocab": cfg.vocab_size, "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-        "n_kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "hidden": cfg.hidden_dim,
-        "context_length": cfg.context_length, "rope_neox": int(cfg.rope_neox), "norm_eps": cfg.norm_eps,
+        "vocab": cfg.vocab_size,
+        "dim": cfg.dim,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden": cfg.hidden_dim,
+        "context_length": cfg.context_length,
+        "rope_neox": int(cfg.rope_neox),
+        "norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_factor": float(rope.get("factor", 0.0)),
         "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),

@@ -7,6 +7,7 @@ scale. Each switch is a field here and a small branch in the engine's one forwar
 Everything the engine sizes its buffers from lives here, and is checked here, so that a model the engine cannot
 run is refused at load time with a sentence instead of failing (or silently computing garbage) later.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,12 @@ from collections.abc import Collection, Mapping
 import numpy as np
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
-HF_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-            "Qwen3ForCausalLM": "qwen3"}
+HF_ARCHS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
 FFN_ACTS = ("silu", "gelu_tanh")
 # Gemma 3 as llama.cpp reads it: every 6th layer global, the others a sliding window with a RoPE base of 10000
@@ -46,22 +51,30 @@ class ModelConfig:
     tie_embeddings: bool
     qkv_bias: bool
     context_length: int
-    qk_norm: bool = False               # RMSNorm of every q and k head before RoPE (attn_q_norm / attn_k_norm)
-    sandwich_norms: bool = False        # RMSNorm of the attention and FFN outputs before the residual add
-    ffn_act: str = "silu"               # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
-    embed_scale: float = 1.0            # the embeddings are multiplied by it (Gemma: sqrt(dim))
-    attn_scale: float | None = None     # of q.k; None: 1/sqrt(head_dim)
-    logit_softcap: float = 0.0          # logits = cap * tanh(logits / cap); 0: none
-    sliding_window: int = 0             # keys a local layer's query sees, itself included
+    qk_norm: bool = False  # RMSNorm of every q and k head before RoPE (attn_q_norm / attn_k_norm)
+    sandwich_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
+    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(dim))
+    attn_scale: float | None = None  # of q.k; None: 1/sqrt(head_dim)
+    logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
+    sliding_window: int = 0  # keys a local layer's query sees, itself included
     local_layers: tuple[int, ...] = ()  # the layers that use the sliding window
-    rope_theta_local: float | None = None   # RoPE base of the local layers (None: rope_theta)
-    rope_linear_factor: float = 1.0     # linear RoPE scaling of the global layers: positions / factor
+    rope_theta_local: float | None = None  # RoPE base of the local layers (None: rope_theta)
+    rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions / factor
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"unsupported architecture {self.arch!r} (supported: {', '.join(ARCHS)})")
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim",
-                     "context_length"):
+        for name in (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "context_length",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -94,8 +107,9 @@ class ModelConfig:
             raise ValueError(f"sliding_window must be 0 (none) or positive, got {self.sliding_window}")
         if self.local_layers and self.sliding_window == 0:
             raise ValueError("local (sliding-window) layers need a sliding_window")
-        if any(not 0 <= i < self.n_layers for i in self.local_layers) or \
-                list(self.local_layers) != sorted(set(self.local_layers)):
+        if any(not 0 <= i < self.n_layers for i in self.local_layers) or list(self.local_layers) != sorted(
+            set(self.local_layers)
+        ):
             raise ValueError(f"local_layers must be distinct ascending layer indices, got {self.local_layers}")
 
     def layer_window(self, i: int) -> int:
@@ -104,10 +118,16 @@ class ModelConfig:
 
     def switches(self) -> list[str]:
         """The Qwen3/Gemma 3 switches this model turns on, named for a message (empty for llama/mistral/qwen2)."""
-        on = [("QK-norm", self.qk_norm), ("sandwich norms", self.sandwich_norms), ("GeGLU", self.ffn_act != "silu"),
-              ("an embedding scale", self.embed_scale != 1.0), ("its own attention scale", self.attn_scale is not None),
-              ("logit soft-capping", self.logit_softcap > 0), ("sliding-window layers", bool(self.local_layers)),
-              ("linear RoPE scaling", self.rope_linear_factor != 1.0)]
+        on = [
+            ("QK-norm", self.qk_norm),
+            ("sandwich norms", self.sandwich_norms),
+            ("GeGLU", self.ffn_act != "silu"),
+            ("an embedding scale", self.embed_scale != 1.0),
+            ("its own attention scale", self.attn_scale is not None),
+            ("logit soft-capping", self.logit_softcap > 0),
+            ("sliding-window layers", bool(self.local_layers)),
+            ("linear RoPE scaling", self.rope_linear_factor != 1.0),
+        ]
         return [name for name, is_on in on if is_on]
 
     @property
@@ -138,8 +158,9 @@ class ModelConfig:
             head_dim = dim // n_heads
         rope_params = cfg.get("rope_parameters") or {}  # transformers >= 5 moves rope settings here
         rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or (rope_params if rope_params.get("rope_type") not in (None, "default")
-                                              else None)
+        scaling = cfg.get("rope_scaling") or (
+            rope_params if rope_params.get("rope_type") not in (None, "default") else None
+        )
         context = _int(cfg, "max_position_embeddings")
         window = cfg.get("sliding_window")
         use_window = cfg.get("use_sliding_window", arch == "mistral")  # Qwen2 ships a window it does not use
@@ -148,17 +169,28 @@ class ModelConfig:
             # results exact instead of silently attending further than the model was trained to.
             context = window
         return cls(
-            arch=arch, vocab_size=_int(cfg, "vocab_size"), dim=dim, n_layers=_int(cfg, "num_hidden_layers"),
-            n_heads=n_heads, n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), head_dim=int(head_dim),
-            hidden_dim=_int(cfg, "intermediate_size"), rope_theta=float(rope_theta),
+            arch=arch,
+            vocab_size=_int(cfg, "vocab_size"),
+            dim=dim,
+            n_layers=_int(cfg, "num_hidden_layers"),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(head_dim),
+            hidden_dim=_int(cfg, "intermediate_size"),
+            rope_theta=float(rope_theta),
             rope_scaling=_hf_rope_scaling(scaling),
             rope_neox=True,  # HF checkpoints keep q/k unpermuted: rotate-half pairs (i, i + head_dim/2)
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2", context_length=context, qk_norm=arch == "qwen3")
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2",
+            context_length=context,
+            qk_norm=arch == "qwen3",
+        )
 
     @classmethod
-    def from_gguf(cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (),
-                  rope_freqs: np.ndarray | None = None) -> ModelConfig:
+    def from_gguf(
+        cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (), rope_freqs: np.ndarray | None = None
+    ) -> ModelConfig:
         """From GGUF metadata (decoded values, or GGUFReader fields) plus the names of the file's tensors.
 
         rope_freqs: the values of `rope_freqs.weight` when the file has it (llama.cpp stores llama3 rope
@@ -180,14 +212,17 @@ class ModelConfig:
         if int(key("attention.value_length", head_dim)) != head_dim:
             raise ValueError("attention.value_length differs from key_length, which is not supported")
         if int(key("rope.dimension_count", head_dim)) != head_dim:
-            raise ValueError(f"partial rotary embeddings (rope.dimension_count {key('rope.dimension_count')} "
-                             f"< head_dim {head_dim}) are not supported")
+            raise ValueError(
+                f"partial rotary embeddings (rope.dimension_count {key('rope.dimension_count')} "
+                f"< head_dim {head_dim}) are not supported"
+            )
         scaling_type = key("rope.scaling.type", "none")
         # a factor without a type is linear, as llama.cpp reads it (older files wrote only rope.scale_linear)
         linear = float(key("rope.scaling.factor", key("rope.scale_linear", 1.0)) or 1.0)
         if scaling_type not in ("none", "", "linear"):
-            raise ValueError(f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via "
-                             f"rope_freqs)")
+            raise ValueError(
+                f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via rope_freqs)"
+            )
         vocab = key("vocab_size", None)
         if vocab is None:
             vocab = len(_meta(fields, "tokenizer.ggml.tokens", []))
@@ -195,8 +230,12 @@ class ModelConfig:
         names = set(tensor_names)
         scaling = None
         if rope_freqs is not None:
-            scaling = llama3_from_factors(np.asarray(rope_freqs, dtype=np.float64).ravel(), head_dim, theta,
-                                          key("rope.scaling.original_context_length", None))
+            scaling = llama3_from_factors(
+                np.asarray(rope_freqs, dtype=np.float64).ravel(),
+                head_dim,
+                theta,
+                key("rope.scaling.original_context_length", None),
+            )
         n_layers = int(key("block_count"))
         extra: dict[str, Any] = {}
         if arch == "qwen3":
@@ -204,16 +243,26 @@ class ModelConfig:
         elif arch == "gemma3":
             extra = _gemma3_gguf(fields, n_layers, dim, n_heads, head_dim)
         return cls(
-            arch=arch, vocab_size=int(vocab), dim=dim, n_layers=n_layers, n_heads=n_heads,
-            n_kv_heads=int(key("attention.head_count_kv", n_heads)), head_dim=head_dim,
-            hidden_dim=int(key("feed_forward_length")), rope_theta=theta, rope_scaling=scaling,
+            arch=arch,
+            vocab_size=int(vocab),
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(key("attention.head_count_kv", n_heads)),
+            head_dim=head_dim,
+            hidden_dim=int(key("feed_forward_length")),
+            rope_theta=theta,
+            rope_scaling=scaling,
             # llama.cpp's converter permutes Wq/Wk of llama models so rope pairs are adjacent (2i, 2i+1);
             # it leaves qwen2, qwen3 and gemma3 alone, which therefore keep HF's rotate-half pairing.
             rope_neox=arch in ("qwen2", "qwen3", "gemma3"),
             norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             tie_embeddings="output.weight" not in names,
             qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in names,
-            context_length=int(key("context_length")), rope_linear_factor=linear, **extra)
+            context_length=int(key("context_length")),
+            rope_linear_factor=linear,
+            **extra,
+        )
 
     @property
     def q_dim(self) -> int:
@@ -234,20 +283,27 @@ def _gemma3_gguf(fields: Mapping[str, Any], n_layers: int, dim: int, n_heads: in
     local: tuple[int, ...] = ()
     if window > 0:
         pattern = _meta(fields, "gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
-        if isinstance(pattern, list):           # one flag per layer: true = sliding window
+        if isinstance(pattern, list):  # one flag per layer: true = sliding window
             if len(pattern) != n_layers:
-                raise ValueError(f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for "
-                                 f"{n_layers} layers")
+                raise ValueError(
+                    f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for {n_layers} layers"
+                )
             local = tuple(i for i, is_local in enumerate(pattern) if is_local)
-        else:                                   # every n-th layer is global, the others local
+        else:  # every n-th layer is global, the others local
             n = int(pattern)
             local = tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
     query_pre_attn_scalar = dim // n_heads if n_layers == 62 else head_dim
-    return {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh", "embed_scale": math.sqrt(dim),
-            "attn_scale": query_pre_attn_scalar ** -0.5,
-            "logit_softcap": float(_meta(fields, "gemma3.final_logit_softcapping", 0.0) or 0.0),
-            "sliding_window": window, "local_layers": local,
-            "rope_theta_local": float(_meta(fields, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))}
+    return {
+        "qk_norm": True,
+        "sandwich_norms": True,
+        "ffn_act": "gelu_tanh",
+        "embed_scale": math.sqrt(dim),
+        "attn_scale": query_pre_attn_scalar**-0.5,
+        "logit_softcap": float(_meta(fields, "gemma3.final_logit_softcapping", 0.0) or 0.0),
+        "sliding_window": window,
+        "local_layers": local,
+        "rope_theta_local": float(_meta(fields, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+    }
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -257,15 +313,27 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        shapes.update({
-            b + "attn_norm.weight": (1, cfg.dim), b + "attn_q.weight": (cfg.q_dim, cfg.dim),
-            b + "attn_k.weight": (cfg.kv_dim, cfg.dim), b + "attn_v.weight": (cfg.kv_dim, cfg.dim),
-            b + "attn_output.weight": (cfg.dim, cfg.q_dim), b + "ffn_norm.weight": (1, cfg.dim),
-            b + "ffn_gate.weight": (cfg.hidden_dim, cfg.dim), b + "ffn_up.weight": (cfg.hidden_dim, cfg.dim),
-            b + "ffn_down.weight": (cfg.dim, cfg.hidden_dim)})
+        shapes.update(
+            {
+                b + "attn_norm.weight": (1, cfg.dim),
+                b + "attn_q.weight": (cfg.q_dim, cfg.dim),
+                b + "attn_k.weight": (cfg.kv_dim, cfg.dim),
+                b + "attn_v.weight": (cfg.kv_dim, cfg.dim),
+                b + "attn_output.weight": (cfg.dim, cfg.q_dim),
+                b + "ffn_norm.weight": (1, cfg.dim),
+                b + "ffn_gate.weight": (cfg.hidden_dim, cfg.dim),
+                b + "ffn_up.weight": (cfg.hidden_dim, cfg.dim),
+                b + "ffn_down.weight": (cfg.dim, cfg.hidden_dim),
+            }
+        )
         if cfg.qkv_bias:
-            shapes.update({b + "attn_q.bias": (1, cfg.q_dim), b + "attn_k.bias": (1, cfg.kv_dim),
-                           b + "attn_v.bias": (1, cfg.kv_dim)})
+            shapes.update(
+                {
+                    b + "attn_q.bias": (1, cfg.q_dim),
+                    b + "attn_k.bias": (1, cfg.kv_dim),
+                    b + "attn_v.bias": (1, cfg.kv_dim),
+                }
+            )
         if cfg.qk_norm:
             shapes.update({b + "attn_q_norm.weight": (1, cfg.head_dim), b + "attn_k_norm.weight": (1, cfg.head_dim)})
         if cfg.sandwich_norms:
@@ -312,8 +380,12 @@ def llama3_from_factors(factors: np.ndarray, head_dim: int, theta: float, orig_h
         if slope > 0:
             low = -icept * orig / slope
             high = low + orig / slope
-    scaling = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
-               "original_max_position_embeddings": int(round(orig))}
+    scaling = {
+        "factor": factor,
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(high),
+        "original_max_position_embeddings": int(round(orig)),
+    }
     if not np.allclose(llama3_freq_factors(head_dim, theta, scaling), factors, rtol=1e-3, atol=1e-4):
         raise ValueError("rope_freqs.weight does not follow llama3 rope scaling; this rope variant is not supported")
     return scaling
@@ -323,8 +395,11 @@ def _check_llama3(s: Mapping[str, Any]) -> None:
     missing = [k for k in LLAMA3_KEYS if k not in s]
     if missing:
         raise ValueError(f"llama3 rope_scaling lacks {', '.join(missing)}")
-    if not (s["factor"] >= 1 and 0 < s["low_freq_factor"] < s["high_freq_factor"]
-            and s["original_max_position_embeddings"] > 0):
+    if not (
+        s["factor"] >= 1
+        and 0 < s["low_freq_factor"] < s["high_freq_factor"]
+        and s["original_max_position_embeddings"] > 0
+    ):
         raise ValueError(f"llama3 rope_scaling values are inconsistent: {dict(s)}")
 
 
@@ -337,10 +412,13 @@ def _hf_rope_scaling(scaling: Mapping[str, Any] | None) -> dict | None:
     if kind != "llama3":
         raise ValueError(f"rope scaling type {kind!r} is not supported (only llama3)")
     out: dict[str, Any] = {k: scaling.get(k) for k in LLAMA3_KEYS}
-    _check_llama3({k: v for k, v in out.items() if v is not None})   # raises if any is missing
-    return {"factor": float(out["factor"]), "low_freq_factor": float(out["low_freq_factor"]),
-            "high_freq_factor": float(out["high_freq_factor"]),
-            "original_max_position_embeddings": int(out["original_max_position_embeddings"])}
+    _check_llama3({k: v for k, v in out.items() if v is not None})  # raises if any is missing
+    return {
+        "factor": float(out["factor"]),
+        "low_freq_factor": float(out["low_freq_factor"]),
+        "high_freq_factor": float(out["high_freq_factor"]),
+        "original_max_position_embeddings": int(out["original_max_position_embeddings"]),
+    }
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:
@@ -371,8 +449,10 @@ def check_tensors(cfg: ModelConfig, shapes: Mapping[str, tuple[int, int]]) -> No
         raise ValueError(f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing[:3])}{more}")
     extra = [n for n in shapes if n not in expected]
     if extra:
-        raise ValueError(f"unexpected tensor {extra[0]} (not part of a {cfg.arch} model with this config; "
-                         f"{len(extra)} unexpected in all)")
+        raise ValueError(
+            f"unexpected tensor {extra[0]} (not part of a {cfg.arch} model with this config; "
+            f"{len(extra)} unexpected in all)"
+        )
     for name, want in expected.items():
         if tuple(shapes[name]) != want:
             raise ValueError(f"tensor {name} has shape (rows, cols) {tuple(shapes[name])}, the config implies {want}")

@@ -14,6 +14,7 @@ bidirectional attention (model_type "gemma3_text" with use_bidirectional_attenti
 the encoder's layout here: q, k, v fused into one matrix; Gemma's gate and up interleaved per 32 rows (the FFN
 stage computes 32 hidden units from one item); Gemma's RMSNorm weights w become 1 + w.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,14 +45,14 @@ KNOWN_MATRYOSHKA = {"gemma3_text": (768, 512, 256, 128)}
 class EmbeddingModel:
     path: str
     name: str
-    arch: str                          # "bert" | "gemma3"
-    config: dict[str, Any]             # for _cpu.EncoderModel
-    tensors: dict[str, Any]            # for _cpu.EncoderModel: (type, rows, cols, data) specs and float arrays
-    tokenizer: HFTokenizer             # no truncation, no padding
+    arch: str  # "bert" | "gemma3"
+    config: dict[str, Any]  # for _cpu.EncoderModel
+    tensors: dict[str, Any]  # for _cpu.EncoderModel: (type, rows, cols, data) specs and float arrays
+    tokenizer: HFTokenizer  # no truncation, no padding
     truncating_tokenizer: HFTokenizer  # truncates to max_seq_length the way sentence-transformers does
     max_seq_length: int
-    dimensions: int                    # length of the output vector
-    matryoshka_dims: tuple[int, ...]   # lengths it may be truncated to (and renormalized); () if none
+    dimensions: int  # length of the output vector
+    matryoshka_dims: tuple[int, ...]  # lengths it may be truncated to (and renormalized); () if none
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt: str | None = None
     normalize: bool = False
@@ -68,8 +69,7 @@ def is_embedding_folder(path: str | os.PathLike[str]) -> bool:
     if modules.is_file():
         try:
             mods = json.loads(modules.read_text(encoding="utf-8"))
-            return isinstance(mods, list) and any(isinstance(m, dict) and m.get("type") == TRANSFORMER
-                                                  for m in mods)
+            return isinstance(mods, list) and any(isinstance(m, dict) and m.get("type") == TRANSFORMER for m in mods)
         except (OSError, ValueError):
             return False
     cfg = root / "config.json"
@@ -103,9 +103,11 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
     raw = _json(transformer / "config.json")
     arch = _arch_of(raw)
     if arch is None:
-        raise ModelLoadError(transformer / "config.json",
-                             f"model_type {raw.get('model_type')!r} is not an encoder inferd runs (bert, or "
-                             "gemma3_text with use_bidirectional_attention)")
+        raise ModelLoadError(
+            transformer / "config.json",
+            f"model_type {raw.get('model_type')!r} is not an encoder inferd runs (bert, or "
+            "gemma3_text with use_bidirectional_attention)",
+        )
     st_cfg = _optional_json(transformer / "sentence_bert_config.json")
     max_len = st_cfg.get("max_seq_length") or raw.get("max_position_embeddings")
     if not isinstance(max_len, int) or max_len < 2:
@@ -153,13 +155,25 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
     truncating.no_padding()
     truncating.enable_truncation(max_len)
     return EmbeddingModel(
-        path=str(root), name=root.name.lower(), arch=arch, config=config, tensors=tensors, tokenizer=tokenizer,
-        truncating_tokenizer=truncating, max_seq_length=max_len, dimensions=out_dim, matryoshka_dims=matryoshka,
-        prompts=dict(prompts), default_prompt=st_main.get("default_prompt_name"), normalize=config["normalize"],
-        pooling=pooling)
+        path=str(root),
+        name=root.name.lower(),
+        arch=arch,
+        config=config,
+        tensors=tensors,
+        tokenizer=tokenizer,
+        truncating_tokenizer=truncating,
+        max_seq_length=max_len,
+        dimensions=out_dim,
+        matryoshka_dims=matryoshka,
+        prompts=dict(prompts),
+        default_prompt=st_main.get("default_prompt_name"),
+        normalize=config["normalize"],
+        pooling=pooling,
+    )
 
 
 # ---- the folder's small files ----
+
 
 def _optional_json(path: Path) -> dict:
     return _json(path) if path.is_file() else {}
@@ -192,17 +206,29 @@ def _modules(root: Path) -> dict[str, list[str]]:
 
 def _pooling(path: Path) -> tuple[str, bool]:
     cfg = _json(path)
-    modes = [m for m, key in (("mean", "pooling_mode_mean_tokens"), ("cls", "pooling_mode_cls_token"),
-                              ("last", "pooling_mode_lasttoken")) if cfg.get(key)]
-    others = [k for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                          "pooling_mode_weightedmean_tokens") if cfg.get(k)]
+    modes = [
+        m
+        for m, key in (
+            ("mean", "pooling_mode_mean_tokens"),
+            ("cls", "pooling_mode_cls_token"),
+            ("last", "pooling_mode_lasttoken"),
+        )
+        if cfg.get(key)
+    ]
+    others = [
+        k
+        for k in ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
+        if cfg.get(k)
+    ]
     if others or len(modes) != 1:
-        raise ModelLoadError(path, "exactly one of mean, CLS or last-token pooling is supported, got "
-                                   f"{modes + others or 'none'}")
+        raise ModelLoadError(
+            path, f"exactly one of mean, CLS or last-token pooling is supported, got {modes + others or 'none'}"
+        )
     return modes[0], bool(cfg.get("include_prompt", True))
 
 
 # ---- tensors ----
+
 
 class _Weights:
     """Named tensors of one safetensors folder as views over its mmap."""
@@ -281,23 +307,35 @@ def _rope_table(theta: float, head_dim: int, positions: int) -> np.ndarray:
 
 def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[dict, dict]:
     if raw.get("hidden_act", "gelu") != "gelu" or raw.get("position_embedding_type", "absolute") != "absolute":
-        raise ModelLoadError(w.folder, f"BERT with hidden_act {raw.get('hidden_act')!r} and position embeddings "
-                                       f"{raw.get('position_embedding_type')!r} is not supported (gelu, absolute)")
+        raise ModelLoadError(
+            w.folder,
+            f"BERT with hidden_act {raw.get('hidden_act')!r} and position embeddings "
+            f"{raw.get('position_embedding_type')!r} is not supported (gelu, absolute)",
+        )
     dim, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
     if dim % heads:
         raise ModelLoadError(w.folder, f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
     positions = int(raw["max_position_embeddings"])
     cfg: dict[str, Any] = {
-        "arch": "bert", "vocab": int(raw["vocab_size"]), "dim": dim, "n_layers": layers, "n_heads": heads,
-        "n_kv_heads": heads, "head_dim": dim // heads, "hidden": int(raw["intermediate_size"]),
-        "max_positions": positions, "norm_eps": float(raw.get("layer_norm_eps", 1e-12)),
-        "attn_scale": float((dim // heads) ** -0.5)}
+        "arch": "bert",
+        "vocab": int(raw["vocab_size"]),
+        "dim": dim,
+        "n_layers": layers,
+        "n_heads": heads,
+        "n_kv_heads": heads,
+        "head_dim": dim // heads,
+        "hidden": int(raw["intermediate_size"]),
+        "max_positions": positions,
+        "norm_eps": float(raw.get("layer_norm_eps", 1e-12)),
+        "attn_scale": float((dim // heads) ** -0.5),
+    }
     e = "embeddings."
     t: dict[str, Any] = {
         "tok_embd": _spec(w.tensor(e + "word_embeddings.weight"), quantize),
         "pos_embd": w.floats(e + "position_embeddings.weight")[:positions],
         "type_embd": w.floats(e + "token_type_embeddings.weight")[0],
-        "embd_norm_w": w.vector(e + "LayerNorm.weight", dim), "embd_norm_b": w.vector(e + "LayerNorm.bias", dim),
+        "embd_norm_w": w.vector(e + "LayerNorm.weight", dim),
+        "embd_norm_b": w.vector(e + "LayerNorm.bias", dim),
     }
     for i in range(layers):
         p, o = f"encoder.layer.{i}.", f"blk.{i}."
@@ -333,12 +371,21 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
         raise ModelLoadError(w.folder, f"layer_types lists {len(types)} layers, num_hidden_layers is {layers}")
     positions = max_len
     cfg: dict[str, Any] = {
-        "arch": "gemma3", "vocab": int(raw["vocab_size"]), "dim": dim, "n_layers": layers, "n_heads": heads,
-        "n_kv_heads": kv_heads, "head_dim": hd, "hidden": int(raw["intermediate_size"]), "max_positions": positions,
+        "arch": "gemma3",
+        "vocab": int(raw["vocab_size"]),
+        "dim": dim,
+        "n_layers": layers,
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
+        "head_dim": hd,
+        "hidden": int(raw["intermediate_size"]),
+        "max_positions": positions,
         "norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "attn_scale": float(raw.get("query_pre_attn_scalar", hd)) ** -0.5,
-        "embed_scale": float(np.float32(dim ** 0.5)), "sliding_window": int(raw.get("sliding_window") or 0),
-        "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"]}
+        "embed_scale": float(np.float32(dim**0.5)),
+        "sliding_window": int(raw.get("sliding_window") or 0),
+        "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"],
+    }
     t: dict[str, Any] = {
         "tok_embd": _spec(w.tensor("embed_tokens.weight"), quantize),
         "final_norm": 1.0 + w.vector("norm.weight", dim),
@@ -350,12 +397,19 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
         a = p + "self_attn."
         t[o + "wqkv"] = _matrix(o + "wqkv", [w.tensor(a + n + "_proj.weight") for n in "qkv"], quantize)
         t[o + "wo"] = _spec(w.tensor(a + "o_proj.weight"), quantize)
-        t[o + "wup"] = _matrix(o + "wup", [w.tensor(p + "mlp.gate_proj.weight"), w.tensor(p + "mlp.up_proj.weight")],
-                               quantize, interleave32=True)
+        t[o + "wup"] = _matrix(
+            o + "wup",
+            [w.tensor(p + "mlp.gate_proj.weight"), w.tensor(p + "mlp.up_proj.weight")],
+            quantize,
+            interleave32=True,
+        )
         t[o + "wdown"] = _spec(w.tensor(p + "mlp.down_proj.weight"), quantize)
-        for ours, theirs in (("attn_norm", "input_layernorm"), ("post_attn_norm", "post_attention_layernorm"),
-                             ("ffn_norm", "pre_feedforward_layernorm"),
-                             ("post_ffn_norm", "post_feedforward_layernorm")):
+        for ours, theirs in (
+            ("attn_norm", "input_layernorm"),
+            ("post_attn_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffn_norm", "post_feedforward_layernorm"),
+        ):
             t[o + ours] = 1.0 + w.vector(p + theirs + ".weight", dim)
         t[o + "q_norm"] = 1.0 + w.vector(a + "q_norm.weight", hd)
         t[o + "k_norm"] = 1.0 + w.vector(a + "k_norm.weight", hd)
@@ -369,13 +423,17 @@ def _dense(folder: Path, j: int, in_dim: int, tensors: dict) -> int:
     if act not in IDENTITY:
         raise ModelLoadError(folder / "config.json", f"Dense activation {act!r} is not supported (Identity only)")
     if cfg.get("in_features") != in_dim:
-        raise ModelLoadError(folder / "config.json", f"in_features {cfg.get('in_features')} does not follow the "
-                                                     f"previous module's {in_dim} outputs")
+        raise ModelLoadError(
+            folder / "config.json",
+            f"in_features {cfg.get('in_features')} does not follow the previous module's {in_dim} outputs",
+        )
     w = _Weights(folder, _entries(folder))
     weight = w.tensor("linear.weight")
     if weight.cols != in_dim or weight.rows != cfg.get("out_features"):
-        raise ModelLoadError(folder, f"linear.weight is ({weight.rows}, {weight.cols}), config says "
-                                     f"({cfg.get('out_features')}, {in_dim})")
+        raise ModelLoadError(
+            folder,
+            f"linear.weight is ({weight.rows}, {weight.cols}), config says ({cfg.get('out_features')}, {in_dim})",
+        )
     tensors[f"dense.{j}"] = (weight.type, weight.rows, weight.cols, weight.data)
     if cfg.get("bias", True) and w.has("linear.bias"):
         tensors[f"dense.{j}.bias"] = w.vector("linear.bias", int(weight.rows))

@@ -1,4 +1,5 @@
 """The one exception every model-loading failure becomes."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ numbers with one numpy call each, strings with one slice each. (gguf.GGUFReader 
 item: 20 s for a 151k-token vocabulary, where this walk takes well under one.) Tensors are read-only numpy
 views over an mmap of the file.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -33,8 +34,19 @@ TENSORS_PER_LAYER = 9  # norms, q/k/v/o, gate/up/down
 # GGUF value types -> byte size of fixed-size scalars (8 = string, 9 = array are variable)
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
-_NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-                12: "<f8"}
+_NUMPY_TYPES = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 
 
 @dataclass
@@ -52,7 +64,7 @@ class GGUFHeader:
     alignment: int
     data_offset: int
     tensors: list[TensorInfo]
-    metadata: dict[str, Any]   # decoded values: int, float, bool, str, or lists of them (GGUF.* keys excluded)
+    metadata: dict[str, Any]  # decoded values: int, float, bool, str, or lists of them (GGUF.* keys excluded)
 
 
 @dataclass
@@ -84,31 +96,37 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
     if "rope_freqs.weight" in by_name:
         data = by_name.pop("rope_freqs.weight")
         if infos["rope_freqs.weight"].type != "F32":
-            raise ModelLoadError(path, f"rope_freqs.weight has type {infos['rope_freqs.weight'].type}, "
-                                       f"expected F32")
+            raise ModelLoadError(path, f"rope_freqs.weight has type {infos['rope_freqs.weight'].type}, expected F32")
         rope_freqs = np.asarray(data, dtype=np.float64)
     try:
         config = ModelConfig.from_gguf(metadata, by_name.keys(), rope_freqs)
-    except (ValueError, TypeError, KeyError, ArithmeticError) as e:   # e.g. int() of a float metadata value
+    except (ValueError, TypeError, KeyError, ArithmeticError) as e:  # e.g. int() of a float metadata value
         raise ModelLoadError(path, str(e) or type(e).__name__) from e
     # A corrupt block_count must be refused before anything loops over the layers (2**31 layers would
     # take minutes and gigabytes just to list the tensors they need): each layer has at least 9 tensors.
     if config.n_layers * TENSORS_PER_LAYER > len(by_name):
-        raise ModelLoadError(path, f"{config.arch}.block_count {config.n_layers} needs at least "
-                                   f"{config.n_layers * TENSORS_PER_LAYER} tensors; the file has {len(by_name)}")
+        raise ModelLoadError(
+            path,
+            f"{config.arch}.block_count {config.n_layers} needs at least "
+            f"{config.n_layers * TENSORS_PER_LAYER} tensors; the file has {len(by_name)}",
+        )
 
     for info in infos.values():
         if len(info.dims) > 2 and info.name in by_name:
-            raise ModelLoadError(path, f"tensor {info.name} has {len(info.dims)} dimensions; only 1-D and 2-D "
-                                       f"weights are supported")
+            raise ModelLoadError(
+                path, f"tensor {info.name} has {len(info.dims)} dimensions; only 1-D and 2-D weights are supported"
+            )
     try:
         check_tensors(config, {n: _rows_cols(infos[n].dims) for n in by_name})
     except ValueError as e:
         raise ModelLoadError(path, str(e)) from e
     for name in by_name:
         if infos[name].type not in LOADABLE_TYPES:
-            raise ModelLoadError(path, f"tensor {name} has type {infos[name].type}, which is not supported "
-                                       f"(supported: {', '.join(LOADABLE_TYPES)})")
+            raise ModelLoadError(
+                path,
+                f"tensor {name} has type {infos[name].type}, which is not supported "
+                f"(supported: {', '.join(LOADABLE_TYPES)})",
+            )
     tensors = {name: _to_tensor(name, data, infos[name]) for name, data in by_name.items()}
     return GGUFModel(path, header.version, metadata, config, tensors)
 
@@ -132,8 +150,9 @@ def _check_tokenizer_metadata(path: str, metadata: dict[str, Any]) -> None:
     for i, m in enumerate(merges):
         left, sep, right = m.partition(" ")
         if not sep or left not in vocab or right not in vocab or left + right not in vocab:
-            raise ModelLoadError(path, f"tokenizer.ggml.merges[{i}] {m!r} does not join two vocabulary tokens "
-                                       f"into a third")
+            raise ModelLoadError(
+                path, f"tokenizer.ggml.merges[{i}] {m!r} does not join two vocabulary tokens into a third"
+            )
 
 
 def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
@@ -177,8 +196,10 @@ class _Walker:
 
     def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:
-            raise self.fail(f"{what} at byte {self.pos} needs {n} bytes but only {self.size - self.pos} remain "
-                            f"(file truncated or corrupt)")
+            raise self.fail(
+                f"{what} at byte {self.pos} needs {n} bytes but only {self.size - self.pos} remain "
+                f"(file truncated or corrupt)"
+            )
 
     def unpack(self, fmt: str, what: str) -> int:
         n = struct.calcsize(fmt)
@@ -190,7 +211,7 @@ class _Walker:
     def string(self, what: str) -> str:
         n = self.unpack("<Q", f"length of {what}")
         self.need(n, what)
-        raw = self.buf[self.pos:self.pos + n]
+        raw = self.buf[self.pos : self.pos + n]
         self.pos += n
         try:
             return raw.decode("utf-8")
@@ -211,7 +232,7 @@ class _Walker:
                 self.pos = pos
                 self.need(n, f"{what}[{i}]")
             try:
-                out.append(buf[pos:pos + n].decode("utf-8"))
+                out.append(buf[pos : pos + n].decode("utf-8"))
             except UnicodeDecodeError:
                 raise self.fail(f"{what}[{i}] is not valid UTF-8") from None
             pos += n
@@ -259,11 +280,15 @@ class _Walker:
         # minimal sizes: a key/value is key length (8) + type (4) + a 1-byte value; a tensor info is
         # name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8)
         if n_kv * 13 > self.size - self.pos:
-            raise self.fail(f"header claims {n_kv} metadata entries, more than the file ({self.size} bytes) can "
-                            f"hold: file truncated or corrupt")
+            raise self.fail(
+                f"header claims {n_kv} metadata entries, more than the file ({self.size} bytes) can "
+                f"hold: file truncated or corrupt"
+            )
         if n_tensors > MAX_TENSORS or n_tensors * 32 > self.size - self.pos:
-            raise self.fail(f"header claims {n_tensors} tensors, more than the file ({self.size} bytes) can hold: "
-                            f"file truncated or corrupt")
+            raise self.fail(
+                f"header claims {n_tensors} tensors, more than the file ({self.size} bytes) can hold: "
+                f"file truncated or corrupt"
+            )
         alignment = DEFAULT_ALIGNMENT
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
@@ -289,8 +314,10 @@ class _Walker:
                 raise self.fail(f"tensor {t.name} offset {t.offset} is not aligned to {alignment}")
             t.offset += data_offset
             if t.offset + t.nbytes > self.size:
-                raise self.fail(f"tensor {t.name} data [{t.offset}, {t.offset + t.nbytes}) lies past the end of "
-                                f"the file ({self.size} bytes): file truncated or offset corrupt")
+                raise self.fail(
+                    f"tensor {t.name} data [{t.offset}, {t.offset + t.nbytes}) lies past the end of "
+                    f"the file ({self.size} bytes): file truncated or offset corrupt"
+                )
         spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in infos)
         for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
             if start < end:
@@ -314,8 +341,9 @@ class _Walker:
         if any(d == 0 for d in dims):
             raise self.fail(f"tensor {name} has an empty dimension {dims}")
         if dims[0] % block:
-            raise self.fail(f"tensor {name}: row length {dims[0]} is not a multiple of the {qtype.name} "
-                            f"block size {block}")
+            raise self.fail(
+                f"tensor {name}: row length {dims[0]} is not a multiple of the {qtype.name} block size {block}"
+            )
         n_values = 1
         for d in dims:
             n_values *= d

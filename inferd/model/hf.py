@@ -5,6 +5,7 @@ ranges inside the file, no overlaps), then tensors are numpy views over a read-o
 safetensors library's numpy loader is not used for reading because numpy has no bfloat16 (it refuses BF16 files)
 and it would copy every tensor; with a validated header, a view is a one-liner.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,23 +26,47 @@ from .tensor import Tensor
 
 # safetensors dtype -> (numpy dtype of the raw array we hand out, inferd type name)
 DTYPES = {"BF16": (np.uint16, "BF16"), "F16": (np.uint16, "F16"), "F32": (np.float32, "F32")}
-ITEM_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-              "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+ITEM_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 INDEX = "model.safetensors.index.json"
 
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",   # Qwen3
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",  # Qwen3
 }
-_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-              "lm_head.weight": "output.weight"}
+_TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 @dataclass
@@ -82,19 +107,35 @@ def hf_name(name: str) -> str:
 
 
 def _to_hf_names(message: str) -> str:
-    return re.sub(r"\b(?:blk\.\d+\.\w+|token_embd|output_norm|output)\.(?:weight|bias)\b",
-                  lambda m: hf_name(m.group(0)), message)
+    return re.sub(
+        r"\b(?:blk\.\d+\.\w+|token_embd|output_norm|output)\.(?:weight|bias)\b", lambda m: hf_name(m.group(0)), message
+    )
 
 
 # The JSON types ModelConfig.from_hf and the tokenizer expect of config.json's keys (absent or null: their
 # defaults). Checked first, so that a wrong type is named instead of surfacing as a TypeError deep inside.
 _CONFIG_TYPES: dict[str, tuple[type, ...]] = {
-    "architectures": (list,), "hidden_size": (int,), "intermediate_size": (int,), "num_hidden_layers": (int,),
-    "num_attention_heads": (int,), "num_key_value_heads": (int,), "head_dim": (int,), "vocab_size": (int,),
-    "max_position_embeddings": (int,), "sliding_window": (int,), "rope_theta": (int, float),
-    "rms_norm_eps": (int, float), "rope_scaling": (dict,), "rope_parameters": (dict,),
-    "quantization_config": (dict,), "hidden_act": (str,), "tie_word_embeddings": (bool,),
-    "use_sliding_window": (bool,), "attention_bias": (bool,), "mlp_bias": (bool,), "eos_token_id": (int, list),
+    "architectures": (list,),
+    "hidden_size": (int,),
+    "intermediate_size": (int,),
+    "num_hidden_layers": (int,),
+    "num_attention_heads": (int,),
+    "num_key_value_heads": (int,),
+    "head_dim": (int,),
+    "vocab_size": (int,),
+    "max_position_embeddings": (int,),
+    "sliding_window": (int,),
+    "rope_theta": (int, float),
+    "rms_norm_eps": (int, float),
+    "rope_scaling": (dict,),
+    "rope_parameters": (dict,),
+    "quantization_config": (dict,),
+    "hidden_act": (str,),
+    "tie_word_embeddings": (bool,),
+    "use_sliding_window": (bool,),
+    "attention_bias": (bool,),
+    "mlp_bias": (bool,),
+    "eos_token_id": (int, list),
     "bos_token_id": (int,),
 }
 # Each layer has at least this many tensors (norms, q/k/v/o, gate/up/down): a layer count beyond what the
@@ -112,8 +153,17 @@ def check_config_types(path: Path, cfg: dict) -> None:
             item = str if key == "architectures" else int
             ok = all(isinstance(v, item) and not isinstance(v, bool) for v in value)
         if not ok:
-            names = " or ".join({int: "an integer", float: "a number", str: "a string", bool: "true or false",
-                                 dict: "an object", list: "a list"}[t] for t in types)
+            names = " or ".join(
+                {
+                    int: "an integer",
+                    float: "a number",
+                    str: "a string",
+                    bool: "true or false",
+                    dict: "an object",
+                    list: "a list",
+                }[t]
+                for t in types
+            )
             raise ModelLoadError(path, f"{key} must be {names}, got {json.dumps(value)[:80]}")
 
 
@@ -124,7 +174,7 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
     check_config_types(cfg_path, raw_cfg)
     try:
         config = ModelConfig.from_hf(raw_cfg)
-    except (ValueError, TypeError, KeyError, ArithmeticError) as e:   # the values inside rope_scaling & co.
+    except (ValueError, TypeError, KeyError, ArithmeticError) as e:  # the values inside rope_scaling & co.
         raise ModelLoadError(cfg_path, str(e) or type(e).__name__) from e
 
     entries: dict[str, tuple[Path, SafetensorsEntry]] = {}
@@ -135,9 +185,12 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
             entries[entry.name] = (file, entry)
 
     if config.n_layers * TENSORS_PER_LAYER > len(entries):
-        raise ModelLoadError(cfg_path, f"num_hidden_layers {config.n_layers} needs at least "
-                                       f"{config.n_layers * TENSORS_PER_LAYER} tensors; the weights have "
-                                       f"{len(entries)}")
+        raise ModelLoadError(
+            cfg_path,
+            f"num_hidden_layers {config.n_layers} needs at least "
+            f"{config.n_layers * TENSORS_PER_LAYER} tensors; the weights have "
+            f"{len(entries)}",
+        )
     wanted: dict[str, tuple[Path, SafetensorsEntry]] = {}
     for hf_name, (file, entry) in entries.items():
         if hf_name.endswith("rotary_emb.inv_freq"):
@@ -148,8 +201,10 @@ def load_hf_dir(path: str | os.PathLike[str]) -> HFModel:
         if name == "output.weight" and config.tie_embeddings:
             continue  # some tied checkpoints save lm_head anyway; it must equal embed_tokens
         if entry.dtype not in DTYPES:
-            raise ModelLoadError(file, f"tensor {hf_name} has dtype {entry.dtype}, which is not supported "
-                                       f"(supported: {', '.join(DTYPES)})")
+            raise ModelLoadError(
+                file,
+                f"tensor {hf_name} has dtype {entry.dtype}, which is not supported (supported: {', '.join(DTYPES)})",
+            )
         if not 1 <= len(entry.shape) <= 2:
             raise ModelLoadError(file, f"tensor {hf_name} has shape {list(entry.shape)}; expected 1-D or 2-D")
         wanted[name] = (file, entry)
@@ -188,8 +243,12 @@ def load_hf_tokenizer(root: Path, raw_cfg: dict) -> tuple[Tokenizer, str | None]
         if small.is_file():
             _json(small)
     try:
-        tokenizer = Tokenizer.from_hf_files(tok_json, tcfg_path if tcfg_path.is_file() else None,
-                                            gen_path if gen_path.is_file() else None, extra_eos_ids=extra_eos)
+        tokenizer = Tokenizer.from_hf_files(
+            tok_json,
+            tcfg_path if tcfg_path.is_file() else None,
+            gen_path if gen_path.is_file() else None,
+            extra_eos_ids=extra_eos,
+        )
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as e:
         # tokenizer files come from strangers: wrong types or absurd nesting are their fault, said plainly
         raise ModelLoadError(tok_json, str(e) or type(e).__name__) from e
@@ -273,22 +332,30 @@ def _entry(path: Path, name: str, info: Any, base: int, data_size: int) -> Safet
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in ITEM_SIZES:
         raise ModelLoadError(path, f"tensor {name} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                for d in shape):
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ModelLoadError(path, f"tensor {name} has an invalid shape {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
         raise ModelLoadError(path, f"tensor {name} has invalid data_offsets {offsets!r}")
     begin, end = offsets
     if not 0 <= begin <= end <= data_size:
-        raise ModelLoadError(path, f"tensor {name} data_offsets [{begin}, {end}) fall outside the data "
-                                   f"section of {data_size} bytes (file truncated or header corrupt)")
+        raise ModelLoadError(
+            path,
+            f"tensor {name} data_offsets [{begin}, {end}) fall outside the data "
+            f"section of {data_size} bytes (file truncated or header corrupt)",
+        )
     count = 1
     for d in shape:
         count *= d
     if count * ITEM_SIZES[dtype] != end - begin:
-        raise ModelLoadError(path, f"tensor {name}: {dtype} {shape} needs {count * ITEM_SIZES[dtype]} bytes but "
-                                   f"data_offsets span {end - begin}")
+        raise ModelLoadError(
+            path,
+            f"tensor {name}: {dtype} {shape} needs {count * ITEM_SIZES[dtype]} bytes but "
+            f"data_offsets span {end - begin}",
+        )
     return SafetensorsEntry(name, dtype, tuple(shape), base + begin, base + end)
 
 

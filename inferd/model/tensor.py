@@ -8,6 +8,7 @@ Layout contract with the engine:
 - F32: float32 (rows, cols).
 Arrays may be read-only views over an mmap of the model file; nobody may write into them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,7 +57,8 @@ class Tensor:
         if self.data.dtype != dtype or self.data.shape != shape:
             raise AssertionError(
                 f"tensor {self.name}: {self.type} ({self.rows}, {self.cols}) needs {dtype} {shape}, "
-                f"got {self.data.dtype} {self.data.shape}")
+                f"got {self.data.dtype} {self.data.shape}"
+            )
 
     @property
     def nbytes(self) -> int:

@@ -43,6 +43,7 @@ def needs_auth(path: str) -> bool:
 
 # ---- middlewares -------------------------------------------------------------------------------------------
 
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     try:
@@ -51,20 +52,24 @@ async def error_middleware(request: web.Request, handler):
         return openai.error_response(e)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE].settings.max_body_bytes
-        return openai.error_response(ProtocolError(f"the request body is larger than the limit of {limit} bytes",
-                                                   status=413, code="request_too_large"))
+        return openai.error_response(
+            ProtocolError(
+                f"the request body is larger than the limit of {limit} bytes", status=413, code="request_too_large"
+            )
+        )
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        message = {404: f"no route for {request.method} {request.path}",
-                   405: f"method {request.method} is not allowed on {request.path}"}.get(e.status, e.reason)
+        message = {
+            404: f"no route for {request.method} {request.path}",
+            405: f"method {request.method} is not allowed on {request.path}",
+        }.get(e.status, e.reason)
         return openai.error_response(ProtocolError(message, status=e.status))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return openai.error_response(ProtocolError("internal server error; the failure has been logged",
-                                                   status=500))
+        return openai.error_response(ProtocolError("internal server error; the failure has been logged", status=500))
 
 
 @web.middleware
@@ -79,10 +84,10 @@ async def auth_middleware(request: web.Request, handler):
         for d in state.api_key_digests:
             ok |= hmac.compare_digest(digest, d)
         if scheme.lower() != "bearer" or not ok:
-            message = ("missing API key: send it as 'Authorization: Bearer KEY'" if not token
-                       else "incorrect API key provided")
-            raise ProtocolError(message, status=401, code="invalid_api_key",
-                                headers={"WWW-Authenticate": "Bearer"})
+            message = (
+                "missing API key: send it as 'Authorization: Bearer KEY'" if not token else "incorrect API key provided"
+            )
+            raise ProtocolError(message, status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return await handler(request)
 
 
@@ -97,10 +102,17 @@ async def lifecycle_middleware(request: web.Request, handler):
         raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
     if state.status == "draining" and not state.accepting:
         raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
-    if state.model is None and state.embeddings and request.path not in EMBEDDING_ONLY_PATHS \
-            and not request.path.startswith("/v1/models"):
-        raise ProtocolError(f"this server serves only the embedding model `{state.embeddings[0].name}`: "
-                            "POST /v1/embeddings", status=404, code="model_not_found")
+    if (
+        state.model is None
+        and state.embeddings
+        and request.path not in EMBEDDING_ONLY_PATHS
+        and not request.path.startswith("/v1/models")
+    ):
+        raise ProtocolError(
+            f"this server serves only the embedding model `{state.embeddings[0].name}`: POST /v1/embeddings",
+            status=404,
+            code="model_not_found",
+        )
     state.in_flight += 1
     state.idle.clear()
     try:
@@ -112,6 +124,7 @@ async def lifecycle_middleware(request: web.Request, handler):
 
 
 # ---- plain endpoints ----------------------------------------------------------------------------------------
+
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
@@ -132,6 +145,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     from inferd.server.metrics import CONTENT_TYPE
+
     state = request.app[STATE]
     if state.metrics is None and not state.embeddings:
         return web.Response(status=503, text="# the model is still loading\n", headers={"Retry-After": "5"})
@@ -143,26 +157,42 @@ async def metrics(request: web.Request) -> web.Response:
 
 def openapi_document() -> dict[str, Any]:
     """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
-    bodies = {"/v1/completions": P.CompletionRequest, "/v1/chat/completions": P.ChatCompletionRequest,
-              "/tokenize": P.TokenizeRequest, "/detokenize": P.DetokenizeRequest,
-              "/v1/cache/warm": P.CacheWarmRequest, "/v1/responses": P.ResponsesRequest,
-              "/v1/embeddings": embeddings.EmbeddingRequest}
-    _, components = msgspec.json.schema_components(list(bodies.values()),
-                                                   ref_template="#/components/schemas/{name}")
+    bodies = {
+        "/v1/completions": P.CompletionRequest,
+        "/v1/chat/completions": P.ChatCompletionRequest,
+        "/tokenize": P.TokenizeRequest,
+        "/detokenize": P.DetokenizeRequest,
+        "/v1/cache/warm": P.CacheWarmRequest,
+        "/v1/responses": P.ResponsesRequest,
+        "/v1/embeddings": embeddings.EmbeddingRequest,
+    }
+    _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}
     for path, t in bodies.items():
-        paths[path] = {"post": {
-            "requestBody": {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{t.__name__}"}}}},
-            "responses": {"200": {"description": "OK"}, "400": {"description": "invalid request"}}}}
+        paths[path] = {
+            "post": {
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{t.__name__}"}}},
+                },
+                "responses": {"200": {"description": "OK"}, "400": {"description": "invalid request"}},
+            }
+        }
     for path in ("/v1/models", "/health", "/metrics"):
         paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
     paths["/v1/responses/{response_id}"] = {
-        verb: {"parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-               "responses": {"200": {"description": "OK"}, "404": {"description": "not stored (or expired)"}}}
-        for verb in ("get", "delete")}
-    return {"openapi": "3.1.0", "info": {"title": "inferd", "version": "0.1.0"}, "paths": paths,
-            "components": {"schemas": components}}
+        verb: {
+            "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "OK"}, "404": {"description": "not stored (or expired)"}},
+        }
+        for verb in ("get", "delete")
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "inferd", "version": "0.1.0"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -171,9 +201,11 @@ async def openapi(request: web.Request) -> web.Response:
 
 # ---- start-up -----------------------------------------------------------------------------------------------
 
+
 def load_model_from_settings(settings: Settings):
     from inferd.model.loader import load_model
     from inferd.model.pull import cache_dir, resolve
+
     path = resolve(settings.model, progress=False, cache=cache_dir(settings.model_cache_dir))
     return load_model(path, quantize=settings.quantize or None)
 
@@ -186,17 +218,19 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
     from inferd import _cpu
     from inferd.server.metrics import Metrics
     from inferd.text.chat import ChatTemplate
+
     loop = asyncio.get_running_loop()
     s = state.settings
-    pin_mmap_threshold()   # before the model's big allocations: RSS must not creep up over months
+    pin_mmap_threshold()  # before the model's big allocations: RSS must not creep up over months
     try:
-        if state.model is None and is_embedding_folder(s.model):   # the folder decides: an embedding-only server
+        if state.model is None and is_embedding_folder(s.model):  # the folder decides: an embedding-only server
             await start_embeddings(state, s.model, s.served_model_name or None)
             state.status = "ready"
             state.notifier.ready(f"serving {state.embeddings[0].name}")
             return
-        if s.device != "cpu":   # before the model load: a missing GPU should not cost a download first
+        if s.device != "cpu":  # before the model load: a missing GPU should not cost a download first
             from inferd.engine.device import check_device
+
             await loop.run_in_executor(None, check_device, s.device)
         if state.model is None:
             assert load is not None
@@ -213,28 +247,48 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         if getattr(engine, "supports_token_masks", False):
             # the grammar vocabulary (~2 s for 150k tokens) builds in the background, not in the first request
             from inferd.text.grammar import GrammarCompiler
+
             state.grammar = GrammarCompiler(tok, engine.vocab_size, compile_timeout=s.grammar_compile_timeout_s)
-        state.max_model_len = min(s.max_model_len or engine.context_length, engine.context_length,
-                                  engine.num_kv_blocks * engine.block_size)
-        scheduler = Scheduler(engine, max_running=s.max_running, max_model_len=state.max_model_len,
-                              enable_prefix_caching=s.enable_prefix_caching, tokenizer=tok, speculative=s.speculative)
-        state.engine_loop = EngineLoop(engine, scheduler, max_waiting=s.max_waiting, watchdog=state.notifier.watchdog,
-                                       idle_wait_s=idle_wait(state.notifier))
+        state.max_model_len = min(
+            s.max_model_len or engine.context_length, engine.context_length, engine.num_kv_blocks * engine.block_size
+        )
+        scheduler = Scheduler(
+            engine,
+            max_running=s.max_running,
+            max_model_len=state.max_model_len,
+            enable_prefix_caching=s.enable_prefix_caching,
+            tokenizer=tok,
+            speculative=s.speculative,
+        )
+        state.engine_loop = EngineLoop(
+            engine,
+            scheduler,
+            max_waiting=s.max_waiting,
+            watchdog=state.notifier.watchdog,
+            idle_wait_s=idle_wait(state.notifier),
+        )
         state.engine_loop.start()
         await warm_up(state)
         state.metrics = Metrics(state.served_model_name, bandwidth)
         state.metrics.bind(state.engine_loop)
-        state.engine_loop.observer = state.metrics   # after the warm-up, which is not a user request
+        state.engine_loop.observer = state.metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
         state.status = "ready"
-        log.info("serving %s: %d KV blocks (%d positions), context %d, %d threads, %s kernels, read bandwidth "
-                 "%.1f GB/s", state.served_model_name, engine.num_kv_blocks, engine.num_kv_blocks * engine.block_size,
-                 state.max_model_len, engine.threads, getattr(engine, "kernel_path", "?"), bandwidth / 1e9)
+        log.info(
+            "serving %s: %d KV blocks (%d positions), context %d, %d threads, %s kernels, read bandwidth %.1f GB/s",
+            state.served_model_name,
+            engine.num_kv_blocks,
+            engine.num_kv_blocks * engine.block_size,
+            state.max_model_len,
+            engine.threads,
+            getattr(engine, "kernel_path", "?"),
+            bandwidth / 1e9,
+        )
         state.notifier.ready(f"serving {state.served_model_name}")
     except asyncio.CancelledError:
         raise
-    except Exception as e:   # a missing or corrupt model: say so plainly, keep /health answering
+    except Exception as e:  # a missing or corrupt model: say so plainly, keep /health answering
         state.status = "failed"
         state.failure = str(e) or type(e).__name__
         log.error("cannot serve: %s", state.failure)
@@ -247,21 +301,37 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
     """Loads an embedding model and starts its queue's thread (see server/embedding_service.py)."""
     from inferd.engine.engine import physical_cores
     from inferd.server.embedding_service import EmbeddingMetrics, start_embedding_service
+
     s = state.settings
     if state.embedding_metrics is None:
         state.embedding_metrics = EmbeddingMetrics()
     state.notifier.status(f"loading embedding model {path}")
-    service = await asyncio.get_running_loop().run_in_executor(None, lambda: start_embedding_service(
-        path, name=name, quantize=s.quantize or None, threads=s.threads or physical_cores(),
-        max_batch_tokens=max(s.max_batch_tokens, 2048), max_waiting=s.max_waiting,
-        metrics=state.embedding_metrics, watchdog=state.notifier.watchdog, engine_loop=state.engine_loop))
+    service = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: start_embedding_service(
+            path,
+            name=name,
+            quantize=s.quantize or None,
+            threads=s.threads or physical_cores(),
+            max_batch_tokens=max(s.max_batch_tokens, 2048),
+            max_waiting=s.max_waiting,
+            metrics=state.embedding_metrics,
+            watchdog=state.notifier.watchdog,
+            engine_loop=state.engine_loop,
+        ),
+    )
     state.embeddings.append(service)
-    log.info("serving embedding model %s: %d dimensions, up to %d tokens per input", service.name,
-             service.embedder.dimensions, service.embedder.max_seq_length)
+    log.info(
+        "serving embedding model %s: %d dimensions, up to %d tokens per input",
+        service.name,
+        service.embedder.dimensions,
+        service.embedder.max_seq_length,
+    )
 
 
 def is_embedding_folder(path: str) -> bool:
     from inferd.model.embedding import is_embedding_folder as check
+
     return check(path)
 
 
@@ -280,14 +350,25 @@ async def warm_up(state: ServerState) -> None:
             raise RuntimeError(f"warm-up generation failed: {out.error_message}")
 
 
-def create_app(settings: Settings, *, api_keys: Sequence[str] = (), model=None, load: Callable[[], Any] | None = None,
-               notifier: Notifier | None = None) -> web.Application:
+def create_app(
+    settings: Settings,
+    *,
+    api_keys: Sequence[str] = (),
+    model=None,
+    load: Callable[[], Any] | None = None,
+    notifier: Notifier | None = None,
+) -> web.Application:
     """`model`: an already loaded model (tests); otherwise `load()` (default: pull + load per settings)
     runs in a worker thread after the server starts listening."""
-    app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[error_middleware, auth_middleware, lifecycle_middleware])
-    state = ServerState(settings=settings, notifier=notifier or Notifier(),
-                        api_key_digests=[key_digest(k) for k in api_keys], model=model)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[error_middleware, auth_middleware, lifecycle_middleware]
+    )
+    state = ServerState(
+        settings=settings,
+        notifier=notifier or Notifier(),
+        api_key_digests=[key_digest(k) for k in api_keys],
+        model=model,
+    )
     state.idle.set()
     app[STATE] = state
     app[OPENAPI] = openapi_document()

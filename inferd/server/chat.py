@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: messages -> chat template -> tokens -> n choices; the full response or its stream."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,18 +9,33 @@ from aiohttp import web
 
 from inferd.engine.request import Request
 from inferd.server import protocol as P
-from inferd.server.generation import (Choice, Generation, check_model, check_prompt_len, encode, limits, respond,
-                                      resolve_max_tokens, sampling_params, stop_token_ids, wants_usage)
+from inferd.server.generation import (
+    Choice,
+    Generation,
+    check_model,
+    check_prompt_len,
+    encode,
+    limits,
+    respond,
+    resolve_max_tokens,
+    sampling_params,
+    stop_token_ids,
+    wants_usage,
+)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 from inferd.server.structured import ChatPrep, ChoiceTools, finish_reason, parse_message, prepare_chat
 
 
-def render_chat(state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None = None) -> str:
+def render_chat(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
     try:
         return state.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
-    except ValueError as e:   # ChatTemplateError: the template refused these messages
+    except ValueError as e:  # ChatTemplateError: the template refused these messages
         raise ProtocolError(str(e), "messages") from None
 
 
@@ -27,17 +43,24 @@ def token_str(state: ServerState, token_id: int) -> str:
     return state.tokenizer.token_bytes(token_id, skip_special=False).decode("utf-8", errors="replace")
 
 
-def chat_logprobs(state: ServerState, c: Choice, ids: list[int], lps: list[float],
-                  tops: list[list[tuple[int, float]]]) -> P.ChatLogprobs:
+def chat_logprobs(
+    state: ServerState, c: Choice, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]
+) -> P.ChatLogprobs:
     stop_ids = c.handle.request.stop_token_ids
     content = []
     for tok, lp, top in zip(ids, lps, tops):
         if tok in stop_ids:
-            continue   # the end-of-turn token is not part of the answer
-        content.append(P.TokenLogprob(
-            token=token_str(state, tok), logprob=lp, bytes=list(state.tokenizer.token_bytes(tok, False)),
-            top_logprobs=[P.TopLogprob(token_str(state, t), l, list(state.tokenizer.token_bytes(t, False)))
-                          for t, l in top]))
+            continue  # the end-of-turn token is not part of the answer
+        content.append(
+            P.TokenLogprob(
+                token=token_str(state, tok),
+                logprob=lp,
+                bytes=list(state.tokenizer.token_bytes(tok, False)),
+                top_logprobs=[
+                    P.TopLogprob(token_str(state, t), l, list(state.tokenizer.token_bytes(t, False))) for t, l in top
+                ],
+            )
+        )
     return P.ChatLogprobs(content)
 
 
@@ -51,7 +74,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     stops = P.stop_list(req.stop, lim)
     prep = await prepare_chat(state, req, messages, state.chat_template.source)
     text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools)
-    prompt = await encode(state, text, add_special=False)   # the template wrote BOS itself if it wants one
+    prompt = await encode(state, text, add_special=False)  # the template wrote BOS itself if it wants one
     check_prompt_len(state, len(prompt), "messages")
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -59,27 +82,53 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     eos = stop_token_ids(state, req.ignore_eos)
     timeout = state.settings.request_timeout_s or None
-    gen = Generation.submit(state, "chatcmpl", lambda rid: [
-        (0, Request(f"{rid}-{j}", prompt, sampling_params(req, state, logprobs, j), max_tokens, stops, eos,
-                    timeout_s=timeout, speculative=req.speculative, constraint=prep.constraint))
-        for j in range(req.n)])
-    return await respond(request, gen, lambda: chat_full(gen, logprobs is not None, prep),
-                         chat_stream(gen, req, prep) if req.stream else None)
+    gen = Generation.submit(
+        state,
+        "chatcmpl",
+        lambda rid: [
+            (
+                0,
+                Request(
+                    f"{rid}-{j}",
+                    prompt,
+                    sampling_params(req, state, logprobs, j),
+                    max_tokens,
+                    stops,
+                    eos,
+                    timeout_s=timeout,
+                    speculative=req.speculative,
+                    constraint=prep.constraint,
+                ),
+            )
+            for j in range(req.n)
+        ],
+    )
+    return await respond(
+        request,
+        gen,
+        lambda: chat_full(gen, logprobs is not None, prep),
+        chat_stream(gen, req, prep) if req.stream else None,
+    )
 
 
 def chat_full(gen: Generation, with_logprobs: bool, prep: ChatPrep) -> P.ChatCompletionResponse:
     choices = []
     for c in gen.choices:
         content, calls = parse_message(c.text, prep)
-        choices.append(P.ChatChoice(
-            c.index, P.ChatMessage("assistant", content, calls),
-            chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
-            finish_reason(c.finish_reason, bool(calls))))
+        choices.append(
+            P.ChatChoice(
+                c.index,
+                P.ChatMessage("assistant", content, calls),
+                chat_logprobs(gen.state, c, c.token_ids, c.logprobs, c.top_logprobs) if with_logprobs else None,
+                finish_reason(c.finish_reason, bool(calls)),
+            )
+        )
     return P.ChatCompletionResponse(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=gen.usage())
 
 
-async def chat_stream(gen: Generation, req: P.ChatCompletionRequest, prep: ChatPrep
-                      ) -> AsyncIterator[P.ChatCompletionChunk | None]:
+async def chat_stream(
+    gen: Generation, req: P.ChatCompletionRequest, prep: ChatPrep
+) -> AsyncIterator[P.ChatCompletionChunk | None]:
     def chunk(choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> P.ChatCompletionChunk:
         return P.ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
@@ -93,15 +142,19 @@ async def chat_stream(gen: Generation, req: P.ChatCompletionRequest, prep: ChatP
         c, out = item
         lp = None
         if out.logprobs is not None and out.token_ids:
-            lp = chat_logprobs(gen.state, c, out.token_ids, out.logprobs,
-                               out.top_logprobs or [[]] * len(out.logprobs))
+            lp = chat_logprobs(gen.state, c, out.token_ids, out.logprobs, out.top_logprobs or [[]] * len(out.logprobs))
         content, calls = out.text, None
-        if c.index in tools:   # tool-call syntax becomes delta.tool_calls, never content
+        if c.index in tools:  # tool-call syntax becomes delta.tool_calls, never content
             content, deltas = tools[c.index].feed(out.text, final=out.finish_reason is not None)
             calls = deltas or None
         if content or calls or (lp is not None and lp.content):
-            yield chunk([P.ChatChunkChoice(c.index, P.Delta(content=content or None if calls else content,
-                                                            tool_calls=calls), lp, None)])
+            yield chunk(
+                [
+                    P.ChatChunkChoice(
+                        c.index, P.Delta(content=content or None if calls else content, tool_calls=calls), lp, None
+                    )
+                ]
+            )
         if out.finish_reason is not None:
             has_calls = c.index in tools and tools[c.index].has_calls
             yield chunk([P.ChatChunkChoice(c.index, P.Delta(), None, finish_reason(c.finish_reason, has_calls))])

@@ -1,5 +1,6 @@
 """POST /v1/completions: prompts (text or token ids) x n choices, with echo and legacy logprobs; the full
 response or its stream."""
+
 from __future__ import annotations
 
 import time
@@ -12,9 +13,22 @@ from aiohttp import web
 from inferd.engine.request import Request
 from inferd.server import protocol as P
 from inferd.server.chat import token_str
-from inferd.server.generation import (Choice, Generation, check_model, check_prompt_len, encode, json_response,
-                                      limits, respond, resolve_max_tokens, sampling_params, sse_event, start_sse,
-                                      stop_token_ids, wants_usage)
+from inferd.server.generation import (
+    Choice,
+    Generation,
+    check_model,
+    check_prompt_len,
+    encode,
+    json_response,
+    limits,
+    respond,
+    resolve_max_tokens,
+    sampling_params,
+    sse_event,
+    start_sse,
+    stop_token_ids,
+    wants_usage,
+)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 from inferd.server.structured import prepare_completion
@@ -52,6 +66,7 @@ class LegacyLogprobs:
 @dataclass
 class Prompts:
     """The request's prompts as token ids and as the text echo returns."""
+
     ids: list[list[int]]
     texts: list[str]
 
@@ -78,7 +93,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     stops = P.stop_list(req.stop, lim)
     prompts = Prompts([], [])
     for p in raw_prompts:
-        if req.suffix is not None:   # fill in the middle: the code before the cursor, then after it
+        if req.suffix is not None:  # fill in the middle: the code before the cursor, then after it
             try:
                 ids = fim_prompt_ids(state.tokenizer, str(p), req.suffix)
             except FimUnsupported as e:
@@ -90,20 +105,42 @@ async def completions(request: web.Request) -> web.StreamResponse:
         check_prompt_len(state, len(ids), "prompt")
         prompts.ids.append(ids)
         prompts.texts.append(p if isinstance(p, str) else state.tokenizer.decode(p))
-    max_tokens = min(resolve_max_tokens(state, req.max_tokens, len(p), 16) for p in prompts.ids)   # OpenAI's default
+    max_tokens = min(resolve_max_tokens(state, req.max_tokens, len(p), 16) for p in prompts.ids)  # OpenAI's default
     prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
-    if max_tokens == 0 and prompt_lp is None:   # nothing to compute: answer without touching the engine
+    if max_tokens == 0 and prompt_lp is None:  # nothing to compute: answer without touching the engine
         return await nothing_to_generate(request, state, req, prompts)
     eos = stop_token_ids(state, req.ignore_eos)
     timeout = state.settings.request_timeout_s or None
     constraint = await prepare_completion(state, req)
-    gen = Generation.submit(state, "cmpl", lambda rid: [
-        (i, Request(f"{rid}-{i}-{j}", p, sampling_params(req, state, req.logprobs, j), max_tokens, stops, eos,
-                    prompt_logprobs=prompt_lp, timeout_s=timeout, speculative=req.speculative,
-                    constraint=constraint))
-        for i, p in enumerate(prompts.ids) for j in range(req.n)])
-    return await respond(request, gen, lambda: completions_full(gen, req, prompts),
-                         completions_stream(gen, req, prompts) if req.stream else None)
+    gen = Generation.submit(
+        state,
+        "cmpl",
+        lambda rid: [
+            (
+                i,
+                Request(
+                    f"{rid}-{i}-{j}",
+                    p,
+                    sampling_params(req, state, req.logprobs, j),
+                    max_tokens,
+                    stops,
+                    eos,
+                    prompt_logprobs=prompt_lp,
+                    timeout_s=timeout,
+                    speculative=req.speculative,
+                    constraint=constraint,
+                ),
+            )
+            for i, p in enumerate(prompts.ids)
+            for j in range(req.n)
+        ],
+    )
+    return await respond(
+        request,
+        gen,
+        lambda: completions_full(gen, req, prompts),
+        completions_stream(gen, req, prompts) if req.stream else None,
+    )
 
 
 def completions_full(gen: Generation, req: P.CompletionRequest, prompts: Prompts) -> P.CompletionResponse:
@@ -119,8 +156,9 @@ def completions_full(gen: Generation, req: P.CompletionRequest, prompts: Prompts
     return P.CompletionResponse(gen.rid, gen.created, gen.model, out, gen.fingerprint, usage=gen.usage())
 
 
-async def completions_stream(gen: Generation, req: P.CompletionRequest, prompts: Prompts
-                             ) -> AsyncIterator[P.CompletionResponse | None]:
+async def completions_stream(
+    gen: Generation, req: P.CompletionRequest, prompts: Prompts
+) -> AsyncIterator[P.CompletionResponse | None]:
     want_lp = req.logprobs is not None
     builders = {c.index: LegacyLogprobs(gen.state) for c in gen.choices}
     echoed: set[int] = set()
@@ -139,20 +177,29 @@ async def completions_stream(gen: Generation, req: P.CompletionRequest, prompts:
             entries += generated_entries(out.token_ids, out.logprobs, out.top_logprobs)
         lp = builders[c.index].build(entries) if want_lp and entries else None
         if text or lp is not None or out.finish_reason is not None:
-            yield P.CompletionResponse(gen.rid, gen.created, gen.model,
-                                       [P.CompletionChoice(c.index, text, lp, c.finish_reason)], gen.fingerprint)
+            yield P.CompletionResponse(
+                gen.rid,
+                gen.created,
+                gen.model,
+                [P.CompletionChoice(c.index, text, lp, c.finish_reason)],
+                gen.fingerprint,
+            )
     if wants_usage(req):
         yield P.CompletionResponse(gen.rid, gen.created, gen.model, [], gen.fingerprint, usage=gen.usage())
 
 
-async def nothing_to_generate(request: web.Request, state: ServerState, req: P.CompletionRequest,
-                              prompts: Prompts) -> web.StreamResponse:
+async def nothing_to_generate(
+    request: web.Request, state: ServerState, req: P.CompletionRequest, prompts: Prompts
+) -> web.StreamResponse:
     """max_tokens 0 without echo logprobs: every choice is empty (or the echoed prompt) at once."""
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     model, fp = state.served_model_name, state.system_fingerprint
     usage = P.usage_info(sum(len(p) for p in prompts.ids), 0, 0)
-    empty = [P.CompletionChoice(i * req.n + j, prompts.texts[i] if req.echo else "", None, "length")
-             for i in range(len(prompts.ids)) for j in range(req.n)]
+    empty = [
+        P.CompletionChoice(i * req.n + j, prompts.texts[i] if req.echo else "", None, "length")
+        for i in range(len(prompts.ids))
+        for j in range(req.n)
+    ]
     if not req.stream:
         return json_response(P.CompletionResponse(rid, created, model, empty, fp, usage=usage))
     resp = await start_sse(request)

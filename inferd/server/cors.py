@@ -7,6 +7,7 @@ calls) lists the origins a page may call from, "*" for any.
 - Every other answer to an allowed origin carries Access-Control-Allow-Origin (and Vary: Origin), added when its
   headers are sent (aiohttp's on_response_prepare), so errors from any middleware and SSE streams get it too.
 """
+
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,22 +43,37 @@ class CorsPolicy:
     # -- aiohttp hooks
     @web.middleware
     async def preflight(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not (self.enabled and request.method == "OPTIONS" and "Origin" in request.headers
-                and "Access-Control-Request-Method" in request.headers):
+        if not (
+            self.enabled
+            and request.method == "OPTIONS"
+            and "Origin" in request.headers
+            and "Access-Control-Request-Method" in request.headers
+        ):
             return await handler(request)
         allowed = self.allow_origin(request.headers["Origin"])
         if allowed is None:
-            return web.json_response({"error": {"message": f"origin {request.headers['Origin']!r} is not allowed "
-                                                           "(cors_allowed_origins)", "type": "invalid_request_error",
-                                                "param": None, "code": "cors_origin_not_allowed"}}, status=403)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"origin {request.headers['Origin']!r} is not allowed (cors_allowed_origins)",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "cors_origin_not_allowed",
+                    }
+                },
+                status=403,
+            )
         requested = request.headers.get("Access-Control-Request-Headers", "").strip()
-        return web.Response(status=204, headers={
-            "Access-Control-Allow-Origin": allowed,
-            "Access-Control-Allow-Methods": ALLOW_METHODS,
-            "Access-Control-Allow-Headers": requested or DEFAULT_ALLOW_HEADERS,
-            "Access-Control-Max-Age": str(MAX_AGE_S),
-            "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
-        })
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Origin": allowed,
+                "Access-Control-Allow-Methods": ALLOW_METHODS,
+                "Access-Control-Allow-Headers": requested or DEFAULT_ALLOW_HEADERS,
+                "Access-Control-Max-Age": str(MAX_AGE_S),
+                "Vary": "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
+            },
+        )
 
     async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
         allowed = self.allow_origin(request.headers.get("Origin"))

@@ -1,6 +1,7 @@
 """An embedding model as the server runs it: loaded from its folder, its queue, the thread that runs the queue's
 steps, and its Prometheus metrics (own names under `inferd:embedding_*`, label model_name, in their own registry
 appended to /metrics: no clash with the chat model's families)."""
+
 from __future__ import annotations
 
 import os
@@ -24,15 +25,30 @@ class EmbeddingMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(P + "embedding_requests", "Embedding requests by outcome (finished, aborted: the "
-                                "client went away, failed).", ["model_name", "status"], registry=r)
+        self.requests = Counter(
+            P + "embedding_requests",
+            "Embedding requests by outcome (finished, aborted: the client went away, failed).",
+            ["model_name", "status"],
+            registry=r,
+        )
         self.inputs = Counter(P + "embedding_inputs", "Inputs embedded.", ["model_name"], registry=r)
-        self.tokens = Counter(P + "embedding_prompt_tokens", "Tokens of the inputs embedded.", ["model_name"],
-                              registry=r)
-        self.latency = Histogram(P + "embedding_request_latency_seconds", "From queued to vectors ready.",
-                                 ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram(P + "embedding_request_queue_time_seconds", "From queued to first encoded.",
-                                    ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter(
+            P + "embedding_prompt_tokens", "Tokens of the inputs embedded.", ["model_name"], registry=r
+        )
+        self.latency = Histogram(
+            P + "embedding_request_latency_seconds",
+            "From queued to vectors ready.",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            P + "embedding_request_queue_time_seconds",
+            "From queued to first encoded.",
+            ["model_name"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.services: list[EmbeddingService] = []
         r.register(self)
 
@@ -45,11 +61,13 @@ class EmbeddingMetrics:
                 now = time.monotonic()
                 self.latency.labels(name).observe(now - job.arrival)
                 self.queue_time.labels(name).observe((job.first_step or now) - job.arrival)
+
         return observe
 
-    def collect(self):   # state read at scrape time
-        g = GaugeMetricFamily(P + "embedding_num_requests_waiting", "Embedding requests queued or being encoded.",
-                              labels=["model_name"])
+    def collect(self):  # state read at scrape time
+        g = GaugeMetricFamily(
+            P + "embedding_num_requests_waiting", "Embedding requests queued or being encoded.", labels=["model_name"]
+        )
         for s in self.services:
             g.add_metric([s.name], len(s.queue.jobs))
         yield g
@@ -66,14 +84,21 @@ class EmbeddingService:
     name: str
     embedder: Embedder
     queue: EmbeddingQueue
-    worker: EmbeddingWorker | None = None      # None when a scheduler loop runs the queue's steps
+    worker: EmbeddingWorker | None = None  # None when a scheduler loop runs the queue's steps
     extra: dict[str, Any] = field(default_factory=dict)
 
     def card(self) -> dict[str, Any]:
         m = self.embedder.model
-        return {"id": self.name, "object": "model", "owned_by": "inferd", "type": "embedding",
-                "max_model_len": m.max_seq_length, "dimensions": m.dimensions,
-                "matryoshka_dimensions": list(m.matryoshka_dims), "input_types": sorted(m.prompts)}
+        return {
+            "id": self.name,
+            "object": "model",
+            "owned_by": "inferd",
+            "type": "embedding",
+            "max_model_len": m.max_seq_length,
+            "dimensions": m.dimensions,
+            "matryoshka_dimensions": list(m.matryoshka_dims),
+            "input_types": sorted(m.prompts),
+        }
 
     def stop(self) -> None:
         """After the engine loop (if any) has stopped: fails whatever is still queued."""
@@ -82,16 +107,25 @@ class EmbeddingService:
         self.queue.fail_all("the server is shutting down")
 
 
-def start_embedding_service(path: str, *, name: str | None, quantize: str | None, threads: int,
-                            max_batch_tokens: int, max_waiting: int, metrics: EmbeddingMetrics,
-                            watchdog: Callable[[], None] | None = None, engine_loop: Any = None) -> EmbeddingService:
+def start_embedding_service(
+    path: str,
+    *,
+    name: str | None,
+    quantize: str | None,
+    threads: int,
+    max_batch_tokens: int,
+    max_waiting: int,
+    metrics: EmbeddingMetrics,
+    watchdog: Callable[[], None] | None = None,
+    engine_loop: Any = None,
+) -> EmbeddingService:
     """Loads the folder and builds the encoder (blocking: call it off the event loop). Its queue's steps run on
     `engine_loop`'s thread when given (beside a chat model), else on a thread of its own."""
     model = load_embedding_model(path, quantize=quantize)
     embedder = Embedder(model, threads=threads, max_batch_tokens=max_batch_tokens)
     service_name = name or os.path.basename(os.path.normpath(path)).lower()
     queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(service_name))
-    embedder.embed(embedder.tokenize(["warm up"]))      # first-touch page faults before the first user request
+    embedder.embed(embedder.tokenize(["warm up"]))  # first-touch page faults before the first user request
     if engine_loop is not None:
         queue.wake = engine_loop.wake
         engine_loop.side_queues.append(queue)
@@ -102,4 +136,3 @@ def start_embedding_service(path: str, *, name: str | None, quantize: str | None
         worker.start()
     metrics.services.append(service)
     return service
-

@@ -8,6 +8,7 @@ Texts are tokenized here, on the event loop's side (big requests in a worker thr
 thread only sees token ids and batches inputs across requests. Errors use the OpenAI envelope and name the bad
 input by index (`input[3]`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,7 @@ from inferd.server.state import STATE, ServerState
 
 log = logging.getLogger("inferd.server")
 
-MAX_INPUTS = 2048            # OpenAI's limit on inputs per request
+MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 TOKENIZE_OFF_LOOP_CHARS = 20_000
 
 
@@ -38,8 +39,8 @@ class EmbeddingRequest(Struct, forbid_unknown_fields=False):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
-    input_type: str | None = None        # extension: "query" | "document" | a prompt name of the model
-    truncate: bool = False               # extension: cut inputs over the model's limit instead of refusing them
+    input_type: str | None = None  # extension: "query" | "document" | a prompt name of the model
+    truncate: bool = False  # extension: cut inputs over the model's limit instead of refusing them
 
 
 class EmbeddingData(Struct):
@@ -65,8 +66,10 @@ def parse_inputs(raw: Any) -> tuple[list[str] | None, list[list[int]] | None]:
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
-        raise ProtocolError("input must be a non-empty string, list of strings, list of token ids or list of "
-                            "lists of token ids", "input")
+        raise ProtocolError(
+            "input must be a non-empty string, list of strings, list of token ids or list of lists of token ids",
+            "input",
+        )
     if len(raw) > MAX_INPUTS and not all(isinstance(x, int) for x in raw):
         raise ProtocolError(f"input holds {len(raw)} items; at most {MAX_INPUTS} per request", "input")
     if all(isinstance(x, str) for x in raw):
@@ -89,8 +92,11 @@ def check_dimensions(service: EmbeddingService, dimensions: int | None) -> int |
     if dimensions is None or dimensions == native:
         return None
     if not service.embedder.model.matryoshka_dims:
-        raise ProtocolError(f"model `{service.name}` does not support the dimensions parameter (its vectors have "
-                            f"{native} values and were not trained to be truncated)", "dimensions")
+        raise ProtocolError(
+            f"model `{service.name}` does not support the dimensions parameter (its vectors have "
+            f"{native} values and were not trained to be truncated)",
+            "dimensions",
+        )
     if not 1 <= dimensions <= native:
         raise ProtocolError(f"dimensions must be between 1 and {native}", "dimensions")
     return dimensions
@@ -122,7 +128,7 @@ async def run_job(service: EmbeddingService, ids: list[list[int]]) -> EmbeddingJ
         if not done.done():
             done.set_result(job)
 
-    def on_done(job: EmbeddingJob) -> None:   # on the queue's thread
+    def on_done(job: EmbeddingJob) -> None:  # on the queue's thread
         loop.call_soon_threadsafe(resolve, job)
 
     job = EmbeddingJob(f"embd-{uuid.uuid4().hex}", ids, on_done)
@@ -140,13 +146,14 @@ async def run_job(service: EmbeddingService, ids: list[list[int]]) -> EmbeddingJ
     return job
 
 
-def build_response(service: EmbeddingService, req: EmbeddingRequest, job: EmbeddingJob,
-                   dimensions: int | None) -> EmbeddingResponse:
+def build_response(
+    service: EmbeddingService, req: EmbeddingRequest, job: EmbeddingJob, dimensions: int | None
+) -> EmbeddingResponse:
     assert job.vectors is not None
     vectors = job.vectors
     if dimensions is not None:
         vectors = truncate_dimensions(vectors, dimensions, service.embedder.model.normalize)
-    if req.encoding_format == "base64":    # OpenAI's: the little-endian float32 bytes of each vector
+    if req.encoding_format == "base64":  # OpenAI's: the little-endian float32 bytes of each vector
         data = [EmbeddingData(i, base64.b64encode(v.astype("<f4").tobytes()).decode()) for i, v in enumerate(vectors)]
     else:
         data = [EmbeddingData(i, v.tolist()) for i, v in enumerate(vectors)]
@@ -162,14 +169,25 @@ def pick_service(state: ServerState, name: str | None) -> EmbeddingService:
             return s
     names = ", ".join(f"`{s.name}`" for s in services)
     if name is not None and state.model is not None and name in state.model_names():
-        raise ProtocolError(f"model `{name}` is a chat model and does not serve embeddings; this server embeds with "
-                            f"{names or 'no model (start it with --embedding-model)'}", "model",
-                            code="model_not_embedding")
+        raise ProtocolError(
+            f"model `{name}` is a chat model and does not serve embeddings; this server embeds with "
+            f"{names or 'no model (start it with --embedding-model)'}",
+            "model",
+            code="model_not_embedding",
+        )
     if not services:
-        raise ProtocolError("this server has no embedding model; start it with --embedding-model PATH", "model",
-                            status=404, code="model_not_found")
-    raise ProtocolError(f"The model `{name}` does not exist; embedding models here: {names}", "model", status=404,
-                        code="model_not_found")
+        raise ProtocolError(
+            "this server has no embedding model; start it with --embedding-model PATH",
+            "model",
+            status=404,
+            code="model_not_found",
+        )
+    raise ProtocolError(
+        f"The model `{name}` does not exist; embedding models here: {names}",
+        "model",
+        status=404,
+        code="model_not_found",
+    )
 
 
 async def embeddings(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ whichever the request asked for, aborts every choice if the client goes away or 
 Detokenization and stop strings run in the scheduler thread (inferd/engine/scheduler.py's postprocess); the
 outputs that arrive here carry finished text deltas.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,15 +34,21 @@ log = logging.getLogger("inferd.server")
 
 # ---- request fields -> scheduler requests -----------------------------------------------------------------
 
+
 def limits(state: ServerState) -> P.Limits:
-    return P.Limits(vocab_size=state.tokenizer.vocab_size, max_n=state.settings.max_n,
-                    max_messages=state.settings.max_messages)
+    return P.Limits(
+        vocab_size=state.tokenizer.vocab_size, max_n=state.settings.max_n, max_messages=state.settings.max_messages
+    )
 
 
 def check_model(state: ServerState, name: str | None) -> None:
     if name is not None and name not in state.model_names():
-        raise ProtocolError(f"The model `{name}` does not exist; this server serves `{state.served_model_name}`",
-                            "model", status=404, code="model_not_found")
+        raise ProtocolError(
+            f"The model `{name}` does not exist; this server serves `{state.served_model_name}`",
+            "model",
+            status=404,
+            code="model_not_found",
+        )
 
 
 async def encode(state: ServerState, text: str, add_special: bool) -> list[int]:
@@ -55,32 +62,41 @@ async def encode(state: ServerState, text: str, add_special: bool) -> list[int]:
 def check_prompt_len(state: ServerState, n: int, param: str) -> None:
     cap = min(state.settings.max_prompt_tokens or state.max_model_len, state.max_model_len)
     if n > cap:
-        raise ProtocolError(f"the prompt has {n} tokens; this server accepts at most {cap}", param,
-                            code="context_length_exceeded")
+        raise ProtocolError(
+            f"the prompt has {n} tokens; this server accepts at most {cap}", param, code="context_length_exceeded"
+        )
 
 
-def resolve_max_tokens(state: ServerState, requested: int | None, prompt_len: int, default: int | None,
-                       param: str = "max_tokens") -> int:
+def resolve_max_tokens(
+    state: ServerState, requested: int | None, prompt_len: int, default: int | None, param: str = "max_tokens"
+) -> int:
     room = state.max_model_len - prompt_len
     cap = state.settings.max_tokens_limit or state.max_model_len
     if requested is None:
         if room <= 0:
-            raise ProtocolError(f"This model's maximum context length is {state.max_model_len} tokens and the "
-                                f"prompt already has {prompt_len}", "messages", code="context_length_exceeded")
+            raise ProtocolError(
+                f"This model's maximum context length is {state.max_model_len} tokens and the "
+                f"prompt already has {prompt_len}",
+                "messages",
+                code="context_length_exceeded",
+            )
         return min(room, cap, default if default is not None else room)
     if requested > cap:
         raise ProtocolError(f"{param} must be at most {cap}, got {requested}", param)
     if requested > room:
-        raise ProtocolError(f"This model's maximum context length is {state.max_model_len} tokens. However, you "
-                            f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
-                            f"for the completion). Please reduce the prompt or {param}.", param,
-                            code="context_length_exceeded")
+        raise ProtocolError(
+            f"This model's maximum context length is {state.max_model_len} tokens. However, you "
+            f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
+            f"for the completion). Please reduce the prompt or {param}.",
+            param,
+            code="context_length_exceeded",
+        )
     return requested
 
 
 def sampling_params(req: P._SamplingRequest, state: ServerState, logprobs: int | None, choice: int) -> SamplingParams:
-    seed = req.seed + choice if req.seed is not None and choice else req.seed   # n choices must differ
-    greedy = req.top_p == 0.0      # OpenAI accepts top_p 0: only the most likely token, i.e. greedy
+    seed = req.seed + choice if req.seed is not None and choice else req.seed  # n choices must differ
+    greedy = req.top_p == 0.0  # OpenAI accepts top_p 0: only the most likely token, i.e. greedy
     params = SamplingParams(
         temperature=0.0 if greedy else 1.0 if req.temperature is None else req.temperature,
         top_k=0 if req.top_k is None or req.top_k < 0 else req.top_k,
@@ -90,7 +106,9 @@ def sampling_params(req: P._SamplingRequest, state: ServerState, logprobs: int |
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=P.logit_bias_ids(req.logit_bias, limits(state)),
-        seed=seed, logprobs=logprobs)
+        seed=seed,
+        logprobs=logprobs,
+    )
     try:
         params.validate()
     except ValueError as e:
@@ -110,30 +128,33 @@ def submit_all(state: ServerState, requests: list[Request]) -> list[RequestHandl
     except QueueFull as e:
         for h in handles:
             h.abort()
-        raise ProtocolError(f"the server is busy ({e}); retry shortly", status=503, code="queue_full",
-                            headers={"Retry-After": "1"}) from None
+        raise ProtocolError(
+            f"the server is busy ({e}); retry shortly", status=503, code="queue_full", headers={"Retry-After": "1"}
+        ) from None
     except SchedulerStopped as e:
         for h in handles:
             h.abort()
-        raise ProtocolError(f"the server is not accepting requests: {e}", status=503,
-                            headers={"Retry-After": "5"}) from None
+        raise ProtocolError(
+            f"the server is not accepting requests: {e}", status=503, headers={"Retry-After": "5"}
+        ) from None
     return handles
 
 
 # ---- choices and their outputs ------------------------------------------------------------------------------
 
+
 def output_error(out: RequestOutput) -> ProtocolError | None:
     if out.finish_reason == FinishReason.ERROR:
         return ProtocolError(out.error_message or "internal error", status=out.error_status or 500)
     if out.finish_reason == FinishReason.ABORT:
-        return ProtocolError(out.error_message or "the request was aborted", status=503,
-                             headers={"Retry-After": "5"})
+        return ProtocolError(out.error_message or "the request was aborted", status=503, headers={"Retry-After": "5"})
     return None
 
 
 @dataclass
 class Choice:
     """One choice's accumulated output."""
+
     handle: RequestHandle
     index: int
     prompt_index: int
@@ -162,14 +183,16 @@ class Choice:
 @dataclass
 class Generation:
     """One API request's choices (one scheduler request each), submitted, and the response's envelope."""
+
     state: ServerState
     rid: str
     choices: list[Choice]
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
-    def submit(cls, state: ServerState, prefix: str, requests: Callable[[str], list[tuple[int, Request]]]
-               ) -> Generation:
+    def submit(
+        cls, state: ServerState, prefix: str, requests: Callable[[str], list[tuple[int, Request]]]
+    ) -> Generation:
         """`requests(rid)` lists (prompt index, Request) per choice, in choice order."""
         rid = f"{prefix}-{uuid.uuid4().hex}"
         made = requests(rid)
@@ -221,15 +244,23 @@ class Generation:
         end = max((h.finish_time or time.monotonic()) for h in handles)
         gen_time = end - min(firsts) if firsts else 0.0
         tps = usage.completion_tokens / gen_time if gen_time > 0 else 0.0
-        log.info("%s %s prompt=%d cached=%d completion=%d ttft=%s tok/s=%.1f", self.rid, status, usage.prompt_tokens,
-                 usage.prompt_tokens_details.cached_tokens, usage.completion_tokens,
-                 f"{ttft:.3f}s" if ttft is not None else "-", tps)
+        log.info(
+            "%s %s prompt=%d cached=%d completion=%d ttft=%s tok/s=%.1f",
+            self.rid,
+            status,
+            usage.prompt_tokens,
+            usage.prompt_tokens_details.cached_tokens,
+            usage.completion_tokens,
+            f"{ttft:.3f}s" if ttft is not None else "-",
+            tps,
+        )
 
 
-async def merged_outputs(handles: list[RequestHandle], keepalive_s: float
-                         ) -> AsyncIterator[tuple[int, RequestOutput] | None]:
+async def merged_outputs(
+    handles: list[RequestHandle], keepalive_s: float
+) -> AsyncIterator[tuple[int, RequestOutput] | None]:
     """Outputs of several requests as they arrive; None when `keepalive_s` passed without any."""
-    if len(handles) == 1:   # the common case (one prompt, n = 1): no tasks
+    if len(handles) == 1:  # the common case (one prompt, n = 1): no tasks
         handle = handles[0]
         while not handle.done:
             out = await handle.get(keepalive_s)
@@ -245,7 +276,7 @@ async def merged_outputs(handles: list[RequestHandle], keepalive_s: float
             for t in sorted(done, key=tasks.__getitem__):
                 i = tasks.pop(t)
                 out = t.result()
-                assert out is not None   # get() without a timeout always returns one
+                assert out is not None  # get() without a timeout always returns one
                 if not handles[i].done:
                     tasks[asyncio.ensure_future(handles[i].get())] = i
                 yield i, out
@@ -256,9 +287,9 @@ async def merged_outputs(handles: list[RequestHandle], keepalive_s: float
 
 # ---- answering ---------------------------------------------------------------------------------------------
 
+
 def json_response(obj, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json",
-                        headers=headers)
+    return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json", headers=headers)
 
 
 def sse_event(obj) -> bytes:
@@ -266,14 +297,16 @@ def sse_event(obj) -> bytes:
 
 
 async def start_sse(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                       "X-Accel-Buffering": "no"})
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     await resp.prepare(request)
     return resp
 
 
-async def respond(request: web.Request, gen: Generation, full: Callable[[], object],
-                  stream: AsyncIterator[object | None] | None) -> web.StreamResponse:
+async def respond(
+    request: web.Request, gen: Generation, full: Callable[[], object], stream: AsyncIterator[object | None] | None
+) -> web.StreamResponse:
     """Run the full or the stream side of an endpoint to the end; every choice is aborted on the way out (a no-op
     for finished ones; the rest free their KV blocks at the next step)."""
     try:
@@ -296,8 +329,9 @@ async def respond(request: web.Request, gen: Generation, full: Callable[[], obje
             c.handle.abort()
 
 
-async def write_stream(request: web.Request, gen: Generation, chunks: AsyncIterator[object | None]
-                       ) -> web.StreamResponse:
+async def write_stream(
+    request: web.Request, gen: Generation, chunks: AsyncIterator[object | None]
+) -> web.StreamResponse:
     """The SSE side: each chunk as a `data:` event, `: ping` for None, an error event then [DONE] if a choice
     fails once the stream has started."""
     resp = await start_sse(request)

@@ -21,8 +21,10 @@ log = logging.getLogger("inferd.server")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="inferd serve", description="Serve a model over an OpenAI-compatible HTTP API. Every option can "
-        "also be set in the TOML file (--config) or as INFERD_<NAME>; options win over both.")
+        prog="inferd serve",
+        description="Serve a model over an OpenAI-compatible HTTP API. Every option can "
+        "also be set in the TOML file (--config) or as INFERD_<NAME>; options win over both.",
+    )
     parser.add_argument("model_arg", nargs="?", metavar="MODEL", help="same as --model")
     add_arguments(parser)
     return parser
@@ -40,6 +42,7 @@ def serve_main(argv: list[str]) -> int:
         return 2
     if settings.device != "cpu":
         from inferd.engine.device import DeviceError, check_device
+
         try:
             check_device(settings.device)
         except DeviceError as e:
@@ -48,8 +51,7 @@ def serve_main(argv: list[str]) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.debug("settings: %s", describe(settings))
     if settings.host not in ("127.0.0.1", "::1", "localhost") and not api_keys:
-        log.warning("listening on %s without API keys: anyone who can reach this port can use the model",
-                    settings.host)
+        log.warning("listening on %s without API keys: anyone who can reach this port can use the model", settings.host)
     try:
         return asyncio.run(serve(settings, api_keys))
     except KeyboardInterrupt:
@@ -60,8 +62,9 @@ async def serve(settings: Settings, api_keys: list[str], notifier: Notifier | No
     notifier = notifier or Notifier()
     app = create_app(settings, api_keys=api_keys, notifier=notifier)
     state = app[STATE]
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=max(settings.drain_timeout_s, 0.1))
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=max(settings.drain_timeout_s, 0.1)
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     try:
@@ -94,7 +97,7 @@ async def serve(settings: Settings, api_keys: list[str], notifier: Notifier | No
 async def _wait_failed(state) -> None:
     await state.ready_event.wait()
     if state.status != "failed":
-        await asyncio.Event().wait()   # ready: only a signal ends the server now
+        await asyncio.Event().wait()  # ready: only a signal ends the server now
 
 
 async def drain(state, site: web.TCPSite, grace_s: float, delay_s: float = 0.0) -> None:

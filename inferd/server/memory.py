@@ -26,12 +26,15 @@ def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     global _pinned
     if _pinned:
         return True
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ \
-            or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+    if (
+        not sys.platform.startswith("linux")
+        or "MALLOC_MMAP_THRESHOLD_" in os.environ
+        or "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", "")
+    ):
         return False
     from inferd import _cpu
 
-    _pinned = _cpu.set_mmap_threshold(nbytes)     # musl and others: their malloc works differently (False)
+    _pinned = _cpu.set_mmap_threshold(nbytes)  # musl and others: their malloc works differently (False)
     if _pinned:
         log.debug("malloc: blocks of %d bytes and more are mmapped and returned on free", nbytes)
     return _pinned

@@ -31,14 +31,76 @@ prometheus_client.disable_created_metrics()
 CONTENT_TYPE = getattr(prometheus_client.exposition, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST)
 P = "inferd:"
 
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0]
-LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+]
+ITL_BUCKETS = [
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+]
+LATENCY_BUCKETS = [
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+]
 
-WINDOW_S = 10.0   # throughput and bandwidth gauges average the steps of the last WINDOW_S seconds
+WINDOW_S = 10.0  # throughput and bandwidth gauges average the steps of the last WINDOW_S seconds
 
 
 class Metrics:
@@ -61,26 +123,28 @@ class Metrics:
         def histogram(name, doc, buckets):
             return Histogram(P + name, doc, m, buckets=buckets, registry=r).labels(model_name)
 
-        self.prompt_tokens = counter("prompt_tokens",
-                                     "Prompt tokens of requests whose prefill finished.").labels(model_name)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose prefill finished.").labels(
+            model_name
+        )
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
-        self.request_success = counter("request_success", "Finished requests by finish reason.",
-                                       ["model_name", "finished_reason"])
-        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens",
-                                         "Speculative (prompt-lookup) tokens proposed and verified.").labels(model_name)
-        self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
-                                            "Speculative tokens the model agreed with (kept).").labels(model_name)
+        self.request_success = counter(
+            "request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"]
+        )
+        self.spec_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Speculative (prompt-lookup) tokens proposed and verified."
+        ).labels(model_name)
+        self.spec_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Speculative tokens the model agreed with (kept)."
+        ).labels(model_name)
         self.client_disconnected = counter(
-            "http_requests_client_disconnected",
-            "Requests whose client went away before the response ended.").labels(model_name)
+            "http_requests_client_disconnected", "Requests whose client went away before the response ended."
+        ).labels(model_name)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens.",
-                             ITL_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens.", ITL_BUCKETS)
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS)
-        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled step.",
-                                    LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled step.", LATENCY_BUCKETS)
         self.registry.register(_StateCollector(self))
-        for reason in FinishReason:   # present from the start, so rate() works on the first request
+        for reason in FinishReason:  # present from the start, so rate() works on the first request
             self.request_success.labels(model_name, reason.value)
 
     def bind(self, engine_loop: EngineLoop) -> None:
@@ -107,8 +171,9 @@ class Metrics:
         if stats.num_seqs:
             now = time.monotonic()
             with self._lock:
-                self._window.append((now, stats.num_prefill_tokens, stats.num_decode_tokens, stats.duration_s,
-                                     stats.bytes_read))
+                self._window.append(
+                    (now, stats.num_prefill_tokens, stats.num_decode_tokens, stats.duration_s, stats.bytes_read)
+                )
                 self._trim(now)
 
     def on_finished(self, states: Sequence[RequestState]) -> None:
@@ -173,26 +238,49 @@ class _StateCollector:
         kv = s.scheduler.kv.stats() if s is not None else None
         yield gauge("num_requests_running", "Requests in the running batch.", s.num_running if s else 0)
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting if s else 0)
-        yield gauge("kv_cache_usage_perc", "Fraction of KV blocks referenced by live requests (1 = full).",
-                    kv.usage if kv else 0.0)
+        yield gauge(
+            "kv_cache_usage_perc",
+            "Fraction of KV blocks referenced by live requests (1 = full).",
+            kv.usage if kv else 0.0,
+        )
         yield gauge("kv_cache_cached_blocks", "KV blocks holding a reusable prefix.", kv.num_cached if kv else 0)
         base = m._base
-        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      kv.prefix_queries - base[0] if kv else 0)
-        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                      kv.prefix_hits - base[1] if kv else 0)
-        yield counter("num_preemptions", "Sequences preempted (blocks freed, recomputed later).",
-                      s.scheduler.num_preemptions - base[2] if s else 0)
+        yield counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            kv.prefix_queries - base[0] if kv else 0,
+        )
+        yield counter(
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache.", kv.prefix_hits - base[1] if kv else 0
+        )
+        yield counter(
+            "num_preemptions",
+            "Sequences preempted (blocks freed, recomputed later).",
+            s.scheduler.num_preemptions - base[2] if s else 0,
+        )
         rates = m.rates()
-        yield gauge("prefill_tokens_per_second", f"Prompt tokens computed per second over the last {WINDOW_S:g} s.",
-                    rates["prefill_tokens_per_second"])
-        yield gauge("decode_tokens_per_second", f"Tokens generated per second over the last {WINDOW_S:g} s.",
-                    rates["decode_tokens_per_second"])
-        yield gauge("memory_bandwidth_bytes_per_second",
-                    "Weight + KV bytes read per engine step over step time (recent steps).",
-                    rates["memory_bandwidth_bytes_per_second"])
-        yield gauge("memory_bandwidth_ratio",
-                    "memory_bandwidth_bytes_per_second over the read bandwidth measured at start-up.",
-                    rates["memory_bandwidth_ratio"])
-        yield gauge("measured_read_bandwidth_bytes_per_second",
-                    "RAM read bandwidth measured at start-up with numpy (0 if not measured).", m.read_bandwidth)
+        yield gauge(
+            "prefill_tokens_per_second",
+            f"Prompt tokens computed per second over the last {WINDOW_S:g} s.",
+            rates["prefill_tokens_per_second"],
+        )
+        yield gauge(
+            "decode_tokens_per_second",
+            f"Tokens generated per second over the last {WINDOW_S:g} s.",
+            rates["decode_tokens_per_second"],
+        )
+        yield gauge(
+            "memory_bandwidth_bytes_per_second",
+            "Weight + KV bytes read per engine step over step time (recent steps).",
+            rates["memory_bandwidth_bytes_per_second"],
+        )
+        yield gauge(
+            "memory_bandwidth_ratio",
+            "memory_bandwidth_bytes_per_second over the read bandwidth measured at start-up.",
+            rates["memory_bandwidth_ratio"],
+        )
+        yield gauge(
+            "measured_read_bandwidth_bytes_per_second",
+            "RAM read bandwidth measured at start-up with numpy (0 if not measured).",
+            m.read_bandwidth,
+        )

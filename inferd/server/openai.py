@@ -17,12 +17,19 @@ from inferd.engine.request import Request
 from inferd.server import protocol as P
 from inferd.server.chat import chat_completions, render_chat
 from inferd.server.completions import completions
-from inferd.server.generation import (check_model, check_prompt_len, encode, json_response, limits, output_error,
-                                      submit_all)
+from inferd.server.generation import (
+    check_model,
+    check_prompt_len,
+    encode,
+    json_response,
+    limits,
+    output_error,
+    submit_all,
+)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 
-WARM_SENTINEL = "\ue000inferd-warm\ue001"   # private-use characters no real message contains
+WARM_SENTINEL = "\ue000inferd-warm\ue001"  # private-use characters no real message contains
 
 
 def error_response(e: ProtocolError) -> web.Response:
@@ -30,6 +37,7 @@ def error_response(e: ProtocolError) -> web.Response:
 
 
 # ---- models, tokenize, detokenize, cache warm ---------------------------------------------------------------
+
 
 def model_card(state: ServerState) -> P.ModelCard:
     return P.ModelCard(state.served_model_name, state.created, "inferd", state.max_model_len)
@@ -95,7 +103,7 @@ def stable_prefix(state: ServerState, text: str, ids: list[int], add_special: bo
         probe_ids = state.tokenizer.encode(text + probe, add_special=add_special)
         while keep > 0 and probe_ids[:keep] != ids[:keep]:
             keep -= 1
-    return ids[:max(keep, 0)]
+    return ids[: max(keep, 0)]
 
 
 async def cache_warm(request: web.Request) -> web.Response:
@@ -121,13 +129,23 @@ async def cache_warm(request: web.Request) -> web.Response:
     target = len(ids) // state.engine_loop.scheduler.block_size * state.engine_loop.scheduler.block_size
     if target == 0:
         return json_response(P.CacheWarmResponse(len(ids), 0, 0))
-    (handle,) = submit_all(state, [Request(f"warm-{uuid.uuid4().hex}", ids, max_tokens=0, warm=True,
-                                           timeout_s=state.settings.request_timeout_s or None)])
+    (handle,) = submit_all(
+        state,
+        [
+            Request(
+                f"warm-{uuid.uuid4().hex}",
+                ids,
+                max_tokens=0,
+                warm=True,
+                timeout_s=state.settings.request_timeout_s or None,
+            )
+        ],
+    )
     try:
         out = await handle.get()
     finally:
         handle.abort()
-    assert out is not None   # get() without a timeout always returns one
+    assert out is not None  # get() without a timeout always returns one
     err = output_error(out)
     if err is not None:
         raise err

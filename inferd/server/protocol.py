@@ -32,8 +32,16 @@ class ErrorResponse(Struct):
 class ProtocolError(Exception):
     """A request the server will not run; becomes an HTTP error with the OpenAI envelope."""
 
-    def __init__(self, message: str, param: str | None = None, *, status: int = 400,
-                 type: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        type: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -46,9 +54,16 @@ class ProtocolError(Exception):
         return ErrorResponse(ErrorInfo(self.message, self.type, self.param, self.code))
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 500: "internal_server_error",
-                503: "service_unavailable_error", 504: "timeout_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
 
 _PATH = re.compile(r" - at `\$\.?(.*)`$")
 _MISSING = re.compile(r"Object missing required field `([^`]*)`")
@@ -64,7 +79,7 @@ def decode(body: bytes, type_: type) -> Any:
         # msgspec writes `[...]` for a dict value; the dict's own name is the useful param
         param = (m.group(1).replace("[...]", "") or None) if m else None
         missing = _MISSING.match(message)
-        if missing:   # name the missing field itself, not the object that lacks it
+        if missing:  # name the missing field itself, not the object that lacks it
             param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         raise ProtocolError(message, param) from None
     except msgspec.DecodeError as e:
@@ -86,8 +101,8 @@ class Message(Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None     # assistant: the calls it made
-    tool_call_id: str | None = None                    # role "tool": the call this answers
+    tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # role "tool": the call this answers
 
 
 class StreamOptions(Struct):
@@ -97,12 +112,14 @@ class StreamOptions(Struct):
 class ResponseFormat(Struct, forbid_unknown_fields=False):
     """{"type": "text" | "json_object" | "json_schema", "json_schema": {name, schema, strict, description}};
     checked in depth by inferd.text.grammar."""
+
     type: str
     json_schema: dict[str, Any] | None = None
 
 
 class StructuredOutputs(Struct, forbid_unknown_fields=False):
     """vLLM's structured_outputs: exactly one of json, regex, choice, grammar, json_object."""
+
     json: Any = None
     regex: str | None = None
     choice: list[str] | None = None
@@ -119,7 +136,7 @@ class _SamplingRequest(Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     temperature: Temperature | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None     # 0: greedy (OpenAI's range is [0, 1])
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None  # 0: greedy (OpenAI's range is [0, 1])
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     presence_penalty: Penalty | None = None
@@ -131,7 +148,7 @@ class _SamplingRequest(Struct, kw_only=True):
     user: str | None = None
     # extensions (vLLM-style extra fields; the openai SDK sends them with extra_body)
     ignore_eos: bool = False
-    speculative: bool | None = None    # prompt-lookup speculative decoding; null: the server's setting
+    speculative: bool | None = None  # prompt-lookup speculative decoding; null: the server's setting
     # constrained output beyond response_format: vLLM's guided_* and structured_outputs, llama-server's grammar
     # (GBNF) and json_schema; one at most (inferd.text.grammar)
     guided_json: Any = None
@@ -161,23 +178,24 @@ class CompletionRequest(_SamplingRequest, kw_only=True):
     prompt: str | list[Any]
     echo: bool = False
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    suffix: str | None = None          # fill-in-the-middle: the text after the cursor (inferd.text.fim)
+    suffix: str | None = None  # fill-in-the-middle: the text after the cursor (inferd.text.fim)
     best_of: Annotated[int, Meta(ge=1)] | None = None
     response_format: ResponseFormat | None = None
 
 
 class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=False):
     """POST /v1/responses (checked in depth by inferd.server.responses; this shape documents it)."""
+
     input: str | list[dict[str, Any]]
     model: str | None = None
     instructions: str | None = None
     max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
     temperature: Temperature | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    tools: list[dict[str, Any]] | None = None          # {"type": "function", "name", "description", "parameters"}
+    tools: list[dict[str, Any]] | None = None  # {"type": "function", "name", "description", "parameters"}
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = None                 # {"format": {"type": "text" | "json_object" | "json_schema"}}
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema"}}
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
@@ -206,6 +224,7 @@ class CacheWarmRequest(Struct, kw_only=True):
 
 # ---- checks beyond types ------------------------------------------------------------------------------
 
+
 @dataclass
 class Limits:
     vocab_size: int
@@ -225,8 +244,9 @@ def message_text(m: Message, i: int) -> str:
     texts = []
     for j, part in enumerate(m.content):
         if part.type != "text" or part.text is None:
-            raise ProtocolError(f"only text content parts are supported, got type {part.type!r}",
-                                f"messages[{i}].content[{j}]")
+            raise ProtocolError(
+                f"only text content parts are supported, got type {part.type!r}", f"messages[{i}].content[{j}]"
+            )
         texts.append(part.text)
     return "".join(texts)
 
@@ -241,8 +261,7 @@ def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[
     out = []
     for i, m in enumerate(messages):
         if m.role not in ROLES:
-            raise ProtocolError(f"unsupported role {m.role!r}; use one of {', '.join(ROLES)}",
-                                f"messages[{i}].role")
+            raise ProtocolError(f"unsupported role {m.role!r}; use one of {', '.join(ROLES)}", f"messages[{i}].role")
         role = "system" if m.role == "developer" else m.role
         msg: dict[str, Any] = {"role": role, "content": message_text(m, i)}
         if m.tool_calls:
@@ -278,8 +297,9 @@ def logit_bias_ids(bias: dict[str, float] | None, limits: Limits) -> dict[int, f
         except ValueError:
             raise ProtocolError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
         if not 0 <= tok < limits.vocab_size:
-            raise ProtocolError(f"logit_bias token id {tok} is outside the vocabulary [0, {limits.vocab_size})",
-                                "logit_bias")
+            raise ProtocolError(
+                f"logit_bias token id {tok} is outside the vocabulary [0, {limits.vocab_size})", "logit_bias"
+            )
         out[tok] = value
     return out
 
@@ -300,10 +320,12 @@ def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         if getattr(req, name) == 0:
             raise ProtocolError(f"{name} must be at least 1 for chat completions", name)
-    if req.max_tokens is not None and req.max_completion_tokens is not None \
-            and req.max_tokens != req.max_completion_tokens:
-        raise ProtocolError("max_tokens and max_completion_tokens disagree; send one of them",
-                            "max_completion_tokens")
+    if (
+        req.max_tokens is not None
+        and req.max_completion_tokens is not None
+        and req.max_tokens != req.max_completion_tokens
+    ):
+        raise ProtocolError("max_tokens and max_completion_tokens disagree; send one of them", "max_completion_tokens")
 
 
 def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[int]]:
@@ -325,8 +347,9 @@ def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[
     elif all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in p):
         prompts = [list(x) for x in p]
     else:
-        raise ProtocolError("prompt must be a string, a list of strings, a list of token ids or a list of "
-                            "lists of token ids", "prompt")
+        raise ProtocolError(
+            "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids", "prompt"
+        )
     for item in prompts:
         if isinstance(item, list):
             if not item:
@@ -340,6 +363,7 @@ def check_completion(req: CompletionRequest, limits: Limits) -> list[str | list[
 
 
 # ---- responses ----------------------------------------------------------------------------------------
+
 
 class PromptTokensDetails(Struct):
     cached_tokens: int
@@ -395,7 +419,7 @@ class ChatLogprobs(Struct):
 
 class FunctionCall(Struct):
     name: str
-    arguments: str                     # JSON text
+    arguments: str  # JSON text
 
 
 class ToolCallInfo(Struct):
@@ -434,6 +458,7 @@ class FunctionDelta(Struct, omit_defaults=True):
 
 class ToolCallDelta(Struct, omit_defaults=True):
     """A streamed tool call: index, id, type and name in the first chunk, then argument fragments."""
+
     index: int
     id: str | None = None
     type: str | None = None
@@ -487,18 +512,22 @@ class DetokenizeResponse(Struct):
 
 
 class CacheWarmResponse(Struct):
-    prompt_tokens: int       # tokens of the warmed text that were sent for prefill
-    cached_tokens: int       # of those, now in the prefix cache (whole blocks of 64)
-    computed_tokens: int     # computed by this call (the rest was cached already)
+    prompt_tokens: int  # tokens of the warmed text that were sent for prefill
+    cached_tokens: int  # of those, now in the prefix cache (whole blocks of 64)
+    computed_tokens: int  # computed by this call (the rest was cached already)
 
 
 def usage_info(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens,
-                     PromptTokensDetails(cached_tokens))
+    return UsageInfo(
+        prompt_tokens, completion_tokens, prompt_tokens + completion_tokens, PromptTokensDetails(cached_tokens)
+    )
 
 
 REQUEST_TYPES: dict[str, type] = {
-    "CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,
-    "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest,
-    "CacheWarmRequest": CacheWarmRequest, "ResponsesRequest": ResponsesRequest,
+    "CompletionRequest": CompletionRequest,
+    "ChatCompletionRequest": ChatCompletionRequest,
+    "TokenizeRequest": TokenizeRequest,
+    "DetokenizeRequest": DetokenizeRequest,
+    "CacheWarmRequest": CacheWarmRequest,
+    "ResponsesRequest": ResponsesRequest,
 }

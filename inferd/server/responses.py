@@ -9,6 +9,7 @@ events, each with a sequence_number.
 
 Stored responses live in a bounded in-memory store (most recent `size`, each for `ttl_s`); a miss is a 404.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,18 @@ from aiohttp import web
 from inferd.engine.request import Request
 from inferd.server import protocol as P
 from inferd.server.chat import render_chat
-from inferd.server.generation import (Generation, check_model, check_prompt_len, encode, json_response, limits,
-                                      resolve_max_tokens, sampling_params, sse_event, stop_token_ids)
+from inferd.server.generation import (
+    Generation,
+    check_model,
+    check_prompt_len,
+    encode,
+    json_response,
+    limits,
+    resolve_max_tokens,
+    sampling_params,
+    sse_event,
+    stop_token_ids,
+)
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE
 from inferd.server.structured import prepare_chat
@@ -50,8 +61,8 @@ def new_id(prefix: str) -> str:
 # ---- the store ------------------------------------------------------------------------------------------------
 @dataclass
 class Stored:
-    response: dict[str, Any]            # the response object as returned
-    messages: list[dict[str, Any]]      # the whole conversation through this response, as chat messages
+    response: dict[str, Any]  # the response object as returned
+    messages: list[dict[str, Any]]  # the whole conversation through this response, as chat messages
     expires: float
 
 
@@ -95,9 +106,9 @@ def not_found(response_id: str) -> ResponsesError:
 # ---- request -> chat ----------------------------------------------------------------------------------------------
 @dataclass
 class ChatPlan:
-    messages: list[dict[str, Any]]                 # the whole conversation to render
-    new_messages: list[dict[str, Any]]             # what this request added (stored with the output)
-    tools: list[dict[str, Any]] | None = None      # chat-completions form
+    messages: list[dict[str, Any]]  # the whole conversation to render
+    new_messages: list[dict[str, Any]]  # what this request added (stored with the output)
+    tools: list[dict[str, Any]] | None = None  # chat-completions form
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool = True
@@ -109,7 +120,7 @@ class ChatPlan:
     previous_response_id: str | None = None
     instructions: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    echo: dict[str, Any] = field(default_factory=dict)   # request fields the response repeats
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields the response repeats
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -120,8 +131,9 @@ def _content_text(content: Any, where: str) -> str:
         for j, p in enumerate(content):
             if not isinstance(p, Mapping) or p.get("type") not in ("input_text", "output_text", "text"):
                 kind = p.get("type") if isinstance(p, Mapping) else type(p).__name__
-                raise ResponsesError(f"{where}[{j}]: content type {kind!r} is not supported (text only)",
-                                     f"{where}[{j}]")
+                raise ResponsesError(
+                    f"{where}[{j}]: content type {kind!r} is not supported (text only)", f"{where}[{j}]"
+                )
             parts.append(str(p.get("text", "")))
         return "".join(parts)
     raise ResponsesError(f"{where} must be a string or a list of text parts", where)
@@ -143,14 +155,21 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise ResponsesError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _content_text(item.get("content"), f"{where}.content")})
+            out.append(
+                {
+                    "role": "system" if role == "developer" else role,
+                    "content": _content_text(item.get("content"), f"{where}.content"),
+                }
+            )
         elif kind == "function_call":
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise ResponsesError(f"{where} needs name and call_id", where)
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": item.get("arguments") or "{}"}}
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": item.get("arguments") or "{}"},
+            }
             if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
                 out[-1]["tool_calls"].append(call)
             else:
@@ -160,11 +179,18 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
             if not isinstance(call_id, str):
                 raise ResponsesError(f"{where} needs call_id", f"{where}.call_id")
             output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": call_id,
-                        "content": output if isinstance(output, str) else _content_text(output, f"{where}.output")})
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": output if isinstance(output, str) else _content_text(output, f"{where}.output"),
+                }
+            )
         else:
-            raise ResponsesError(f"{where}: item type {kind!r} is not supported (message, function_call, "
-                                 "function_call_output)", f"{where}.type")
+            raise ResponsesError(
+                f"{where}: item type {kind!r} is not supported (message, function_call, function_call_output)",
+                f"{where}.type",
+            )
     return out
 
 
@@ -203,7 +229,7 @@ def plan(body: Mapping[str, Any], store: ResponseStore) -> ChatPlan:
         stored = store.get(prev)
         if stored is None:
             raise not_found(prev)
-        history = [m for m in stored.messages if m.get("role") != "system"]   # instructions are not carried over
+        history = [m for m in stored.messages if m.get("role") != "system"]  # instructions are not carried over
     new = input_messages(body["input"])
     system = [{"role": "system", "content": instructions}] if instructions else []
     text = body.get("text") or {}
@@ -211,17 +237,36 @@ def plan(body: Mapping[str, Any], store: ResponseStore) -> ChatPlan:
     max_out = body.get("max_output_tokens")
     if max_out is not None and (not isinstance(max_out, int) or max_out < 1):
         raise ResponsesError("max_output_tokens must be a positive integer", "max_output_tokens")
-    echo_keys = ("instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-                 "parallel_tool_calls", "text", "previous_response_id", "metadata", "store")
+    echo_keys = (
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "previous_response_id",
+        "metadata",
+        "store",
+    )
     return ChatPlan(
-        messages=system + history + new, new_messages=new, tools=chat_tools(body.get("tools")),
+        messages=system + history + new,
+        new_messages=new,
+        tools=chat_tools(body.get("tools")),
         tool_choice=chat_tool_choice(body.get("tool_choice")),
         response_format=dict(fmt) if isinstance(fmt, Mapping) else None,
-        parallel_tool_calls=bool(body.get("parallel_tool_calls", True)), max_tokens=max_out,
-        temperature=body.get("temperature"), top_p=body.get("top_p"), stream=bool(body.get("stream", False)),
-        store=bool(body.get("store", True)), previous_response_id=prev, instructions=instructions,
+        parallel_tool_calls=bool(body.get("parallel_tool_calls", True)),
+        max_tokens=max_out,
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        stream=bool(body.get("stream", False)),
+        store=bool(body.get("store", True)),
+        previous_response_id=prev,
+        instructions=instructions,
         metadata=dict(body.get("metadata") or {}),
-        echo={k: body.get(k) for k in echo_keys})
+        echo={k: body.get(k) for k in echo_keys},
+    )
 
 
 # ---- chat deltas -> output items and events ------------------------------------------------------------------------
@@ -240,8 +285,8 @@ class ResponseBuilder:
         self.usage: dict[str, Any] | None = None
         self._events: list[dict[str, Any]] = []
         self._seq = 0
-        self._message: dict[str, Any] | None = None     # the open message item
-        self._calls: dict[int, dict[str, Any]] = {}     # tool-call index -> its function_call item
+        self._message: dict[str, Any] | None = None  # the open message item
+        self._calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its function_call item
         self._emit("response.created", response=self.response())
         self._emit("response.in_progress", response=self.response())
 
@@ -260,33 +305,58 @@ class ResponseBuilder:
             msg = self._open_message()
             part = msg["content"][0]
             part["text"] += event.text
-            self._emit("response.output_text.delta", item_id=msg["id"], output_index=self.output.index(msg),
-                       content_index=0, delta=event.text, logprobs=[])
+            self._emit(
+                "response.output_text.delta",
+                item_id=msg["id"],
+                output_index=self.output.index(msg),
+                content_index=0,
+                delta=event.text,
+                logprobs=[],
+            )
         elif isinstance(event, ToolCallStart):
             self._close_message()
-            item = {"type": "function_call", "id": new_id("fc"), "call_id": event.id, "name": event.name,
-                    "arguments": "", "status": "in_progress"}
+            item = {
+                "type": "function_call",
+                "id": new_id("fc"),
+                "call_id": event.id,
+                "name": event.name,
+                "arguments": "",
+                "status": "in_progress",
+            }
             self.output.append(item)
             self._calls[event.index] = item
             self._emit("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))
         else:
             item = self._calls[event.index]
             item["arguments"] += event.text
-            self._emit("response.function_call_arguments.delta", item_id=item["id"],
-                       output_index=self.output.index(item), delta=event.text)
+            self._emit(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=self.output.index(item),
+                delta=event.text,
+            )
 
     def _open_message(self) -> dict[str, Any]:
         if self._message is None:
-            self._message = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant",
-                             "content": []}
+            self._message = {
+                "type": "message",
+                "id": new_id("msg"),
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
             self.output.append(self._message)
             index = len(self.output) - 1
-            self._emit("response.output_item.added", output_index=index,
-                       item={**self._message, "content": []})
+            self._emit("response.output_item.added", output_index=index, item={**self._message, "content": []})
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             self._message["content"].append(part)
-            self._emit("response.content_part.added", item_id=self._message["id"], output_index=index,
-                       content_index=0, part={**part})
+            self._emit(
+                "response.content_part.added",
+                item_id=self._message["id"],
+                output_index=index,
+                content_index=0,
+                part={**part},
+            )
         return self._message
 
     def _close_message(self) -> None:
@@ -295,10 +365,17 @@ class ResponseBuilder:
             return
         index = self.output.index(msg)
         part = msg["content"][0]
-        self._emit("response.output_text.done", item_id=msg["id"], output_index=index, content_index=0,
-                   text=part["text"], logprobs=[])
-        self._emit("response.content_part.done", item_id=msg["id"], output_index=index, content_index=0,
-                   part=dict(part))
+        self._emit(
+            "response.output_text.done",
+            item_id=msg["id"],
+            output_index=index,
+            content_index=0,
+            text=part["text"],
+            logprobs=[],
+        )
+        self._emit(
+            "response.content_part.done", item_id=msg["id"], output_index=index, content_index=0, part=dict(part)
+        )
         msg["status"] = "completed"
         self._emit("response.output_item.done", output_index=index, item=dict(msg))
 
@@ -309,8 +386,12 @@ class ResponseBuilder:
         for item in self._calls.values():
             if item["status"] != "completed":
                 index = self.output.index(item)
-                self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                           arguments=item["arguments"])
+                self._emit(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    arguments=item["arguments"],
+                )
                 item["status"] = "completed"
                 self._emit("response.output_item.done", output_index=index, item=dict(item))
         if finish_reason == "length":
@@ -318,10 +399,13 @@ class ResponseBuilder:
         else:
             self.status = "completed"
         cached = usage.get("cached_tokens", 0)
-        self.usage = {"input_tokens": usage["prompt_tokens"],
-                      "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-                      "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-                      "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+        self.usage = {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        }
         response = self.response()
         self._emit("response.completed" if self.status == "completed" else "response.incomplete", response=response)
         return response
@@ -335,24 +419,36 @@ class ResponseBuilder:
     def response(self) -> dict[str, Any]:
         e = self.plan.echo
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": self.status,
-            "model": self.model, "output": [dict(i) for i in self.output], "error": None,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.model,
+            "output": [dict(i) for i in self.output],
+            "error": None,
             "incomplete_details": {"reason": self.incomplete_reason} if self.incomplete_reason else None,
-            "instructions": e.get("instructions"), "max_output_tokens": e.get("max_output_tokens"),
+            "instructions": e.get("instructions"),
+            "max_output_tokens": e.get("max_output_tokens"),
             "temperature": 1.0 if e.get("temperature") is None else e["temperature"],
             "top_p": 1.0 if e.get("top_p") is None else e["top_p"],
-            "tools": e.get("tools") or [], "tool_choice": e.get("tool_choice") or "auto",
+            "tools": e.get("tools") or [],
+            "tool_choice": e.get("tool_choice") or "auto",
             "parallel_tool_calls": True if e.get("parallel_tool_calls") is None else e["parallel_tool_calls"],
             "text": e.get("text") or {"format": {"type": "text"}},
-            "previous_response_id": e.get("previous_response_id"), "metadata": e.get("metadata") or {},
-            "store": True if e.get("store") is None else e["store"], "usage": self.usage,
+            "previous_response_id": e.get("previous_response_id"),
+            "metadata": e.get("metadata") or {},
+            "store": True if e.get("store") is None else e["store"],
+            "usage": self.usage,
         }
 
     def output_messages(self) -> list[dict[str, Any]]:
         """The output as chat messages (kept in the store for previous_response_id)."""
         text = "".join(p["text"] for i in self.output if i["type"] == "message" for p in i["content"])
-        calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
-                 for i in self.output if i["type"] == "function_call"]
+        calls = [
+            {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+            for i in self.output
+            if i["type"] == "function_call"
+        ]
         msg: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             msg["tool_calls"] = calls
@@ -367,9 +463,18 @@ def _chat_request(p: ChatPlan, body: Mapping[str, Any]) -> P.ChatCompletionReque
     if fmt is not None and fmt.get("type") == "json_schema" and "json_schema" not in fmt:
         # text.format is flat ({"type", "name", "schema", "strict"}); chat nests it under json_schema
         fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
-    chat = {"messages": p.messages, "tools": p.tools, "tool_choice": p.tool_choice, "response_format": fmt,
-            "parallel_tool_calls": p.parallel_tool_calls, "max_tokens": p.max_tokens, "temperature": p.temperature,
-            "top_p": p.top_p, "model": body.get("model"), "seed": body.get("seed")}
+    chat = {
+        "messages": p.messages,
+        "tools": p.tools,
+        "tool_choice": p.tool_choice,
+        "response_format": fmt,
+        "parallel_tool_calls": p.parallel_tool_calls,
+        "max_tokens": p.max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "model": body.get("model"),
+        "seed": body.get("seed"),
+    }
     try:
         return msgspec.convert({k: v for k, v in chat.items() if v is not None}, P.ChatCompletionRequest)
     except msgspec.ValidationError as e:
@@ -378,7 +483,6 @@ def _chat_request(p: ChatPlan, body: Mapping[str, Any]) -> P.ChatCompletionReque
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     """POST /v1/responses"""
-
 
     state = request.app[STATE]
     store = response_store(state)
@@ -399,17 +503,33 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         P.check_chat(req, lim)
         messages = P.check_messages(req.messages, lim)
         prep = await prepare_chat(state, req, messages, state.chat_template.source)
-    except ProtocolError as e:   # name the Responses API's own fields
+    except ProtocolError as e:  # name the Responses API's own fields
         if e.param is not None and e.message.startswith(e.param):
-            e.message = str(responses_param(e.param)) + e.message[len(e.param):]
+            e.message = str(responses_param(e.param)) + e.message[len(e.param) :]
         e.param = responses_param(e.param)
         raise
     prompt = await encode(state, render_chat(state, prep.messages, True, prep.tools), add_special=False)
     check_prompt_len(state, len(prompt), "input")
     max_tokens = resolve_max_tokens(state, req.max_tokens, len(prompt), None, "max_output_tokens")
-    gen = Generation.submit(state, "resp", lambda rid: [(0, Request(
-        f"{rid}-0", prompt, sampling_params(req, state, None, 0), max_tokens, (), stop_token_ids(state, False),
-        timeout_s=state.settings.request_timeout_s or None, constraint=prep.constraint))])
+    gen = Generation.submit(
+        state,
+        "resp",
+        lambda rid: [
+            (
+                0,
+                Request(
+                    f"{rid}-0",
+                    prompt,
+                    sampling_params(req, state, None, 0),
+                    max_tokens,
+                    (),
+                    stop_token_ids(state, False),
+                    timeout_s=state.settings.request_timeout_s or None,
+                    constraint=prep.constraint,
+                ),
+            )
+        ],
+    )
     builder = ResponseBuilder(state.served_model_name, p)
     parser = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format is not None else None
 
@@ -424,8 +544,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         c = gen.choices[0]
         u = gen.usage()
         reason = c.finish_reason or "stop"
-        response = builder.finish(reason, {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                                           "cached_tokens": u.prompt_tokens_details.cached_tokens})
+        response = builder.finish(
+            reason,
+            {
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+                "cached_tokens": u.prompt_tokens_details.cached_tokens,
+            },
+        )
         if p.store:
             store.put(response, p.messages + builder.output_messages())
         return response
@@ -438,8 +564,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             response = finish()
             gen.log("ok")
             return json_response(response)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         await resp.prepare(request)
 
         async def send(events: list[dict[str, Any]]) -> None:
@@ -474,10 +601,14 @@ def responses_param(param: str | None) -> str | None:
     """A chat-completions field name as the Responses API calls it."""
     if param is None:
         return None
-    for chat, ours in (("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-                       ("max_tokens", "max_output_tokens"), ("messages", "input")):
+    for chat, ours in (
+        ("response_format.json_schema", "text.format"),
+        ("response_format", "text.format"),
+        ("max_tokens", "max_output_tokens"),
+        ("messages", "input"),
+    ):
         if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
-            return ours + param[len(chat):]
+            return ours + param[len(chat) :]
     return param
 
 

@@ -17,28 +17,28 @@ from inferd.server.systemd import Notifier
 class ServerState:
     settings: Settings
     notifier: Notifier
-    api_key_digests: list[bytes] = field(default_factory=list)   # sha256 of each accepted key
-    status: str = "loading"          # loading -> ready -> draining; or failed
+    api_key_digests: list[bytes] = field(default_factory=list)  # sha256 of each accepted key
+    status: str = "loading"  # loading -> ready -> draining; or failed
     # While draining, /health fails at once but requests are still served for drain_delay_s (a load
     # balancer is still sending some until its checks notice); then this turns False and they get 503.
     accepting: bool = True
     failure: str | None = None
-    model: Any = None                # LoadedModel
+    model: Any = None  # LoadedModel
     engine: Any = None
-    engine_loop: Any = None          # EngineLoop
-    metrics: Any = None              # Metrics
-    chat_template: Any = None        # ChatTemplate
-    grammar: Any = None              # GrammarCompiler (structured output, tool calls)
-    responses: Any = None            # ResponseStore (the Responses API)
+    engine_loop: Any = None  # EngineLoop
+    metrics: Any = None  # Metrics
+    chat_template: Any = None  # ChatTemplate
+    grammar: Any = None  # GrammarCompiler (structured output, tool calls)
+    responses: Any = None  # ResponseStore (the Responses API)
     served_model_name: str = ""
     max_model_len: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     system_fingerprint: str = "inferd"
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
-    ready_event: asyncio.Event = field(default_factory=asyncio.Event)   # set on ready or failed
-    embeddings: list[Any] = field(default_factory=list)   # EmbeddingService: the embedding models served
-    embedding_metrics: Any = None                           # EmbeddingMetrics
+    ready_event: asyncio.Event = field(default_factory=asyncio.Event)  # set on ready or failed
+    embeddings: list[Any] = field(default_factory=list)  # EmbeddingService: the embedding models served
+    embedding_metrics: Any = None  # EmbeddingMetrics
 
     @property
     def tokenizer(self):

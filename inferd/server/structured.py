@@ -4,6 +4,7 @@ compiled constraint the scheduler applies, and the model's text -> OpenAI tool c
 Kept out of openai.py so the endpoints only call prepare_chat / prepare_completion and wrap each choice's text
 in a ChoiceTools. Every problem becomes a ProtocolError naming the request field.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,11 @@ def grammar_compiler(state: ServerState) -> GrammarCompiler:
     """The model's grammar compiler (its llguidance vocabulary is built once, in the background)."""
     if state.grammar is None:
         s = state.settings
-        state.grammar = GrammarCompiler(state.tokenizer, state.engine.vocab_size if state.engine is not None
-                                        else None, compile_timeout=s.grammar_compile_timeout_s)
+        state.grammar = GrammarCompiler(
+            state.tokenizer,
+            state.engine.vocab_size if state.engine is not None else None,
+            compile_timeout=s.grammar_compile_timeout_s,
+        )
     return state.grammar
 
 
@@ -58,13 +62,15 @@ def constraint_fields(req: Any) -> dict[str, Any]:
     return out
 
 
-async def compile_spec(state: ServerState, spec: GrammarSpec | None, trigger: int | None = None
-                       ) -> Constraint | None:
+async def compile_spec(state: ServerState, spec: GrammarSpec | None, trigger: int | None = None) -> Constraint | None:
     if spec is None:
         return None
     if not getattr(state.engine, "supports_token_masks", False):
-        raise ProtocolError(f"{spec.param}: constrained output is not available on this server's device "
-                            f"({state.settings.device}); it needs the CPU engine", spec.param)
+        raise ProtocolError(
+            f"{spec.param}: constrained output is not available on this server's device "
+            f"({state.settings.device}); it needs the CPU engine",
+            spec.param,
+        )
     try:
         compiled = await grammar_compiler(state).compile(spec)
     except GrammarError as e:
@@ -74,15 +80,16 @@ async def compile_spec(state: ServerState, spec: GrammarSpec | None, trigger: in
 
 @dataclass
 class ChatPrep:
-    messages: list[dict[str, Any]]                 # for the chat template
-    tools: list[dict[str, Any]] | None             # the template's `tools` variable
-    constraint: Constraint | None                  # what the scheduler applies to every choice
-    tool_format: ToolFormat | None                 # set: parse tool calls out of the text
+    messages: list[dict[str, Any]]  # for the chat template
+    tools: list[dict[str, Any]] | None  # the template's `tools` variable
+    constraint: Constraint | None  # what the scheduler applies to every choice
+    tool_format: ToolFormat | None  # set: parse tool calls out of the text
     tool_names: tuple[str, ...] = ()
 
 
-async def prepare_chat(state: ServerState, req: P.ChatCompletionRequest, messages: list[dict[str, Any]],
-                       template_source: str | None) -> ChatPrep:
+async def prepare_chat(
+    state: ServerState, req: P.ChatCompletionRequest, messages: list[dict[str, Any]], template_source: str | None
+) -> ChatPrep:
     """messages: check_messages' output (roles checked, tool_calls/tool_call_id kept)."""
     try:
         tools = parse_tools(req.tools)
@@ -94,39 +101,47 @@ async def prepare_chat(state: ServerState, req: P.ChatCompletionRequest, message
     uses_tools = bool(tools) and choice != "none"
     has_tool_history = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
     try:
-        rendered = prepare_messages(messages, fmt, tools if uses_tools else ()) if uses_tools or has_tool_history \
-            else messages
+        rendered = (
+            prepare_messages(messages, fmt, tools if uses_tools else ()) if uses_tools or has_tool_history else messages
+        )
     except GrammarError as e:
         raise ProtocolError(str(e), e.param) from None
     if not uses_tools:
         return ChatPrep(rendered, None, await compile_spec(state, spec), None)
     answer_schema = None
-    if spec is not None and choice != "required":   # "auto": answer in the response format, or call a tool
+    if spec is not None and choice != "required":  # "auto": answer in the response format, or call a tool
         if spec.kind not in ("json_schema", "json_object"):
-            raise ProtocolError(f"{spec.param}: only a JSON response format can be combined with tools",
-                                spec.param)
+            raise ProtocolError(f"{spec.param}: only a JSON response format can be combined with tools", spec.param)
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = req.parallel_tool_calls is not False
     tok = state.tokenizer
     trigger = trigger_token(fmt, tok.hf.token_to_id)
     try:
-        if choice == "required":     # the calls are forced; a response format is for a later answer
-            call_spec: GrammarSpec | None = tool_call_grammar(tools, fmt, only=only, parallel=parallel,
-                                                              trigger_token_id=trigger)
+        if choice == "required":  # the calls are forced; a response format is for a later answer
+            call_spec: GrammarSpec | None = tool_call_grammar(
+                tools, fmt, only=only, parallel=parallel, trigger_token_id=trigger
+            )
             lazy = None
         elif answer_schema is not None:
-            call_spec, lazy = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger,
-                                                or_json=answer_schema), None
-        elif trigger is not None:       # auto: free text, then the call grammar from the trigger token on
+            call_spec, lazy = (
+                tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger, or_json=answer_schema),
+                None,
+            )
+        elif trigger is not None:  # auto: free text, then the call grammar from the trigger token on
             call_spec, lazy = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger), trigger
-        else:                           # auto without a trigger token (Llama 3 JSON): parsed, not constrained
+        else:  # auto without a trigger token (Llama 3 JSON): parsed, not constrained
             call_spec, lazy = None, None
     except GrammarError as e:
         raise ProtocolError(str(e), e.param) from None
     if call_spec is not None and not getattr(state.engine, "supports_token_masks", False):
-        call_spec = None   # tool calls still work, only without the guarantee
-    return ChatPrep(rendered, template_tools(tools, fmt), await compile_spec(state, call_spec, lazy), fmt,
-                    tuple(t.name for t in tools))
+        call_spec = None  # tool calls still work, only without the guarantee
+    return ChatPrep(
+        rendered,
+        template_tools(tools, fmt),
+        await compile_spec(state, call_spec, lazy),
+        fmt,
+        tuple(t.name for t in tools),
+    )
 
 
 async def prepare_completion(state: ServerState, req: P.CompletionRequest) -> Constraint | None:

@@ -35,7 +35,7 @@ class Notifier:
     def _address(value: str) -> str | bytes | None:
         if not value:
             return None
-        if value.startswith("@"):   # abstract namespace: a leading NUL instead of '@'
+        if value.startswith("@"):  # abstract namespace: a leading NUL instead of '@'
             return b"\0" + value[1:].encode()
         if value.startswith("/"):
             return value
@@ -49,7 +49,7 @@ class Notifier:
             return None
         pid = env.get("WATCHDOG_PID")
         if pid and pid != str(os.getpid()):
-            return None   # meant for another process (we were forked or exec'd by a wrapper)
+            return None  # meant for another process (we were forked or exec'd by a wrapper)
         try:
             value = int(usec)
         except ValueError:

@@ -1,4 +1,5 @@
 """Chat templates (sandboxed jinja2, rendered the way transformers renders them) and stop-string matching."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # transformers' tojson: unlike jinja's built-in, no HTML escaping and non-ASCII kept as is
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -77,8 +79,8 @@ def _strftime_now(fmt: str) -> str:
 
 # Bounds on what one operator may build: a chat template comes with the model file, and one line of it such as
 # {{ 'x' * 10**9 }} would otherwise hold the event loop and gigabytes of memory for every request.
-MAX_REPEAT_LEN = 1 << 20        # items of a string or list made by `*`
-MAX_POWER_BITS = 4096           # bits of an integer made by `**`
+MAX_REPEAT_LEN = 1 << 20  # items of a string or list made by `*`
+MAX_POWER_BITS = 4096  # bits of an integer made by `**`
 # Loops are bounded one by one (jinja's sandbox caps range() at 100k items), not in how they nest, so a render
 # also has a time budget; real templates render in well under a millisecond.
 RENDER_BUDGET_S = 1.0
@@ -91,8 +93,9 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_REPEAT_LEN:
-                    raise jinja2.sandbox.SecurityError(f"repetition makes {len(seq) * n} items, more than "
-                                                       f"{MAX_REPEAT_LEN}")
+                    raise jinja2.sandbox.SecurityError(
+                        f"repetition makes {len(seq) * n} items, more than {MAX_REPEAT_LEN}"
+                    )
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
             if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
                 raise jinja2.sandbox.SecurityError(f"power of {right} makes more than {MAX_POWER_BITS} bits")
@@ -100,8 +103,7 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
-                          extensions=[_GenerationTags, jinja2.ext.loopcontrols])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTags, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -121,16 +123,26 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise ChatTemplateError(f"chat template does not compile: {e.message} (template line {e.lineno})") from e
 
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None, **extra: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
         """The prompt text. It already holds the template's special tokens (BOS included when the template writes
         it), so tokenize it with add_special=False, as transformers' apply_chat_template does."""
         msgs = [_flatten(m, i) for i, m in enumerate(messages)]
         try:
             with _time_budget(RENDER_BUDGET_S):
-                return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                             tools=tools, bos_token=self.bos_token, eos_token=self.eos_token,
-                                             **extra)
+                return self._template.render(
+                    messages=msgs,
+                    add_generation_prompt=add_generation_prompt,
+                    tools=tools,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                    **extra,
+                )
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:
@@ -149,7 +161,7 @@ def _time_budget(seconds: float) -> Iterator[None]:
     active = True
 
     def expired(signum: int, frame: Any) -> None:
-        if active:   # not once the block has ended, even if the timer fired just before it was cancelled
+        if active:  # not once the block has ended, even if the timer fired just before it was cancelled
             raise ChatTemplateError(f"chat template took more than {seconds:g} s to render (a runaway loop?)")
 
     previous = signal.signal(signal.SIGALRM, expired)
@@ -167,8 +179,13 @@ def _compiled(source: str | None, bos_token: str | None, eos_token: str | None) 
     return ChatTemplate(source, bos_token, eos_token)
 
 
-def render_chat(template: str | None, messages: Sequence[Mapping[str, Any]], tokenizer: Any = None,
-                add_generation_prompt: bool = True, **extra: Any) -> str:
+def render_chat(
+    template: str | None,
+    messages: Sequence[Mapping[str, Any]],
+    tokenizer: Any = None,
+    add_generation_prompt: bool = True,
+    **extra: Any,
+) -> str:
     """Render `messages` with a model's template (None -> ChatML), BOS/EOS texts taken from `tokenizer`.
 
     Compiled templates are cached, so calling this per request costs one render. Tokenize the result with
@@ -221,15 +238,15 @@ class StopChecker:
                 best = (i, s)
         if best is not None:
             self.matched, self._held = best[1], ""
-            return buf[:best[0]], best[1]
+            return buf[: best[0]], best[1]
         keep = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), keep, -1):
                 if buf.endswith(s[:k]):
                     keep = k
                     break
-        self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], None
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], None
 
     def flush(self) -> str:
         """At the end of generation (no stop matched): the held-back text, which is real output."""

@@ -8,19 +8,20 @@ tokenizer.ggml.{prefix,suffix,middle}_token_id) or, failing that, from the vocab
 (Qwen2.5-Coder and StarCoder's <|fim_prefix|>, CodeLlama's <PRE>, DeepSeek-Coder's, Codestral's). A model
 without them cannot fill in a middle: FimUnsupported (a 400 naming `suffix`).
 """
+
 from __future__ import annotations
 
 from inferd.text.tokenizer import Tokenizer
 
 # (prefix, suffix, middle) texts, in the order they are tried
 KNOWN_FIM_TEXTS = (
-    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),       # Qwen2.5-Coder, CodeGemma, Granite
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),             # StarCoder, SantaCoder
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, CodeGemma, Granite
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SantaCoder
     ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
-    ("▁<PRE>", "▁<SUF>", "▁<MID>"),                                # CodeLlama (SentencePiece)
+    ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama (SentencePiece)
     ("<PRE>", "<SUF>", "<MID>"),
-    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),           # DeepSeek-Coder
-    ("[PREFIX]", "[SUFFIX]", "[MIDDLE]"),                          # Codestral
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+    ("[PREFIX]", "[SUFFIX]", "[MIDDLE]"),  # Codestral
 )
 
 
@@ -43,8 +44,10 @@ def fim_prompt_ids(tokenizer: Tokenizer, prefix: str, suffix: str) -> list[int]:
     """The token ids of a fill-in-the-middle prompt; FimUnsupported for a model without FIM tokens."""
     ids = fim_token_ids(tokenizer)
     if ids is None:
-        raise FimUnsupported("this model has no fill-in-the-middle tokens, so `suffix` cannot be used "
-                             "(a code model such as Qwen2.5-Coder or StarCoder has them)")
+        raise FimUnsupported(
+            "this model has no fill-in-the-middle tokens, so `suffix` cannot be used "
+            "(a code model such as Qwen2.5-Coder or StarCoder has them)"
+        )
     pre, suf, mid = ids
     out = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
     out += [pre] + tokenizer.encode(prefix, add_special=False)

@@ -20,6 +20,7 @@ that a hostile schema ends in an error rather than in minutes of CPU or gigabyte
 small thread pool (llguidance releases the GIL while it validates and builds) and a request waits at most
 `compile_timeout` for it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,16 @@ from tokenizers import Tokenizer as HFTokenizer
 from inferd.text.tokenizer import Tokenizer
 
 # Fields that carry a constraint, in the order they are looked at.
-CONSTRAINT_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                     "structured_outputs", "grammar", "json_schema")
+CONSTRAINT_FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "grammar",
+    "json_schema",
+)
 
 # Whitespace JSON may hold between tokens, bounded as llama.cpp's json-schema-to-grammar bounds it: a small model
 # under an unbounded pattern can emit newlines forever. Indentation up to 40 columns; a schema's own
@@ -48,9 +57,15 @@ JSON_WHITESPACE = r"(?:[ \t]{0,20}|\n{1,2}[ \t]{0,40})"
 
 # Parser limits for a server: well below llguidance's defaults for memory (250k lexer states ~ 0.5 GB), and
 # enough for every real schema we tried (tests/text/test_grammar.py compiles a 60-property nested one).
-DEFAULT_LIMITS = {"max_items_in_row": 2000, "initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000,
-                      "step_max_items": 50_000, "max_lexer_states": 20_000, "max_grammar_size": 200_000,
-                      "verbose_errors": False}
+DEFAULT_LIMITS = {
+    "max_items_in_row": 2000,
+    "initial_lexer_fuel": 1_000_000,
+    "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000,
+    "max_lexer_states": 20_000,
+    "max_grammar_size": 200_000,
+    "verbose_errors": False,
+}
 
 
 class GrammarError(ValueError):
@@ -64,9 +79,10 @@ class GrammarError(ValueError):
 @dataclass(frozen=True)
 class GrammarSpec:
     """A constraint from a request: the llguidance grammar (a JSON string) and where it came from."""
+
     grammar: str
     param: str
-    kind: str           # json_schema | json_object | regex | choice | grammar | tools
+    kind: str  # json_schema | json_object | regex | choice | grammar | tools
 
 
 def mask_words(vocab_size: int) -> int:
@@ -82,8 +98,7 @@ def grammar_from_request(fields: Mapping[str, Any]) -> GrammarSpec | None:
     if not found:
         return None
     if len(found) > 1:
-        raise GrammarError(f"{found[0][0]} and {found[1][0]} both constrain the output; send only one",
-                           found[1][0])
+        raise GrammarError(f"{found[0][0]} and {found[1][0]} both constrain the output; send only one", found[1][0])
     name, value = found[0]
     whitespace = fields.get("guided_whitespace_pattern")
     if name == "response_format":
@@ -113,8 +128,9 @@ def response_format_grammar(rf: Any, param: str = "response_format") -> GrammarS
     if kind == "json_object":
         return json_schema_grammar({"type": "object"}, param, kind="json_object")
     if kind != "json_schema":
-        raise GrammarError(f"{param}.type {kind!r} is not supported (text, json_object or json_schema)",
-                           f"{param}.type")
+        raise GrammarError(
+            f"{param}.type {kind!r} is not supported (text, json_object or json_schema)", f"{param}.type"
+        )
     # chat completions nest the schema under "json_schema"; the Responses API's text.format has it flat
     spec = rf.get("json_schema", rf if "schema" in rf or "name" in rf else None)
     where = f"{param}.json_schema" if "json_schema" in rf else param
@@ -127,10 +143,11 @@ def response_format_grammar(rf: Any, param: str = "response_format") -> GrammarS
     return json_schema_grammar(schema, f"{where}.schema")
 
 
-def json_schema_grammar(schema: Any, param: str, *, kind: str = "json_schema",
-                        whitespace_pattern: str | None = None, compact: bool = False) -> GrammarSpec:
+def json_schema_grammar(
+    schema: Any, param: str, *, kind: str = "json_schema", whitespace_pattern: str | None = None, compact: bool = False
+) -> GrammarSpec:
     """compact: no whitespace at all between JSON tokens (vLLM's disable_any_whitespace)."""
-    if isinstance(schema, str):   # vLLM accepts the schema as a JSON string too
+    if isinstance(schema, str):  # vLLM accepts the schema as a JSON string too
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
@@ -146,8 +163,10 @@ def json_schema_grammar(schema: Any, param: str, *, kind: str = "json_schema",
         overrides.update(whitespace_flexible=False, whitespace_pattern=None)
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults={"whitespace_pattern": JSON_WHITESPACE},
-            overrides=overrides or None)  # type: ignore[arg-type]
+            json.dumps(schema),
+            defaults={"whitespace_pattern": JSON_WHITESPACE},
+            overrides=overrides or None,  # type: ignore[arg-type]
+        )
     except (ValueError, TypeError) as e:
         what = "nested past the limits" if "recursion limit" in str(e) else "invalid JSON schema"
         raise GrammarError(f"{param}: {what}: {e}", param) from e
@@ -161,8 +180,12 @@ def regex_grammar(regex: Any, param: str) -> GrammarSpec:
 
 
 def choice_grammar(choices: Any, param: str) -> GrammarSpec:
-    if (not isinstance(choices, Sequence) or isinstance(choices, str) or not choices
-            or not all(isinstance(c, str) and c for c in choices)):
+    if (
+        not isinstance(choices, Sequence)
+        or isinstance(choices, str)
+        or not choices
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
         raise GrammarError(f"{param} must be a non-empty list of non-empty strings", param)
     lark = "start: " + " | ".join(json.dumps(c) for c in choices)
     return GrammarSpec(llg.LLMatcher.grammar_from_lark(lark), param, "choice")
@@ -181,23 +204,44 @@ def lark_or_gbnf_grammar(text: Any, param: str) -> GrammarSpec:
 
 def structured_outputs_grammar(so: Any, param: str = "structured_outputs") -> GrammarSpec | None:
     if not isinstance(so, Mapping):
-        raise GrammarError(f"{param} must be an object with one of json, regex, choice, grammar, json_object",
-                           param)
+        raise GrammarError(f"{param} must be an object with one of json, regex, choice, grammar, json_object", param)
     keys = [k for k in ("json", "regex", "choice", "grammar", "json_object") if so.get(k) not in (None, False)]
-    unknown = sorted(k for k, v in so.items() if v is not None and k not in
-                     ("json", "regex", "choice", "grammar", "json_object", "whitespace_pattern",
-                      "disable_additional_properties", "disable_any_whitespace", "disable_fallback"))
+    unknown = sorted(
+        k
+        for k, v in so.items()
+        if v is not None
+        and k
+        not in (
+            "json",
+            "regex",
+            "choice",
+            "grammar",
+            "json_object",
+            "whitespace_pattern",
+            "disable_additional_properties",
+            "disable_any_whitespace",
+            "disable_fallback",
+        )
+    )
     if unknown:
-        raise GrammarError(f"{param}.{unknown[0]} is not supported (json, regex, choice, grammar, json_object)",
-                           f"{param}.{unknown[0]}")
+        raise GrammarError(
+            f"{param}.{unknown[0]} is not supported (json, regex, choice, grammar, json_object)",
+            f"{param}.{unknown[0]}",
+        )
     if len(keys) != 1:
-        raise GrammarError(f"{param} needs exactly one of json, regex, choice, grammar, json_object "
-                           f"(got {', '.join(keys) or 'none'})", param)
+        raise GrammarError(
+            f"{param} needs exactly one of json, regex, choice, grammar, json_object (got {', '.join(keys) or 'none'})",
+            param,
+        )
     key = keys[0]
     where = f"{param}.{key}"
     if key == "json":
-        return json_schema_grammar(so[key], where, whitespace_pattern=so.get("whitespace_pattern"),
-                                   compact=bool(so.get("disable_any_whitespace")))
+        return json_schema_grammar(
+            so[key],
+            where,
+            whitespace_pattern=so.get("whitespace_pattern"),
+            compact=bool(so.get("disable_any_whitespace")),
+        )
     if key == "json_object":
         return json_schema_grammar({"type": "object"}, where, kind="json_object")
     if key == "regex":
@@ -315,7 +359,7 @@ class CompiledGrammar:
         self.spec = spec
         self._pristine = matcher
         self._eos = eos_ids
-        self.vocab_size = vocab_size      # the mask rows' width in tokens (the model's logits)
+        self.vocab_size = vocab_size  # the mask rows' width in tokens (the model's logits)
         self.warnings: list[str] = list(matcher.get_grammar_warnings())
 
     def new_matcher(self) -> SequenceMatcher:
@@ -328,8 +372,9 @@ def fill_masks(executor: llg.LLExecutor, rows: Sequence[tuple[SequenceMatcher, i
         return
     if masks.dtype.itemsize != 4 or masks.ndim != 2 or not masks.flags.c_contiguous:
         raise ValueError("masks must be a contiguous 2-D array of 32-bit words")
-    executor.unsafe_compute_mask_ptr([(m.llmatcher, k) for m, k in rows], masks.ctypes.data,
-                                     masks.shape[1] * 4, masks.shape[0])
+    executor.unsafe_compute_mask_ptr(
+        [(m.llmatcher, k) for m, k in rows], masks.ctypes.data, masks.shape[1] * 4, masks.shape[0]
+    )
 
 
 class GrammarCompiler:
@@ -337,9 +382,17 @@ class GrammarCompiler:
     compiles grammars, and a cache of compiled grammars (agents send the same tools and schemas again and again).
     """
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None, *, compile_timeout: float = 10.0,
-                 limits: Mapping[str, Any] | None = None, threads: int = 2, cache_size: int = 64,
-                 max_grammar_bytes: int = 256 << 10):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int | None = None,
+        *,
+        compile_timeout: float = 10.0,
+        limits: Mapping[str, Any] | None = None,
+        threads: int = 2,
+        cache_size: int = 64,
+        max_grammar_bytes: int = 256 << 10,
+    ):
         self.vocab_size = vocab_size or tokenizer.vocab_size
         self.max_grammar_bytes = max_grammar_bytes
         self.compile_timeout = compile_timeout
@@ -368,8 +421,7 @@ class GrammarCompiler:
         tok = self._lltokenizer.result()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(spec.grammar, tok, limits=self.limits)
         if is_error:
-            raise GrammarError(f"{spec.param}: {_describe(spec, messages[0] if messages else 'invalid')}",
-                               spec.param)
+            raise GrammarError(f"{spec.param}: {_describe(spec, messages[0] if messages else 'invalid')}", spec.param)
         matcher = llg.LLMatcher(tok, spec.grammar, limits=self.limits, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{spec.param}: {_describe(spec, matcher.get_error())}", spec.param)
@@ -377,8 +429,11 @@ class GrammarCompiler:
 
     def _future(self, spec: GrammarSpec) -> concurrent.futures.Future[CompiledGrammar]:
         if len(spec.grammar) > self.max_grammar_bytes:
-            raise GrammarError(f"{spec.param}: the grammar is past the size limit ({len(spec.grammar)} bytes "
-                               f"compiled, at most {self.max_grammar_bytes})", spec.param)
+            raise GrammarError(
+                f"{spec.param}: the grammar is past the size limit ({len(spec.grammar)} bytes "
+                f"compiled, at most {self.max_grammar_bytes})",
+                spec.param,
+            )
         with self._lock:
             fut = self._cache.get(spec.grammar)
             if fut is not None and not (fut.done() and fut.exception() is not None):
@@ -409,8 +464,11 @@ class GrammarCompiler:
         return self._same_param(compiled, spec)
 
     def _timeout_error(self, spec: GrammarSpec) -> GrammarError:
-        return GrammarError(f"{spec.param}: the grammar did not compile within {self.compile_timeout:g} s "
-                            "(too complex; simplify the schema or grammar)", spec.param)
+        return GrammarError(
+            f"{spec.param}: the grammar did not compile within {self.compile_timeout:g} s "
+            "(too complex; simplify the schema or grammar)",
+            spec.param,
+        )
 
     @staticmethod
     def _same_param(compiled: CompiledGrammar, spec: GrammarSpec) -> CompiledGrammar:
@@ -424,9 +482,14 @@ class GrammarCompiler:
 
 
 def _describe(spec: GrammarSpec, message: str) -> str:
-    what = {"json_schema": "invalid or unsupported JSON schema", "json_object": "invalid JSON grammar",
-            "regex": "invalid regular expression", "choice": "invalid choice list", "grammar": "invalid grammar",
-            "tools": "invalid tool parameters schema"}.get(spec.kind, "invalid grammar")
+    what = {
+        "json_schema": "invalid or unsupported JSON schema",
+        "json_object": "invalid JSON grammar",
+        "regex": "invalid regular expression",
+        "choice": "invalid choice list",
+        "grammar": "invalid grammar",
+        "tools": "invalid tool parameters schema",
+    }.get(spec.kind, "invalid grammar")
     message = message.strip()
     if "Unimplemented keys" in message:
         what = "a JSON schema feature that cannot be enforced"

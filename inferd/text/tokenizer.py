@@ -16,6 +16,7 @@ Decoding does not go through HF: every token id maps to the bytes it stands for 
 those bytes decoded as UTF-8. The same table serves the incremental detokenizer, so streaming and one-shot decoding
 always agree.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -57,8 +58,17 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
     **{n: _SMOLLM for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")},
 }
 # Texts llama.cpp treats as end-of-generation when present as tokens (llama-vocab.cpp, "special_eog_ids")
-EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-             "<|end_of_text|>", "<｜end▁of▁sentence｜>")
+EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "<｜end▁of▁sentence｜>",
+)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -96,9 +106,19 @@ def _spm_bytes(text: str) -> bytes:
 class Tokenizer:
     """Text <-> token ids for one model. Build with from_gguf() or from_hf_files()."""
 
-    def __init__(self, hf: HFTokenizer, *, token_bytes: Sequence[bytes], special_ids: Iterable[int],
-                 bos_id: int | None, eos_id: int | None, eos_ids: Iterable[int], add_bos: bool,
-                 strip_first_space: bool, fim_ids: tuple[int, int, int] | None = None):
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        *,
+        token_bytes: Sequence[bytes],
+        special_ids: Iterable[int],
+        bos_id: int | None,
+        eos_id: int | None,
+        eos_ids: Iterable[int],
+        add_bos: bool,
+        strip_first_space: bool,
+        fim_ids: tuple[int, int, int] | None = None,
+    ):
         self.hf = hf
         self._token_bytes = list(token_bytes)
         self.special_ids = frozenset(special_ids)  # control/unknown: no text when decoding with skip_special
@@ -165,8 +185,11 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, fields: Mapping[str, Any]) -> Tokenizer:
         """From GGUF metadata (decoded values, or GGUFReader fields). Raises ValueError naming the problem."""
-        meta = {k: (v.contents() if hasattr(v, "contents") else v) for k, v in fields.items()
-                if k.startswith("tokenizer.ggml.")}
+        meta = {
+            k: (v.contents() if hasattr(v, "contents") else v)
+            for k, v in fields.items()
+            if k.startswith("tokenizer.ggml.")
+        }
         kind = meta.get("tokenizer.ggml.model")
         tokens = meta.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
@@ -188,41 +211,58 @@ class Tokenizer:
         vocab = {t: i for i, t in enumerate(tokens)}
         if kind == "gpt2":
             hf, pre = _gguf_bpe(meta, tokens, vocab)
-            token_bytes = [t.encode("utf-8") if ty in (CONTROL, USER_DEFINED, UNKNOWN) else _byte_level_bytes(t)
-                           for t, ty in zip(tokens, types)]
+            token_bytes = [
+                t.encode("utf-8") if ty in (CONTROL, USER_DEFINED, UNKNOWN) else _byte_level_bytes(t)
+                for t, ty in zip(tokens, types)
+            ]
             add_bos_default, strip = pre.add_bos, False
         elif kind == "llama":
             add_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
             hf = _gguf_spm(meta, tokens, vocab, types, add_prefix)
-            token_bytes = [t.encode("utf-8") if ty in (CONTROL, USER_DEFINED, UNKNOWN) else _spm_bytes(t)
-                           for t, ty in zip(tokens, types)]
+            token_bytes = [
+                t.encode("utf-8") if ty in (CONTROL, USER_DEFINED, UNKNOWN) else _spm_bytes(t)
+                for t, ty in zip(tokens, types)
+            ]
             add_bos_default, strip = True, add_prefix
         else:
             raise ValueError(f"tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
         # special tokens are matched in text before the model runs, longest first like llama.cpp
-        specials = [(i, t, ty) for i, (t, ty) in enumerate(zip(tokens, types))
-                    if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t]
-        hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t, ty in specials
-                               if ty != USER_DEFINED])
+        specials = [
+            (i, t, ty) for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (CONTROL, USER_DEFINED, UNKNOWN) and t
+        ]
+        hf.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for _, t, ty in specials if ty != USER_DEFINED]
+        )
         hf.add_tokens([AddedToken(t, special=False, normalized=False) for _, t, ty in specials if ty == USER_DEFINED])
-        eos_ids = {i for i in (eos, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
-                   if i is not None}
+        eos_ids = {
+            i
+            for i in (eos, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
+            if i is not None
+        }
         eos_ids |= {vocab[t] for t in EOG_TEXTS if t in vocab}
         f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid"))
-        if f_pre is None or f_suf is None or f_mid is None:   # older files
+        if f_pre is None or f_suf is None or f_mid is None:  # older files
             f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("prefix", "suffix", "middle"))
-        return cls(hf, token_bytes=token_bytes, special_ids=[i for i, _, ty in specials if ty != USER_DEFINED],
-                   bos_id=bos, eos_id=eos, eos_ids=eos_ids,
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-                   strip_first_space=strip,
-                   fim_ids=(f_pre, f_suf, f_mid) if f_pre is not None and f_suf is not None and f_mid is not None
-                   else None)
+        return cls(
+            hf,
+            token_bytes=token_bytes,
+            special_ids=[i for i, _, ty in specials if ty != USER_DEFINED],
+            bos_id=bos,
+            eos_id=eos,
+            eos_ids=eos_ids,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+            strip_first_space=strip,
+            fim_ids=(f_pre, f_suf, f_mid) if f_pre is not None and f_suf is not None and f_mid is not None else None,
+        )
 
     @classmethod
-    def from_hf_files(cls, tokenizer_json: str | os.PathLike[str],
-                      tokenizer_config_json: str | os.PathLike[str] | None = None,
-                      generation_config_json: str | os.PathLike[str] | None = None,
-                      extra_eos_ids: Iterable[int] = ()) -> Tokenizer:
+    def from_hf_files(
+        cls,
+        tokenizer_json: str | os.PathLike[str],
+        tokenizer_config_json: str | os.PathLike[str] | None = None,
+        generation_config_json: str | os.PathLike[str] | None = None,
+        extra_eos_ids: Iterable[int] = (),
+    ) -> Tokenizer:
         """From a Hugging Face tokenizer.json (+ tokenizer_config.json, generation_config.json when present)."""
         spec = _read_json(tokenizer_json)
         tcfg = _read_json(tokenizer_config_json) if tokenizer_config_json else {}
@@ -262,9 +302,16 @@ class Tokenizer:
         add_bos = tcfg.get("add_bos_token")
         if add_bos is None:  # no explicit setting: the post-processor decides, as in transformers
             add_bos = bos is not None and hf.encode("a", add_special_tokens=True).ids[:1] == [bos]
-        return cls(hf, token_bytes=token_bytes, special_ids=[i for i, t in added.items() if t.get("special")],
-                   bos_id=bos, eos_id=eos, eos_ids={i for i in eos_ids if 0 <= i < n}, add_bos=bool(add_bos),
-                   strip_first_space=strip)
+        return cls(
+            hf,
+            token_bytes=token_bytes,
+            special_ids=[i for i, t in added.items() if t.get("special")],
+            bos_id=bos,
+            eos_id=eos,
+            eos_ids={i for i in eos_ids if 0 <= i < n},
+            add_bos=bool(add_bos),
+            strip_first_space=strip,
+        )
 
 
 class IncrementalDetokenizer:
@@ -286,8 +333,11 @@ class IncrementalDetokenizer:
         piece = self.tokenizer.token_bytes(token_id, self.skip_special)
         if self._at_start and piece:
             self._at_start = False
-            if (self.tokenizer.strip_first_space and piece.startswith(b" ")
-                    and token_id not in self.tokenizer.special_ids):
+            if (
+                self.tokenizer.strip_first_space
+                and piece.startswith(b" ")
+                and token_id not in self.tokenizer.special_ids
+            ):
                 piece = piece[1:]
         return self._utf8.decode(piece)
 
@@ -301,8 +351,9 @@ def _gguf_bpe(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int])
     pre_name = meta.get("tokenizer.ggml.pre") or "default"
     pre = PRE_TOKENIZERS.get(pre_name)
     if pre is None:
-        raise ValueError(f"tokenizer.ggml.pre {pre_name!r} is not supported "
-                         f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        raise ValueError(
+            f"tokenizer.ggml.pre {pre_name!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+        )
     merges = []
     for m in meta.get("tokenizer.ggml.merges") or []:
         left, sep, right = m.partition(" ")
@@ -312,13 +363,15 @@ def _gguf_bpe(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int])
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     hf.decoder = decoders.ByteLevel()
     return hf, pre
 
 
-def _gguf_spm(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int], types: list[int],
-              add_prefix: bool) -> HFTokenizer:
+def _gguf_spm(
+    meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int], types: list[int], add_prefix: bool
+) -> HFTokenizer:
     scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     if len(scores) != len(tokens):
         raise ValueError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
@@ -334,12 +387,17 @@ def _gguf_spm(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int],
                 ranked.append((-float(scores[tok_id]), tok_id, k, left, right))
     ranked.sort()
     unk = next((t for t, ty in zip(tokens, types) if ty == UNKNOWN), None)
-    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[(l, r) for *_, l, r in ranked], unk_token=unk,
-                                byte_fallback=True, fuse_unk=True))
+    hf = HFTokenizer(
+        models.BPE(
+            vocab=vocab, merges=[(l, r) for *_, l, r in ranked], unk_token=unk, byte_fallback=True, fuse_unk=True
+        )
+    )
     steps = [normalizers.Prepend("▁")] if add_prefix else []
     hf.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
-    hf.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-                                   + ([decoders.Strip(" ", 1, 0)] if add_prefix else []))
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if add_prefix else [])
+    )
     return hf
 
 
@@ -356,8 +414,10 @@ def _hf_decoder_kind(spec: Mapping[str, Any], path: Any) -> tuple[str, bool]:
     if kinds & {"ByteFallback", "Replace"}:
         strip = any(s.get("type") == "Strip" and s.get("start", 0) >= 1 for s in steps)
         return "spm", strip
-    raise ValueError(f"{os.fspath(path)}: tokenizer decoder {sorted(k for k in kinds if k)} is not supported "
-                     f"(supported: ByteLevel, SentencePiece-style Metaspace/ByteFallback)")
+    raise ValueError(
+        f"{os.fspath(path)}: tokenizer decoder {sorted(k for k in kinds if k)} is not supported "
+        f"(supported: ByteLevel, SentencePiece-style Metaspace/ByteFallback)"
+    )
 
 
 def _read_json(path: str | os.PathLike[str]) -> dict:

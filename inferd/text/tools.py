@@ -16,6 +16,7 @@ model write text; from the format's trigger token on (hermes <tool_call>, mistra
 the same call grammar applies (a lazy grammar: LazyMatcher). Llama 3's JSON calls have no trigger token, so "auto"
 is parsed but not constrained there.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,8 @@ GENERIC_TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query. The functions, as JSON "
     "signatures, are within <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call a function, answer with one "
     "<tool_call></tool_call> block per call, each holding a JSON object with the function's name and arguments:\n"
-    "<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
 
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
@@ -63,15 +65,15 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str                        # hermes | llama3 | mistral | generic
-    template_renders_tools: bool     # the template takes `tools` and tool messages itself
+    name: str  # hermes | llama3 | mistral | generic
+    template_renders_tools: bool  # the template takes `tools` and tool messages itself
 
 
 @dataclass
 class ToolCall:
     id: str
     name: str
-    arguments: str                   # JSON text, exactly as the model wrote it
+    arguments: str  # JSON text, exactly as the model wrote it
 
     def as_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -88,14 +90,16 @@ def parse_tools(tools: Any, param: str = "tools") -> list[Tool]:
     for i, t in enumerate(tools):
         where = f"{param}[{i}]"
         if not isinstance(t, Mapping) or t.get("type") != "function":
-            raise ToolError(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", f"{where}.type")
+            raise ToolError(f'{where} must be {{"type": "function", "function": {{...}}}}', f"{where}.type")
         fn = t.get("function")
         if not isinstance(fn, Mapping):
             raise ToolError(f"{where}.function must be an object with a name", f"{where}.function")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ToolError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}",
-                            f"{where}.function.name")
+            raise ToolError(
+                f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}",
+                f"{where}.function.name",
+            )
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, Mapping):
             raise ToolError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
@@ -121,8 +125,9 @@ def parse_tool_choice(choice: Any, tools: Sequence[Tool], param: str = "tool_cho
     fn = choice.get("function") if isinstance(choice, Mapping) and choice.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str):
-        raise ToolError(f"{param} must be none, auto, required or {{\"type\": \"function\", \"function\": "
-                        "{\"name\": ...}}", param)
+        raise ToolError(
+            f'{param} must be none, auto, required or {{"type": "function", "function": {{"name": ...}}}}', param
+        )
     if not any(t.name == name for t in tools):
         raise ToolError(f"{param} names function {name!r}, which is not among the tools", f"{param}.function.name")
     return "required", name
@@ -141,8 +146,9 @@ def detect_format(template: str | None) -> ToolFormat:
     return ToolFormat(HERMES if renders else GENERIC, renders)
 
 
-def prepare_messages(messages: Sequence[Mapping[str, Any]], fmt: ToolFormat,
-                     tools: Sequence[Tool] = ()) -> list[dict[str, Any]]:
+def prepare_messages(
+    messages: Sequence[Mapping[str, Any]], fmt: ToolFormat, tools: Sequence[Tool] = ()
+) -> list[dict[str, Any]]:
     """The conversation as the template expects it.
 
     Templates that render tools get assistant tool_calls with `arguments` as an object (they `tojson` it) and tool
@@ -160,8 +166,9 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], fmt: ToolFormat,
             for j, tc in enumerate(msg["tool_calls"]):
                 fn = tc.get("function") if isinstance(tc, Mapping) else None
                 if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                    raise ToolError(f"messages[{i}].tool_calls[{j}] must have function.name",
-                                    f"messages[{i}].tool_calls[{j}]")
+                    raise ToolError(
+                        f"messages[{i}].tool_calls[{j}] must have function.name", f"messages[{i}].tool_calls[{j}]"
+                    )
                 args = fn.get("arguments", "{}")
                 try:
                     args_obj = json.loads(args) if isinstance(args, str) else args
@@ -169,8 +176,9 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], fmt: ToolFormat,
                     args_obj = args
                 if tc.get("id"):
                     names[str(tc["id"])] = fn["name"]
-                calls.append({"id": tc.get("id"), "type": "function",
-                              "function": {"name": fn["name"], "arguments": args_obj}})
+                calls.append(
+                    {"id": tc.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args_obj}}
+                )
             msg["tool_calls"] = calls
         elif role == "tool":
             msg["content"] = _text(msg.get("content"), i)
@@ -192,16 +200,14 @@ def _text(content: Any, index: int) -> str:
         return content or ""
     if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
         return "".join(str(p.get("text", "")) for p in content)
-    raise ToolError(f"messages[{index}].content must be a string or a list of text parts",
-                    f"messages[{index}].content")
+    raise ToolError(f"messages[{index}].content must be a string or a list of text parts", f"messages[{index}].content")
 
 
 def _generic_conversation(messages: list[dict[str, Any]], tools: Sequence[Tool]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                     for c in m["tool_calls"]]
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
             blocks = "".join(f"\n<tool_call>\n{json.dumps(c, ensure_ascii=False)}\n</tool_call>" for c in calls)
             content = m.get("content") or ""
             out.append({"role": "assistant", "content": (content + blocks).strip("\n")})
@@ -216,8 +222,9 @@ def _generic_conversation(messages: list[dict[str, Any]], tools: Sequence[Tool])
     for m in out:
         m.pop("_tool_results", None)
     if tools:
-        block = GENERIC_TOOLS_BLOCK.format(tools="\n".join(json.dumps(t.as_openai(), ensure_ascii=False)
-                                                           for t in tools))
+        block = GENERIC_TOOLS_BLOCK.format(
+            tools="\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+        )
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{_text(out[0].get('content'), 0)}\n\n{block}"}
         else:
@@ -265,9 +272,9 @@ class _CallObject:
         self.in_str = False
         self.esc = False
         self.done = False
-        self.key: str | None = None        # the top-level key whose value is being read
-        self.expect = "open"               # open | key | colon | value | after
-        self.tok_start = 0                 # where the current key or value text began in raw
+        self.key: str | None = None  # the top-level key whose value is being read
+        self.expect = "open"  # open | key | colon | value | after
+        self.tok_start = 0  # where the current key or value text began in raw
         self.name: str | None = None
         self.args_start: int | None = None
         self.args_end: int | None = None
@@ -291,7 +298,7 @@ class _CallObject:
             elif ch == '"':
                 self.in_str = False
                 if self.depth == 1 and self.expect == "key":
-                    self.key = json.loads(self.raw[self.tok_start:i + 1])
+                    self.key = json.loads(self.raw[self.tok_start : i + 1])
                     self.expect = "colon"
                 elif self.depth == 1 and self.expect == "value":
                     self._value_end(i + 1)
@@ -308,7 +315,7 @@ class _CallObject:
         if self.expect == "open":
             if ch == "{":
                 self.depth, self.expect = 1, "key"
-            else:                                  # not an object: not a call
+            else:  # not an object: not a call
                 self.done = True
             return
         if ch in "{[":
@@ -334,7 +341,7 @@ class _CallObject:
                     self._value_end(i)
                 self.expect = "key"
             elif self.expect == "value" and self.tok_start < 0:
-                self._value_start(i)                           # a number or literal
+                self._value_start(i)  # a number or literal
 
     def _value_start(self, i: int) -> None:
         self.tok_start = i
@@ -343,7 +350,7 @@ class _CallObject:
             self.args_is_string = self.raw[i] == '"'
 
     def _value_end(self, end: int) -> None:
-        text = self.raw[self.tok_start:end].rstrip()
+        text = self.raw[self.tok_start : end].rstrip()
         if self.key == "name" and self.name is None:
             try:
                 value = json.loads(text)
@@ -358,8 +365,8 @@ class _CallObject:
         """The arguments' text read so far (all of it once the value ended); "" for a string value until it ends."""
         if self.args_start is None or (self.args_is_string and self.args_end is None):
             return ""
-        text = self.raw[self.args_start:self.args_end] if self.args_end is not None else self.raw[self.args_start:]
-        if self.args_is_string:   # arguments sent as a JSON string holding JSON: OpenAI's form is the inner text
+        text = self.raw[self.args_start : self.args_end] if self.args_end is not None else self.raw[self.args_start :]
+        if self.args_is_string:  # arguments sent as a JSON string holding JSON: OpenAI's form is the inner text
             try:
                 inner = json.loads(text)
                 return inner if isinstance(inner, str) else text
@@ -373,14 +380,13 @@ class ToolCallParser:
     index, id and name first, then fragments of its arguments). Streaming and whole-text parsing are this same
     parser, so they always agree."""
 
-    def __init__(self, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id,
-                 tool_names: Iterable[str] = ()):
+    def __init__(self, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id, tool_names: Iterable[str] = ()):
         """tool_names: the request's tools. With them, hermes-style models may also answer with a fenced
         ```json {"name": <a tool>, "arguments": {...}}``` block (Qwen2.5-Coder does), which counts as a call."""
         self.fmt = fmt.name if isinstance(fmt, ToolFormat) else fmt
         self._new_id = new_id
-        self._buf = ""                       # text not yet handed out
-        self._mode = "text"                  # text | call | between | list
+        self._buf = ""  # text not yet handed out
+        self._mode = "text"  # text | call | between | list
         self._obj: _CallObject | None = None
         self._started = False
         self._sent_args = 0
@@ -388,13 +394,17 @@ class ToolCallParser:
         self._seen_text = False
         self._seen_text_since_call = False
         self._marker = ""
-        open_marker = {HERMES: "<tool_call>", GENERIC: "<tool_call>", MISTRAL: "[TOOL_CALLS]",
-                       LLAMA3: "<|python_tag|>"}[self.fmt]
+        open_marker = {
+            HERMES: "<tool_call>",
+            GENERIC: "<tool_call>",
+            MISTRAL: "[TOOL_CALLS]",
+            LLAMA3: "<|python_tag|>",
+        }[self.fmt]
         self._open = open_marker
         self._close = "</tool_call>" if self.fmt in (HERMES, GENERIC) else None
         self._tool_names = frozenset(tool_names)
         self._fence = "```json" if self.fmt in (HERMES, GENERIC) and self._tool_names else None
-        self._fenced = False                  # the current object opened with the fence
+        self._fenced = False  # the current object opened with the fence
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -412,9 +422,9 @@ class ToolCallParser:
         while self._step(events, final=True):
             pass
         if self._obj is not None and not self._obj.done and self._started:
-            self._emit_args(events, final=True)          # an unfinished call (length limit): what there is
+            self._emit_args(events, final=True)  # an unfinished call (length limit): what there is
         elif self._obj is not None and not self._started:
-            events.append(ContentDelta(self._marker + self._obj.raw))   # never became a call
+            events.append(ContentDelta(self._marker + self._obj.raw))  # never became a call
         self._obj = None
         if self._buf:
             events.append(ContentDelta(self._buf))
@@ -439,7 +449,7 @@ class ToolCallParser:
             stripped = buf.lstrip()
             if not stripped:
                 return False
-            if stripped.startswith("{"):                # Llama 3 answers a call with bare JSON
+            if stripped.startswith("{"):  # Llama 3 answers a call with bare JSON
                 self._buf = stripped
                 self._start_object("")
                 return True
@@ -458,15 +468,15 @@ class ToolCallParser:
         if self._fence and fence_at >= 0 and (at < 0 or fence_at < at):
             at, marker = fence_at, self._fence
         if at >= 0:
-            before = buf[:at].rstrip()                  # whitespace next to a call is not content
+            before = buf[:at].rstrip()  # whitespace next to a call is not content
             if before.strip():
                 events.append(ContentDelta(before))
                 self._seen_text = True
-            self._buf = buf[at + len(marker):]
+            self._buf = buf[at + len(marker) :]
             if self.fmt == MISTRAL:
                 self._mode = "list"
-            else:   # (kept to give back as text if what follows is not a call)
-                self._start_object(buf[len(before):at] + marker)
+            else:  # (kept to give back as text if what follows is not a call)
+                self._start_object(buf[len(before) : at] + marker)
                 self._fenced = marker == self._fence
             return True
         if final:
@@ -476,16 +486,16 @@ class ToolCallParser:
             return False
         # hold back what may still become the marker, and trailing whitespace (dropped if a call follows)
         keep = max(_partial_suffix(buf, self._open), _partial_suffix(buf, self._fence) if self._fence else 0)
-        head = buf[:len(buf) - keep]
+        head = buf[: len(buf) - keep]
         keep += len(head) - len(head.rstrip())
-        out = buf[:len(buf) - keep]
+        out = buf[: len(buf) - keep]
         if out.strip():
             if self._calls and not self._seen_text_since_call:
                 out = out.lstrip()
             events.append(ContentDelta(out))
             self._seen_text = True
             self._seen_text_since_call = True
-            self._buf = buf[len(buf) - keep:]
+            self._buf = buf[len(buf) - keep :]
         return False
 
     def _start_object(self, marker: str) -> None:
@@ -512,7 +522,7 @@ class ToolCallParser:
             self._emit_args(events, final=obj.done)
         if obj.done:
             self._obj = None
-            if not self._started:                       # not a call after all: it was text
+            if not self._started:  # not a call after all: it was text
                 events.append(ContentDelta(self._marker + obj.raw))
                 self._mode = "text" if self.fmt != MISTRAL else "list"
                 return True
@@ -527,7 +537,7 @@ class ToolCallParser:
         if final and obj.args_start is None:
             text = "{}"
         if len(text) > self._sent_args:
-            piece = text[self._sent_args:]
+            piece = text[self._sent_args :]
             self._sent_args = len(text)
             self._calls[-1].arguments += piece
             events.append(ToolArgsDelta(len(self._calls) - 1, piece))
@@ -546,7 +556,7 @@ class ToolCallParser:
             self._mode = "text"
             return True
         if self._close and buf.startswith(self._close):
-            self._buf = buf[len(self._close):]
+            self._buf = buf[len(self._close) :]
             self._mode = "text"
             return True
         if self.fmt == LLAMA3 and buf.startswith(";"):
@@ -592,8 +602,9 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id,
-                     tool_names: Iterable[str] = ()) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(
+    text: str, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id, tool_names: Iterable[str] = ()
+) -> tuple[str | None, list[ToolCall]]:
     """The whole output -> (content or None, tool calls). Content that is only whitespace around calls is None."""
     parser = ToolCallParser(fmt, new_id, tool_names)
     events = parser.feed(text) + parser.finish()
@@ -603,15 +614,28 @@ def parse_tool_calls(text: str, fmt: ToolFormat | str, new_id: Callable[[], str]
 
 # ---- grammars -----------------------------------------------------------------------------------------------------
 def _call_schema(tools: Iterable[Tool], args_key: str) -> dict[str, Any]:
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", args_key],
-                "properties": {"name": {"const": t.name}, args_key: dict(t.parameters)}} for t in tools]
+    options = [
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", args_key],
+            "properties": {"name": {"const": t.name}, args_key: dict(t.parameters)},
+        }
+        for t in tools
+    ]
     schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
 
 
-def tool_call_grammar(tools: Sequence[Tool], fmt: ToolFormat | str, *, only: str | None = None,
-                      parallel: bool = True, trigger_token_id: int | None = None,
-                      or_json: Mapping[str, Any] | None = None) -> GrammarSpec:
+def tool_call_grammar(
+    tools: Sequence[Tool],
+    fmt: ToolFormat | str,
+    *,
+    only: str | None = None,
+    parallel: bool = True,
+    trigger_token_id: int | None = None,
+    or_json: Mapping[str, Any] | None = None,
+) -> GrammarSpec:
     """A grammar for the tool-call part of the output: one call (several with `parallel`) of `tools` (only the
     one named `only` when given), arguments valid against the tool's parameters schema. For hermes and mistral it
     starts with the opening marker, so it serves both "required" (from the first token) and "auto" (a
@@ -619,8 +643,9 @@ def tool_call_grammar(tools: Sequence[Tool], fmt: ToolFormat | str, *, only: str
     calling (tool_choice "auto" with response_format: answer in that JSON, or call)."""
     name = fmt.name if isinstance(fmt, ToolFormat) else fmt
     if or_json is not None and name == LLAMA3:
-        raise ToolError("response_format cannot be combined with tools for this model's JSON tool calls",
-                        "response_format")
+        raise ToolError(
+            "response_format cannot be combined with tools for this model's JSON tool calls", "response_format"
+        )
     chosen = [t for t in tools if only is None or t.name == only]
     if not chosen:
         raise ToolError("tool_choice names no given tool", "tool_choice")
@@ -631,8 +656,7 @@ def tool_call_grammar(tools: Sequence[Tool], fmt: ToolFormat | str, *, only: str
         return item + " (" + json.dumps(sep) + " " + item + ")*" if parallel else item
 
     if name in (HERMES, GENERIC):
-        lark = ("start: " + repeated("call", "\n") + "\n"
-                + 'call: "<tool_call>\\n" obj "\\n</tool_call>"\n')
+        lark = "start: " + repeated("call", "\n") + "\n" + 'call: "<tool_call>\\n" obj "\\n</tool_call>"\n'
     elif name == MISTRAL:
         if trigger_token_id is None:
             raise ToolError("this model's vocabulary has no [TOOL_CALLS] token", "tools")
@@ -658,6 +682,7 @@ def trigger_token(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None
 class LazyMatcher:
     """A matcher that starts at a trigger token ("auto" tool choice): unconstrained text until the model writes
     the trigger, then the call grammar from that token on (the trigger is the grammar's first token)."""
+
     compiled: CompiledGrammar
     trigger: int
     active: SequenceMatcher | None = field(default=None)
