@@ -9,12 +9,14 @@ them), so both llama.cpp and inferd can load the file. Weights are N(0, 0.02), n
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from inferd import _cpu
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from inferd import _cpu  # noqa: E402
 
 SHAPE = dict(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, hidden=5632, vocab=32000, ctx=2048)
 
