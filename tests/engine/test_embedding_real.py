@@ -1,7 +1,10 @@
 """inferd's vectors against sentence-transformers (torch, float32) on the real models: all-MiniLM-L6-v2 (BERT) and
 EmbeddingGemma-300M, 200 varied sentences each. Cosine >= 0.9999 with the weights as stored, >= 0.999 with Q8_0.
-Skipped with a reason when sentence-transformers or a model folder is absent (../shared/models/fetch.sh fetches
-them into ~/.cache/inferd-test-models)."""
+
+The fast suite compares with sentence-transformers' vectors recorded in embedding_refs/ (make_embedding_refs.py),
+so it needs neither torch nor its 3 GB; `pytest -m slow` also computes them live and checks the recording still
+matches them. Skipped with a reason when a model folder is absent (../shared/models/fetch.sh fetches them into
+~/.cache/inferd-test-models) or, for the live test, when sentence-transformers is."""
 from __future__ import annotations
 
 import os
@@ -14,6 +17,7 @@ from inferd.engine.embedder import Embedder
 from inferd.model.embedding import load_embedding_model
 
 MODELS = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
+REFS = Path(__file__).resolve().parent / "embedding_refs"
 BASE = ["The quick brown fox jumps over the lazy dog.", "What is the capital of France?", "ok", "hi",
         "Stocks fell sharply on Monday after the central bank raised interest rates by half a point.",
         "A man is playing a guitar on stage.", "Il pleut des cordes aujourd'hui à Paris.", "東京は日本の首都です。",
@@ -40,13 +44,11 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-@pytest.fixture(scope="module", params=["all-MiniLM-L6-v2", "embeddinggemma-300m"])
-def real(request):
-    folder = MODELS / request.param
-    if not (folder / "modules.json").is_file():
-        pytest.skip(f"{folder} is absent (../shared/models/fetch.sh all-minilm-l6-v2 embeddinggemma-300m)")
-    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers computes the reference vectors")
+def reference_vectors(folder: Path) -> tuple[str | None, np.ndarray, list[list[int]]]:
+    """sentence-transformers' prompt name, vectors and token ids for sentences(), computed with torch."""
+    import sentence_transformers as st
     import torch
+
     torch.set_num_threads(2)
     model = st.SentenceTransformer(str(folder), device="cpu")
     texts = sentences()
@@ -55,12 +57,25 @@ def real(request):
         ref = model.encode(texts, batch_size=32, convert_to_numpy=True, prompt_name=prompt)
     tokens = [model.tokenizer(model.prompts.get(prompt, "") + t if prompt else t, truncation=True,
                               max_length=model.max_seq_length)["input_ids"] for t in texts]
-    return folder, texts, prompt, ref, tokens
+    return prompt, ref, tokens
 
 
-@pytest.mark.parametrize("quantize, floor", [(None, 0.9999), ("q8_0", 0.999)])
-def test_cosine_against_sentence_transformers(real, quantize, floor):
-    folder, texts, prompt, ref, tokens = real
+def recorded_vectors(name: str) -> tuple[str | None, np.ndarray, list[list[int]]]:
+    data = np.load(REFS / f"{name}.npz")
+    ids, offsets = data["ids"].tolist(), data["offsets"].tolist()
+    tokens = [ids[a:b] for a, b in zip(offsets, offsets[1:])]
+    return str(data["prompt"]) or None, data["vectors"].astype(np.float32), tokens
+
+
+def model_folder(name: str) -> Path:
+    folder = MODELS / name
+    if not (folder / "modules.json").is_file():
+        pytest.skip(f"{folder} is absent (../shared/models/fetch.sh all-minilm-l6-v2 embeddinggemma-300m)")
+    return folder
+
+
+def assert_close_to(folder: Path, prompt: str | None, ref: np.ndarray, tokens: list[list[int]], quantize, floor):
+    texts = sentences()
     emb = Embedder(load_embedding_model(folder, quantize=quantize), threads=2)
     ids = emb.tokenize(texts, input_type=prompt, truncate=True)
     assert ids == tokens                               # the same tokens as sentence-transformers' tokenizer
@@ -68,3 +83,22 @@ def test_cosine_against_sentence_transformers(real, quantize, floor):
     cos = _cos(got, ref)
     worst = int(np.argmin(cos))
     assert cos.min() >= floor, f"cosine {cos.min():.6f} on {texts[worst]!r} (mean {cos.mean():.6f})"
+
+
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "embeddinggemma-300m"])
+@pytest.mark.parametrize("quantize, floor", [(None, 0.9999), ("q8_0", 0.999)])
+def test_cosine_against_recorded_sentence_transformers(name, quantize, floor):
+    folder = model_folder(name)
+    assert_close_to(folder, *recorded_vectors(name), quantize, floor)
+
+
+@pytest.mark.slow  # torch and the model in float32: about 3 GB and a minute per model
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "embeddinggemma-300m"])
+def test_cosine_against_live_sentence_transformers(name):
+    folder = model_folder(name)
+    pytest.importorskip("sentence_transformers", reason="sentence-transformers computes the reference vectors")
+    prompt, ref, tokens = reference_vectors(folder)
+    rec_prompt, recorded, rec_tokens = recorded_vectors(name)
+    assert (rec_prompt, rec_tokens) == (prompt, tokens)
+    assert _cos(recorded, ref).min() > 0.99999        # the recording is still what sentence-transformers computes
+    assert_close_to(folder, prompt, ref, tokens, None, 0.9999)
