@@ -393,6 +393,13 @@ def create_app(
             await asyncio.get_running_loop().run_in_executor(None, svc.stop)
         if state.grammar is not None:
             state.grammar.close()
+            state.grammar = None
+        # aiohttp caches each app's middleware chains in a module-level lru_cache (aiohttp.web_app), so a stopped
+        # app can live on: let go of what is big here, so the engines' memory leaves with the server.
+        state.engine = state.engine_loop = state.model = None
+        state.embeddings = []
+        if state.metrics is not None:
+            state.metrics.engine_loop = None
 
     app.cleanup_ctx.append(lifecycle)
     return app

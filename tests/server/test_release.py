@@ -1,0 +1,26 @@
+"""A stopped server lets go of its engines: aiohttp keeps Application objects alive in a module-level cache of
+middleware chains, so without this every stopped app (a test's, or an embedded server's) would hold its KV cache,
+weight tiles and grammar compiler for the life of the process."""
+
+import gc
+import json
+import urllib.request
+import weakref
+
+from tests.server.conftest import ServerThread, make_settings
+
+
+def test_a_stopped_server_frees_its_engine_and_compiler(loaded_model):
+    srv = ServerThread(make_settings(), loaded_model).start()
+    body = json.dumps({"prompt": "hello " * 300, "max_tokens": 2}).encode()
+    req = urllib.request.Request(srv.url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        assert json.load(r)["usage"]["completion_tokens"] == 2
+    engine, loop, grammar = weakref.ref(srv.state.engine), weakref.ref(srv.state.engine_loop), srv.state.grammar
+    assert engine() is not None and loop() is not None and grammar is not None
+    grammar = weakref.ref(grammar)
+    srv.stop()
+    gc.collect()
+    assert srv.app is not None                      # the app object itself may live on (aiohttp's cache) ...
+    assert engine() is None and loop() is None      # ... but not what it served with
+    assert grammar() is None
