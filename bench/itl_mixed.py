@@ -2,7 +2,7 @@
 configuration, interleaved.
 
     python bench/itl_mixed.py --config cap0="--max-prefill-while-decoding 0" --config cap256="" [-c 32]
-                              [--requests 64] [--repeats 2] [--tree .] [--model PATH]
+                              [--requests 64] [--repeats 2] [--workload mixed|uniform] [--tree .] [--model PATH]
 
 Each configuration runs `inferd serve` (extra options as given; 2 threads) as a subprocess; this process is the
 client: c closed-loop streaming /v1/completions clients over a fixed list of requests (the same list for every
@@ -66,9 +66,11 @@ async def tokenize(url: str) -> list[int]:
             return (await r.json())["tokens"]
 
 
-def workload(ids: list[int], n: int, seed: int) -> list[tuple[list[int], int]]:
+def workload(ids: list[int], n: int, seed: int, kind: str = "mixed") -> list[tuple[list[int], int]]:
     """(prompt token ids, max_tokens) per request."""
     rng = random.Random(seed)
+    if kind == "uniform":  # bench/serve.py's: distinct 100-token prompts, 64 tokens out
+        return [(ids[(i * 97) % (len(ids) - 100):][:100], 64) for i in range(n)]
     system = ids[:SYSTEM_TOKENS]
     out = []
     for i in range(n):
@@ -112,7 +114,8 @@ async def one(session, url, prompt, max_tokens, st: Stats) -> None:
     st.tokens += max_tokens
 
 
-async def run(tree: Path, model: Path, extra: list[str], c: int, n: int, seed: int, threads: int) -> Stats:
+async def run(tree: Path, model: Path, extra: list[str], c: int, n: int, seed: int, threads: int,
+              kind: str) -> Stats:
     port = free_port()
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--model", str(model), "--port", str(port),
            "--threads", str(threads), "--max-running", str(c), "--no-measure-bandwidth", "--no-log-requests",
@@ -133,7 +136,7 @@ async def run(tree: Path, model: Path, extra: list[str], c: int, n: int, seed: i
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.2)
-        jobs = workload(await tokenize(url), n, seed)
+        jobs = workload(await tokenize(url), n, seed, kind)
         st = Stats()
         conn = aiohttp.TCPConnector(limit=c + 2, force_close=True)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1800)) as session:
@@ -164,7 +167,7 @@ async def main_async(args) -> None:
     for rep in range(args.repeats):
         for name, extra in (configs if rep % 2 == 0 else configs[::-1]):
             st = await run(args.tree.resolve(), args.model, extra, args.concurrency, args.requests, args.seed + rep,
-                           args.threads)
+                           args.threads, args.workload)
             p = pooled[name]
             p.tokens += st.tokens
             p.wall_s += st.wall_s
@@ -175,7 +178,8 @@ async def main_async(args) -> None:
                   f"p95 {pct(st.ttfts, .95):6.2f} s  ITL p50 {pct(st.itls, .5) * 1e3:6.1f} ms  "
                   f"p99 {pct(st.itls, .99) * 1e3:6.1f} ms  ({pct(st.itls, .99) / pct(st.itls, .5):.1f}x)"
                   f"{'  ERRORS ' + str(st.errors[:2]) if st.errors else ''}", flush=True)
-    print(f"\nc={args.concurrency}, {args.requests} requests x {args.repeats} repeats, pooled\n")
+    print(f"\n{args.workload} load, c={args.concurrency}, {args.requests} requests x {args.repeats} repeats, "
+          "pooled\n")
     print("| config | tok/s | TTFT p50 s | TTFT p95 s | ITL p50 ms | ITL p99 ms | p99/p50 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, p in pooled.items():
@@ -191,6 +195,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workload", choices=("mixed", "uniform"), default="mixed",
+                    help="uniform: 100-token prompts, 64 tokens out (bench/serve.py's load)")
     ap.add_argument("--tree", type=Path, default=HERE.parent)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("-t", "--threads", type=int, default=2)
