@@ -62,6 +62,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_cache_mib: PosInt = 1024
     num_kv_blocks: NonNegInt = 0
     max_batch_tokens: PosInt = 512
+    max_prefill_while_decoding: NonNegInt = 256
     max_running: PosInt = 64
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0
@@ -136,6 +137,8 @@ DOCS: dict[str, str] = {
     "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",
     "num_kv_blocks": "KV cache size in blocks of 64 positions; 0 derives it from kv_cache_mib.",
     "max_batch_tokens": "Token budget of one engine step (decode tokens plus prefill chunks).",
+    "max_prefill_while_decoding": "Most prompt tokens one step takes while other sequences are generating, so "
+    "their streams keep their pace; 0 means the whole max_batch_tokens.",
     "max_running": "Most sequences generating at once.",
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",

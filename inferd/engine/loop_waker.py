@@ -13,8 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import deque
+from typing import Any, Protocol
 
 from inferd._waker import write_byte_holding_gil
+
+
+class Receiver(Protocol):
+    """Where the loop puts an output: an asyncio.Queue, or a request's Mailbox (inferd/engine/loop.py)."""
+
+    def put_nowait(self, item: Any, /) -> None: ...
 
 
 class LoopWaker:
@@ -23,8 +30,8 @@ class LoopWaker:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        # (queue, output) pairs; deque appends and pops are thread-safe
-        self._items: deque[tuple[asyncio.Queue, object]] = deque()
+        # (receiver, output) pairs; deque appends and pops are thread-safe
+        self._items: deque[tuple[Receiver, object]] = deque()
         self._signalled = False  # a byte is on its way: later pushes need not write another
         self._rfd, self._wfd = os.pipe()
         os.set_blocking(self._rfd, False)
@@ -33,7 +40,7 @@ class LoopWaker:
         loop.add_reader(self._rfd, self._deliver)
 
     def push(self, items: list) -> None:
-        """Queue (asyncio.Queue, output) pairs for the loop to put, and wake it (scheduler thread)."""
+        """Queue (receiver, output) pairs for the loop to put, and wake it (scheduler thread)."""
         if self.closed:
             return
         self._items.extend(items)

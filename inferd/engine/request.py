@@ -6,7 +6,6 @@ submit (the HTTP side only reads `usage()` numbers from delivered outputs).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import numpy as np
 from inferd.engine.types import RequestStatus, SamplingParams
 
 if TYPE_CHECKING:
+    from inferd.engine.loop import Mailbox
     from inferd.engine.loop_waker import LoopWaker
     from inferd.engine.speculative import AcceptanceGate, PromptLookup
 
@@ -72,9 +72,9 @@ class RequestOutput:
 class RequestState:
     request: Request
     arrival_time: float
-    # where outputs go: the engine loop hands them to `waker`'s event loop, which puts them on `queue`
+    # where outputs go: the engine loop hands them to `waker`'s event loop, which puts them in `queue`
     waker: LoopWaker | None = None
-    queue: asyncio.Queue[RequestOutput] | None = None
+    queue: Mailbox | None = None
     status: RequestStatus = RequestStatus.WAITING
     params: SamplingParams | None = None  # the request's, with a seed drawn if it had none
     token_ids: list[int] = field(default_factory=list)  # prompt + generated

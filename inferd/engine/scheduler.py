@@ -7,8 +7,11 @@ drive it step by step with a fake engine and a fake clock.
 
 Policy: running sequences first, decodes before prefill chunks (a long prompt being chunked in must not stall
 everyone already generating); then waiting requests in arrival order while the step's token budget and the KV
-cache allow. When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones
-stay in the prefix cache), and it is recomputed later from its prompt and what it generated so far.
+cache allow. While sequences are decoding, the prompt tokens of a step are capped lower than the step's budget
+(`max_prefill_while_decoding`): a decode step costs about as much as a small prefill chunk, so a full-budget chunk
+would make the streams' next token several times later than their usual cadence (bench/results/itl_mixed.md).
+When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones stay in the
+prefix cache), and it is recomputed later from its prompt and what it generated so far.
 """
 
 from __future__ import annotations
@@ -93,12 +96,15 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         tokenizer=None,
         speculative: bool = False,
+        max_prefill_while_decoding: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.block_size = engine.block_size
         self.kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
         self.max_batch_tokens = engine.max_batch_tokens
+        # prompt tokens a step may take beside decodes (None or 0: the whole budget)
+        self.max_prefill_while_decoding = max_prefill_while_decoding or None
         # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
         self.max_logits_rows = engine.max_logits_rows
         # A sequence must fit in the cache alone, otherwise preemption could never make room for it.
@@ -197,6 +203,8 @@ class Scheduler:
         preempted = False
 
         for want_decode in (True, False):
+            if not want_decode and scheduled and self.max_prefill_while_decoding:
+                budget = min(budget, self.max_prefill_while_decoding)  # the decodes keep their cadence
             for st in list(self.running):
                 if budget <= 0 or rows_left <= 0:
                     break

@@ -259,6 +259,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             enable_prefix_caching=s.enable_prefix_caching,
             tokenizer=tok,
             speculative=s.speculative,
+            max_prefill_while_decoding=s.max_prefill_while_decoding,
         )
         state.engine_loop = EngineLoop(
             engine,

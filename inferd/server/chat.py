@@ -12,6 +12,7 @@ from inferd.server import protocol as P
 from inferd.server.generation import (
     Choice,
     Generation,
+    TextFrames,
     check_model,
     check_prompt_len,
     encode,
@@ -19,6 +20,7 @@ from inferd.server.generation import (
     respond,
     resolve_max_tokens,
     sampling_params,
+    sse_event,
     stop_token_ids,
     wants_usage,
 )
@@ -126,20 +128,27 @@ def chat_full(gen: Generation, with_logprobs: bool, prep: ChatPrep) -> P.ChatCom
     return P.ChatCompletionResponse(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=gen.usage())
 
 
-async def chat_stream(
-    gen: Generation, req: P.ChatCompletionRequest, prep: ChatPrep
-) -> AsyncIterator[P.ChatCompletionChunk | None]:
+async def chat_stream(gen: Generation, req: P.ChatCompletionRequest, prep: ChatPrep) -> AsyncIterator[bytes | None]:
+    """The stream's events, encoded: those of one output (its text, then its finish) in one piece."""
+
     def chunk(choices: list[P.ChatChunkChoice], usage: P.UsageInfo | None = None) -> P.ChatCompletionChunk:
         return P.ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
     tools = {c.index: ChoiceTools(prep) for c in gen.choices} if prep.tool_format else {}
-    for c in gen.choices:
-        yield chunk([P.ChatChunkChoice(c.index, P.Delta(role="assistant", content=""), None, None)])
+    text_frames = {
+        c.index: TextFrames(chunk([P.ChatChunkChoice(c.index, P.Delta(content=TextFrames.MARK), None, None)]))
+        for c in gen.choices
+    }
+    yield b"".join(
+        sse_event(chunk([P.ChatChunkChoice(c.index, P.Delta(role="assistant", content=""), None, None)]))
+        for c in gen.choices
+    )
     async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
         if item is None:
             yield None
             continue
         c, out = item
+        events = b""
         lp = None
         if out.logprobs is not None and out.token_ids:
             lp = chat_logprobs(gen.state, c, out.token_ids, out.logprobs, out.top_logprobs or [[]] * len(out.logprobs))
@@ -147,16 +156,24 @@ async def chat_stream(
         if c.index in tools:  # tool-call syntax becomes delta.tool_calls, never content
             content, deltas = tools[c.index].feed(out.text, final=out.finish_reason is not None)
             calls = deltas or None
-        if content or calls or (lp is not None and lp.content):
-            yield chunk(
-                [
-                    P.ChatChunkChoice(
-                        c.index, P.Delta(content=content or None if calls else content, tool_calls=calls), lp, None
-                    )
-                ]
+        if content and calls is None and lp is None:  # the common case: text only
+            events = text_frames[c.index](content)
+        elif content or calls or (lp is not None and lp.content):
+            events = sse_event(
+                chunk(
+                    [
+                        P.ChatChunkChoice(
+                            c.index, P.Delta(content=content or None if calls else content, tool_calls=calls), lp, None
+                        )
+                    ]
+                )
             )
         if out.finish_reason is not None:
             has_calls = c.index in tools and tools[c.index].has_calls
-            yield chunk([P.ChatChunkChoice(c.index, P.Delta(), None, finish_reason(c.finish_reason, has_calls))])
+            events += sse_event(
+                chunk([P.ChatChunkChoice(c.index, P.Delta(), None, finish_reason(c.finish_reason, has_calls))])
+            )
+        if events:
+            yield events
     if wants_usage(req):
-        yield chunk([], gen.usage())
+        yield sse_event(chunk([], gen.usage()))

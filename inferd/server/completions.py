@@ -16,6 +16,7 @@ from inferd.server.chat import token_str
 from inferd.server.generation import (
     Choice,
     Generation,
+    TextFrames,
     check_model,
     check_prompt_len,
     encode,
@@ -158,9 +159,21 @@ def completions_full(gen: Generation, req: P.CompletionRequest, prompts: Prompts
 
 async def completions_stream(
     gen: Generation, req: P.CompletionRequest, prompts: Prompts
-) -> AsyncIterator[P.CompletionResponse | None]:
+) -> AsyncIterator[bytes | P.CompletionResponse | None]:
     want_lp = req.logprobs is not None
     builders = {c.index: LegacyLogprobs(gen.state) for c in gen.choices}
+    text_frames = {
+        c.index: TextFrames(
+            P.CompletionResponse(
+                gen.rid,
+                gen.created,
+                gen.model,
+                [P.CompletionChoice(c.index, TextFrames.MARK, None, None)],
+                gen.fingerprint,
+            )
+        )
+        for c in gen.choices
+    }
     echoed: set[int] = set()
     async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
         if item is None:
@@ -176,7 +189,9 @@ async def completions_stream(
         if want_lp and out.logprobs is not None:
             entries += generated_entries(out.token_ids, out.logprobs, out.top_logprobs)
         lp = builders[c.index].build(entries) if want_lp and entries else None
-        if text or lp is not None or out.finish_reason is not None:
+        if text and lp is None and c.finish_reason is None:  # the common case: text only
+            yield text_frames[c.index](text)
+        elif text or lp is not None or out.finish_reason is not None:
             yield P.CompletionResponse(
                 gen.rid,
                 gen.created,

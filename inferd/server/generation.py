@@ -8,6 +8,11 @@ whichever the request asked for, aborts every choice if the client goes away or 
 
 Detokenization and stop strings run in the scheduler thread (inferd/engine/scheduler.py's postprocess); the
 outputs that arrive here carry finished text deltas.
+
+The per-token path is kept short, because the event loop shares the cores with the kernels: outputs of one
+choice that arrived together are merged into one (one SSE event, one socket write), a text-only chunk is the
+two pre-encoded halves of its event around the text's JSON string (`TextFrames`), and once every choice has
+finished the rest of the stream (last text, finish chunks, usage, [DONE]) goes out in one write.
 """
 
 from __future__ import annotations
@@ -219,19 +224,31 @@ class Generation:
         cached = sum(u.cached_tokens for u in per_prompt.values())
         return P.usage_info(prompt, completion, cached)
 
+    @property
+    def finished(self) -> bool:
+        """Every choice has had its last output: the rest of a stream needs no more waiting."""
+        return all(c.handle.done for c in self.choices)
+
     async def outputs(self, keepalive_s: float) -> AsyncIterator[tuple[Choice, RequestOutput] | None]:
-        """Each output as it arrives, already added to its choice; None when `keepalive_s` passed without one.
-        A failed choice raises its ProtocolError."""
+        """Outputs as they arrive, already added to their choice (a choice's outputs that arrived together come
+        merged into one); None when `keepalive_s` passed without any. A failed choice raises its ProtocolError,
+        after what it produced before failing."""
         async for item in merged_outputs([c.handle for c in self.choices], keepalive_s):
             if item is None:
                 yield None
                 continue
-            i, out = item
-            err = output_error(out)
+            i, outs = item
+            choice = self.choices[i]
+            err = output_error(outs[-1])  # only a choice's last output can end it
             if err is not None:
+                if len(outs) > 1:
+                    out = merge_outputs(outs[:-1])
+                    choice.add(out)
+                    yield choice, out
                 raise err
-            self.choices[i].add(out)
-            yield self.choices[i], out
+            out = merge_outputs(outs)
+            choice.add(out)
+            yield choice, out
 
     def log(self, status: str) -> None:
         if not self.state.settings.log_requests:
@@ -256,17 +273,44 @@ class Generation:
         )
 
 
+def merge_outputs(outs: list[RequestOutput]) -> RequestOutput:
+    """Outputs of one request that arrived together, as one: text, tokens and logprobs in order, the latest usage,
+    the last one's finish and error."""
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    logprobs = top = None
+    if any(o.logprobs is not None for o in outs):
+        logprobs = [x for o in outs for x in o.logprobs or ()]
+        if any(o.top_logprobs for o in outs):
+            top = [t for o in outs for t in o.top_logprobs or [[] for _ in o.logprobs or ()]]
+    prompt = [x for o in outs for x in o.prompt_logprobs or ()] if any(o.prompt_logprobs for o in outs) else None
+    return RequestOutput(
+        last.request_id,
+        token_ids=[t for o in outs for t in o.token_ids],
+        text="".join(o.text for o in outs),
+        logprobs=logprobs,
+        top_logprobs=top,
+        prompt_logprobs=prompt,
+        finish_reason=last.finish_reason,
+        error_status=last.error_status,
+        error_message=last.error_message,
+        usage=next((o.usage for o in reversed(outs) if o.usage is not None), None),
+    )
+
+
 async def merged_outputs(
     handles: list[RequestHandle], keepalive_s: float
-) -> AsyncIterator[tuple[int, RequestOutput] | None]:
-    """Outputs of several requests as they arrive; None when `keepalive_s` passed without any."""
+) -> AsyncIterator[tuple[int, list[RequestOutput]] | None]:
+    """Outputs of several requests as they arrive, each request's that arrived together in one list; None when
+    `keepalive_s` passed without any."""
     if len(handles) == 1:  # the common case (one prompt, n = 1): no tasks
         handle = handles[0]
         while not handle.done:
-            out = await handle.get(keepalive_s)
-            yield None if out is None else (0, out)
+            outs = await handle.get_all(keepalive_s)
+            yield (0, outs) if outs else None
         return
-    tasks = {asyncio.ensure_future(h.get()): i for i, h in enumerate(handles) if not h.done}
+    tasks = {asyncio.ensure_future(h.get_all()): i for i, h in enumerate(handles) if not h.done}
     try:
         while tasks:
             done, _ = await asyncio.wait(tasks, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
@@ -275,11 +319,10 @@ async def merged_outputs(
                 continue
             for t in sorted(done, key=tasks.__getitem__):
                 i = tasks.pop(t)
-                out = t.result()
-                assert out is not None  # get() without a timeout always returns one
+                outs = t.result()
                 if not handles[i].done:
-                    tasks[asyncio.ensure_future(handles[i].get())] = i
-                yield i, out
+                    tasks[asyncio.ensure_future(handles[i].get_all())] = i
+                yield i, outs
     finally:
         for t in tasks:
             t.cancel()
@@ -292,8 +335,31 @@ def json_response(obj, status: int = 200, headers: dict[str, str] | None = None)
     return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json", headers=headers)
 
 
+PING = b": ping\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
 def sse_event(obj) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+class TextFrames:
+    """The SSE event of a chunk that carries only text, encoded once with a marker in the text's place: each
+    token's event is then the fixed head and tail around the text's JSON string, byte for byte what encoding the
+    whole chunk gives (tests/server/test_stream_frames.py), without building and encoding the chunk's structs."""
+
+    MARK = "\x00inferd-text\x00"
+
+    def __init__(self, template: object):
+        raw = sse_event(template)
+        mark = msgspec.json.encode(self.MARK)
+        if raw.count(mark) != 1:  # cannot happen with the server's own names; say so rather than misframe
+            raise ValueError("the chunk template must hold the text marker exactly once")
+        self.head, _, self.tail = raw.partition(mark)
+        self._encode = msgspec.json.encode
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + self._encode(text) + self.tail
 
 
 async def start_sse(request: web.Request) -> web.StreamResponse:
@@ -332,17 +398,23 @@ async def respond(
 async def write_stream(
     request: web.Request, gen: Generation, chunks: AsyncIterator[object | None]
 ) -> web.StreamResponse:
-    """The SSE side: each chunk as a `data:` event, `: ping` for None, an error event then [DONE] if a choice
-    fails once the stream has started."""
+    """The SSE side: each chunk (a struct, or an event already encoded as bytes) as a `data:` event, `: ping` for
+    None, an error event then [DONE] if a choice fails once the stream has started. Once every choice has
+    finished, what is left comes without waiting and goes out with [DONE] in one write."""
     resp = await start_sse(request)
+    tail: list[bytes] = []
     try:
         async for chunk in chunks:
-            await resp.write(b": ping\n\n" if chunk is None else sse_event(chunk))
+            data = PING if chunk is None else chunk if isinstance(chunk, bytes) else sse_event(chunk)
+            if gen.finished:
+                tail.append(data)
+            else:
+                await resp.write(data)
     except ProtocolError as err:
-        await resp.write(sse_event(err.body()) + b"data: [DONE]\n\n")
+        await resp.write(b"".join(tail) + sse_event(err.body()) + DONE)
         gen.log(f"error {err.status} (streamed)")
         return resp
-    await resp.write(b"data: [DONE]\n\n")
+    await resp.write(b"".join(tail) + DONE)
     gen.log("ok")
     return resp
 

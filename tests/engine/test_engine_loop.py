@@ -169,3 +169,21 @@ async def test_a_broken_policy_still_fails_every_request_instead_of_hanging_it(r
     assert "policy bug" in outs[-1].error_message and s.dead is not None
     with pytest.raises(SchedulerStopped):
         s.submit(req("b", [1]))
+
+
+async def test_get_all_takes_what_arrived_together_and_ends_at_the_finish(running):
+    s = running(FakeEngine())
+    release = threading.Event()
+    s.before_step = lambda states: release.wait(10)
+    h = s.submit(req("a", range(5), max_tokens=6))
+    assert await h.get_all(0.05) == []          # nothing yet: the keep-alive silence, still running
+    assert not h.done
+    release.set()
+
+    def until_finished():                        # in the scheduler, before this loop looks at the mailbox
+        while s.num_running or s.num_waiting:
+            time.sleep(0.005)
+    await asyncio.wait_for(asyncio.to_thread(until_finished), 10)
+    outs = await h.get_all(1.0)                  # every step's output, at once, in order
+    assert len(outs) == 6 and outs[-1].finish_reason == FinishReason.LENGTH and h.done
+    assert tokens_of(outs) == run_alone(list(range(5)), 6)

@@ -123,6 +123,34 @@ def test_long_prompt_is_chunked_and_decodes_go_first():
                                   [(12, 1, 1), (254, 46, 1)]]
 
 
+def test_prompt_tokens_beside_decodes_are_capped_so_streams_keep_their_cadence():
+    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=32)
+    h.add(req("long", range(1000, 1300), max_tokens=2))
+    h.step()                                   # alone: nobody decodes, the prompt takes the whole budget
+    h.add(req("short", range(10), max_tokens=10))
+    h.step()                                   # long is still prefilling (no decodes yet): 128 between them
+    assert h.engine.steps == [[(0, 128, 0)], [(128, 128, 0)]]
+    h.step()                                   # the rest of long's prompt, then short's prompt begins
+    assert h.engine.steps[2] == [(256, 44, 1), (0, 10, 1)]
+    h.add(req("next", range(2000, 2070), max_tokens=1))
+    for _ in range(3):
+        h.step()
+    # the running ones decode every step (long finishes after its second token); next's 70 prompt tokens come
+    # 32 at a time beside them
+    assert h.engine.steps[3:] == [[(300, 1, 1), (10, 1, 1), (0, 32, 0)], [(11, 1, 1), (32, 32, 0)],
+                                  [(12, 1, 1), (64, 6, 1)]]
+    assert h.last("long").finish_reason == FinishReason.LENGTH
+
+
+def test_without_the_cap_a_prompt_chunk_takes_what_the_decodes_leave():
+    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=0)
+    h.add(req("short", range(10), max_tokens=10))
+    h.step()
+    h.add(req("long", range(1000, 1300), max_tokens=1))
+    h.step()
+    assert h.engine.steps[1] == [(10, 1, 1), (0, 127, 0)]
+
+
 def test_running_cap_and_fcfs_admission():
     h = Harness(FakeEngine(max_seqs=2))
     for i in range(3):
