@@ -37,6 +37,12 @@ def set_path(str name):
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
 
 
+def set_pair_kernels(bint on):
+    """Whether the VNNI paths' prefills use the AVX-512 pair-of-tiles kernels where the CPU has them (default on;
+    off lets tests reach the ymm tile kernels: both give the same bits)."""
+    matmul_set_pair_kernels(on)
+
+
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
     """Streaming read bandwidth in bytes/s (best of `repeats` passes over `nbytes` with `threads` threads)."""
     cdef double bw

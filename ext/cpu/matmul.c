@@ -172,10 +172,29 @@ static const qkernel_t *kernel_table(int path) {
     return NULL;
 }
 
+/* The zmm pair kernels (qpair512.c) serve the prefills of the VNNI paths wherever the CPU has AVX-512 VNNI (the
+ * bits are the same); matmul_set_pair_kernels(0) turns them off so that tests reach the ymm kernels too. */
+#define PAIR_MIN_TOKENS 16
+static int pair_kernels_on = 1;
+void matmul_set_pair_kernels(int on) { pair_kernels_on = on; }
+
+static const qpair_fn *pair_table(int path) {
+#if defined(__x86_64__)
+    static int has = -1;
+    if (has < 0)
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (has && pair_kernels_on && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI)) return qpair_kernels_avx512;
+#endif
+    (void)path;
+    return NULL;
+}
+
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
                   const block_q8x *xq, float *y, int ldy, int accumulate) {
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
+    const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table(path) : NULL;
     int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int tile = tile_begin; tile < tile_end; tile++) {
         int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */
@@ -193,6 +212,15 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
                               (size_t)(tile - w->seg[seg].row0 / TILE_ROWS) * nb * tile_block_bytes(type);
         if (!table) {
             quant_tile_scalar(type, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
+            continue;
+        }
+        /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer */
+        if (pairs && pairs[type] && tile + 1 < tile_end &&
+            (seg + 1 >= w->nseg || w->seg[seg + 1].row0 > row0 + TILE_ROWS)) {
+            int nrows_b = w->rows - row0 - TILE_ROWS < TILE_ROWS ? w->rows - row0 - TILE_ROWS : TILE_ROWS;
+            pairs[type](base, base + (size_t)nb * tile_block_bytes(type), nb, xq, ntok, y + ycol, ldy, nrows_b,
+                        accumulate);
+            tile++;
             continue;
         }
         const qkernel_t *k = &table[type];

@@ -1,0 +1,140 @@
+/* Prefill of the 32-value quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) over pairs of tiles in AVX-512 registers.
+ *
+ * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
+ * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
+ * activation's 4 bytes come as the instruction's embedded broadcast, and the two tiles are unpacked once per call
+ * into a panel of int8 vectors (on the stack, L1/L2-resident) that every group of tokens then reads: the inner loop
+ * is the same for Q4_0 as for Q8_0 (a profile of the ymm path: bench/results/prefill_q4.md).
+ *
+ * Bits: per row and token the operations are the scalar kernel's (matmul.c): the block's int32 sum exactly (any
+ * order of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, for Q4_1 and
+ * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
+ * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. */
+#include <string.h>
+#include "inferd.h"
+#include "tile.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+#define PINLINE static inline __attribute__((always_inline))
+#define PAIR_NT 12   /* tokens per pass: 12 accumulators + 8 weight vectors + scales and temporaries of 32 zmm */
+
+/* one 32-value block of 16 rows, unpacked: lane 8i + r (i: tile of the pair, r: its row) of wv[j] holds values
+ * 4j..4j+3 of that row as dpbusd's unsigned bytes; dw the rows' scales, mw their mins (Q4_1, Q5_1) */
+typedef struct { __m512i wv[8]; __m512 dw, mw; } pair_block_t;
+
+PINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+PINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                        _mm_loadu_si128((const __m128i *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* tile.h's pieces of the two tiles' blocks put together (the same bit moves as qtile.h's load_wv) */
+PINLINE void prepare_pair(const int type, const uint8_t *ta, const uint8_t *tb, int nb, pair_block_t *p) {
+    const size_t bb = tile_block_bytes(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
+    for (int b = 0; b < nb; b++, p++) {
+        const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
+        p->dw = join_f16(a, c);
+        p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
+        if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
+            for (int j = 0; j < 8; j++)
+                p->wv[j] = _mm512_xor_si512(join256(a + 16 + 32 * j, c + 16 + 32 * j), _mm512_set1_epi8((char)0x80));
+            continue;
+        }
+        const size_t g = tile_group_off(type, 0);
+        for (int q = 0; q < 4; q++) {
+            __m512i v = join256(a + g + 32 * q, c + g + 32 * q);
+            p->wv[q] = _mm512_and_si512(v, m4);
+            p->wv[4 + q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if (type == WT_Q5_0 || type == WT_Q5_1) {   /* bit p of the hbit byte -> value 4p+e's bit 4, bit 4+p -> 16+4p+e's */
+            const size_t ho = tile_hbits_off(type, 0);
+            __m512i h = join256(a + ho, c + ho);
+            p->wv[0] = _mm512_or_si512(p->wv[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), m5));
+            p->wv[1] = _mm512_or_si512(p->wv[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), m5));
+            p->wv[2] = _mm512_or_si512(p->wv[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), m5));
+            p->wv[3] = _mm512_or_si512(p->wv[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), m5));
+            p->wv[4] = _mm512_or_si512(p->wv[4], _mm512_and_si512(h, m5));
+            p->wv[5] = _mm512_or_si512(p->wv[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), m5));
+            p->wv[6] = _mm512_or_si512(p->wv[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), m5));
+            p->wv[7] = _mm512_or_si512(p->wv[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), m5));
+        }
+    }
+}
+
+PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+
+/* the integer sum's starting value: the correction of the types stored unsigned with an offset */
+PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
+    switch (type) {
+    case WT_Q4_0: return xb->q4_corr;
+    case WT_Q5_0: return -16 * xb->isum;
+    case WT_Q8_0: return xb->q8_corr;
+    }
+    return 0;
+}
+
+/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
+PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int nb32, const block_q8x *xq, float *y,
+                         int ldy, __mmask16 rows, int accumulate) {
+    __m512 acc[PAIR_NT];
+    for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb32; b++, p++) {
+        const block_q8x *xb = xq + b;
+        for (int k = 0; k < n; k++, xb += nb32) {
+            __m512i s = _mm512_set1_epi32(start_sum(type, xb));
+            for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
+            __m512 dx = _mm512_set1_ps(xb->d);
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
+            if (type == WT_Q4_1 || type == WT_Q5_1)
+                acc[k] = _mm512_fmadd_ps(_mm512_set1_ps((float)xb->isum), _mm512_mul_ps(p->mw, dx), acc[k]);
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        float *o = y + (size_t)k * ldy;
+        __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, o), acc[k]) : acc[k];
+        _mm512_mask_storeu_ps(o, rows, v);
+    }
+}
+
+PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
+                         float *y, int ldy, int nrows_b, int accumulate) {
+    pair_block_t p[nb];   /* nb <= PAIR_MAX_BLOCKS: 320 KB at most */
+    prepare_pair(type, ta, tb, nb, p);
+    __mmask16 rows = (__mmask16)((1u << (8 + nrows_b)) - 1);
+    int t = 0;
+    for (; t + PAIR_NT <= ntok; t += PAIR_NT)
+        pair_tokens(type, PAIR_NT, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+    for (; t + 4 <= ntok; t += 4)
+        pair_tokens(type, 4, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+    for (; t < ntok; t++)
+        pair_tokens(type, 1, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+}
+
+#define PDEFINE(name, TYPE)                                                                                       \
+    static void pair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y, \
+                            int ldy, int nrows_b, int accumulate) {                                              \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows_b, accumulate);                                    \
+    }
+PDEFINE(q4_0, WT_Q4_0)
+PDEFINE(q4_1, WT_Q4_1)
+PDEFINE(q5_0, WT_Q5_0)
+PDEFINE(q5_1, WT_Q5_1)
+PDEFINE(q8_0, WT_Q8_0)
+#undef PDEFINE
+
+#pragma GCC pop_options
+
+const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES] = {
+    [WT_Q4_0] = pair_q4_0, [WT_Q4_1] = pair_q4_1, [WT_Q5_0] = pair_q5_0, [WT_Q5_1] = pair_q5_1, [WT_Q8_0] = pair_q8_0,
+};
+#endif
