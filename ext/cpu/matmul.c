@@ -172,21 +172,34 @@ static const qkernel_t *kernel_table(int path) {
     return NULL;
 }
 
-/* The zmm pair kernels (qpair512.c) serve the prefills of the VNNI paths wherever the CPU has AVX-512 VNNI (the
- * bits are the same); matmul_set_pair_kernels(0) turns them off so that tests reach the ymm kernels too. */
+/* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
+ * the CPU has AVX-512 VNNI (the bits are the same); matmul_set_prefill_kernels turns them off (PREFILL_TILES) or
+ * AMX off (PREFILL_AVX512) so that tests reach every kernel. */
 #define PAIR_MIN_TOKENS 16
 static int pair_kernels_on = 1;
-void matmul_set_pair_kernels(int on) { pair_kernels_on = on; }
-
-static const qpair_fn *pair_table(int path) {
+void matmul_set_prefill_kernels(int kind) {
+    pair_kernels_on = kind != PREFILL_TILES;
+#if defined(__x86_64__)
+    qpair_allow_amx(kind == PREFILL_AMX);
+#endif
+}
+int matmul_prefill_kernels(void) {
 #if defined(__x86_64__)
     static int has = -1;
     if (has < 0)
         has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    if (has && pair_kernels_on && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI)) return qpair_kernels_avx512;
+    int path = cpu_path();
+    if (has && pair_kernels_on && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI))
+        return amx_usable() ? PREFILL_AMX : PREFILL_AVX512;
 #endif
-    (void)path;
+    return PREFILL_TILES;
+}
+
+static const qpair_fn *pair_table(void) {
+#if defined(__x86_64__)
+    if (matmul_prefill_kernels() != PREFILL_TILES) return qpair_kernels_avx512;
+#endif
     return NULL;
 }
 
@@ -194,7 +207,7 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
                   const block_q8x *xq, float *y, int ldy, int accumulate) {
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
-    const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table(path) : NULL;
+    const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
     int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int tile = tile_begin; tile < tile_end; tile++) {
         int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */

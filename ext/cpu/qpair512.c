@@ -16,9 +16,13 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+/* amx: the AMX kernel below only runs where amx_usable() says so (compilers emit no tile instructions unasked) */
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 
 #define PINLINE static inline __attribute__((always_inline))
 #define PAIR_NT 12   /* tokens per pass: 12 accumulators + 8 weight vectors + scales and temporaries of 32 zmm */
@@ -38,7 +42,10 @@ PINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {
 }
 
 /* tile.h's pieces of the two tiles' blocks put together (the same bit moves as qtile.h's load_wv) */
-PINLINE void prepare_pair(const int type, const uint8_t *ta, const uint8_t *tb, int nb, pair_block_t *p) {
+/* signed: the values as dpbssd's signed bytes (q - 8 for Q4_0, q - 16 for Q5_0, Q8_0's own), for the AMX kernel;
+ * else as dpbusd's unsigned bytes (Q8_0 + 128), the activation's correction taking the offset back */
+PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
+                          pair_block_t *p) {
     const size_t bb = tile_block_bytes(type);
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
     for (int b = 0; b < nb; b++, p++) {
@@ -46,8 +53,8 @@ PINLINE void prepare_pair(const int type, const uint8_t *ta, const uint8_t *tb, 
         p->dw = join_f16(a, c);
         p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
         if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
-            for (int j = 0; j < 8; j++)
-                p->wv[j] = _mm512_xor_si512(join256(a + 16 + 32 * j, c + 16 + 32 * j), _mm512_set1_epi8((char)0x80));
+            const __m512i flip = _mm512_set1_epi8(sign ? 0 : (char)0x80);
+            for (int j = 0; j < 8; j++) p->wv[j] = _mm512_xor_si512(join256(a + 16 + 32 * j, c + 16 + 32 * j), flip);
             continue;
         }
         const size_t g = tile_group_off(type, 0);
@@ -67,6 +74,10 @@ PINLINE void prepare_pair(const int type, const uint8_t *ta, const uint8_t *tb, 
             p->wv[5] = _mm512_or_si512(p->wv[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), m5));
             p->wv[6] = _mm512_or_si512(p->wv[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), m5));
             p->wv[7] = _mm512_or_si512(p->wv[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), m5));
+        }
+        if (sign && (type == WT_Q4_0 || type == WT_Q5_0)) {
+            const __m512i off = _mm512_set1_epi8(type == WT_Q4_0 ? 8 : 16);
+            for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], off);
         }
     }
 }
@@ -96,7 +107,7 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int
             __m512 dx = _mm512_set1_ps(xb->d);
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
             if (type == WT_Q4_1 || type == WT_Q5_1)
-                acc[k] = _mm512_fmadd_ps(_mm512_set1_ps((float)xb->isum), _mm512_mul_ps(p->mw, dx), acc[k]);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
         }
     }
     for (int k = 0; k < n; k++) {
@@ -106,12 +117,103 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int
     }
 }
 
+/* AMX: the CPU has AMX-INT8 (cpuid 7.0 edx bit 25) and Linux grants this process the tile data state (asked once;
+ * the grant covers every thread); matmul_set_pair_kernels can turn it off */
+#define AMX_MIN_TOKENS 32
+static int amx_state = -1;
+static int amx_allowed = 1;
+void qpair_allow_amx(int on) { amx_allowed = on; }
+int amx_usable(void) {
+    if (amx_state < 0) {
+        unsigned a, b, c, d;
+        __cpuid_count(7, 0, a, b, c, d);
+        (void)a; (void)b; (void)c;
+        amx_state = (d >> 25) & 1 && (d >> 24) & 1 && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                                               18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+    return amx_state && amx_allowed;
+}
+
+PINLINE void store_rows16(__m512 acc, float *o, __mmask16 rows, int accumulate) {
+    _mm512_mask_storeu_ps(o, rows, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, o), acc) : acc);
+}
+
+/* 16 tokens against the signed pair panel on the AMX unit: per block, C (16 tokens x 16 rows, int32) = A (the tokens'
+ * 32 activation bytes, read in place with the token stride) x B (the block's 8 x 64 panel bytes, the dpbssd layout
+ * the zmm kernels use): each C element is the block's exact int32 sum, then the float steps as in pair_tokens.
+ * Even blocks use tiles 0, 2, 4 and odd blocks 1, 3, 5, so that the unit works on one while the vector ports
+ * scale the other. */
+#define AMX_TOKENS 16
+PINLINE void amx_block_floats(const int type, const int32_t *c, const pair_block_t *p, const block_q8x *xb, int nb32,
+                              __m512 acc[AMX_TOKENS]) {
+    for (int k = 0; k < AMX_TOKENS; k++, xb += nb32) {
+        __m512 dx = _mm512_set1_ps(xb->d);
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * k)), _mm512_mul_ps(p->dw, dx), acc[k]);
+        if (type == WT_Q4_1 || type == WT_Q5_1)
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
+    }
+}
+
+PINLINE void amx_tokens(const int type, const pair_block_t *p, int nb32, const block_q8x *xq, float *y, int ldy,
+                        __mmask16 rows, int accumulate) {
+    _Alignas(64) int32_t c[2][AMX_TOKENS * 16];
+    const size_t xstride = (size_t)nb32 * sizeof(block_q8x);
+    __m512 acc[AMX_TOKENS];
+    for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb32; b += 2) {
+        _tile_loadd(0, xq[b].qs, xstride);
+        _tile_loadd(2, p[b].wv, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_loadd(1, xq[b + 1].qs, xstride);
+        _tile_loadd(3, p[b + 1].wv, 64);
+        _tile_zero(5);
+        _tile_dpbssd(5, 1, 3);
+        _tile_stored(4, c[0], 64);
+        _tile_stored(5, c[1], 64);
+        amx_block_floats(type, c[0], p + b, xq + b, nb32, acc);
+        amx_block_floats(type, c[1], p + b + 1, xq + b + 1, nb32, acc);
+    }
+    if (b < nb32) {
+        _tile_loadd(0, xq[b].qs, xstride);
+        _tile_loadd(2, p[b].wv, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_stored(4, c[0], 64);
+        amx_block_floats(type, c[0], p + b, xq + b, nb32, acc);
+    }
+    for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
+}
+
+/* palette 1: tiles 0-1 A (16 rows of 32 bytes), 2-3 B (8 rows of 64 bytes), 4-5 C (16 rows of 64 bytes) */
+static void amx_configure(void) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 32;
+        cfg.rows[2 + i] = 8; cfg.colsb[2 + i] = 64;
+        cfg.rows[4 + i] = AMX_TOKENS; cfg.colsb[4 + i] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+static void amx_release(void) { _tile_release(); }
+
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
                          float *y, int ldy, int nrows_b, int accumulate) {
     pair_block_t p[nb];   /* nb <= PAIR_MAX_BLOCKS: 320 KB at most */
-    prepare_pair(type, ta, tb, nb, p);
     __mmask16 rows = (__mmask16)((1u << (8 + nrows_b)) - 1);
     int t = 0;
+    if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
+        prepare_pair(type, 1, ta, tb, nb, p);
+        amx_configure();
+        for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+            amx_tokens(type, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+        amx_release();
+        if (t == ntok) return;
+    }
+    prepare_pair(type, 0, ta, tb, nb, p);
     for (; t + PAIR_NT <= ntok; t += PAIR_NT)
         pair_tokens(type, PAIR_NT, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t + 4 <= ntok; t += 4)

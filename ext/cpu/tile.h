@@ -65,6 +65,8 @@ typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const blo
                          int ldy, int nrows_b, int accumulate);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks (640 bytes each) on the stack */
 extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
+int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
+void qpair_allow_amx(int on);
 
 /* byte offsets inside a tile block: the group of 32-value block s (s < 8 for K-quants, 0 otherwise), its hbit or
  * h2bit piece, and (K-quants) its scales */

@@ -77,13 +77,13 @@ def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, col
     try:
         for p in PATHS[1:]:
             _cpu.set_path(p)
-            for on in (True, False):
-                _cpu.set_pair_kernels(on)
-                assert_bitwise(w.matmul(x), ref, f"{type_name} {p} pairs={on}")
-                assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} pairs={on}, accumulating")
-                assert_bitwise(w.matmul(x[:19]), ref[:19], f"{type_name} {p} pairs={on}, 19 tokens")
+            for kind in _cpu.PREFILL_KERNELS:
+                _cpu.set_prefill_kernels(kind)
+                assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
+                assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
+                assert_bitwise(w.matmul(x[:19]), ref[:19], f"{type_name} {p} {kind}, 19 tokens")
     finally:
-        _cpu.set_pair_kernels(True)
+        _cpu.set_prefill_kernels("amx")
 
 
 @pytest.mark.parametrize("type_name", TYPES + K_TYPES)
