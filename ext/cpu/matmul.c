@@ -227,13 +227,17 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             quant_tile_scalar(type, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
             continue;
         }
-        /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer */
-        if (pairs && pairs[type] && tile + 1 < tile_end &&
-            (seg + 1 >= w->nseg || w->seg[seg + 1].row0 > row0 + TILE_ROWS)) {
-            int nrows_b = w->rows - row0 - TILE_ROWS < TILE_ROWS ? w->rows - row0 - TILE_ROWS : TILE_ROWS;
-            pairs[type](base, base + (size_t)nb * tile_block_bytes(type), nb, xq, ntok, y + ycol, ldy, nrows_b,
-                        accumulate);
-            tile++;
+        /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer; a lone tile
+         * (the end of a thread's claim or of a segment) goes through the same kernel as the pair (tile, tile) with
+         * the copy's rows left unstored: half its work is wasted, and still it beats the ymm kernel */
+        if (pairs && pairs[type]) {
+            int pair = tile + 1 < tile_end && (seg + 1 >= w->nseg || w->seg[seg + 1].row0 > row0 + TILE_ROWS);
+            int rows = pair ? TILE_ROWS + (w->rows - row0 - TILE_ROWS < TILE_ROWS ? w->rows - row0 - TILE_ROWS
+                                                                                  : TILE_ROWS)
+                            : nrows;
+            pairs[type](base, pair ? base + (size_t)nb * tile_block_bytes(type) : base, nb, xq, ntok, y + ycol, ldy,
+                        rows, accumulate);
+            tile += pair;
             continue;
         }
         const qkernel_t *k = &table[type];

@@ -141,9 +141,14 @@ PINLINE void store_rows16(__m512 acc, float *o, __mmask16 rows, int accumulate) 
 /* 16 tokens against the signed pair panel on the AMX unit: per block, C (16 tokens x 16 rows, int32) = A (the tokens'
  * 32 activation bytes, read in place with the token stride) x B (the block's 8 x 64 panel bytes, the dpbssd layout
  * the zmm kernels use): each C element is the block's exact int32 sum, then the float steps as in pair_tokens.
- * Even blocks use tiles 0, 2, 4 and odd blocks 1, 3, 5, so that the unit works on one while the vector ports
- * scale the other. */
+ * Software-pipelined by groups of 4 blocks: the unit multiplies group g (A and B alternating in tiles 0-1 and 2-3,
+ * C in tiles 4-7, stored to one half of a ring) while the vector ports scale group g - 1 from the other half; the
+ * stored sums are read a whole group after their stores (reading them right away stalled on each store: profile in
+ * bench/results/prefill_q4.md). The float steps still go block after block in column order. */
 #define AMX_TOKENS 16
+#ifndef AMX_DEPTH
+#define AMX_DEPTH 2   /* blocks in flight: the sums of block b are read after block b + 1's are issued */
+#endif
 PINLINE void amx_block_floats(const int type, const int32_t *c, const pair_block_t *p, const block_q8x *xb, int nb32,
                               __m512 acc[AMX_TOKENS]) {
     for (int k = 0; k < AMX_TOKENS; k++, xb += nb32) {
@@ -154,34 +159,33 @@ PINLINE void amx_block_floats(const int type, const int32_t *c, const pair_block
     }
 }
 
+/* block b's sums into c (tiles 0, 2, 4 for even blocks, 1, 3, 5 for odd ones) */
+PINLINE void amx_block(const pair_block_t *p, const block_q8x *xq, int b, size_t xstride, int32_t *c) {
+    if (b & 1) {
+        _tile_loadd(1, xq[b].qs, xstride);
+        _tile_loadd(3, p[b].wv, 64);
+        _tile_zero(5);
+        _tile_dpbssd(5, 1, 3);
+        _tile_stored(5, c, 64);
+    } else {
+        _tile_loadd(0, xq[b].qs, xstride);
+        _tile_loadd(2, p[b].wv, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_stored(4, c, 64);
+    }
+}
+
 PINLINE void amx_tokens(const int type, const pair_block_t *p, int nb32, const block_q8x *xq, float *y, int ldy,
                         __mmask16 rows, int accumulate) {
-    _Alignas(64) int32_t c[2][AMX_TOKENS * 16];
+    _Alignas(64) int32_t c[AMX_DEPTH][256];
     const size_t xstride = (size_t)nb32 * sizeof(block_q8x);
     __m512 acc[AMX_TOKENS];
     for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 2 <= nb32; b += 2) {
-        _tile_loadd(0, xq[b].qs, xstride);
-        _tile_loadd(2, p[b].wv, 64);
-        _tile_zero(4);
-        _tile_dpbssd(4, 0, 2);
-        _tile_loadd(1, xq[b + 1].qs, xstride);
-        _tile_loadd(3, p[b + 1].wv, 64);
-        _tile_zero(5);
-        _tile_dpbssd(5, 1, 3);
-        _tile_stored(4, c[0], 64);
-        _tile_stored(5, c[1], 64);
-        amx_block_floats(type, c[0], p + b, xq + b, nb32, acc);
-        amx_block_floats(type, c[1], p + b + 1, xq + b + 1, nb32, acc);
-    }
-    if (b < nb32) {
-        _tile_loadd(0, xq[b].qs, xstride);
-        _tile_loadd(2, p[b].wv, 64);
-        _tile_zero(4);
-        _tile_dpbssd(4, 0, 2);
-        _tile_stored(4, c[0], 64);
-        amx_block_floats(type, c[0], p + b, xq + b, nb32, acc);
+    for (int b = 0; b < nb32 + AMX_DEPTH - 1; b++) {
+        if (b < nb32) amx_block(p, xq, b, xstride, c[b % AMX_DEPTH]);
+        int f = b - (AMX_DEPTH - 1);   /* the block whose sums were stored AMX_DEPTH - 1 blocks ago */
+        if (f >= 0) amx_block_floats(type, c[f % AMX_DEPTH], p + f, xq + f, nb32, acc);
     }
     for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
 }
@@ -194,16 +198,16 @@ static void amx_configure(void) {
     for (int i = 0; i < 2; i++) {
         cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 32;
         cfg.rows[2 + i] = 8; cfg.colsb[2 + i] = 64;
-        cfg.rows[4 + i] = AMX_TOKENS; cfg.colsb[4 + i] = 64;
     }
+    for (int i = 4; i < 6; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
     _tile_loadconfig(&cfg);
 }
 static void amx_release(void) { _tile_release(); }
 
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
-                         float *y, int ldy, int nrows_b, int accumulate) {
+                         float *y, int ldy, int nrows, int accumulate) {
     pair_block_t p[nb];   /* nb <= PAIR_MAX_BLOCKS: 320 KB at most */
-    __mmask16 rows = (__mmask16)((1u << (8 + nrows_b)) - 1);
+    __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
         prepare_pair(type, 1, ta, tb, nb, p);
@@ -224,8 +228,8 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
 
 #define PDEFINE(name, TYPE)                                                                                       \
     static void pair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y, \
-                            int ldy, int nrows_b, int accumulate) {                                              \
-        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows_b, accumulate);                                    \
+                            int ldy, int nrows, int accumulate) {                                                \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate);                                      \
     }
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)
