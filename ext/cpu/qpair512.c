@@ -44,27 +44,40 @@ PINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {
 /* tile.h's pieces of the two tiles' blocks put together (the same bit moves as qtile.h's load_wv) */
 /* signed: the values as dpbssd's signed bytes (q - 8 for Q4_0, q - 16 for Q5_0, Q8_0's own), for the AMX kernel;
  * else as dpbusd's unsigned bytes (Q8_0 + 128), the activation's correction taking the offset back */
+PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile as 16 floats */
+    __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
 PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
                           pair_block_t *p) {
     const size_t bb = tile_block_bytes(type);
+    const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
-    for (int b = 0; b < nb; b++, p++) {
+    for (int i = 0; i < nb * nsub; i++, p++) {
+        const int b = i / nsub, sub = i % nsub;
         const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
         p->dw = join_f16(a, c);
         p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
+        if (type == WT_Q4_K || type == WT_Q5_K) {   /* dw = d * sc, mw = -(dmin * mn): matmul.c's order */
+            const size_t so = tile_scales_off(type, sub);
+            p->dw = _mm512_mul_ps(p->dw, join_u8(a + so, c + so));
+            __m512 m = _mm512_mul_ps(join_f16(a + 16, c + 16), join_u8(a + so + 8, c + so + 8));
+            p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));
+        }
         if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
             const __m512i flip = _mm512_set1_epi8(sign ? 0 : (char)0x80);
             for (int j = 0; j < 8; j++) p->wv[j] = _mm512_xor_si512(join256(a + 16 + 32 * j, c + 16 + 32 * j), flip);
             continue;
         }
-        const size_t g = tile_group_off(type, 0);
+        const size_t g = tile_group_off(type, sub);
         for (int q = 0; q < 4; q++) {
             __m512i v = join256(a + g + 32 * q, c + g + 32 * q);
             p->wv[q] = _mm512_and_si512(v, m4);
             p->wv[4 + q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
-        if (type == WT_Q5_0 || type == WT_Q5_1) {   /* bit p of the hbit byte -> value 4p+e's bit 4, bit 4+p -> 16+4p+e's */
-            const size_t ho = tile_hbits_off(type, 0);
+        if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) {   /* hbit bit p -> value 4p+e's bit 4, 4+p -> 16+4p+e's */
+            const size_t ho = tile_hbits_off(type, sub);
             __m512i h = join256(a + ho, c + ho);
             p->wv[0] = _mm512_or_si512(p->wv[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), m5));
             p->wv[1] = _mm512_or_si512(p->wv[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), m5));
@@ -108,6 +121,8 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
             if (type == WT_Q4_1 || type == WT_Q5_1)
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
+            else if (type == WT_Q4_K || type == WT_Q5_K)
+                acc[k] = _mm512_fmadd_ps(p->mw, _mm512_set1_ps(xb->dsum), acc[k]);
         }
     }
     for (int k = 0; k < n; k++) {
@@ -156,6 +171,8 @@ PINLINE void amx_block_floats(const int type, const int32_t *c, const pair_block
         acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * k)), _mm512_mul_ps(p->dw, dx), acc[k]);
         if (type == WT_Q4_1 || type == WT_Q5_1)
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
+        else if (type == WT_Q4_K || type == WT_Q5_K)
+            acc[k] = _mm512_fmadd_ps(p->mw, _mm512_set1_ps(xb->dsum), acc[k]);
     }
 }
 
@@ -206,24 +223,25 @@ static void amx_release(void) { _tile_release(); }
 
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
                          float *y, int ldy, int nrows, int accumulate) {
-    pair_block_t p[nb];   /* nb <= PAIR_MAX_BLOCKS: 320 KB at most */
+    const int nb32 = nb * (type_is_k(type) ? 8 : 1);
+    pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
         prepare_pair(type, 1, ta, tb, nb, p);
         amx_configure();
         for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
-            amx_tokens(type, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+            amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
         amx_release();
         if (t == ntok) return;
     }
     prepare_pair(type, 0, ta, tb, nb, p);
     for (; t + PAIR_NT <= ntok; t += PAIR_NT)
-        pair_tokens(type, PAIR_NT, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, PAIR_NT, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t + 4 <= ntok; t += 4)
-        pair_tokens(type, 4, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 4, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t < ntok; t++)
-        pair_tokens(type, 1, p, nb, xq + (size_t)t * nb, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
 }
 
 #define PDEFINE(name, TYPE)                                                                                       \
@@ -236,11 +254,14 @@ PDEFINE(q4_1, WT_Q4_1)
 PDEFINE(q5_0, WT_Q5_0)
 PDEFINE(q5_1, WT_Q5_1)
 PDEFINE(q8_0, WT_Q8_0)
+PDEFINE(q4_k, WT_Q4_K)
+PDEFINE(q5_k, WT_Q5_K)
 #undef PDEFINE
 
 #pragma GCC pop_options
 
 const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES] = {
     [WT_Q4_0] = pair_q4_0, [WT_Q4_1] = pair_q4_1, [WT_Q5_0] = pair_q5_0, [WT_Q5_1] = pair_q5_1, [WT_Q8_0] = pair_q8_0,
+    [WT_Q4_K] = pair_q4_k, [WT_Q5_K] = pair_q5_k,   /* Q6_K's scales per 16 values do not fit a 32-value sum */
 };
 #endif
