@@ -4,8 +4,9 @@
         [--models smollm2-q4_0,smollm2-q4_1,smollm2-q8_0] [--kernels tiles,amx] [--rounds 2] [-r 3]
 
 Each round runs llama-bench (bench/vs_llamacpp.py's tuned flags: -fa 0,1 best, -lm none, huge-page malloc, no
-OMP_NUM_THREADS; --repack 0, see run_llama_bench) and inferd once per prefill kernel kind (_cpu.set_prefill_kernels: 'tiles' is the ymm kernel the
-VNNI paths had before the pair kernels), in ABBA order. Prints medians, min-max spread and ratios to llama.cpp.
+OMP_NUM_THREADS; --repack 0, see run_llama_bench) and inferd once per prefill kernel kind
+(_cpu.set_prefill_kernels: 'tiles' is the ymm kernel the VNNI paths had before the pair kernels), in ABBA order.
+Prints medians, min-max spread and ratios to llama.cpp.
 """
 from __future__ import annotations
 

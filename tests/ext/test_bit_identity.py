@@ -63,8 +63,11 @@ PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")   # the types of the AVX-5
 PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: not a pair type, its kernels must be untouched
 
 
-@pytest.mark.parametrize("type_name,rows,cols", [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]]
-                         + [(t, r, c) for t in PAIR_K_TYPES for r, c in [(37, 256), (203, 512), (24, 1536)]])
+PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
+              [(t, r, c) for t in PAIR_K_TYPES for r, c in [(37, 256), (203, 512), (24, 1536)]]
+
+
+@pytest.mark.parametrize("type_name,rows,cols", PAIR_SHAPES)
 def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, cols):
     """Prefill-sized batches (groups of 12, 4 and single tokens; pairs of tiles and a lone last tile, a last tile
     of fewer rows) give the scalar bits with the pair kernels on and off, writing and accumulating."""
