@@ -37,6 +37,23 @@ def set_path(str name):
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
 
 
+PREFILL_KERNELS = ("tiles", "avx512", "amx")
+
+
+def set_prefill_kernels(str name):
+    """The best prefill matmul kernels the VNNI paths may use: 'tiles' (8-row ymm tiles), 'avx512' (pairs of tiles in
+    zmm where the CPU has AVX-512 VNNI) or 'amx' (those with AMX for groups of 16 tokens where the CPU and OS allow;
+    the default). All give the same bits; tests force each."""
+    if name not in PREFILL_KERNELS:
+        raise ValueError(f"prefill kernels {name!r}: expected one of {PREFILL_KERNELS}")
+    matmul_set_prefill_kernels(PREFILL_KERNELS.index(name))
+
+
+def prefill_kernels():
+    """The prefill kernels in use with the active path on this CPU."""
+    return PREFILL_KERNELS[matmul_prefill_kernels()]
+
+
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
     """Streaming read bandwidth in bytes/s (best of `repeats` passes over `nbytes` with `threads` threads)."""
     cdef double bw

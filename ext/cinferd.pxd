@@ -56,6 +56,8 @@ cdef extern from "inferd.h" nogil:
     void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
                       const block_q8x *xq, float *y, int ldy, int accumulate)
     int matmul_num_tiles(const weight_t *w)
+    void matmul_set_prefill_kernels(int kind)
+    int matmul_prefill_kernels()
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
     void swiglu(const float *g, const float *u, float *h, int n)
     void geglu(const float *g, const float *u, float *h, int n)

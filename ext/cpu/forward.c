@@ -53,11 +53,13 @@ static void norm_quant_fn(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* items are pairs of tiles: the prefill kernels work on two tiles at a time (qpair512.c) */
 static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     const float *x = s->gamma ? s->out : s->in;
-    matmul_tiles(s->w, (int)begin, (int)end, s->ntok, x, s->xq, s->y + begin * TILE_ROWS, s->ldy, s->accumulate);
+    int ntiles = matmul_num_tiles(s->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < ntiles ? 2 * (int)end : ntiles;
+    matmul_tiles(s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy, s->accumulate);
 }
 
 /* One item = 32 hidden units: the 8 tiles of Wgu holding their gate rows then their up rows (weights.py orders
@@ -234,7 +236,7 @@ static void run(context_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, s
 
 static void matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float *y, int accumulate) {
     s->w = w; s->y = y; s->ldy = w->rows; s->accumulate = accumulate;
-    run(c, stage, matmul_num_tiles(w), 1, matmul_fn, s);
+    run(c, stage, (matmul_num_tiles(w) + 1) / 2, 1, matmul_fn, s);
 }
 
 /* the next matmul reads `in` (floats, for a float weight) and xq, quantized already */

@@ -115,6 +115,11 @@ void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride);
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
+/* the VNNI paths' prefill kernels: 8-row ymm tiles, pairs of tiles in zmm, or those with AMX for 16 tokens at a
+ * time; set: the best allowed (tests force each), get: the one in use on this CPU */
+enum { PREFILL_TILES = 0, PREFILL_AVX512 = 1, PREFILL_AMX = 2 };
+void matmul_set_prefill_kernels(int kind);
+int matmul_prefill_kernels(void);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */

@@ -172,10 +172,42 @@ static const qkernel_t *kernel_table(int path) {
     return NULL;
 }
 
+/* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
+ * the CPU has AVX-512 VNNI (the bits are the same); matmul_set_prefill_kernels turns them off (PREFILL_TILES) or
+ * AMX off (PREFILL_AVX512) so that tests reach every kernel. */
+#define PAIR_MIN_TOKENS 16
+static int pair_kernels_on = 1;
+void matmul_set_prefill_kernels(int kind) {
+    pair_kernels_on = kind != PREFILL_TILES;
+#if defined(__x86_64__)
+    qpair_allow_amx(kind == PREFILL_AMX);
+#endif
+}
+int matmul_prefill_kernels(void) {
+#if defined(__x86_64__)
+    static int has = -1;
+    if (has < 0)
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    int path = cpu_path();
+    if (has && pair_kernels_on && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI))
+        return amx_usable() ? PREFILL_AMX : PREFILL_AVX512;
+#endif
+    return PREFILL_TILES;
+}
+
+static const qpair_fn *pair_table(void) {
+#if defined(__x86_64__)
+    if (matmul_prefill_kernels() != PREFILL_TILES) return qpair_kernels_avx512;
+#endif
+    return NULL;
+}
+
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
                   const block_q8x *xq, float *y, int ldy, int accumulate) {
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
+    const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
     int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int tile = tile_begin; tile < tile_end; tile++) {
         int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */
@@ -193,6 +225,19 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
                               (size_t)(tile - w->seg[seg].row0 / TILE_ROWS) * nb * tile_block_bytes(type);
         if (!table) {
             quant_tile_scalar(type, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
+            continue;
+        }
+        /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer; a lone tile
+         * (the end of a thread's claim or of a segment) goes through the same kernel as the pair (tile, tile) with
+         * the copy's rows left unstored: half its work is wasted, and still it beats the ymm kernel */
+        if (pairs && pairs[type]) {
+            int pair = tile + 1 < tile_end && (seg + 1 >= w->nseg || w->seg[seg + 1].row0 > row0 + TILE_ROWS);
+            int rows = pair ? TILE_ROWS + (w->rows - row0 - TILE_ROWS < TILE_ROWS ? w->rows - row0 - TILE_ROWS
+                                                                                  : TILE_ROWS)
+                            : nrows;
+            pairs[type](base, pair ? base + (size_t)nb * tile_block_bytes(type) : base, nb, xq, ntok, y + ycol, ldy,
+                        rows, accumulate);
+            tile += pair;
             continue;
         }
         const qkernel_t *k = &table[type];

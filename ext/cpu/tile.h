@@ -59,6 +59,14 @@ typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
     qkernels_avxvnni[NUM_WEIGHT_TYPES];
+/* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), the 32-value types:
+ * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8) */
+typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,
+                         int ldy, int nrows, int accumulate);
+#define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks (640 bytes each) on the stack */
+extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
+int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
+void qpair_allow_amx(int on);
 
 /* byte offsets inside a tile block: the group of 32-value block s (s < 8 for K-quants, 0 otherwise), its hbit or
  * h2bit piece, and (K-quants) its scales */

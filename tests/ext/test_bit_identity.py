@@ -59,6 +59,38 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
         assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
 
 
+PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")   # the types of the AVX-512 pair-of-tiles prefill kernels
+PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: not a pair type, its kernels must be untouched
+
+
+PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
+              [(t, r, c) for t in PAIR_K_TYPES for r, c in [(37, 256), (203, 512), (24, 1536)]]
+
+
+@pytest.mark.parametrize("type_name,rows,cols", PAIR_SHAPES)
+def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, cols):
+    """Prefill-sized batches (groups of 12, 4 and single tokens; pairs of tiles and a lone last tile, a last tile
+    of fewer rows) give the scalar bits with the pair kernels on and off, writing and accumulating."""
+    w = weight_of(type_name, rows, cols, rows * 3 + cols)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((43, cols)).astype(np.float32)
+    x[5] *= 1e-3
+    x[20, :32] = 0
+    y0 = rng.standard_normal((43, rows)).astype(np.float32)
+    _cpu.set_path("scalar")
+    ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
+    try:
+        for p in PATHS[1:]:
+            _cpu.set_path(p)
+            for kind in _cpu.PREFILL_KERNELS:
+                _cpu.set_prefill_kernels(kind)
+                assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
+                assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
+                assert_bitwise(w.matmul(x[:19]), ref[:19], f"{type_name} {p} {kind}, 19 tokens")
+    finally:
+        _cpu.set_prefill_kernels("amx")
+
+
 @pytest.mark.parametrize("type_name", TYPES + K_TYPES)
 def test_matmul_row_independent_of_batch_size(type_name):
     """A token's row is the same in a batch of 1, of 8 (two groups of 4 tokens) and of 37."""

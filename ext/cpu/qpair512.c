@@ -1,0 +1,267 @@
+/* Prefill of the 32-value quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) over pairs of tiles in AVX-512 registers.
+ *
+ * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
+ * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
+ * activation's 4 bytes come as the instruction's embedded broadcast, and the two tiles are unpacked once per call
+ * into a panel of int8 vectors (on the stack, L1/L2-resident) that every group of tokens then reads: the inner loop
+ * is the same for Q4_0 as for Q8_0 (a profile of the ymm path: bench/results/prefill_q4.md).
+ *
+ * Bits: per row and token the operations are the scalar kernel's (matmul.c): the block's int32 sum exactly (any
+ * order of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, for Q4_1 and
+ * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
+ * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. */
+#include <string.h>
+#include "inferd.h"
+#include "tile.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#pragma GCC push_options
+/* amx: the AMX kernel below only runs where amx_usable() says so (compilers emit no tile instructions unasked) */
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+
+#define PINLINE static inline __attribute__((always_inline))
+#define PAIR_NT 12   /* tokens per pass: 12 accumulators + 8 weight vectors + scales and temporaries of 32 zmm */
+
+/* one 32-value block of 16 rows, unpacked: lane 8i + r (i: tile of the pair, r: its row) of wv[j] holds values
+ * 4j..4j+3 of that row as dpbusd's unsigned bytes; dw the rows' scales, mw their mins (Q4_1, Q5_1) */
+typedef struct { __m512i wv[8]; __m512 dw, mw; } pair_block_t;
+
+PINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+PINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                        _mm_loadu_si128((const __m128i *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* tile.h's pieces of the two tiles' blocks put together (the same bit moves as qtile.h's load_wv) */
+/* signed: the values as dpbssd's signed bytes (q - 8 for Q4_0, q - 16 for Q5_0, Q8_0's own), for the AMX kernel;
+ * else as dpbusd's unsigned bytes (Q8_0 + 128), the activation's correction taking the offset back */
+PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile as 16 floats */
+    __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
+                          pair_block_t *p) {
+    const size_t bb = tile_block_bytes(type);
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
+    for (int i = 0; i < nb * nsub; i++, p++) {
+        const int b = i / nsub, sub = i % nsub;
+        const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
+        p->dw = join_f16(a, c);
+        p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
+        if (type == WT_Q4_K || type == WT_Q5_K) {   /* dw = d * sc, mw = -(dmin * mn): matmul.c's order */
+            const size_t so = tile_scales_off(type, sub);
+            p->dw = _mm512_mul_ps(p->dw, join_u8(a + so, c + so));
+            __m512 m = _mm512_mul_ps(join_f16(a + 16, c + 16), join_u8(a + so + 8, c + so + 8));
+            p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));
+        }
+        if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
+            const __m512i flip = _mm512_set1_epi8(sign ? 0 : (char)0x80);
+            for (int j = 0; j < 8; j++) p->wv[j] = _mm512_xor_si512(join256(a + 16 + 32 * j, c + 16 + 32 * j), flip);
+            continue;
+        }
+        const size_t g = tile_group_off(type, sub);
+        for (int q = 0; q < 4; q++) {
+            __m512i v = join256(a + g + 32 * q, c + g + 32 * q);
+            p->wv[q] = _mm512_and_si512(v, m4);
+            p->wv[4 + q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) {   /* hbit bit p -> value 4p+e's bit 4, 4+p -> 16+4p+e's */
+            const size_t ho = tile_hbits_off(type, sub);
+            __m512i h = join256(a + ho, c + ho);
+            p->wv[0] = _mm512_or_si512(p->wv[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), m5));
+            p->wv[1] = _mm512_or_si512(p->wv[1], _mm512_and_si512(_mm512_slli_epi16(h, 3), m5));
+            p->wv[2] = _mm512_or_si512(p->wv[2], _mm512_and_si512(_mm512_slli_epi16(h, 2), m5));
+            p->wv[3] = _mm512_or_si512(p->wv[3], _mm512_and_si512(_mm512_slli_epi16(h, 1), m5));
+            p->wv[4] = _mm512_or_si512(p->wv[4], _mm512_and_si512(h, m5));
+            p->wv[5] = _mm512_or_si512(p->wv[5], _mm512_and_si512(_mm512_srli_epi16(h, 1), m5));
+            p->wv[6] = _mm512_or_si512(p->wv[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), m5));
+            p->wv[7] = _mm512_or_si512(p->wv[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), m5));
+        }
+        if (sign && (type == WT_Q4_0 || type == WT_Q5_0)) {
+            const __m512i off = _mm512_set1_epi8(type == WT_Q4_0 ? 8 : 16);
+            for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], off);
+        }
+    }
+}
+
+PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+
+/* the integer sum's starting value: the correction of the types stored unsigned with an offset */
+PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
+    switch (type) {
+    case WT_Q4_0: return xb->q4_corr;
+    case WT_Q5_0: return -16 * xb->isum;
+    case WT_Q8_0: return xb->q8_corr;
+    }
+    return 0;
+}
+
+/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
+PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int nb32, const block_q8x *xq, float *y,
+                         int ldy, __mmask16 rows, int accumulate) {
+    __m512 acc[PAIR_NT];
+    for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb32; b++, p++) {
+        const block_q8x *xb = xq + b;
+        for (int k = 0; k < n; k++, xb += nb32) {
+            __m512i s = _mm512_set1_epi32(start_sum(type, xb));
+            for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
+            __m512 dx = _mm512_set1_ps(xb->d);
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
+            if (type == WT_Q4_1 || type == WT_Q5_1)
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
+            else if (type == WT_Q4_K || type == WT_Q5_K)
+                acc[k] = _mm512_fmadd_ps(p->mw, _mm512_set1_ps(xb->dsum), acc[k]);
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        float *o = y + (size_t)k * ldy;
+        __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, o), acc[k]) : acc[k];
+        _mm512_mask_storeu_ps(o, rows, v);
+    }
+}
+
+/* AMX: the CPU has AMX-INT8 (cpuid 7.0 edx bit 25) and Linux grants this process the tile data state (asked once;
+ * the grant covers every thread); matmul_set_pair_kernels can turn it off */
+#define AMX_MIN_TOKENS 32
+static int amx_state = -1;
+static int amx_allowed = 1;
+void qpair_allow_amx(int on) { amx_allowed = on; }
+int amx_usable(void) {
+    if (amx_state < 0) {
+        unsigned a, b, c, d;
+        __cpuid_count(7, 0, a, b, c, d);
+        (void)a; (void)b; (void)c;
+        amx_state = (d >> 25) & 1 && (d >> 24) & 1 && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                                               18 /* XFEATURE_XTILEDATA */) == 0;
+    }
+    return amx_state && amx_allowed;
+}
+
+PINLINE void store_rows16(__m512 acc, float *o, __mmask16 rows, int accumulate) {
+    _mm512_mask_storeu_ps(o, rows, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, o), acc) : acc);
+}
+
+/* 16 tokens against the signed pair panel on the AMX unit: per block, C (16 tokens x 16 rows, int32) = A (the tokens'
+ * 32 activation bytes, read in place with the token stride) x B (the block's 8 x 64 panel bytes, the dpbssd layout
+ * the zmm kernels use): each C element is the block's exact int32 sum, then the float steps as in pair_tokens.
+ * Software-pipelined by groups of 4 blocks: the unit multiplies group g (A and B alternating in tiles 0-1 and 2-3,
+ * C in tiles 4-7, stored to one half of a ring) while the vector ports scale group g - 1 from the other half; the
+ * stored sums are read a whole group after their stores (reading them right away stalled on each store: profile in
+ * bench/results/prefill_q4.md). The float steps still go block after block in column order. */
+#define AMX_TOKENS 16
+#ifndef AMX_DEPTH
+#define AMX_DEPTH 2   /* blocks in flight: the sums of block b are read after block b + 1's are issued */
+#endif
+PINLINE void amx_block_floats(const int type, const int32_t *c, const pair_block_t *p, const block_q8x *xb, int nb32,
+                              __m512 acc[AMX_TOKENS]) {
+    for (int k = 0; k < AMX_TOKENS; k++, xb += nb32) {
+        __m512 dx = _mm512_set1_ps(xb->d);
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * k)), _mm512_mul_ps(p->dw, dx), acc[k]);
+        if (type == WT_Q4_1 || type == WT_Q5_1)
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
+        else if (type == WT_Q4_K || type == WT_Q5_K)
+            acc[k] = _mm512_fmadd_ps(p->mw, _mm512_set1_ps(xb->dsum), acc[k]);
+    }
+}
+
+/* block b's sums into c (tiles 0, 2, 4 for even blocks, 1, 3, 5 for odd ones) */
+PINLINE void amx_block(const pair_block_t *p, const block_q8x *xq, int b, size_t xstride, int32_t *c) {
+    if (b & 1) {
+        _tile_loadd(1, xq[b].qs, xstride);
+        _tile_loadd(3, p[b].wv, 64);
+        _tile_zero(5);
+        _tile_dpbssd(5, 1, 3);
+        _tile_stored(5, c, 64);
+    } else {
+        _tile_loadd(0, xq[b].qs, xstride);
+        _tile_loadd(2, p[b].wv, 64);
+        _tile_zero(4);
+        _tile_dpbssd(4, 0, 2);
+        _tile_stored(4, c, 64);
+    }
+}
+
+PINLINE void amx_tokens(const int type, const pair_block_t *p, int nb32, const block_q8x *xq, float *y, int ldy,
+                        __mmask16 rows, int accumulate) {
+    _Alignas(64) int32_t c[AMX_DEPTH][256];
+    const size_t xstride = (size_t)nb32 * sizeof(block_q8x);
+    __m512 acc[AMX_TOKENS];
+    for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb32 + AMX_DEPTH - 1; b++) {
+        if (b < nb32) amx_block(p, xq, b, xstride, c[b % AMX_DEPTH]);
+        int f = b - (AMX_DEPTH - 1);   /* the block whose sums were stored AMX_DEPTH - 1 blocks ago */
+        if (f >= 0) amx_block_floats(type, c[f % AMX_DEPTH], p + f, xq + f, nb32, acc);
+    }
+    for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
+}
+
+/* palette 1: tiles 0-1 A (16 rows of 32 bytes), 2-3 B (8 rows of 64 bytes), 4-5 C (16 rows of 64 bytes) */
+static void amx_configure(void) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 32;
+        cfg.rows[2 + i] = 8; cfg.colsb[2 + i] = 64;
+    }
+    for (int i = 4; i < 6; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
+static void amx_release(void) { _tile_release(); }
+
+PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
+                         float *y, int ldy, int nrows, int accumulate) {
+    const int nb32 = nb * (type_is_k(type) ? 8 : 1);
+    pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
+    __mmask16 rows = (__mmask16)((1u << nrows) - 1);
+    int t = 0;
+    if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
+        prepare_pair(type, 1, ta, tb, nb, p);
+        amx_configure();
+        for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+            amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        amx_release();
+        if (t == ntok) return;
+    }
+    prepare_pair(type, 0, ta, tb, nb, p);
+    for (; t + PAIR_NT <= ntok; t += PAIR_NT)
+        pair_tokens(type, PAIR_NT, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+    for (; t + 4 <= ntok; t += 4)
+        pair_tokens(type, 4, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+    for (; t < ntok; t++)
+        pair_tokens(type, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+}
+
+#define PDEFINE(name, TYPE)                                                                                       \
+    static void pair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y, \
+                            int ldy, int nrows, int accumulate) {                                                \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate);                                      \
+    }
+PDEFINE(q4_0, WT_Q4_0)
+PDEFINE(q4_1, WT_Q4_1)
+PDEFINE(q5_0, WT_Q5_0)
+PDEFINE(q5_1, WT_Q5_1)
+PDEFINE(q8_0, WT_Q8_0)
+PDEFINE(q4_k, WT_Q4_K)
+PDEFINE(q5_k, WT_Q5_K)
+#undef PDEFINE
+
+#pragma GCC pop_options
+
+const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES] = {
+    [WT_Q4_0] = pair_q4_0, [WT_Q4_1] = pair_q4_1, [WT_Q5_0] = pair_q5_0, [WT_Q5_1] = pair_q5_1, [WT_Q8_0] = pair_q8_0,
+    [WT_Q4_K] = pair_q4_k, [WT_Q5_K] = pair_q5_k,   /* Q6_K's scales per 16 values do not fit a 32-value sum */
+};
+#endif
