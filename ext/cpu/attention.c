@@ -16,7 +16,7 @@
  *     merged into the total in segment order (attention_merge_rows). A decode step can thus split one long
  *     sequence's keys across threads (attention_segment, then attention_merge) and get the very bits a prefill of
  *     the same tokens gets.
- * The scalar and AVX2 variants do exactly those operations, so both give the same bits. */
+ * The scalar, AVX2 and AVX-512 variants do exactly those operations, so all give the same bits. */
 #include <math.h>
 #include <string.h>
 #include "inferd.h"
@@ -149,8 +149,8 @@ ATTN_AVX2_INLINE void score_block(const tile_t *t, const float *kt, int hd, int 
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(t->s[r] + j + 8 * c, _mm256_mul_ps(a[r][c], scale));
 }
 
-/* Keys [j0, j1) rounded out to whole vectors of 8: the extra scores are never read (max_of and weights stop at each
- * row's own count; a vector holds keys of one block, all in the f32 tile). */
+/* Keys [j0, j1) rounded out to whole vectors of 8 (16 for AVX-512): the extra scores are never read (max_of and
+ * weights stop at each row's own count; the f32 tile holds the keys [j0, j1) rounded out to 16). */
 ATTN_AVX2_INLINE void scores_nr(const tile_t *t, const float *kt, int hd, float scale, const int NR) {
     __m256 vs = _mm256_set1_ps(scale);
     int j = t->j0 & ~7, end = (t->j1 + 7) & ~7;
@@ -233,6 +233,125 @@ ATTN_AVX2 static float weights_avx2(float *s, int n, float m) {
 }
 #endif
 
+/* ---------------- AVX-512: the same tiles with 16 lanes ---------------- */
+#if defined(__x86_64__)
+#define ATTN_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
+#define ATTN_AVX512_INLINE ATTN_AVX512 static inline __attribute__((always_inline))
+
+/* NR rows x NC vectors of 16 keys at j: 24 accumulators at most of the 32 registers */
+ATTN_AVX512_INLINE void score_block16(const tile_t *t, const float *kt, int hd, int j, __m512 scale, const int NR,
+                                      const int NC) {
+    __m512 a[ROW_TILE][4];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) a[r][c] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        __m512 k[4];
+        for (int c = 0; c < NC; c++) k[c] = _mm512_loadu_ps(kt + d * KV_BLOCK + j + 16 * c);
+        for (int r = 0; r < NR; r++) {
+            __m512 qd = _mm512_set1_ps(t->q[r][d]);
+            for (int c = 0; c < NC; c++) a[r][c] = _mm512_fmadd_ps(qd, k[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(t->s[r] + j + 16 * c, _mm512_mul_ps(a[r][c], scale));
+}
+
+ATTN_AVX512_INLINE void scores16_nr(const tile_t *t, const float *kt, int hd, float scale, const int NR) {
+    __m512 vs = _mm512_set1_ps(scale);
+    int j = t->j0 & ~15, vectors = (((t->j1 + 15) & ~15) - j) / 16;
+    switch (vectors) {
+    case 1: score_block16(t, kt, hd, j, vs, NR, 1); break;
+    case 2: score_block16(t, kt, hd, j, vs, NR, 2); break;
+    case 3: score_block16(t, kt, hd, j, vs, NR, 3); break;
+    case 4: score_block16(t, kt, hd, j, vs, NR, 4); break;
+    default: break;
+    }
+}
+
+ATTN_AVX512 static void scores_avx512(const tile_t *t, const float *kt, int hd, float scale) {
+    switch (t->nr) {
+    case 1: scores16_nr(t, kt, hd, scale, 1); break;
+    case 2: scores16_nr(t, kt, hd, scale, 2); break;
+    case 3: scores16_nr(t, kt, hd, scale, 3); break;
+    case 4: scores16_nr(t, kt, hd, scale, 4); break;
+    case 5: scores16_nr(t, kt, hd, scale, 5); break;
+    default: scores16_nr(t, kt, hd, scale, 6); break;
+    }
+}
+
+/* exp8's operations lane for lane, on 16 lanes */
+ATTN_AVX512_INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* weights_avx2 with the exps 16 at a time; the sum still takes s[8i + l] into lane l of 8, in order */
+ATTN_AVX512 static float weights_avx512(float *s, int n, float m) {
+    __m256 lanes = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m));
+        __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m512 w = _mm512_maskz_mov_ps(keep, exp16(x));
+        _mm512_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(w));
+        lanes = _mm256_add_ps(lanes, _mm512_extractf32x8_ps(w, 1));
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
+        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m256 w = _mm256_and_ps(exp8(x), keep);
+        _mm256_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, w);
+    }
+    float total = hsum8_pairs(lanes);
+    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
+    return total;
+}
+
+/* 64 output values of every row at a time (a whole head of 64), in registers across the tile's keys */
+ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, const float *vf, int hd, const int NR) {
+    for (int d = 0; d < hd; d += 64) {
+        __m512 o[ROW_TILE][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) o[r][c] = _mm512_loadu_ps(t->o[r] + d + 16 * c);
+        for (int j = t->j0; j < t->j1; j++) {
+            __m512 v[4];
+            for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vf + (size_t)j * hd + d + 16 * c);
+            for (int r = 0; r < NR; r++) {
+                __m512 p = _mm512_set1_ps(t->s[r][j]);
+                for (int c = 0; c < 4; c++) o[r][c] = _mm512_fmadd_ps(p, v[c], o[r][c]);
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(t->o[r] + d + 16 * c, o[r][c]);
+    }
+}
+
+ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, const float *vf, int hd) {
+    switch (t->nr) {
+    case 1: accumulate16_nr(t, vf, hd, 1); break;
+    case 2: accumulate16_nr(t, vf, hd, 2); break;
+    case 3: accumulate16_nr(t, vf, hd, 3); break;
+    case 4: accumulate16_nr(t, vf, hd, 4); break;
+    case 5: accumulate16_nr(t, vf, hd, 5); break;
+    default: accumulate16_nr(t, vf, hd, 6); break;
+    }
+}
+#endif
+
 /* ---------------- the kernels of the active path ---------------- */
 
 typedef struct {
@@ -260,6 +379,12 @@ static kernels_t active_kernels(void) {
 #if defined(__x86_64__)
     if (cpu_path() != PATH_SCALAR)
         k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2};
+    /* the VNNI paths' CPUs with AVX-512F: tiles of 16 lanes (two FMA units of 512 bits on server parts) */
+    if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        k.scores = scores_avx512;
+        k.accumulate_v = accumulate_v_avx512;
+        k.weights = weights_avx512;
+    }
 #endif
     return k;
 }
@@ -353,7 +478,7 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
         int j_lo = a->lo[t0] > base ? a->lo[t0] - base : 0;
         int j_hi = a->hi[t1 - 1] - base < KV_BLOCK ? a->hi[t1 - 1] - base : KV_BLOCK;
         for (int h = 0; h < a->kv_heads; h++) {
-            a->kern.convert_k(kb + h * slice, a->kt, hd, j_lo & ~7, (j_hi + 7) & ~7, nk ? nk + h * slice : NULL);
+            a->kern.convert_k(kb + h * slice, a->kt, hd, j_lo & ~15, (j_hi + 15) & ~15, nk ? nk + h * slice : NULL);
             a->kern.convert_v(vb + h * slice, a->vf, hd, j_lo, j_hi, nv ? nv + h * slice : NULL);
             int r_end = h * a->per_head + t1 * a->group;
             for (int r0 = h * a->per_head + t0 * a->group; r0 < r_end; r0 += ROW_TILE) {
