@@ -31,13 +31,22 @@
 static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
 /* A tile: up to ROW_TILE rows of one KV head, each with its query, its scores row (KV_BLOCK floats, indexed by the
- * key's place in the block) and its segment output. Keys [j0, j1) of the block are computed for all of them. */
+ * key's place in the block) and its segment output. Keys [j0, j1) of the block are computed for all of them, from
+ * k (hd, KV_BLOCK) and v (KV_BLOCK, hd): the f32 tiles, or, when f16 is set (a head with a single tile in the block,
+ * as in decode), the cache's f16 slices themselves, converted as they are loaded (the same values: f16 -> f32 is
+ * exact). pf_k/pf_v: the next block's slices, fetched on the way (f16 tiles only), or NULL. */
 typedef struct {
-    int nr, j0, j1;
+    int nr, j0, j1, f16;
     const float *q[ROW_TILE];
     float *s[ROW_TILE];
     float *o[ROW_TILE];
+    const void *k, *v;
+    const uint16_t *pf_k, *pf_v;
 } tile_t;
+
+static inline float kv_at(const tile_t *t, const void *p, size_t i) {
+    return t->f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
 /* ---------------- scalar ---------------- */
 
@@ -53,21 +62,21 @@ static void convert_v_scalar(const uint16_t *v, float *vf, int hd, int r0, int r
 }
 
 /* s[r][j] = scale * (fma chain over d of q_r[d] * k_j[d]) for keys [j0, j1) */
-static void scores_scalar(const tile_t *t, const float *kt, int hd, float scale) {
+static void scores_scalar(const tile_t *t, int hd, float scale) {
     for (int r = 0; r < t->nr; r++)
         for (int j = t->j0; j < t->j1; j++) {
             float a = 0.0f;
-            for (int d = 0; d < hd; d++) a = __builtin_fmaf(t->q[r][d], kt[d * KV_BLOCK + j], a);
+            for (int d = 0; d < hd; d++) a = __builtin_fmaf(t->q[r][d], kv_at(t, t->k, d * KV_BLOCK + j), a);
             t->s[r][j] = a * scale;
         }
 }
 
 /* o_r[d] += p_r[j] * v_j[d], key after key over [j0, j1) */
-static void accumulate_v_scalar(const tile_t *t, const float *vf, int hd) {
+static void accumulate_v_scalar(const tile_t *t, int hd) {
     for (int r = 0; r < t->nr; r++)
         for (int d = 0; d < hd; d++) {
             float o = t->o[r][d];
-            for (int j = t->j0; j < t->j1; j++) o = __builtin_fmaf(t->s[r][j], vf[(size_t)j * hd + d], o);
+            for (int j = t->j0; j < t->j1; j++) o = __builtin_fmaf(t->s[r][j], kv_at(t, t->v, (size_t)j * hd + d), o);
             t->o[r][d] = o;
         }
 }
@@ -131,14 +140,30 @@ ATTN_AVX2 static void convert_v_avx2(const uint16_t *v, float *vf, int hd, int r
 
 /* NR rows x NC vectors of 8 keys at j: each key vector loaded once per dimension meets every row's broadcast
  * query value; 12 accumulators at most, so everything stays in AVX2's 16 registers. */
-ATTN_AVX2_INLINE void score_block(const tile_t *t, const float *kt, int hd, int j, __m256 scale, const int NR,
-                                  const int NC) {
+ATTN_AVX2_INLINE __m256 load8(const void *p, size_t i, const int F16) {
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* the next block's dimension d of K (64 keys: two lines), or its value row j */
+static inline void fetch_k_row(const tile_t *t, int d) {
+    if (t->pf_k) { __builtin_prefetch(t->pf_k + d * KV_BLOCK, 0, 2); __builtin_prefetch(t->pf_k + d * KV_BLOCK + 32, 0, 2); }
+}
+
+static inline void fetch_v_row(const tile_t *t, int j, int hd) {
+    if (t->pf_v)
+        for (int i = 0; i < hd; i += 32) __builtin_prefetch(t->pf_v + (size_t)j * hd + i, 0, 2);
+}
+
+ATTN_AVX2_INLINE void score_block(const tile_t *t, int hd, int j, __m256 scale, const int NR, const int NC,
+                                  const int F16) {
     __m256 a[ROW_TILE][2];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
-        __m256 k0 = _mm256_loadu_ps(kt + d * KV_BLOCK + j), k1 = k0;
-        if (NC > 1) k1 = _mm256_loadu_ps(kt + d * KV_BLOCK + j + 8);
+        if (F16 && j < 8) fetch_k_row(t, d);
+        __m256 k0 = load8(t->k, d * KV_BLOCK + j, F16), k1 = k0;
+        if (NC > 1) k1 = load8(t->k, d * KV_BLOCK + j + 8, F16);
         for (int r = 0; r < NR; r++) {
             __m256 qd = _mm256_broadcast_ss(t->q[r] + d);
             a[r][0] = _mm256_fmadd_ps(qd, k0, a[r][0]);
@@ -151,26 +176,32 @@ ATTN_AVX2_INLINE void score_block(const tile_t *t, const float *kt, int hd, int 
 
 /* Keys [j0, j1) rounded out to whole vectors of 8 (16 for AVX-512): the extra scores are never read (max_of and
  * weights stop at each row's own count; the f32 tile holds the keys [j0, j1) rounded out to 16). */
-ATTN_AVX2_INLINE void scores_nr(const tile_t *t, const float *kt, int hd, float scale, const int NR) {
+ATTN_AVX2_INLINE void scores_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
     __m256 vs = _mm256_set1_ps(scale);
     int j = t->j0 & ~7, end = (t->j1 + 7) & ~7;
-    for (; j + 16 <= end; j += 16) score_block(t, kt, hd, j, vs, NR, 2);
-    if (j < end) score_block(t, kt, hd, j, vs, NR, 1);
+    for (; j + 16 <= end; j += 16) score_block(t, hd, j, vs, NR, 2, F16);
+    if (j < end) score_block(t, hd, j, vs, NR, 1, F16);
 }
 
-ATTN_AVX2 static void scores_avx2(const tile_t *t, const float *kt, int hd, float scale) {
-    switch (t->nr) {
-    case 1: scores_nr(t, kt, hd, scale, 1); break;
-    case 2: scores_nr(t, kt, hd, scale, 2); break;
-    case 3: scores_nr(t, kt, hd, scale, 3); break;
-    case 4: scores_nr(t, kt, hd, scale, 4); break;
-    case 5: scores_nr(t, kt, hd, scale, 5); break;
-    default: scores_nr(t, kt, hd, scale, 6); break;
-    }
-}
+/* fn(..., NR, F16) for the tile's row count and source */
+#define BY_ROWS(fn, t, ...)                                                                                        \
+    do {                                                                                                           \
+        if ((t)->f16) switch ((t)->nr) {                                                                           \
+            case 1: fn(__VA_ARGS__, 1, 1); break;  case 2: fn(__VA_ARGS__, 2, 1); break;                           \
+            case 3: fn(__VA_ARGS__, 3, 1); break;  case 4: fn(__VA_ARGS__, 4, 1); break;                           \
+            case 5: fn(__VA_ARGS__, 5, 1); break;  default: fn(__VA_ARGS__, 6, 1); break;                          \
+            }                                                                                                      \
+        else switch ((t)->nr) {                                                                                    \
+            case 1: fn(__VA_ARGS__, 1, 0); break;  case 2: fn(__VA_ARGS__, 2, 0); break;                           \
+            case 3: fn(__VA_ARGS__, 3, 0); break;  case 4: fn(__VA_ARGS__, 4, 0); break;                           \
+            case 5: fn(__VA_ARGS__, 5, 0); break;  default: fn(__VA_ARGS__, 6, 0); break;                          \
+            }                                                                                                      \
+    } while (0)
+
+ATTN_AVX2 static void scores_avx2(const tile_t *t, int hd, float scale) { BY_ROWS(scores_nr, t, t, hd, scale); }
 
 /* 16 output values of every row at a time, kept in registers across the tile's keys */
-ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, const float *vf, int hd, const int NR) {
+ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
     for (int d = 0; d < hd; d += 16) {
         __m256 o[ROW_TILE][2];
         for (int r = 0; r < NR; r++) {
@@ -178,7 +209,8 @@ ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, const float *vf, int hd, 
             o[r][1] = _mm256_loadu_ps(t->o[r] + d + 8);
         }
         for (int j = t->j0; j < t->j1; j++) {
-            __m256 v0 = _mm256_loadu_ps(vf + (size_t)j * hd + d), v1 = _mm256_loadu_ps(vf + (size_t)j * hd + d + 8);
+            if (F16 && d == 0) fetch_v_row(t, j, hd);
+            __m256 v0 = load8(t->v, (size_t)j * hd + d, F16), v1 = load8(t->v, (size_t)j * hd + d + 8, F16);
             for (int r = 0; r < NR; r++) {
                 __m256 p = _mm256_broadcast_ss(t->s[r] + j);
                 o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
@@ -192,16 +224,7 @@ ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, const float *vf, int hd, 
     }
 }
 
-ATTN_AVX2 static void accumulate_v_avx2(const tile_t *t, const float *vf, int hd) {
-    switch (t->nr) {
-    case 1: accumulate_v_nr(t, vf, hd, 1); break;
-    case 2: accumulate_v_nr(t, vf, hd, 2); break;
-    case 3: accumulate_v_nr(t, vf, hd, 3); break;
-    case 4: accumulate_v_nr(t, vf, hd, 4); break;
-    case 5: accumulate_v_nr(t, vf, hd, 5); break;
-    default: accumulate_v_nr(t, vf, hd, 6); break;
-    }
-}
+ATTN_AVX2 static void accumulate_v_avx2(const tile_t *t, int hd) { BY_ROWS(accumulate_v_nr, t, t, hd); }
 
 ATTN_AVX2 static float max_avx2(const float *s, int n) {
     float m = -INFINITY;
@@ -239,14 +262,20 @@ ATTN_AVX2 static float weights_avx2(float *s, int n, float m) {
 #define ATTN_AVX512_INLINE ATTN_AVX512 static inline __attribute__((always_inline))
 
 /* NR rows x NC vectors of 16 keys at j: 24 accumulators at most of the 32 registers */
-ATTN_AVX512_INLINE void score_block16(const tile_t *t, const float *kt, int hd, int j, __m512 scale, const int NR,
-                                      const int NC) {
+ATTN_AVX512_INLINE __m512 load16(const void *p, size_t i, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+ATTN_AVX512_INLINE void score_block16(const tile_t *t, int hd, int j, __m512 scale, const int NR, const int NC,
+                                      const int F16) {
     __m512 a[ROW_TILE][4];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) a[r][c] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d++) {
         __m512 k[4];
-        for (int c = 0; c < NC; c++) k[c] = _mm512_loadu_ps(kt + d * KV_BLOCK + j + 16 * c);
+        if (F16) fetch_k_row(t, d);
+        for (int c = 0; c < NC; c++) k[c] = load16(t->k, d * KV_BLOCK + j + 16 * c, F16);
         for (int r = 0; r < NR; r++) {
             __m512 qd = _mm512_set1_ps(t->q[r][d]);
             for (int c = 0; c < NC; c++) a[r][c] = _mm512_fmadd_ps(qd, k[c], a[r][c]);
@@ -256,28 +285,19 @@ ATTN_AVX512_INLINE void score_block16(const tile_t *t, const float *kt, int hd, 
         for (int c = 0; c < NC; c++) _mm512_storeu_ps(t->s[r] + j + 16 * c, _mm512_mul_ps(a[r][c], scale));
 }
 
-ATTN_AVX512_INLINE void scores16_nr(const tile_t *t, const float *kt, int hd, float scale, const int NR) {
+ATTN_AVX512_INLINE void scores16_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
     __m512 vs = _mm512_set1_ps(scale);
     int j = t->j0 & ~15, vectors = (((t->j1 + 15) & ~15) - j) / 16;
     switch (vectors) {
-    case 1: score_block16(t, kt, hd, j, vs, NR, 1); break;
-    case 2: score_block16(t, kt, hd, j, vs, NR, 2); break;
-    case 3: score_block16(t, kt, hd, j, vs, NR, 3); break;
-    case 4: score_block16(t, kt, hd, j, vs, NR, 4); break;
+    case 1: score_block16(t, hd, j, vs, NR, 1, F16); break;
+    case 2: score_block16(t, hd, j, vs, NR, 2, F16); break;
+    case 3: score_block16(t, hd, j, vs, NR, 3, F16); break;
+    case 4: score_block16(t, hd, j, vs, NR, 4, F16); break;
     default: break;
     }
 }
 
-ATTN_AVX512 static void scores_avx512(const tile_t *t, const float *kt, int hd, float scale) {
-    switch (t->nr) {
-    case 1: scores16_nr(t, kt, hd, scale, 1); break;
-    case 2: scores16_nr(t, kt, hd, scale, 2); break;
-    case 3: scores16_nr(t, kt, hd, scale, 3); break;
-    case 4: scores16_nr(t, kt, hd, scale, 4); break;
-    case 5: scores16_nr(t, kt, hd, scale, 5); break;
-    default: scores16_nr(t, kt, hd, scale, 6); break;
-    }
-}
+ATTN_AVX512 static void scores_avx512(const tile_t *t, int hd, float scale) { BY_ROWS(scores16_nr, t, t, hd, scale); }
 
 /* exp8's operations lane for lane, on 16 lanes */
 ATTN_AVX512_INLINE __m512 exp16(__m512 x) {
@@ -322,14 +342,15 @@ ATTN_AVX512 static float weights_avx512(float *s, int n, float m) {
 }
 
 /* 64 output values of every row at a time (a whole head of 64), in registers across the tile's keys */
-ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, const float *vf, int hd, const int NR) {
+ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, int hd, const int NR, const int F16) {
     for (int d = 0; d < hd; d += 64) {
         __m512 o[ROW_TILE][4];
         for (int r = 0; r < NR; r++)
             for (int c = 0; c < 4; c++) o[r][c] = _mm512_loadu_ps(t->o[r] + d + 16 * c);
         for (int j = t->j0; j < t->j1; j++) {
             __m512 v[4];
-            for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vf + (size_t)j * hd + d + 16 * c);
+            if (F16 && d == 0) fetch_v_row(t, j, hd);
+            for (int c = 0; c < 4; c++) v[c] = load16(t->v, (size_t)j * hd + d + 16 * c, F16);
             for (int r = 0; r < NR; r++) {
                 __m512 p = _mm512_set1_ps(t->s[r][j]);
                 for (int c = 0; c < 4; c++) o[r][c] = _mm512_fmadd_ps(p, v[c], o[r][c]);
@@ -340,16 +361,7 @@ ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, const float *vf, int hd
     }
 }
 
-ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, const float *vf, int hd) {
-    switch (t->nr) {
-    case 1: accumulate16_nr(t, vf, hd, 1); break;
-    case 2: accumulate16_nr(t, vf, hd, 2); break;
-    case 3: accumulate16_nr(t, vf, hd, 3); break;
-    case 4: accumulate16_nr(t, vf, hd, 4); break;
-    case 5: accumulate16_nr(t, vf, hd, 5); break;
-    default: accumulate16_nr(t, vf, hd, 6); break;
-    }
-}
+ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, int hd) { BY_ROWS(accumulate16_nr, t, t, hd); }
 #endif
 
 /* ---------------- the kernels of the active path ---------------- */
@@ -357,10 +369,11 @@ ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, const float *vf, in
 typedef struct {
     void (*convert_k)(const uint16_t *, float *, int, int, int, const uint16_t *);
     void (*convert_v)(const uint16_t *, float *, int, int, int, const uint16_t *);
-    void (*scores)(const tile_t *, const float *, int, float);
-    void (*accumulate_v)(const tile_t *, const float *, int);
+    void (*scores)(const tile_t *, int, float);
+    void (*accumulate_v)(const tile_t *, int);
     float (*max_of)(const float *, int);
     float (*weights)(float *, int, float);
+    int direct;                       /* the tile kernels read f16 (scalar: always the f32 tiles) */
 } kernels_t;
 
 static void convert_k_plain(const uint16_t *k, float *kt, int hd, int c0, int c1, const uint16_t *next) {
@@ -375,10 +388,10 @@ static void convert_v_plain(const uint16_t *v, float *vf, int hd, int r0, int r1
 
 static kernels_t active_kernels(void) {
     kernels_t k = {convert_k_plain, convert_v_plain, scores_scalar, accumulate_v_scalar, max_scalar,
-                   weights_scalar};
+                   weights_scalar, 0};
 #if defined(__x86_64__)
     if (cpu_path() != PATH_SCALAR)
-        k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2};
+        k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2, 1};
     /* the VNNI paths' CPUs with AVX-512F: tiles of 16 lanes (two FMA units of 512 bits on server parts) */
     if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
         k.scores = scores_avx512;
@@ -477,12 +490,20 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
         if (t0 == t1) continue;
         int j_lo = a->lo[t0] > base ? a->lo[t0] - base : 0;
         int j_hi = a->hi[t1 - 1] - base < KV_BLOCK ? a->hi[t1 - 1] - base : KV_BLOCK;
+        /* a head of one tile (decode) reads the cache directly; several convert K and V once for all tiles */
+        int direct = (t1 - t0) * a->group <= ROW_TILE && a->kern.direct;
         for (int h = 0; h < a->kv_heads; h++) {
-            a->kern.convert_k(kb + h * slice, a->kt, hd, j_lo & ~15, (j_hi + 15) & ~15, nk ? nk + h * slice : NULL);
-            a->kern.convert_v(vb + h * slice, a->vf, hd, j_lo, j_hi, nv ? nv + h * slice : NULL);
+            const uint16_t *kh = kb + h * slice, *vh = vb + h * slice;
+            if (!direct) {
+                a->kern.convert_k(kh, a->kt, hd, j_lo & ~15, (j_hi + 15) & ~15, nk ? nk + h * slice : NULL);
+                a->kern.convert_v(vh, a->vf, hd, j_lo, j_hi, nv ? nv + h * slice : NULL);
+            }
             int r_end = h * a->per_head + t1 * a->group;
             for (int r0 = h * a->per_head + t0 * a->group; r0 < r_end; r0 += ROW_TILE) {
-                tile_t tile = {.nr = r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE};
+                tile_t tile = {.nr = r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE, .f16 = direct,
+                               .k = direct ? (const void *)kh : a->kt, .v = direct ? (const void *)vh : a->vf,
+                               .pf_k = direct && nk ? nk + h * slice : NULL,
+                               .pf_v = direct && nv ? nv + h * slice : NULL};
                 int first[ROW_TILE], n[ROW_TILE];
                 for (int i = 0; i < tile.nr; i++) {
                     int r = r0 + i, t = (r - h * a->per_head) / a->group, qh = h * a->group + r % a->group;
@@ -494,7 +515,7 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
                 }
                 tile.j0 = first[0];
                 tile.j1 = n[tile.nr - 1];
-                a->kern.scores(&tile, a->kt, hd, a->span->scale);
+                a->kern.scores(&tile, hd, a->span->scale);
                 for (int i = 0; i < tile.nr; i++) {
                     int r = r0 + i;
                     float *si = tile.s[i];
@@ -509,7 +530,7 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
                     sm[r] += a->kern.weights(si, n[i], mx[r]);
                     for (int j = n[i]; j < tile.j1; j++) si[j] = 0.0f;       /* keys later rows see: weight 0 */
                 }
-                a->kern.accumulate_v(&tile, a->vf, hd);
+                a->kern.accumulate_v(&tile, hd);
             }
         }
     }
