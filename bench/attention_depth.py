@@ -5,10 +5,11 @@
 
 Tests: pp2048 (2048 prompt tokens from an empty cache, in steps of 512 tokens as llama.cpp's micro-batches) and
 tg64@d4096 (64 single-token decode steps after a 4096-token context). llama-bench runs tuned as issue 15 asks
-(`-fa 0,1 -lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the better -fa per test by median of samples_ts).
+(`-fa 0,1 -lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the better -fa per test by median of samples_ts), with
+`--repack 0`: on this AMX CPU llama.cpp's repacked Q4_0 path dies with SIGILL.
 Each `--inferd NAME=DIR` is a build of the package imported from DIR (e.g. the code before and after a change),
-run in a subprocess of its own; the rounds go llama.cpp, builds, then the builds reversed, llama.cpp, so that a
-shared machine's slow phases fall on every side. Each inferd run also reports the forward pass's attention stage
+run in a subprocess of its own; the rounds go builds then llama.cpp, then llama.cpp then the builds reversed, so
+that a shared machine's slow phases fall on every side; each side's samples are logged to stderr as they come. Each inferd run also reports the forward pass's attention stage
 share (ctx.set_profiling) for the prefill and the decode.
 """
 from __future__ import annotations
@@ -87,7 +88,7 @@ def run_llama(bin_dir: Path, model: Path, threads: int, repeats: int) -> dict:
     for key, extra in (("pp2048", ["-p", str(PROMPT), "-n", "0"]),
                        ("tg64@d4096", ["-d", str(DEPTH), "-p", "0", "-n", str(GEN)])):
         cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), *extra, "-fa", "0,1",
-               "-lm", "none", "-r", str(repeats), "-o", "json"]
+               "-lm", "none", "--repack", "0", "-r", str(repeats), "-o", "json"]
         rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
         best: list[float] = []
         for row in rows:
@@ -116,7 +117,7 @@ def main() -> None:
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in ["llama.cpp", *builds]}
     shares: dict[str, list[dict]] = {name: [] for name in builds}
     for rnd in range(args.rounds):
-        order = ["llama.cpp", *builds]
+        order = [*builds, "llama.cpp"]
         for side in order if rnd % 2 == 0 else order[::-1]:
             print(f"round {rnd + 1}: {side}", file=sys.stderr, flush=True)
             if side == "llama.cpp":
@@ -124,6 +125,7 @@ def main() -> None:
             else:
                 got = run_inferd(builds[side], model, args.threads, args.repeats)
                 shares[side].append(got.pop("attn_share"))
+            print(f"round {rnd + 1}: {side}: {json.dumps(got)}", file=sys.stderr, flush=True)
             for key, vals in got.items():
                 samples[side].setdefault(key, []).extend(vals)
     print(f"model {model.name}, {args.threads} threads, {args.rounds} interleaved rounds x {args.repeats} repeats")
