@@ -17,6 +17,8 @@ WEIGHT_TYPES = {"F32": WT_F32, "F16": WT_F16, "BF16": WT_BF16, "Q4_0": WT_Q4_0, 
 FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
 PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI, "avxvnni": PATH_AVXVNNI}
 BLOCK_SIZE = KV_BLOCK
+MAX_RUN_TOKENS = ATTN_MAX_TOKENS
+SEGMENT_BLOCKS = ATTN_SEGMENT_BLOCKS
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
 
 
@@ -279,21 +281,29 @@ def glu(cnp.ndarray g, cnp.ndarray u, str kind):
 
 
 def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
-              int seq_len=0, bint causal=True, int window=0, float scale=0.0):
+              int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS,
+              bint split=False):
     """The attention kernel on its own (tests): q (ntok, n_heads, head_dim) float32 of tokens at positions pos0,
-    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16; block_table int32. Runs of up to
-    ATTN_MAX_TOKENS tokens, all KV heads at once, the active path. Returns (ntok, n_heads, head_dim)."""
+    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16 (the keys are stored transposed
+    for the kernel, as the engine's cache holds them); block_table int32. Runs of up to `run` tokens (at most
+    ATTN_MAX_TOKENS), all KV heads at once, the active path; split: each run as key segments computed apart
+    (attention_segment) and merged (attention_merge), as a decode step split across threads does. Returns (ntok,
+    n_heads, head_dim)."""
     cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
-    kc = np.ascontiguousarray(k_cache, dtype=np.float16)
+    if k_cache.ndim != 4 or v_cache.ndim != 4:
+        raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
+    kc = np.ascontiguousarray(np.swapaxes(k_cache, 2, 3), dtype=np.float16)
     vc = np.ascontiguousarray(v_cache, dtype=np.float16)
     cdef const uint16_t[:, :, :, ::1] kv = kc.view(np.uint16)
     cdef const uint16_t[:, :, :, ::1] vv = vc.view(np.uint16)
     cdef const int32_t[::1] bt = np.ascontiguousarray(block_table, dtype=np.int32)
     cdef int ntok = qv.shape[0], n_heads = qv.shape[1], hd = qv.shape[2]
-    cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n
-    if kc.shape != vc.shape or kv.shape[2] != KV_BLOCK or kv.shape[3] != hd or hd % 64 or n_kv == 0 \
+    cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n, seg, nseg
+    if np.shape(k_cache) != np.shape(v_cache) or vv.shape[2] != KV_BLOCK or vv.shape[3] != hd or hd % 64 or n_kv == 0 \
             or n_heads % n_kv or ntok == 0:
         raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
+    if not 1 <= run <= ATTN_MAX_TOKENS:
+        raise ValueError(f"run must be 1..{ATTN_MAX_TOKENS}")
     last = (pos0 + ntok) if causal else seq_len
     if pos0 < 0 or (not causal and seq_len < pos0 + ntok) or (last + KV_BLOCK - 1) // KV_BLOCK > bt.shape[0] \
             or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
@@ -303,16 +313,29 @@ def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarr
     span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
     out = np.zeros((ntok, n_heads, hd), np.float32)
     cdef float[:, :, ::1] ov = out
-    cdef float *scratch = <float *>malloc(attention_scratch_floats(n_heads) * sizeof(float))
+    cdef float *scratch = <float *>malloc(attention_scratch_floats(n_heads, hd) * sizeof(float))
+    span.pos0 = pos0 + ntok - 1
+    cdef int max_seg = attention_num_segments(&span, 1)
+    cdef size_t part = attention_part_floats(run * n_heads, hd)
+    cdef float *parts = <float *>malloc(max(1, max_seg) * part * sizeof(float)) if split else NULL
     with nogil:
         t = 0
         while t < ntok:
-            n = ntok - t if ntok - t < ATTN_MAX_TOKENS else ATTN_MAX_TOKENS
+            n = ntok - t if ntok - t < run else run
             span.pos0 = pos0 + t
-            attention_tokens(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0, 0],
-                             &vv[0, 0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
+            if split:
+                nseg = attention_num_segments(&span, n)
+                for seg in range(nseg):
+                    attention_segment(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd,
+                                      &kv[0, 0, 0, 0], &vv[0, 0, 0, 0], &bt[0], &span, seg, parts + seg * part,
+                                      scratch)
+                attention_merge(parts, part, nseg, n, n_heads // n_kv, n_kv, hd, &ov[t, 0, 0], n_heads * hd)
+            else:
+                attention_tokens(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0, 0],
+                                 &vv[0, 0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
             t += n
     free(scratch)
+    free(parts)
     return out
 
 
@@ -678,7 +701,8 @@ cdef class Context:
             kv_[i] = self.c.k_cache[off + i]
             vv[i] = self.c.v_cache[off + i]
         shape = (cfg.n_kv_heads, KV_BLOCK, cfg.head_dim)
-        return k.view(np.float16).reshape(shape), v.view(np.float16).reshape(shape)
+        k_t = k.view(np.float16).reshape(cfg.n_kv_heads, cfg.head_dim, KV_BLOCK)     # stored transposed
+        return np.ascontiguousarray(k_t.swapaxes(1, 2)), v.view(np.float16).reshape(shape)
 
 
 def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None, allowed=None):

@@ -63,10 +63,19 @@ cdef extern from "inferd.h" nogil:
     void geglu(const float *g, const float *u, float *h, int n)
     enum:
         ATTN_MAX_TOKENS
+        ATTN_SEGMENT_BLOCKS
     ctypedef struct attn_span_t:
         int pos0, seq_len, causal, window
         float scale
-    size_t attention_scratch_floats(int n_heads)
+    size_t attention_scratch_floats(int n_heads, int head_dim)
+    void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
+    int attention_num_segments(const attn_span_t *span, int ntok)
+    size_t attention_part_floats(int rows, int head_dim)
+    int attention_segment(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                          int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                          const attn_span_t *span, int seg, float *part, float *scratch)
+    void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
+                         int head_dim, float *out, int out_stride)
     void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
                           int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                           const attn_span_t *span, float *out, int out_stride, float *scratch,

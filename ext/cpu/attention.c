@@ -1,19 +1,28 @@
 /* Attention over the paged f16 KV cache for a run of consecutive tokens of one sequence and the query heads of
- * adjacent KV heads: causal or not, over all keys or a sliding window of them (attn_span_t). Online softmax over
- * 64-position blocks in a fixed order, so a token's output is the same whatever else is in the batch.
+ * adjacent KV heads: causal or not, over all keys or a sliding window of them (attn_span_t), as small GEMMs.
  *
- * The query rows (token, head) are taken three at a time: each key or value is converted from f16 once per row
- * set, straight from the cache into registers, and meets all three rows there (three rows by four keys of fma
- * chains fill AVX2's 16 registers). Per row the arithmetic is fixed: a score is eight lanes of fma chains over the
- * head dimension summed in hsum8_pairs' order, then scaled; the weights use vecmath's exp; the output adds
- * p[j] * v_j key after key. The scalar and AVX2 variants do exactly those operations, so both give the same bits,
- * and no row's result depends on which other rows share its set. */
+ * The cache keeps each block's keys transposed, (head_dim, 64) per KV head: a vector load takes eight keys' values
+ * of one dimension. Per block and KV head, the needed keys and values are converted from f16 once into f32 tiles,
+ * then every query row of the run (token x query head of that KV head) meets them in register tiles of up to six
+ * rows: Q.K^T as rows x 16 keys of fma chains over the head dimension (keys in lanes, no horizontal sums), P.V as
+ * rows x 16 dimensions of fma chains over the keys. Online softmax per 64-key block as before.
+ *
+ * Fixed arithmetic, whoever shares the tile and whichever path runs it:
+ *   - a score is one fma chain over d = 0..head_dim-1 from 0, then times the scale;
+ *   - a row's block max and exp-sum run over its own keys in max_of/weights' lane order;
+ *   - an output element adds p[j] * v[j] key after key (keys other rows of the tile see, but not this one, carry
+ *     weight exactly 0 and leave it unchanged);
+ *   - keys are taken in segments of ATTN_SEGMENT_BLOCKS blocks, each with a softmax state of its own from scratch,
+ *     merged into the total in segment order (attention_merge_rows). A decode step can thus split one long
+ *     sequence's keys across threads (attention_segment, then attention_merge) and get the very bits a prefill of
+ *     the same tokens gets.
+ * The scalar, AVX2 and AVX-512 variants do exactly those operations, so all give the same bits. */
 #include <math.h>
 #include <string.h>
 #include "inferd.h"
 #include "vecmath.h"
 
-#define ROWS_PER_SET 3
+#define ROW_TILE 6                /* query rows per register tile */
 
 /* Softmax weights below e^-64 of the largest are set to 0: they cannot change a float32 sum that holds a 1, and
  * their products with V would be denormals, which cost a hundred cycles each. */
@@ -21,30 +30,54 @@
 
 static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
-/* A row set: up to ROWS_PER_SET query rows, each with its query, its output and how many keys of the current
- * block it sees (n rises with the row index: later tokens of the run see more). */
+/* A tile: up to ROW_TILE rows of one KV head, each with its query, its scores row (KV_BLOCK floats, indexed by the
+ * key's place in the block) and its segment output. Keys [j0, j1) of the block are computed for all of them, from
+ * k (hd, KV_BLOCK) and v (KV_BLOCK, hd): the f32 tiles, or, when f16 is set (a head with a single tile in the block,
+ * as in decode), the cache's f16 slices themselves, converted as they are loaded (the same values: f16 -> f32 is
+ * exact). pf_k/pf_v: the next block's slices, fetched on the way (f16 tiles only), or NULL. */
 typedef struct {
-    int nr;
-    const float *q[ROWS_PER_SET];
-    float *out[ROWS_PER_SET];
-    float *s[ROWS_PER_SET];           /* scores, then softmax weights, of the current block */
-    int n[ROWS_PER_SET];
-    int j0;                           /* keys of the block before j0 lie before every row's window: not read */
-    const char *next_k, *next_v;      /* bytes [pf_begin, pf_end) of the K and V read after this set's, fetched */
-    size_t pf_begin, pf_end;          /* while this set is scored */
-} rowset_t;
+    int nr, j0, j1, f16;
+    const float *q[ROW_TILE];
+    float *s[ROW_TILE];
+    float *o[ROW_TILE];
+    const void *k, *v;
+    const uint16_t *pf_k, *pf_v;
+} tile_t;
+
+static inline float kv_at(const tile_t *t, const void *p, size_t i) {
+    return t->f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
 
 /* ---------------- scalar ---------------- */
 
-/* s[r][j] = scale * dot(q_r, k_j) for keys [j0, n) of a block (k: (n, hd)) */
-static void scores_scalar(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale) {
-    for (int r = 0; r < rs->nr; r++)
-        for (int j = rs->j0; j < n; j++) {
-            float a[8] = {0};
-            for (int g = 0; g < hd / 8; g++)
-                for (int l = 0; l < 8; l++)
-                    a[l] = __builtin_fmaf(rs->q[r][8 * g + l], f16_to_f32(k[(size_t)j * hd + 8 * g + l]), a[l]);
-            rs->s[r][j] = hsum8_pairs_scalar(a) * scale;
+/* kt (hd, KV_BLOCK) f32 <- the cache's (hd, KV_BLOCK) f16 keys, columns [c0, c1) */
+static void convert_k_scalar(const uint16_t *k, float *kt, int hd, int c0, int c1) {
+    for (int d = 0; d < hd; d++)
+        for (int j = c0; j < c1; j++) kt[d * KV_BLOCK + j] = f16_to_f32(k[d * KV_BLOCK + j]);
+}
+
+/* vf (KV_BLOCK, hd) f32 <- rows [r0, r1) of the cache's (KV_BLOCK, hd) f16 values */
+static void convert_v_scalar(const uint16_t *v, float *vf, int hd, int r0, int r1) {
+    for (size_t i = (size_t)r0 * hd; i < (size_t)r1 * hd; i++) vf[i] = f16_to_f32(v[i]);
+}
+
+/* s[r][j] = scale * (fma chain over d of q_r[d] * k_j[d]) for keys [j0, j1) */
+static void scores_scalar(const tile_t *t, int hd, float scale) {
+    for (int r = 0; r < t->nr; r++)
+        for (int j = t->j0; j < t->j1; j++) {
+            float a = 0.0f;
+            for (int d = 0; d < hd; d++) a = __builtin_fmaf(t->q[r][d], kv_at(t, t->k, d * KV_BLOCK + j), a);
+            t->s[r][j] = a * scale;
+        }
+}
+
+/* o_r[d] += p_r[j] * v_j[d], key after key over [j0, j1) */
+static void accumulate_v_scalar(const tile_t *t, int hd) {
+    for (int r = 0; r < t->nr; r++)
+        for (int d = 0; d < hd; d++) {
+            float o = t->o[r][d];
+            for (int j = t->j0; j < t->j1; j++) o = __builtin_fmaf(t->s[r][j], kv_at(t, t->v, (size_t)j * hd + d), o);
+            t->o[r][d] = o;
         }
 }
 
@@ -79,76 +112,119 @@ static float weights_scalar(float *s, int n, float m) {
     return total;
 }
 
-/* out_r (hd) += sum_{j0 <= j < n_r} p_r[j] * v_j */
-static void accumulate_v_scalar(const rowset_t *rs, const uint16_t *v, int hd) {
-    for (int r = 0; r < rs->nr; r++)
-        for (int j = rs->j0; j < rs->n[r]; j++)
-            for (int i = 0; i < hd; i++)
-                rs->out[r][i] = __builtin_fmaf(rs->s[r][j], f16_to_f32(v[(size_t)j * hd + i]), rs->out[r][i]);
-}
-
 /* ---------------- AVX2 ---------------- */
 #if defined(__x86_64__)
 #define ATTN_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-/* Fetch bytes [b0, b1) of the next K and V. The scoring loop spreads its share over its groups of four keys,
- * however few keys it has, so the fetches overlap the arithmetic instead of stalling on a full miss queue, as one
- * burst of a whole block's lines would. */
-static inline void prefetch_span(const rowset_t *rs, size_t b0, size_t b1) {
-    if (!rs->next_k) return;
-    for (size_t b = b0 & ~(size_t)63; b < b1; b += 64) {
-        __builtin_prefetch(rs->next_k + b, 0, 2);
-        __builtin_prefetch(rs->next_v + b, 0, 2);
-    }
-}
-
-/* the part of the set's span that group gi of `groups` fetches */
-static inline void prefetch_group(const rowset_t *rs, int gi, int groups) {
-    size_t len = rs->pf_end - rs->pf_begin;
-    prefetch_span(rs, rs->pf_begin + len * gi / groups, rs->pf_begin + len * (gi + 1) / groups);
-}
-
-ATTN_AVX2 static inline __m256 load_h8(const uint16_t *h) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-
-/* Four keys at a time against every row of the set: each converted key vector feeds NR fma chains. Inlined with
- * NR constant (1 to ROWS_PER_SET) so the chains live in registers. */
 #define ATTN_AVX2_INLINE ATTN_AVX2 static inline __attribute__((always_inline))
-ATTN_AVX2_INLINE void scores_nr(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale, const int NR) {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    int groups = (n - rs->j0) / 4, j = rs->j0;
-    for (; j + 4 <= n; j += 4) {
-        prefetch_group(rs, (j - rs->j0) / 4, groups);
-        __m256 a[ROWS_PER_SET][4];
-        for (int r = 0; r < NR; r++)
-            for (int c = 0; c < 4; c++) a[r][c] = _mm256_setzero_ps();
-        for (int g = 0; g < hd / 8; g++)
-            for (int c = 0; c < 4; c++) {
-                __m256 kc = load_h8(k + (size_t)(j + c) * hd + 8 * g);
-                for (int r = 0; r < NR; r++) a[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(rs->q[r] + 8 * g), kc, a[r][c]);
-            }
-        for (int r = 0; r < NR; r++)
-            _mm_storeu_ps(rs->s[r] + j, _mm_mul_ps(hsum4x8_pairs(a[r][0], a[r][1], a[r][2], a[r][3]),
-                                                   _mm256_castps256_ps128(vscale)));
-    }
-    if (groups == 0) prefetch_group(rs, 0, 1);
-    for (; j < n; j++)
-        for (int r = 0; r < NR; r++) {
-            __m256 a = _mm256_setzero_ps();
-            for (int g = 0; g < hd / 8; g++)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(rs->q[r] + 8 * g), load_h8(k + (size_t)j * hd + 8 * g), a);
-            rs->s[r][j] = hsum8_pairs(a) * scale;
+
+/* Both converters fetch the same lines of the next block (`next`, or NULL) as they go: the cache is read block
+ * after block through the block table, which the hardware prefetcher cannot follow. */
+ATTN_AVX2 static void convert_k_avx2(const uint16_t *k, float *kt, int hd, int c0, int c1, const uint16_t *next) {
+    for (int d = 0; d < hd; d++) {
+        if (next) {                                   /* a dimension's 64 keys: two lines */
+            __builtin_prefetch(next + d * KV_BLOCK, 0, 2);
+            __builtin_prefetch(next + d * KV_BLOCK + 32, 0, 2);
         }
+        for (int j = c0; j < c1; j += 8)
+            _mm256_storeu_ps(kt + d * KV_BLOCK + j,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + d * KV_BLOCK + j))));
+    }
 }
 
-ATTN_AVX2 static void scores_avx2(const rowset_t *rs, const uint16_t *k, int n, int hd, float scale) {
-    switch (rs->nr) {
-    case 1: scores_nr(rs, k, n, hd, scale, 1); break;
-    case 2: scores_nr(rs, k, n, hd, scale, 2); break;
-    default: scores_nr(rs, k, n, hd, scale, 3); break;
+ATTN_AVX2 static void convert_v_avx2(const uint16_t *v, float *vf, int hd, int r0, int r1, const uint16_t *next) {
+    for (size_t i = (size_t)r0 * hd; i < (size_t)r1 * hd; i += 8) {
+        if (next && i % 32 == 0) __builtin_prefetch(next + i, 0, 2);
+        _mm256_storeu_ps(vf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))));
     }
 }
+
+/* NR rows x NC vectors of 8 keys at j: each key vector loaded once per dimension meets every row's broadcast
+ * query value; 12 accumulators at most, so everything stays in AVX2's 16 registers. */
+ATTN_AVX2_INLINE __m256 load8(const void *p, size_t i, const int F16) {
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* the next block's dimension d of K (64 keys: two lines), or its value row j */
+static inline void fetch_k_row(const tile_t *t, int d) {
+    if (t->pf_k) { __builtin_prefetch(t->pf_k + d * KV_BLOCK, 0, 2); __builtin_prefetch(t->pf_k + d * KV_BLOCK + 32, 0, 2); }
+}
+
+static inline void fetch_v_row(const tile_t *t, int j, int hd) {
+    if (t->pf_v)
+        for (int i = 0; i < hd; i += 32) __builtin_prefetch(t->pf_v + (size_t)j * hd + i, 0, 2);
+}
+
+ATTN_AVX2_INLINE void score_block(const tile_t *t, int hd, int j, __m256 scale, const int NR, const int NC,
+                                  const int F16) {
+    __m256 a[ROW_TILE][2];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        if (F16 && j < 8) fetch_k_row(t, d);
+        __m256 k0 = load8(t->k, d * KV_BLOCK + j, F16), k1 = k0;
+        if (NC > 1) k1 = load8(t->k, d * KV_BLOCK + j + 8, F16);
+        for (int r = 0; r < NR; r++) {
+            __m256 qd = _mm256_broadcast_ss(t->q[r] + d);
+            a[r][0] = _mm256_fmadd_ps(qd, k0, a[r][0]);
+            if (NC > 1) a[r][1] = _mm256_fmadd_ps(qd, k1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(t->s[r] + j + 8 * c, _mm256_mul_ps(a[r][c], scale));
+}
+
+/* Keys [j0, j1) rounded out to whole vectors of 8 (16 for AVX-512): the extra scores are never read (max_of and
+ * weights stop at each row's own count; the f32 tile holds the keys [j0, j1) rounded out to 16). */
+ATTN_AVX2_INLINE void scores_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
+    __m256 vs = _mm256_set1_ps(scale);
+    int j = t->j0 & ~7, end = (t->j1 + 7) & ~7;
+    for (; j + 16 <= end; j += 16) score_block(t, hd, j, vs, NR, 2, F16);
+    if (j < end) score_block(t, hd, j, vs, NR, 1, F16);
+}
+
+/* fn(..., NR, F16) for the tile's row count and source */
+#define BY_ROWS(fn, t, ...)                                                                                        \
+    do {                                                                                                           \
+        if ((t)->f16) switch ((t)->nr) {                                                                           \
+            case 1: fn(__VA_ARGS__, 1, 1); break;  case 2: fn(__VA_ARGS__, 2, 1); break;                           \
+            case 3: fn(__VA_ARGS__, 3, 1); break;  case 4: fn(__VA_ARGS__, 4, 1); break;                           \
+            case 5: fn(__VA_ARGS__, 5, 1); break;  default: fn(__VA_ARGS__, 6, 1); break;                          \
+            }                                                                                                      \
+        else switch ((t)->nr) {                                                                                    \
+            case 1: fn(__VA_ARGS__, 1, 0); break;  case 2: fn(__VA_ARGS__, 2, 0); break;                           \
+            case 3: fn(__VA_ARGS__, 3, 0); break;  case 4: fn(__VA_ARGS__, 4, 0); break;                           \
+            case 5: fn(__VA_ARGS__, 5, 0); break;  default: fn(__VA_ARGS__, 6, 0); break;                          \
+            }                                                                                                      \
+    } while (0)
+
+ATTN_AVX2 static void scores_avx2(const tile_t *t, int hd, float scale) { BY_ROWS(scores_nr, t, t, hd, scale); }
+
+/* 16 output values of every row at a time, kept in registers across the tile's keys */
+ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
+    for (int d = 0; d < hd; d += 16) {
+        __m256 o[ROW_TILE][2];
+        for (int r = 0; r < NR; r++) {
+            o[r][0] = _mm256_loadu_ps(t->o[r] + d);
+            o[r][1] = _mm256_loadu_ps(t->o[r] + d + 8);
+        }
+        for (int j = t->j0; j < t->j1; j++) {
+            if (F16 && d == 0) fetch_v_row(t, j, hd);
+            __m256 v0 = load8(t->v, (size_t)j * hd + d, F16), v1 = load8(t->v, (size_t)j * hd + d + 8, F16);
+            for (int r = 0; r < NR; r++) {
+                __m256 p = _mm256_broadcast_ss(t->s[r] + j);
+                o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
+                o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            _mm256_storeu_ps(t->o[r] + d, o[r][0]);
+            _mm256_storeu_ps(t->o[r] + d + 8, o[r][1]);
+        }
+    }
+}
+
+ATTN_AVX2 static void accumulate_v_avx2(const tile_t *t, int hd) { BY_ROWS(accumulate_v_nr, t, t, hd); }
 
 ATTN_AVX2 static float max_avx2(const float *s, int n) {
     float m = -INFINITY;
@@ -178,52 +254,167 @@ ATTN_AVX2 static float weights_avx2(float *s, int n, float m) {
     for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
     return total;
 }
+#endif
 
-/* 16 output values of every row at a time, kept in registers across the keys all rows see; the few keys only
- * the later rows see are added row by row afterwards (the same fma per element, in key order). */
-ATTN_AVX2_INLINE void accumulate_v_nr(const rowset_t *rs, const uint16_t *v, int hd, const int NR) {
-    int common = rs->n[0];
-    for (int d = 0; d < hd; d += 16) {
-        __m256 o[ROWS_PER_SET][2];
+/* ---------------- AVX-512: the same tiles with 16 lanes ---------------- */
+#if defined(__x86_64__)
+#define ATTN_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx2,fma,f16c")))
+#define ATTN_AVX512_INLINE ATTN_AVX512 static inline __attribute__((always_inline))
+
+/* NR rows x NC vectors of 16 keys at j: 24 accumulators at most of the 32 registers */
+ATTN_AVX512_INLINE __m512 load16(const void *p, size_t i, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+ATTN_AVX512_INLINE void score_block16(const tile_t *t, int hd, int j, __m512 scale, const int NR, const int NC,
+                                      const int F16) {
+    __m512 a[ROW_TILE][4];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) a[r][c] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        __m512 k[4];
+        if (F16) fetch_k_row(t, d);
+        for (int c = 0; c < NC; c++) k[c] = load16(t->k, d * KV_BLOCK + j + 16 * c, F16);
         for (int r = 0; r < NR; r++) {
-            o[r][0] = _mm256_loadu_ps(rs->out[r] + d);
-            o[r][1] = _mm256_loadu_ps(rs->out[r] + d + 8);
+            __m512 qd = _mm512_set1_ps(t->q[r][d]);
+            for (int c = 0; c < NC; c++) a[r][c] = _mm512_fmadd_ps(qd, k[c], a[r][c]);
         }
-        for (int j = rs->j0; j < common; j++) {
-            __m256 v0 = load_h8(v + (size_t)j * hd + d), v1 = load_h8(v + (size_t)j * hd + d + 8);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(t->s[r] + j + 16 * c, _mm512_mul_ps(a[r][c], scale));
+}
+
+ATTN_AVX512_INLINE void scores16_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
+    __m512 vs = _mm512_set1_ps(scale);
+    int j = t->j0 & ~15, vectors = (((t->j1 + 15) & ~15) - j) / 16;
+    switch (vectors) {
+    case 1: score_block16(t, hd, j, vs, NR, 1, F16); break;
+    case 2: score_block16(t, hd, j, vs, NR, 2, F16); break;
+    case 3: score_block16(t, hd, j, vs, NR, 3, F16); break;
+    case 4: score_block16(t, hd, j, vs, NR, 4, F16); break;
+    default: break;
+    }
+}
+
+ATTN_AVX512 static void scores_avx512(const tile_t *t, int hd, float scale) { BY_ROWS(scores16_nr, t, t, hd, scale); }
+
+/* exp8's operations lane for lane, on 16 lanes */
+ATTN_AVX512_INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* weights_avx2 with the exps 16 at a time; the sum still takes s[8i + l] into lane l of 8, in order */
+ATTN_AVX512 static float weights_avx512(float *s, int n, float m) {
+    __m256 lanes = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m));
+        __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m512 w = _mm512_maskz_mov_ps(keep, exp16(x));
+        _mm512_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(w));
+        lanes = _mm256_add_ps(lanes, _mm512_extractf32x8_ps(w, 1));
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
+        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m256 w = _mm256_and_ps(exp8(x), keep);
+        _mm256_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, w);
+    }
+    float total = hsum8_pairs(lanes);
+    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
+    return total;
+}
+
+/* 64 output values of every row at a time (a whole head of 64), in registers across the tile's keys */
+ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, int hd, const int NR, const int F16) {
+    for (int d = 0; d < hd; d += 64) {
+        __m512 o[ROW_TILE][4];
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) o[r][c] = _mm512_loadu_ps(t->o[r] + d + 16 * c);
+        for (int j = t->j0; j < t->j1; j++) {
+            __m512 v[4];
+            if (F16 && d == 0) fetch_v_row(t, j, hd);
+            for (int c = 0; c < 4; c++) v[c] = load16(t->v, (size_t)j * hd + d + 16 * c, F16);
             for (int r = 0; r < NR; r++) {
-                __m256 p = _mm256_broadcast_ss(rs->s[r] + j);
-                o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
-                o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+                __m512 p = _mm512_set1_ps(t->s[r][j]);
+                for (int c = 0; c < 4; c++) o[r][c] = _mm512_fmadd_ps(p, v[c], o[r][c]);
             }
         }
-        for (int r = 0; r < NR; r++) {
-            _mm256_storeu_ps(rs->out[r] + d, o[r][0]);
-            _mm256_storeu_ps(rs->out[r] + d + 8, o[r][1]);
-        }
+        for (int r = 0; r < NR; r++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(t->o[r] + d + 16 * c, o[r][c]);
     }
-    for (int r = 1; r < NR; r++)
-        for (int j = common; j < rs->n[r]; j++) {
-            __m256 p = _mm256_broadcast_ss(rs->s[r] + j);
-            for (int d = 0; d < hd; d += 8)
-                _mm256_storeu_ps(rs->out[r] + d, _mm256_fmadd_ps(p, load_h8(v + (size_t)j * hd + d),
-                                                                 _mm256_loadu_ps(rs->out[r] + d)));
-        }
 }
 
-ATTN_AVX2 static void accumulate_v_avx2(const rowset_t *rs, const uint16_t *v, int hd) {
-    switch (rs->nr) {
-    case 1: accumulate_v_nr(rs, v, hd, 1); break;
-    case 2: accumulate_v_nr(rs, v, hd, 2); break;
-    default: accumulate_v_nr(rs, v, hd, 3); break;
-    }
-}
+ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, int hd) { BY_ROWS(accumulate16_nr, t, t, hd); }
 #endif
+
+/* ---------------- the kernels of the active path ---------------- */
+
+typedef struct {
+    void (*convert_k)(const uint16_t *, float *, int, int, int, const uint16_t *);
+    void (*convert_v)(const uint16_t *, float *, int, int, int, const uint16_t *);
+    void (*scores)(const tile_t *, int, float);
+    void (*accumulate_v)(const tile_t *, int);
+    float (*max_of)(const float *, int);
+    float (*weights)(float *, int, float);
+    int direct;                       /* the tile kernels read f16 (scalar: always the f32 tiles) */
+} kernels_t;
+
+static void convert_k_plain(const uint16_t *k, float *kt, int hd, int c0, int c1, const uint16_t *next) {
+    (void)next;
+    convert_k_scalar(k, kt, hd, c0, c1);
+}
+
+static void convert_v_plain(const uint16_t *v, float *vf, int hd, int r0, int r1, const uint16_t *next) {
+    (void)next;
+    convert_v_scalar(v, vf, hd, r0, r1);
+}
+
+static kernels_t active_kernels(void) {
+    kernels_t k = {convert_k_plain, convert_v_plain, scores_scalar, accumulate_v_scalar, max_scalar,
+                   weights_scalar, 0};
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR)
+        k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2, 1};
+    /* the VNNI paths' CPUs with AVX-512F: tiles of 16 lanes (two FMA units of 512 bits on server parts) */
+    if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
+        k.scores = scores_avx512;
+        k.accumulate_v = accumulate_v_avx512;
+        k.weights = weights_avx512;
+    }
+#endif
+    return k;
+}
+
+/* ---------------- the cache's key layout ---------------- */
+
+void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim) {
+    for (int d = 0; d < head_dim; d++) block_slice[(size_t)d * KV_BLOCK + slot] = f32_to_f16(k[d]);
+}
 
 /* ---------------- the run ---------------- */
 
-size_t attention_scratch_floats(int n_heads) {
-    return (size_t)ATTN_MAX_TOKENS * n_heads * (KV_BLOCK + 2);
+/* rows of a run: at most ATTN_MAX_TOKENS * n_heads; per row a scores row, a segment's max and sum, the running
+ * total's max and sum, and a segment output; then one KV head's f32 K and V tiles */
+size_t attention_scratch_floats(int n_heads, int head_dim) {
+    size_t rows = (size_t)ATTN_MAX_TOKENS * n_heads;
+    return rows * (KV_BLOCK + 4 + head_dim) + 2 * (size_t)KV_BLOCK * head_dim;
 }
 
 /* The keys token t of a run sees: [span_lo, span_hi). Both rise with t, so the tokens that see any of a block are
@@ -239,97 +430,197 @@ static inline int span_lo(const attn_span_t *a, int t) {
     return a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
 }
 
-/* A run of ntok consecutive tokens of one sequence, at positions span->pos0 onwards, each attending to the keys
- * span_lo..span_hi gives it; for the query heads of `kv_heads` adjacent KV heads. Every token and head goes through
- * the blocks in the same order, with the same operations, as it would alone: a row's scores are indexed by the key's
- * place in its block, keys before its window get weight exactly 0 (so sums run over the same lanes whoever shares
- * the row set), and blocks wholly outside a token's window are skipped for it.
- * The blocks are the outer loop: a block's K (then V) slices of adjacent KV heads lie side by side in the cache, so
- * each block is read as one contiguous piece, which streams at twice the rate of separate 8 KB slices.
- * q: rows of `q_stride` floats, the query heads of the first KV head at the start of each, the others after them;
- * out: the same with `out_stride`; k_head/v_head: one layer's cache addressed as (block, n_kv_heads, KV_BLOCK,
- * head_dim) with the first KV head's offset applied; scratch: attention_scratch_floats(n_heads);
- * next_k/next_v: where the caller reads next (the same span is fetched during this run's last block), or NULL.
- * head_dim is a multiple of 64; ntok <= ATTN_MAX_TOKENS. */
+int attention_num_segments(const attn_span_t *span, int ntok) {
+    int hi = span_hi(span, ntok - 1);
+    return (hi + ATTN_SEGMENT_BLOCKS * KV_BLOCK - 1) / (ATTN_SEGMENT_BLOCKS * KV_BLOCK);
+}
+
+/* What one call works on. Row r: KV head r / per_head, then token (r % per_head) / group, query head r % group. */
+typedef struct {
+    const float *q;
+    int q_stride, ntok, group, kv_heads, head_dim, per_head, rows;
+    const uint16_t *k_head, *v_head;
+    const int32_t *block_table;
+    const attn_span_t *span;
+    size_t block_stride;
+    float *s, *kt, *vf;                     /* scratch: scores (rows, KV_BLOCK); K and V f32 tiles of one head */
+    int lo[ATTN_MAX_TOKENS], hi[ATTN_MAX_TOKENS];
+    kernels_t kern;
+} run_t;
+
+static void run_init(run_t *a, const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                     int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                     const attn_span_t *span, float *scratch) {
+    memset(a, 0, sizeof *a);
+    a->q = q; a->q_stride = q_stride; a->ntok = ntok; a->group = group; a->kv_heads = kv_heads;
+    a->head_dim = head_dim; a->per_head = ntok * group; a->rows = a->per_head * kv_heads;
+    a->k_head = k_head; a->v_head = v_head; a->block_table = block_table; a->span = span;
+    a->block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim;
+    size_t rows_max = (size_t)ATTN_MAX_TOKENS * group * kv_heads;
+    a->s = scratch;
+    a->kt = scratch + rows_max * (KV_BLOCK + 4 + head_dim);
+    a->vf = a->kt + (size_t)KV_BLOCK * head_dim;
+    for (int t = 0; t < ntok; t++) { a->lo[t] = span_lo(span, t); a->hi[t] = span_hi(span, t); }
+    a->kern = active_kernels();
+}
+
+/* One segment's softmax state for every row, from scratch: over the blocks [b0, b1) (those of the segment that
+ * the run sees), row r's maximum mx[r], weight sum sm[r] and unnormalized output o + r * head_dim.
+ * The blocks are the outer loop: a block's K (then V) slices of adjacent KV heads lie side by side in the cache,
+ * so each block is read as one contiguous piece. next_k/next_v: fetched during the last block, or NULL. */
+static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float *sm, const uint16_t *next_k,
+                           const uint16_t *next_v) {
+    int hd = a->head_dim;
+    size_t slice = (size_t)KV_BLOCK * hd;
+    for (int r = 0; r < a->rows; r++) { mx[r] = -INFINITY; sm[r] = 0.0f; }
+    memset(o, 0, (size_t)a->rows * hd * sizeof(float));
+    for (int blk = b0; blk < b1; blk++) {
+        int base = blk * KV_BLOCK;
+        const uint16_t *kb = a->k_head + (size_t)a->block_table[blk] * a->block_stride;
+        const uint16_t *vb = a->v_head + (size_t)a->block_table[blk] * a->block_stride;
+        const uint16_t *nk = next_k, *nv = next_v;
+        if (blk + 1 < b1) {
+            nk = a->k_head + (size_t)a->block_table[blk + 1] * a->block_stride;
+            nv = a->v_head + (size_t)a->block_table[blk + 1] * a->block_stride;
+        }
+        /* the tokens [t0, t1) see some of this block: keys [first of t0, n of t1 - 1) */
+        int t0 = 0, t1 = a->ntok;
+        while (t0 < a->ntok && a->hi[t0] <= base) t0++;
+        while (t1 > t0 && a->lo[t1 - 1] >= base + KV_BLOCK) t1--;
+        if (t0 == t1) continue;
+        int j_lo = a->lo[t0] > base ? a->lo[t0] - base : 0;
+        int j_hi = a->hi[t1 - 1] - base < KV_BLOCK ? a->hi[t1 - 1] - base : KV_BLOCK;
+        /* a head of one tile (decode) reads the cache directly; several convert K and V once for all tiles */
+        int direct = (t1 - t0) * a->group <= ROW_TILE && a->kern.direct;
+        for (int h = 0; h < a->kv_heads; h++) {
+            const uint16_t *kh = kb + h * slice, *vh = vb + h * slice;
+            if (!direct) {
+                a->kern.convert_k(kh, a->kt, hd, j_lo & ~15, (j_hi + 15) & ~15, nk ? nk + h * slice : NULL);
+                a->kern.convert_v(vh, a->vf, hd, j_lo, j_hi, nv ? nv + h * slice : NULL);
+            }
+            int r_end = h * a->per_head + t1 * a->group;
+            for (int r0 = h * a->per_head + t0 * a->group; r0 < r_end; r0 += ROW_TILE) {
+                tile_t tile = {.nr = r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE, .f16 = direct,
+                               .k = direct ? (const void *)kh : a->kt, .v = direct ? (const void *)vh : a->vf,
+                               .pf_k = direct && nk ? nk + h * slice : NULL,
+                               .pf_v = direct && nv ? nv + h * slice : NULL};
+                int first[ROW_TILE], n[ROW_TILE];
+                for (int i = 0; i < tile.nr; i++) {
+                    int r = r0 + i, t = (r - h * a->per_head) / a->group, qh = h * a->group + r % a->group;
+                    tile.q[i] = a->q + (size_t)t * a->q_stride + (size_t)qh * hd;
+                    tile.s[i] = a->s + (size_t)r * KV_BLOCK;
+                    tile.o[i] = o + (size_t)r * hd;
+                    n[i] = a->hi[t] - base < KV_BLOCK ? a->hi[t] - base : KV_BLOCK;
+                    first[i] = a->lo[t] > base ? a->lo[t] - base : 0;
+                }
+                tile.j0 = first[0];
+                tile.j1 = n[tile.nr - 1];
+                a->kern.scores(&tile, hd, a->span->scale);
+                for (int i = 0; i < tile.nr; i++) {
+                    int r = r0 + i;
+                    float *si = tile.s[i];
+                    for (int j = 0; j < first[i]; j++) si[j] = -INFINITY;   /* before the window: weight 0 */
+                    float m = a->kern.max_of(si, n[i]);
+                    if (m > mx[r]) {                       /* a new maximum: rescale what was summed so far */
+                        float corr = mx[r] == -INFINITY ? 0.0f : softmax_weight(mx[r] - m);
+                        sm[r] *= corr;
+                        for (int d = 0; d < hd; d++) tile.o[i][d] *= corr;
+                        mx[r] = m;
+                    }
+                    sm[r] += a->kern.weights(si, n[i], mx[r]);
+                    for (int j = n[i]; j < tile.j1; j++) si[j] = 0.0f;       /* keys later rows see: weight 0 */
+                }
+                a->kern.accumulate_v(&tile, hd);
+            }
+        }
+    }
+}
+
+/* the blocks of segment seg that the run sees: [*b0, *b1), empty when none */
+static void segment_blocks(const run_t *a, int seg, int *b0, int *b1) {
+    int first = a->lo[0] / KV_BLOCK, end = (a->hi[a->ntok - 1] + KV_BLOCK - 1) / KV_BLOCK;
+    int s0 = seg * ATTN_SEGMENT_BLOCKS, s1 = s0 + ATTN_SEGMENT_BLOCKS;
+    *b0 = first > s0 ? first : s0;
+    *b1 = end < s1 ? end : s1;
+}
+
+/* total (M, S, O) <- the merge of the total so far with a segment's (m, s, o), for one row. The first segment the
+ * row sees becomes the total as it is. Plain C on every path (one call per row and segment). */
+static void merge_row(float *M, float *S, float *O, float m, float s, const float *o, int hd) {
+    if (m == -INFINITY) return;                                  /* the row saw nothing of this segment */
+    if (*M == -INFINITY) {
+        *M = m; *S = s;
+        memcpy(O, o, (size_t)hd * sizeof(float));
+        return;
+    }
+    float top = m > *M ? m : *M, a = softmax_weight(*M - top), b = softmax_weight(m - top);
+    *S = __builtin_fmaf(s, b, *S * a);
+    for (int d = 0; d < hd; d++) O[d] = __builtin_fmaf(o[d], b, O[d] * a);
+    *M = top;
+}
+
+/* out row of row r (token t, query head qh) */
+static inline float *out_row(float *out, int out_stride, int per_head, int group, int hd, int r) {
+    int t = (r % per_head) / group, qh = r / per_head * group + r % group;
+    return out + (size_t)t * out_stride + (size_t)qh * hd;
+}
+
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                       const attn_span_t *span, float *out, int out_stride, float *scratch,
                       const uint16_t *next_k, const uint16_t *next_v) {
-    void (*scores)(const rowset_t *, const uint16_t *, int, int, float) = scores_scalar;
-    float (*max_of)(const float *, int) = max_scalar;
-    float (*weights)(float *, int, float) = weights_scalar;
-    void (*accumulate_v)(const rowset_t *, const uint16_t *, int) = accumulate_v_scalar;
-#if defined(__x86_64__)
-    if (cpu_path() != PATH_SCALAR) {
-        scores = scores_avx2; max_of = max_avx2; weights = weights_avx2; accumulate_v = accumulate_v_avx2;
-    }
-#endif
-    /* row r: KV head r / per_head, then token and query head: (r % per_head) / group and r % group */
-    int per_head = ntok * group, rows = per_head * kv_heads;
-    float scale = span->scale;
-    float *s = scratch, *mx = s + (size_t)rows * KV_BLOCK, *sum = mx + rows;
-    size_t block_stride = (size_t)n_kv_heads * KV_BLOCK * head_dim, slice = (size_t)KV_BLOCK * head_dim;
-    size_t span_bytes = kv_heads * slice * sizeof(uint16_t);     /* bytes of a block's K (or V) for these heads */
-    int lo[ATTN_MAX_TOKENS] = {0}, hi[ATTN_MAX_TOKENS] = {0};
-    for (int t = 0; t < ntok; t++) { lo[t] = span_lo(span, t); hi[t] = span_hi(span, t); }
-    int first_blk = lo[0] / KV_BLOCK, end_blk = (hi[ntok - 1] + KV_BLOCK - 1) / KV_BLOCK;
-    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.0f; }
-    for (int t = 0; t < ntok; t++)
-        memset(out + (size_t)t * out_stride, 0, (size_t)kv_heads * group * head_dim * sizeof(float));
-    for (int blk = first_blk; blk < end_blk; blk++) {
-        int base = blk * KV_BLOCK;
-        const uint16_t *kb = k_head + (size_t)block_table[blk] * block_stride;
-        const uint16_t *vb = v_head + (size_t)block_table[blk] * block_stride;
-        const uint16_t *nk = next_k, *nv = next_v;
-        if (blk + 1 < end_blk) {
-            nk = k_head + (size_t)block_table[blk + 1] * block_stride;
-            nv = v_head + (size_t)block_table[blk + 1] * block_stride;
-        }
-        /* the tokens [t0, t1) see some of this block */
-        int t0 = 0, t1 = ntok;
-        while (t0 < ntok && hi[t0] <= base) t0++;
-        while (t1 > t0 && lo[t1 - 1] >= base + KV_BLOCK) t1--;
-        if (t0 == t1) continue;
-        int sets_per_head = ((t1 - t0) * group + ROWS_PER_SET - 1) / ROWS_PER_SET;
-        int total_sets = sets_per_head * kv_heads, set = 0;
-        for (int h = 0; h < kv_heads; h++) {
-            int r_end = h * per_head + t1 * group;
-            for (int r = h * per_head + t0 * group; r < r_end; r += ROWS_PER_SET, set++) {
-                rowset_t rs = {.nr = r_end - r < ROWS_PER_SET ? r_end - r : ROWS_PER_SET,
-                               .next_k = (const char *)nk, .next_v = (const char *)nv,
-                               .pf_begin = span_bytes * set / total_sets,
-                               .pf_end = span_bytes * (set + 1) / total_sets};
-                int first[ROWS_PER_SET];                   /* each row's first key of this block */
-                for (int i = 0; i < rs.nr; i++) {
-                    int t = (r + i - h * per_head) / group, qh = h * group + (r + i) % group;
-                    rs.q[i] = q + (size_t)t * q_stride + (size_t)qh * head_dim;
-                    rs.out[i] = out + (size_t)t * out_stride + (size_t)qh * head_dim;
-                    rs.s[i] = s + (size_t)(r + i) * KV_BLOCK;
-                    rs.n[i] = hi[t] - base < KV_BLOCK ? hi[t] - base : KV_BLOCK;
-                    first[i] = lo[t] > base ? lo[t] - base : 0;
-                }
-                rs.j0 = first[0];
-                scores(&rs, kb + h * slice, rs.n[rs.nr - 1], head_dim, scale);
-                for (int i = 0; i < rs.nr; i++) {
-                    int n = rs.n[i];
-                    float *si = rs.s[i];
-                    for (int j = 0; j < first[i]; j++) si[j] = -INFINITY;    /* before the window: weight 0 */
-                    float m = max_of(si, n);
-                    if (m > mx[r + i]) {                   /* a new maximum: rescale what was summed so far */
-                        float corr = mx[r + i] == -INFINITY ? 0.0f : softmax_weight(mx[r + i] - m);
-                        sum[r + i] *= corr;
-                        for (int d = 0; d < head_dim; d++) rs.out[i][d] *= corr;
-                        mx[r + i] = m;
-                    }
-                    sum[r + i] += weights(si, n, mx[r + i]);
-                }
-                accumulate_v(&rs, vb + h * slice, head_dim);
-            }
-        }
+    run_t a;
+    run_init(&a, q, q_stride, ntok, group, n_kv_heads, kv_heads, head_dim, k_head, v_head, block_table, span,
+             scratch);
+    int rows = a.rows, hd = head_dim, nseg = attention_num_segments(span, ntok);
+    size_t rows_max = (size_t)ATTN_MAX_TOKENS * group * kv_heads;
+    float *mx = a.s + rows_max * KV_BLOCK, *sm = mx + rows_max, *M = sm + rows_max, *S = M + rows_max;
+    float *o = S + rows_max;
+    for (int r = 0; r < rows; r++) { M[r] = -INFINITY; S[r] = 0.0f; }
+    for (int seg = 0; seg < nseg; seg++) {
+        int b0, b1;
+        segment_blocks(&a, seg, &b0, &b1);
+        if (b0 >= b1) continue;
+        attend_segment(&a, b0, b1, o, mx, sm, seg + 1 == nseg ? next_k : NULL, seg + 1 == nseg ? next_v : NULL);
+        for (int r = 0; r < rows; r++)
+            merge_row(&M[r], &S[r], out_row(out, out_stride, a.per_head, group, hd, r), mx[r], sm[r],
+                      o + (size_t)r * hd, hd);
     }
     for (int r = 0; r < rows; r++) {
-        int t = (r % per_head) / group, qh = r / per_head * group + r % group;
-        float inv = 1.0f / sum[r], *o = out + (size_t)t * out_stride + (size_t)qh * head_dim;
-        for (int d = 0; d < head_dim; d++) o[d] *= inv;
+        float inv = 1.0f / S[r], *dst = out_row(out, out_stride, a.per_head, group, hd, r);
+        for (int d = 0; d < hd; d++) dst[d] *= inv;
+    }
+}
+
+size_t attention_part_floats(int rows, int head_dim) { return (size_t)rows * (head_dim + 2); }
+
+int attention_segment(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                      const attn_span_t *span, int seg, float *part, float *scratch) {
+    run_t a;
+    run_init(&a, q, q_stride, ntok, group, n_kv_heads, kv_heads, head_dim, k_head, v_head, block_table, span,
+             scratch);
+    float *mx = part + (size_t)a.rows * head_dim, *sm = mx + a.rows;
+    int b0, b1;
+    segment_blocks(&a, seg, &b0, &b1);
+    if (b0 >= b1) {
+        for (int r = 0; r < a.rows; r++) { mx[r] = -INFINITY; sm[r] = 0.0f; }
+        return 0;
+    }
+    attend_segment(&a, b0, b1, part, mx, sm, NULL, NULL);
+    return 1;
+}
+
+void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
+                     int head_dim, float *out, int out_stride) {
+    int per_head = ntok * group, rows = per_head * kv_heads;
+    for (int r = 0; r < rows; r++) {
+        float M = -INFINITY, S = 0.0f, *dst = out_row(out, out_stride, per_head, group, head_dim, r);
+        for (int seg = 0; seg < nseg; seg++) {
+            const float *p = parts + seg * part_stride, *mx = p + (size_t)rows * head_dim, *sm = mx + rows;
+            merge_row(&M, &S, dst, mx[r], sm[r], p + (size_t)r * head_dim, head_dim);
+        }
+        float inv = 1.0f / S;
+        for (int d = 0; d < head_dim; d++) dst[d] *= inv;
     }
 }

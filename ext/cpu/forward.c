@@ -27,6 +27,7 @@ typedef struct {
     int ldy, accumulate;
     int heads_per_item, items_per_run;   /* attention: KV heads per item, items per run */
     int fused_rope;                      /* attention items do their tokens' RoPE and K/V writes too */
+    int segments;                        /* attention: key segments per item of a split decode step, or 1 */
 } stage_t;
 
 static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
@@ -122,7 +123,7 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
     size_t slot = ((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
     for (int h = 0; h < heads; h++) {
         size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
-        store_f16(k + h * hd, c->k_cache + off, hd);
+        kv_store_key(k + h * hd, c->k_cache + off - pos % KV_BLOCK * hd, pos % KV_BLOCK, hd);
         store_f16(v + h * hd, c->v_cache + off, hd);
     }
 }
@@ -149,7 +150,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
     float scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads);
+    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
     for (int64_t item = begin; item < end; item++) {
         int run = (int)(item / s->items_per_run), h0 = (int)(item % s->items_per_run) * s->heads_per_item;
         int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
@@ -181,6 +182,42 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
             quantize_act(c->xn + (size_t)(t + i) * Q_DIM(cfg) + first, heads * group * hd,
                          c->xq + (size_t)(t + i) * (Q_DIM(cfg) / QK) + first / QK);
         }
+    }
+}
+
+/* A decode step with fewer runs than twice the threads (one long sequence, say) splits each (run, head) item further
+ * by key segment: item = ((run, heads), segment). Each computes its segment's partial softmax state; the last of a
+ * (run, heads) to finish merges them in segment order and quantizes the output for Wo. The merge is the very one
+ * attention_tokens does between segments, so the bits match an unsplit step and a prefill of the same tokens,
+ * with any number of threads. */
+static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    context_t *c = s->c;
+    const model_config_t *cfg = &c->model->cfg;
+    const layer_t *L = &c->model->layers[s->layer];
+    int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
+    float scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
+    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
+    size_t part = attention_part_floats(group * s->heads_per_item, hd);
+    for (int64_t item = begin; item < end; item++) {
+        int64_t pair = item / s->segments;
+        int seg = (int)(item % s->segments);
+        int run = (int)(pair / s->items_per_run), h0 = (int)(pair % s->items_per_run) * s->heads_per_item;
+        int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
+        int t = c->runs[run];
+        const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
+        size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
+        attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + 1, .causal = 1,
+                            .window = L->window, .scale = scale};
+        const float *q = c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd;
+        float *parts = c->attn_parts + (size_t)pair * s->segments * part;
+        attention_segment(q, qkv_dim, 1, group, cfg->n_kv_heads, heads, hd, c->k_cache + head_off,
+                          c->v_cache + head_off, bt, &span, seg, parts + (size_t)seg * part, scratch);
+        if (__atomic_sub_fetch(&c->attn_pending[pair], 1, __ATOMIC_ACQ_REL) != 0) continue;
+        float *out = c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd;   /* the last one merges */
+        attention_merge(parts, part, s->segments, 1, group, heads, hd, out, Q_DIM(cfg));
+        quantize_act(out, heads * group * hd, c->xq + (size_t)t * (Q_DIM(cfg) / QK) + (size_t)h0 * group * hd / QK);
     }
 }
 
@@ -303,6 +340,15 @@ int forward(context_t *c, const batch_t *b) {
     s.heads_per_item = (cfg->n_kv_heads + splits - 1) / splits;
     s.items_per_run = (cfg->n_kv_heads + s.heads_per_item - 1) / s.heads_per_item;
     int64_t attn_items = (int64_t)n_runs * s.items_per_run;
+    /* a decode step of few sequences, one of them long: its items split by key segment as well */
+    s.segments = 1;
+    if (n_runs == T && n_runs < 2 * threads)
+        for (int r = 0; r < n_runs; r++) {
+            attn_span_t span = {.pos0 = b->positions[r], .causal = 1};
+            int n = attention_num_segments(&span, 1);
+            s.segments = n > s.segments && n <= c->attn_max_segments ? n : s.segments;
+        }
+    if (s.segments > 1) attn_items *= s.segments;
     int64_t attn_chunk = attn_items / (threads * 2);
     attn_chunk = attn_chunk < 1 ? 1 : attn_chunk > 8 ? 8 : attn_chunk;
 
@@ -310,7 +356,7 @@ int forward(context_t *c, const batch_t *b) {
      * also does its tokens' RoPE and K/V writes first: no other item reads them. A sequence with several runs (a
      * prefill chunk) needs a stage of its own for those, since its later runs read the K/V its earlier runs write.
      * Two parallel regions fewer per layer of a decode step: 1% of its time (interleaved A/B, 8 sequences). */
-    s.fused_rope = n_runs == b->num_seqs;
+    s.fused_rope = n_runs == b->num_seqs && s.segments == 1;     /* segments of a run all read its K/V write */
 
     run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                      /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
@@ -320,7 +366,9 @@ int forward(context_t *c, const batch_t *b) {
         prepare_input(c, &s, c->x, dim, L->attn_norm, &L->wqkv);                 /* rmsnorm(x) */
         matmul(c, STAGE_QKV, &s, &L->wqkv, c->qkv, 0);                         /* qkv = Wqkv xn */
         if (!s.fused_rope) run(c, STAGE_ROPE_KV, T, 4, rope_kv_fn, &s);           /* rope, cache k and v */
-        run(c, STAGE_ATTENTION, attn_items, attn_chunk, attention_fn, &s);              /* xn = attention */
+        if (s.segments > 1)
+            for (int64_t i = 0; i < attn_items / s.segments; i++) c->attn_pending[i] = s.segments;
+        run(c, STAGE_ATTENTION, attn_items, attn_chunk, s.segments > 1 ? attention_split_fn : attention_fn, &s);
         set_input(&s, c->xn, Q_DIM(cfg), c->xq);                    /* the attention items quantized it */
         matmul_residual(c, STAGE_WO, &s, &L->wo, L->post_attn_norm);          /* x += Wo attn */
         prepare_input(c, &s, c->x, dim, L->ffn_norm, &L->wgu);                   /* rmsnorm(x) */
@@ -374,10 +422,16 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->xq = malloc((size_t)max_tokens * (wide / QK) * sizeof(block_q8x));
     c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
-    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads) * sizeof(float));
+    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
+    c->attn_max_segments = (cfg->context_length + ATTN_SEGMENT_BLOCKS * KV_BLOCK - 1) / (ATTN_SEGMENT_BLOCKS * KV_BLOCK);
+    size_t split_pairs = (size_t)2 * nt * cfg->n_kv_heads;     /* (run, heads) pairs: fewer than 2 nt runs */
+    c->attn_parts = malloc(2 * split_pairs * c->attn_max_segments *   /* (a pair's heads: under 2 n_kv / pairs) */
+                           attention_part_floats(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim) * sizeof(float));
+    c->attn_pending = malloc(split_pairs * sizeof(int));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
     if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
         !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
+        !c->attn_parts || !c->attn_pending ||
         (post_norms && !c->y)) {
         context_free(c);
         return NULL;
@@ -390,6 +444,7 @@ void context_free(context_t *c) {
     pool_destroy(c->pool);
     free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
     free(c->h); free(c->y); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
+    free(c->attn_parts); free(c->attn_pending);
     free(c->sample_scratch);
     free(c);
 }

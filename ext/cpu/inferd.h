@@ -125,8 +125,12 @@ void swiglu(const float *g, const float *u, float *h, int n);                   
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
-#define ATTN_MAX_TOKENS 4   /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
-size_t attention_scratch_floats(int n_heads);
+#define ATTN_MAX_TOKENS 16  /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
+#define ATTN_SEGMENT_BLOCKS 16   /* KV blocks per softmax segment: the unit a decode step splits across threads */
+size_t attention_scratch_floats(int n_heads, int head_dim);
+/* A key of head_dim values into the slot (0..KV_BLOCK-1) of one KV head's block slice: the cache keeps each
+ * block's keys transposed, (head_dim, KV_BLOCK) per KV head; values stay (KV_BLOCK, head_dim). */
+void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim);
 /* Which keys the tokens of a run see, and the scores' scale. The query at position p sees, when causal, the keys
  * [p - window + 1, p] (all of [0, p] when window is 0); when not causal (an encoder), [p - window + 1, p + window - 1]
  * cut to [0, seq_len) (all of [0, seq_len) when window is 0). */
@@ -141,6 +145,18 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                       const attn_span_t *span, float *out, int out_stride, float *scratch,
                       const uint16_t *next_k, const uint16_t *next_v);
+/* attention_tokens' work split by key segments (ATTN_SEGMENT_BLOCKS blocks each) for threads to share: the run
+ * needs attention_num_segments; attention_segment computes segment seg's softmax state of every row into part
+ * (attention_part_floats(ntok * group * kv_heads, head_dim) floats; returns 0 when the run sees none of it), and
+ * attention_merge combines parts 0..nseg-1 (part_stride floats apart) in order into out: the same bits as
+ * attention_tokens. */
+int attention_num_segments(const attn_span_t *span, int ntok);
+size_t attention_part_floats(int rows, int head_dim);
+int attention_segment(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
+                      const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
+                      const attn_span_t *span, int seg, float *part, float *scratch);
+void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
+                     int head_dim, float *out, int out_stride);
 
 /* ---- sampling ---- */
 typedef struct {
@@ -249,7 +265,8 @@ typedef struct {
     double profile[NUM_STAGES];        /* seconds per stage, summed over steps while profile_on */
     int max_tokens, max_out;
     int num_kv_blocks;
-    uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16 */
+    uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
+                                        * axes transposed (kv_store_key) */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
     float *xn;                         /* (max_tokens, max(dim, q_dim)) attention output; normed input of float weights */
@@ -262,6 +279,10 @@ typedef struct {
     block_q8x *xq_h;                   /* (max_tokens, hidden / 32) h quantized, for the down projection */
     float *logits;                     /* (max_out, vocab) */
     float *attn_scratch;               /* (threads, attention_scratch_floats) */
+    float *attn_parts;                 /* (4 threads, n_kv_heads, attn_max_segments) parts of a decode step split by
+                                        * key segments, each attention_part_floats(group, head_dim) */
+    int *attn_pending;                 /* (2 threads, n_kv_heads) segments of a (run, head) not yet done */
+    int attn_max_segments;
     int32_t *runs;                     /* (max_tokens + 1) first token of each attention run, then num_tokens */
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
 } context_t;

@@ -107,3 +107,62 @@ def test_attention_rejects_a_short_block_table():
         _cpu.attention(q, k, v, table[:1], 69)
     with pytest.raises(ValueError, match="shapes"):
         _cpu.attention(np.zeros((1, 1, 48), np.float32), k, v, table, 3)
+
+
+# ---- the GEMM-shaped kernel's own shapes: runs of up to 16 tokens, GQA groups of 3 and 6, key segments ----------
+SEGMENT = _cpu.SEGMENT_BLOCKS * BLOCK                                    # keys per softmax segment
+LONG_CASES = [  # (pos0, ntok, causal, window, seq_len): runs crossing blocks and segments, windows across them
+    (50, 16, True, 0, 0), (SEGMENT - 5, 16, True, 0, 0), (2 * SEGMENT - 1, 3, True, 0, 0),
+    (2 * SEGMENT + 30, 16, True, SEGMENT + 7, 0), (SEGMENT + 60, 9, True, 100, 0),
+    (SEGMENT - 40, 16, False, 0, SEGMENT + 90), (SEGMENT - 40, 16, False, 70, SEGMENT + 90),
+]
+SHAPES = [(3, 1, 64), (6, 1, 128), (12, 2, 64), (6, 2, 256)]                 # (n_heads, n_kv_heads, head_dim)
+
+
+@pytest.mark.parametrize("pos0,ntok,causal,window,seq_len", LONG_CASES)
+@pytest.mark.parametrize("n_heads,n_kv,hd", SHAPES)
+def test_long_runs_match_float64(pos0, ntok, causal, window, seq_len, n_heads, n_kv, hd):
+    """Sums over up to ~2100 keys in float32: 5e-6 of the largest |v|."""
+    total = pos0 + ntok if causal else seq_len
+    k, v, table, keys, vals = make_cache(total, n_kv, hd, seed=pos0 + window)
+    q = np.random.default_rng(5).standard_normal((ntok, n_heads, hd)).astype(np.float32)
+    got = _cpu.attention(q, k, v, table, pos0, seq_len=seq_len, causal=causal, window=window)
+    want = reference(q, keys, vals, pos0, seq_len, causal, window, np.float32(1.0 / np.sqrt(hd)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=5e-6 * np.abs(vals).max())
+
+
+@pytest.mark.parametrize("pos0,ntok,causal,window,seq_len", LONG_CASES)
+@pytest.mark.parametrize("n_heads,n_kv,hd", SHAPES)
+def test_long_runs_identical_on_every_path_any_run_and_split(pos0, ntok, causal, window, seq_len, n_heads, n_kv,
+                                                             hd):
+    """Bit for bit, on every path: runs of 16, 5 and 1 tokens (a token alone is a decode step), and every token
+    computed as key segments apart, merged in order (a decode step split across threads)."""
+    total = pos0 + ntok if causal else seq_len
+    k, v, table, _, _ = make_cache(total, n_kv, hd, seed=3)
+    q = np.random.default_rng(4).standard_normal((ntok, n_heads, hd)).astype(np.float32)
+    first = None
+    for p in PATHS:
+        _cpu.set_path(p)
+        kw = dict(seq_len=seq_len, causal=causal, window=window)
+        want = _cpu.attention(q, k, v, table, pos0, **kw)
+        for what, got in {"runs of 5": _cpu.attention(q, k, v, table, pos0, run=5, **kw),
+                          "alone": _cpu.attention(q, k, v, table, pos0, run=1, **kw),
+                          "alone, split": _cpu.attention(q, k, v, table, pos0, run=1, split=True, **kw),
+                          "runs of 16, split": _cpu.attention(q, k, v, table, pos0, split=True, **kw)}.items():
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{p}: {what}")
+        if first is None:
+            first = want
+        np.testing.assert_array_equal(want.view(np.uint32), first.view(np.uint32), err_msg=f"{p} vs {PATHS[0]}")
+
+
+def test_keys_are_stored_transposed_and_read_back():
+    """The engine-facing wrapper takes (blocks, n_kv, 64, hd) caches whatever the kernel's layout: a key's values
+    all matter (a change in one dimension of one key changes that token's output)."""
+    k, v, table, _, _ = make_cache(70, 1, 64, seed=2)
+    q = np.random.default_rng(3).standard_normal((1, 3, 64)).astype(np.float32)
+    base = _cpu.attention(q, k, v, table, 69)
+    k2 = k.copy()
+    k2[table[1], 0, 69 % BLOCK, 37] += np.float16(2.0)
+    assert np.abs(_cpu.attention(q, k2, v, table, 69) - base).max() > 1e-4
+    with pytest.raises(ValueError, match="run"):
+        _cpu.attention(q, k, v, table, 69, run=_cpu.MAX_RUN_TOKENS + 1)

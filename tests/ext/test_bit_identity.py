@@ -314,3 +314,36 @@ def test_sequence_logits_do_not_depend_on_batching(name):
     }.items():
         assert_bitwise(logits, alone_logits, f"{name}, {what}")
         assert tokens == alone_tokens, f"{name}, {what}: seeded samples differ"
+
+
+# ---- decode at depth: a step of one long sequence splits its keys across threads -----------------------------------
+@pytest.mark.parametrize("name", ["Q4_1", "gemma3-Q4_0-window"])
+def test_decode_at_depth_matches_prefill(name):
+    """Past 1024 positions a lone decode step splits each head's keys into segments for the threads and merges
+    them in order (forward.c attention_split_fn): its logits equal, bit for bit, those of the same tokens inside a
+    prefill chunk (not split), with 1 or 2 threads; and the sliding-window layers skip the segments they do not
+    see."""
+    model = random_model(**MODELS[name], context_length=2304)
+    vocab = model.config.vocab_size
+    tokens = np.random.default_rng(2).integers(0, vocab, 2200).tolist()
+    prompt, tail = tokens[:2195], tokens[2195:]
+    table = list(range(35))
+
+    def prefill(eng, upto):
+        for start in range(0, upto, 256):
+            n = min(256, upto - start)
+            eng.step([SeqInput(tokens[start:start + n], start, table, num_sampled=1 if start + n == upto else 0)])
+
+    def engine(threads):
+        return Engine(model, num_kv_blocks=36, max_batch_tokens=256, max_seqs=1, threads=threads,
+                      max_logits_rows=256)
+
+    ref = engine(1)
+    prefill(ref, 2000)
+    want = ref.step([SeqInput(tokens[2000:], 2000, table, want_logits=True)])[0].logits[-len(tail):]
+    for threads in (1, 2):
+        eng = engine(threads)
+        prefill(eng, len(prompt))
+        got = [eng.step([SeqInput([tok], len(prompt) + i, table, want_logits=True)])[0].logits[0]
+               for i, tok in enumerate(tail)]
+        assert_bitwise(np.stack(got), want, f"{name}: decode with {threads} threads vs prefill")
