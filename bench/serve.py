@@ -1,8 +1,9 @@
 """Serving benchmark: `inferd serve` vs a tuned `llama-server` under closed-loop streaming clients, in one run.
 
-    python bench/serve.py --bin DIR                      # uniform: c = 1,4,8,16, 4 requests per client, 3 repeats
-    python bench/serve.py --bin DIR --workload mixed     # mixed: c = 8,32, 2 requests per client, 2 repeats
-    python bench/serve.py --bin DIR --quick              # smoke test (c = 1,4 or 4; 1 repeat)
+    python bench/serve.py --bin DIR                   # uniform: c = 1,4,8,16, 4 requests per client, 3 repeats, ~4 min
+    python bench/serve.py --bin DIR --workload mixed  # mixed: c = 8,32, 2 requests per client, 2 repeats, ~10 min
+    python bench/serve.py --bin DIR --quick [--workload mixed]   # smoke test: c = 1,4 (mixed: 4), 1 request, 1 repeat
+(times: estimates for SmolLM2 Q4_0 on an unshared 2-core machine, from the speeds in bench/results/serve.md)
 
 Workloads (--workload):
   uniform  every request has its own prompt of about 100 tokens (windows of a long text at different words, so no
@@ -355,23 +356,20 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+METRICS = [("output tok/s", lambda r: r.throughput), ("TTFT p50 ms", lambda r: r.ttft(0.5) * 1e3),
+           ("TTFT p95 ms", lambda r: r.ttft(0.95) * 1e3), ("ITL p50 ms", lambda r: r.itl(0.5) * 1e3),
+           ("ITL p99 ms", lambda r: r.itl(0.99) * 1e3), ("tokens per chunk", lambda r: r.tokens_per_chunk)]
+
+
 def table(results: dict[int, dict[str, LevelResult]]) -> list[str]:
-    metrics = [("tok/s", lambda r: r.throughput, 1), ("TTFT p50 ms", lambda r: r.ttft(0.5) * 1e3, 1),
-               ("TTFT p95 ms", lambda r: r.ttft(0.95) * 1e3, 1), ("ITL p50 ms", lambda r: r.itl(0.5) * 1e3, 1),
-               ("ITL p99 ms", lambda r: r.itl(0.99) * 1e3, 1)]
-    head = ["c"] + [f"{who} {label}" for label, _, _ in metrics for who in ("llama", "inferd")] + \
-        ["ratios (inferd/llama)", "tokens per chunk (llama / inferd)"]
-    lines = ["| " + " | ".join(head) + " |", "| ---: " * len(head) + "|"]
+    """One row per level and metric: llama-server, inferd, inferd / llama-server."""
+    lines = ["| c | metric | llama-server | inferd | inferd / llama |", "| ---: | --- | ---: | ---: | ---: |"]
     for c, pair in results.items():
         ll, us = pair["llama-server"], pair["inferd"]
-        cells = [str(c)]
-        ratios = []
-        for label, get, digits in metrics:
+        for label, get in METRICS:
             a, b = get(ll), get(us)
-            cells += [f"{a:.{digits}f}", f"{b:.{digits}f}"]
-            ratios.append(ratio(b, a))
-        cells += [" / ".join(ratios), f"{ll.tokens_per_chunk:.2f} / {us.tokens_per_chunk:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+            lines.append(f"| {c} | {label} | {a:.{2 if label.startswith('tokens') else 1}f} | "
+                         f"{b:.{2 if label.startswith('tokens') else 1}f} | {ratio(b, a)} |")
     return lines
 
 

@@ -1,21 +1,25 @@
 """inferd vs llama.cpp (llama-bench, tuned as its experts run it) on the same GGUF files and threads, in one run.
 
-    python bench/vs_llamacpp.py --bin ~/.cache/inferd-peers/llama.cpp-0.3.36/build/bin      # every model, ~25 min
+    python bench/vs_llamacpp.py --bin ~/.cache/inferd-peers/llama.cpp-0.3.36/build/bin    # all five, ~24 min
     python bench/vs_llamacpp.py --bin DIR --kv-cache q8_0 --models smollm2-q4_0,qwen2.5-coder-1.5b-q4_k_m
-    python bench/vs_llamacpp.py --bin DIR --quick                                            # smoke test, ~1 min
+    python bench/vs_llamacpp.py --bin DIR --quick                                          # smoke, ~1 min
 
 Tests: ppN = N prompt tokens (any N: --tests pp2048 works), tgN = N single-token decode steps, each at depth d:
-the first d positions of the KV cache already filled (untimed), as llama-bench's `-d d` does. Defaults per model (PLANS; -r,
---rounds, --tests, --depths override them for every model):
+the first d positions of the KV cache already filled (untimed), as llama-bench's `-d d` does. Defaults per model
+(PLANS; -r, --rounds, --tests and --depths override them for every model), with estimated times:
 
-    smollm2-q4_0               pp128 pp512 tg128   depths 0, 2048, 4096   -r 3   2 rounds   ~7 min
-    smollm2-q4_1, smollm2-q8_0 pp128 pp512 tg128   depth 0                -r 3   2 rounds   ~1 min each
-    tinyllama-q4_0 (random)    pp512 tg128         depth 0 (its context)  -r 2   2 rounds   ~3.5 min
-    qwen2.5-coder-1.5b-q4_k_m  pp512 tg128         depths 0, 4096         -r 1   2 rounds   ~12 min
+    smollm2-q4_0               pp128 pp512 tg128   depths 0, 2048, 4096   -r 3   2 rounds   ~4.5 min
+    smollm2-q4_1               pp128 pp512 tg128   depth 0                -r 3   2 rounds   ~2 min
+    smollm2-q8_0               pp128 pp512 tg128   depth 0                -r 3   2 rounds   ~1 min
+    tinyllama-q4_0 (random)    pp512 tg128         depth 0 (ctx 2048)     -r 2   2 rounds   ~3.5 min
+    qwen2.5-coder-1.5b-q4_k_m  pp512 tg128         depths 0, 4096         -r 1   2 rounds   ~13 min
+                                                                                  all five: ~24 min
 
-The times are estimates for an unshared 2-core machine from the speeds in issue 15 (llama.cpp's depth runs
-dominate: at d=4096 each of its (flash-attention) settings refills 4096 tokens once per round); the script
-prints the real time per model and writes it into the results.
+The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from issue 15's
+table, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine: llama.cpp's runs at depth
+4096 on the 1.5B model dominate (each flash-attention setting fills 4096 tokens once per round). Depths past a
+model's context are skipped for both engines. The script prints the real time per model and writes it into the
+results.
 
 llama.cpp's side, per model, round and depth, one invocation per flash-attention setting (so the depth fill is
 done once and restored for the other tests, as llama-bench does within one invocation):
@@ -28,7 +32,8 @@ the tunable puts malloc in huge pages as inferd's loader does. `--repack 0` only
 built without AMX first on LD_LIBRARY_PATH instead. inferd's side runs in this process:
 Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, max_batch_tokens=512, max_seqs=1, threads=2
 [, kv_cache_dtype="q8_0"]); the depth filled in 512-token steps (untimed), one untimed warm-up prompt, then
-ppN = N tokens at positions d..d+N-1 in steps of 512 (llama.cpp's ubatches) and tgN = N one-token steps at d..d+N-1, R times each.
+ppN = N tokens at positions d..d+N-1 in steps of 512 (as llama.cpp's ubatches) and tgN = N one-token steps at
+d..d+N-1, R times each.
 Rounds alternate in ABBA order (llama.cpp first, then inferd first, ...). Each side's figure is the median of its
 samples (llama-bench's samples_ts); the ratio is the ratio of medians, and its spread is the range of the
 per-round ratios. Also prints decode GB/s against the read bandwidth measured right after each model.

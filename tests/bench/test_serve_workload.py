@@ -56,3 +56,15 @@ def test_context_per_slot_holds_the_longest_request():
     longest = max(s.prompt_tokens for c in shapes for s in c) + max(s.output_tokens for c in shapes for s in c)
     assert per_slot % 256 == 0 and per_slot >= longest * 1.05
     assert serve.context_per_slot(serve.uniform_shapes(4, 2)) == 256   # 100 + 64 tokens and the margins
+
+
+def test_table_gives_each_metric_of_both_servers_and_their_ratio():
+    ll = serve.LevelResult("llama-server", 4, requests=4, output_tokens=256, chunks=256, wall_s=2.0,
+                           ttfts=[0.2, 0.4], itls=[0.01, 0.03])
+    us = serve.LevelResult("inferd", 4, requests=4, output_tokens=256, chunks=128, wall_s=1.0,
+                           ttfts=[0.1, 0.2], itls=[0.02, 0.02])
+    rows = serve.table({4: {"llama-server": ll, "inferd": us}})
+    assert rows[2] == "| 4 | output tok/s | 128.0 | 256.0 | 2.00x |"
+    assert rows[3] == "| 4 | TTFT p50 ms | 300.0 | 150.0 | 0.50x |"
+    assert rows[-1] == "| 4 | tokens per chunk | 1.00 | 2.00 | 2.00x |"
+    assert len(rows) == 2 + len(serve.METRICS)
