@@ -285,8 +285,12 @@ def main() -> None:
     if warning:
         print("WARNING: " + warning, flush=True)
     commands = [f"python {command_line(sys.argv)}", "",
-                f"# inferd: in-process Engine(..., max_batch_tokens={FILL_STEP}, max_seqs=1, threads={args.threads}"
-                + (f", kv_cache_dtype={args.kv_cache!r}" if args.kv_cache != "f16" else "") + ") per model", ""]
+                f"# inferd, in this process per model: Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, "
+                f"max_batch_tokens={FILL_STEP}, max_seqs=1, threads={args.threads}"
+                + (f", kv_cache_dtype={args.kv_cache!r}" if args.kv_cache != "f16" else "") + ");",
+                f"# depth d filled in {FILL_STEP}-token steps untimed, one untimed warm-up prompt; ppN: N tokens at "
+                f"d..d+N-1 in {FILL_STEP}-token steps; tgN: N one-token steps at d..d+N-1", "",
+                "# llama.cpp, per model, round and depth:"]
     rows: list[Row] = []
     notes: list[str] = []
     for name in names:
