@@ -1,180 +1,336 @@
-"""inferd vs llama.cpp on the same GGUF files, same thread count, in one run.
+"""inferd vs llama.cpp (llama-bench, tuned as its experts run it) on the same GGUF files and threads, in one run.
 
-    python bench/vs_llamacpp.py [-t 2] [-r 3] [--rounds 2]
-        [--models smollm2-q4_0,smollm2-q4_1,smollm2-q8_0,tinyllama-q4_0,qwen2.5-coder-1.5b-q4_k_m]
+    python bench/vs_llamacpp.py --bin ~/.cache/inferd-peers/llama.cpp-0.3.36/build/bin    # all five, ~24 min
+    python bench/vs_llamacpp.py --bin DIR --kv-cache q8_0 --models smollm2-q4_0,qwen2.5-coder-1.5b-q4_k_m
+    python bench/vs_llamacpp.py --bin DIR --quick                                          # smoke, ~1 min
 
-For each model, `--rounds` rounds in ABBA order (llama.cpp then inferd, then inferd then llama.cpp, ...), so that
-a shared machine's slow phases fall on both: llama-bench (pp128, pp512, tg128; -r repeats) tuned as its users
-would (both -fa 0 and -fa 1, the better kept; -lm none: weights read into glibc malloc, which the tunable puts
-in huge pages), then inferd's equivalent in this
-process: ppN = N prompt tokens from an empty cache in one step; tg128 = 128 single-token decode steps after one
-prompt token. Each side's figure is the median of all its samples (llama-bench's samples_ts). Also prints decode
-GB/s (weight bytes read per token x tok/s) against the read bandwidth measured with the same thread count right
-after that model's runs. The SmolLM2 Q4_0/Q8_0 files are requantized from the PyPI Q4_1 file with
-llama-quantize; the TinyLlama-shaped file is random (bench/make_random_model.py); qwen2.5-coder-1.5b-q4_k_m and
-gemma-3-270m-q4_k_m are the real downloads (../shared/models/fetch.sh, into $INFERD_TEST_MODELS or
-~/.cache/inferd-test-models).
+Tests: ppN = N prompt tokens (any N: --tests pp2048 works), tgN = N single-token decode steps, each at depth d:
+the first d positions of the KV cache already filled (untimed), as llama-bench's `-d d` does. Defaults per model
+(PLANS; -r, --rounds, --tests and --depths override them for every model), with estimated times:
+
+    smollm2-q4_0               pp128 pp512 tg128   depths 0, 2048, 4096   -r 3   2 rounds   ~4.5 min
+    smollm2-q4_1               pp128 pp512 tg128   depth 0                -r 3   2 rounds   ~2 min
+    smollm2-q8_0               pp128 pp512 tg128   depth 0                -r 3   2 rounds   ~1 min
+    tinyllama-q4_0 (random)    pp512 tg128         depth 0 (ctx 2048)     -r 2   2 rounds   ~3.5 min
+    qwen2.5-coder-1.5b-q4_k_m  pp512 tg128         depths 0, 4096         -r 1   2 rounds   ~13 min
+                                                                                  all five: ~24 min
+
+The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from issue 15's
+table, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine: llama.cpp's runs at depth
+4096 on the 1.5B model dominate (each flash-attention setting fills 4096 tokens once per round). Depths past a
+model's context are skipped for both engines. The script prints the real time per model and writes it into the
+results.
+
+llama.cpp's side, per model, round and depth, one invocation per flash-attention setting (so the depth fill is
+done once and restored for the other tests, as llama-bench does within one invocation):
+    env -u OMP_NUM_THREADS GLIBC_TUNABLES=glibc.malloc.hugetlb=1 llama-bench -m FILE -t 2 -p 128,512 -n 128 -d D
+        -fa F -ub 256,512 -lm none -r R -o json [--repack 0] [-ctk q8_0 -ctv q8_0]
+with F in 0, 1 (1 only with a q8_0 KV cache, which needs flash attention). For each test the (fa, ub) setting with
+the highest median over all rounds is kept and named in the table. -lm none reads the weights into malloc, and
+the tunable puts malloc in huge pages as inferd's loader does. `--repack 0` only where repacking dies with SIGILL
+(AMX on a VM that does not grant it; probed per model), and the results say so; `--peer-lib DIR` puts a
+libggml-cpu built without AMX first on LD_LIBRARY_PATH instead, so llama.cpp keeps its repacking, e.g. DIR/bin from
+    cmake -S ~/.cache/inferd-peers/llama.cpp-0.3.36 -B DIR -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON
+        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON
+        -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DLLAMA_CURL=OFF
+    cmake --build DIR --target ggml-cpu -j2 inferd's side runs in this process:
+Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, max_batch_tokens=512, max_seqs=1, threads=2
+[, kv_cache_dtype="q8_0"]); the depth filled in 512-token steps (untimed), one untimed warm-up prompt, then
+ppN = N tokens at positions d..d+N-1 in steps of 512 (as llama.cpp's ubatches) and tgN = N one-token steps at
+d..d+N-1, R times each.
+Rounds alternate in ABBA order (llama.cpp first, then inferd first, ...). Each side's figure is the median of its
+samples (llama-bench's samples_ts); the ratio is the ratio of medians, and its spread is the range of the
+per-round ratios. Also prints decode GB/s against the read bandwidth measured right after each model.
 """
 from __future__ import annotations
 
 import argparse
-import json
+import inspect
 import os
-import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
+from _common import (abba, best_config, busy_warning, command_line, fmt_range, llama_bin, median,  # noqa: E402
+                     model_file, parse_llama_bench, peer_env, peer_env_words, repack_works, test_sizes)
 from inferd import _cpu  # noqa: E402
 from inferd.engine.engine import Engine  # noqa: E402
-from inferd.engine.types import SeqInput  # noqa: E402
 from inferd.engine.runner import blocks_needed  # noqa: E402
+from inferd.engine.types import SeqInput  # noqa: E402
 from inferd.model.loader import load_model  # noqa: E402
-from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve  # noqa: E402
 
-TESTS = [("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 0, 128)]
-
-
-def llama_bin(given: Path | None = None) -> Path:
-    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed)."""
-    if given is not None:
-        return given
-    script = HERE.parent.parent / "shared" / "peers" / "llama-cpp.sh"
-    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
+FILL_STEP = 512   # tokens per untimed step while filling the depth (inferd's max_batch_tokens)
 
 
-REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-              "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
+@dataclass(frozen=True)
+class Plan:
+    tests: tuple[str, ...]
+    depths: tuple[int, ...]
+    repeats: int
+    rounds: int
 
 
-def model_file(name: str, bin_dir: Path) -> Path:
-    if name in REAL_FILES:
-        folder = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
-        path = folder / REAL_FILES[name]
-        if not path.exists():
-            raise SystemExit(f"{path} is missing: run ../shared/models/fetch.sh first")
-        return path
-    folder = cache_dir() / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
-    base = resolve(DEFAULT_MODEL, progress=False)
-    family, qtype = name.split("-")
-    if family == "smollm2":
-        if qtype == "q4_1":
-            return base
-        out = folder / f"SmolLM2-135M-Instruct.{qtype.upper()}.gguf"
-        if not out.exists():
-            subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(base), str(out),
-                            qtype.upper()], check=True, capture_output=True)
-        return out
-    out = folder / f"tinyllama-shape-random.{qtype.upper()}.gguf"
-    if not out.exists():
-        subprocess.run([sys.executable, str(HERE / "make_random_model.py"), str(out), "--type", qtype.upper(),
-                        "--vocab-from", str(base)], check=True)
-    return out
+PLANS = {
+    "smollm2-q4_0": Plan(("pp128", "pp512", "tg128"), (0, 2048, 4096), 3, 2),
+    "smollm2-q4_1": Plan(("pp128", "pp512", "tg128"), (0,), 3, 2),
+    "smollm2-q8_0": Plan(("pp128", "pp512", "tg128"), (0,), 3, 2),
+    "tinyllama-q4_0": Plan(("pp512", "tg128"), (0,), 2, 2),
+    "qwen2.5-coder-1.5b-q4_k_m": Plan(("pp512", "tg128"), (0, 4096), 1, 2),
+}
+QUICK = Plan(("pp128", "tg128"), (0,), 1, 1)
+
+Samples = dict[tuple[str, int], list[float]]          # (test, depth) -> tok/s samples
 
 
-def run_llama_bench(bin_dir: Path, path: Path, threads: int, repeats: int) -> dict[str, list[float]]:
-    """Samples (tok/s) per test, of the better flash-attention setting per test (by median)."""
-    prompts = ",".join(str(n) for _, n, _ in TESTS if n) or "0"
-    gens = ",".join(str(n) for _, _, n in TESTS if n) or "0"
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", prompts, "-n", gens,
-           "-fa", "0,1", "-lm", "none", "-r", str(repeats), "-o", "json"]
-    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
-    rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        if r["n_prompt"] == 0 and r["n_gen"] == 0:
-            continue
-        key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-        samples = [float(v) for v in r.get("samples_ts") or [r["avg_ts"]]]
-        if key not in out or statistics.median(samples) > statistics.median(out[key]):
-            out[key] = samples
-    return out
+# ---- llama.cpp ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Peer:
+    bin_dir: Path
+    env: dict[str, str]
+    threads: int
+    kv_cache: str
+    repack: bool = True
+    ubatch: str = "256,512"      # swept: each test keeps its best
+
+    def commands(self, path: Path, tests: list[str], depth: int, repeats: int) -> list[list[str]]:
+        """One llama-bench invocation per flash-attention setting at this depth."""
+        sizes = [test_sizes(t) for t in tests]
+        prompts = ",".join(str(p) for p, _ in sizes if p) or "0"
+        gens = ",".join(str(g) for _, g in sizes if g) or "0"
+        kv = ["-ctk", self.kv_cache, "-ctv", self.kv_cache] if self.kv_cache != "f16" else []
+        repack = [] if self.repack else ["--repack", "0"]
+        return [[str(self.bin_dir / "llama-bench"), "-m", str(path), "-t", str(self.threads), "-p", prompts,
+                 "-n", gens, "-d", str(depth), "-fa", fa, "-ub", self.ubatch, "-lm", "none", "-r", str(repeats),
+                 "-o", "json", *repack, *kv]
+                for fa in (("1",) if self.kv_cache != "f16" else ("0", "1"))]
+
+    def run(self, cmd: list[str]) -> dict[tuple[str, int], dict[str, list[float]]]:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama-bench failed ({r.returncode}): {command_line(cmd)}\n{r.stderr[-2000:]}")
+        return parse_llama_bench(r.stdout)
 
 
-def make_engine(path: Path, threads: int) -> Engine:
-    return Engine(load_model(path), num_kv_blocks=blocks_needed(512 + 130), max_batch_tokens=512, max_seqs=1,
-                  threads=threads)
+# ---- inferd ---------------------------------------------------------------------------------------------------
+
+def check_kv_cache(kv_cache: str) -> None:
+    """Fail before any run when this checkout's Engine cannot store the KV cache as asked."""
+    if kv_cache != "f16" and "kv_cache_dtype" not in inspect.signature(Engine).parameters:
+        raise SystemExit(f"--kv-cache {kv_cache}: this checkout's Engine has no kv_cache_dtype keyword yet "
+                         f"(the int8 KV cache of issue 15 section 3 is not merged); run with --kv-cache f16")
 
 
-def run_inferd(engine: Engine, repeats: int) -> dict[str, list[float]]:
-    """Samples (tok/s) per test."""
+def make_engine(path: Path, threads: int, positions: int, kv_cache: str) -> Engine:
+    extra = {} if kv_cache == "f16" else {"kv_cache_dtype": kv_cache}
+    return Engine(load_model(path), num_kv_blocks=blocks_needed(positions), max_batch_tokens=FILL_STEP,
+                  max_seqs=1, threads=threads, **extra)
+
+
+def run_inferd(engine: Engine, tests: list[str], depth: int, repeats: int) -> Samples:
+    """tok/s samples per test at `depth`, timed as llama-bench times them (see the module's docstring)."""
     table = list(range(engine.num_kv_blocks))
+    longest = max(max(test_sizes(t)) for t in tests)
     vocab = engine.vocab_size
-    prompt = [(i * 7919 + 13) % (vocab - 100) + 50 for i in range(512)]
-    engine.step([SeqInput(prompt[:32], 0, table, 1)])                # warm-up: pages, pool, caches
-    results = {}
-    for name, n_prompt, n_gen in TESTS:
-        times: list[float] = []
+    tokens = [(i * 7919 + 13) % (vocab - 100) + 50 for i in range(depth + longest)]
+    for start in range(0, depth, FILL_STEP):                       # the context, filled untimed
+        engine.step([SeqInput(tokens[start:min(start + FILL_STEP, depth)], start, table, 0)])
+    n_warm = min(max(test_sizes(t)[0] for t in tests), FILL_STEP) or 32
+    engine.step([SeqInput(tokens[depth:depth + n_warm], depth, table, 1)])   # as llama-bench's warm-up run
+    out: Samples = {}
+    for test in tests:
+        n_prompt, n_gen = test_sizes(test)
+        times = []
         for _ in range(repeats):
-            if n_prompt:
+            if n_prompt:   # in steps of max_batch_tokens, as llama.cpp splits a batch into ubatches
                 t0 = time.perf_counter()
-                engine.step([SeqInput(prompt[:n_prompt], 0, table, 1)])
+                for start in range(0, n_prompt, FILL_STEP):
+                    end = min(start + FILL_STEP, n_prompt)
+                    engine.step([SeqInput(tokens[depth + start:depth + end], depth + start, table,
+                                          1 if end == n_prompt else 0)])
                 times.append(time.perf_counter() - t0)
             else:
-                token = engine.step([SeqInput(prompt[:1], 0, table, 1)])[0].tokens[0]
+                token = tokens[depth]
                 t0 = time.perf_counter()
-                for pos in range(1, n_gen + 1):
+                for pos in range(depth, depth + n_gen):
                     token = engine.step([SeqInput([token], pos, table, 1)])[0].tokens[0]
                 times.append(time.perf_counter() - t0)
-        results[name] = [(n_prompt or n_gen) / t for t in times]
-    return results
+        out[(test, depth)] = [(n_prompt or n_gen) / t for t in times]
+    return out
+
+
+# ---- one model ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    model: str
+    test: str
+    depth: int
+    peer_config: str
+    peer: list[float]            # the kept configuration's samples, all rounds
+    ours: list[float]
+    round_ratios: list[float]
+
+    def cells(self) -> list[str]:
+        peer, ours = median(self.peer), median(self.ours)
+        spread = fmt_range(self.round_ratios, 2) if len(self.round_ratios) > 1 else "1 round"
+        return [self.model, self.test, str(self.depth), f"{peer:.1f} ({fmt_range(self.peer)})", self.peer_config,
+                f"{ours:.1f} ({fmt_range(self.ours)})", f"{ours / peer:.2f}x", spread]
+
+
+HEADER = ["model", "test", "depth", "llama.cpp tok/s (min-max)", "llama.cpp best", "inferd tok/s (min-max)",
+          "ratio", "ratio per round (min-max)"]
+
+
+def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, commands: list[str]):
+    """Rows of the summary for one model, and its decode-bandwidth note."""
+    path = model_file(name, peer.bin_dir)
+    longest = max(max(test_sizes(t)) for t in plan.tests)
+    engine = make_engine(path, threads, max(plan.depths) + longest, kv_cache)
+    depths = [d for d in plan.depths if d + longest <= engine.context_length]
+    if len(depths) < len(plan.depths):
+        print(f"  {name}: depths {sorted(set(plan.depths) - set(depths))} skipped: past its context of "
+              f"{engine.context_length}", flush=True)
+    tests = list(plan.tests)
+    # per round: {(test, depth): {config: samples}} for llama.cpp, {(test, depth): samples} for inferd
+    peer_rounds: list[dict[tuple[str, int], dict[str, list[float]]]] = []
+    our_rounds: list[Samples] = []
+    for r in range(plan.rounds):
+        peer_round: dict[tuple[str, int], dict[str, list[float]]] = {}
+        ours_round: Samples = {}
+        for side in abba(r, ("llama.cpp", "inferd")):
+            for depth in depths:
+                t0 = time.monotonic()
+                if side == "inferd":
+                    ours_round.update(run_inferd(engine, tests, depth, plan.repeats))
+                else:
+                    for cmd in peer.commands(path, tests, depth, plan.repeats):
+                        if r == 0:
+                            commands.append(f"{peer_env_words(peer.env)} {command_line(cmd)}")
+                        for key, configs in peer.run(cmd).items():
+                            peer_round.setdefault(key, {}).update(configs)
+                print(f"  {name} round {r + 1}/{plan.rounds} {side:<9} depth {depth:>5}: "
+                      f"{time.monotonic() - t0:6.1f} s", flush=True)
+        peer_rounds.append(peer_round)
+        our_rounds.append(ours_round)
+
+    rows = []
+    for depth in depths:
+        for test in tests:
+            key = (test, depth)
+            pooled: dict[str, list[float]] = {}
+            for pr in peer_rounds:
+                for config, samples in pr[key].items():
+                    pooled.setdefault(config, []).extend(samples)
+            config = best_config(pooled)
+            ratios = [median(o[key]) / median(p[key][config]) for o, p in zip(our_rounds, peer_rounds)]
+            rows.append(Row(name, test, depth, config, pooled[config], [x for o in our_rounds for x in o[key]],
+                            ratios))
+    note = ""
+    tg = [row for row in rows if row.test.startswith("tg") and row.depth == 0]
+    if tg:
+        # measured right after the runs it is compared with: a shared VM's bandwidth drifts between phases
+        bandwidth = _cpu.measure_read_bandwidth(512 << 20, threads, 5)
+        gbs = engine.weight_bytes * median(tg[0].ours) / 1e9
+        note = (f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> {gbs:.1f} GB/s = "
+                f"{gbs * 1e9 / bandwidth:.0%} of the read bandwidth measured right after ({bandwidth / 1e9:.1f} "
+                f"GB/s, {threads} threads)")
+    return rows, note
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+def report(rows: list[Row], notes: list[str], commands: list[str], header: list[str]) -> str:
+    table = ["| " + " | ".join(HEADER) + " |", "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    table += ["| " + " | ".join(row.cells()) + " |" for row in rows]
+    return "\n".join(header + [""] + table + [""] + notes + ["", "Commands:", "", "```"] + commands + ["```", ""])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-r", "--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per model (ABBA order)")
-    ap.add_argument("--tests", default="pp128,pp512,tg128", help="a subset of pp128,pp512,tg128")
+    ap.add_argument("-r", "--repeats", type=int, help="samples per test per round (default: per model, PLANS)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds per model, ABBA order (default: per model)")
+    ap.add_argument("--tests", help="comma-separated ppN (prefill N tokens) and tgN (decode N tokens), e.g. "
+                    "pp512,pp2048,tg128 (default: per model)")
+    ap.add_argument("--depths", help="comma-separated context depths, e.g. 0,2048,4096 (default: per model)")
+    ap.add_argument("--models", default=",".join(PLANS))
+    ap.add_argument("--kv-cache", choices=("f16", "q8_0"), default="f16",
+                    help="KV cache type of both engines (q8_0: llama.cpp -ctk/-ctv q8_0 with -fa 1)")
     ap.add_argument("--bin", type=Path, help="folder of llama.cpp's tools (default: ../shared/peers/llama-cpp.sh)")
-    ap.add_argument("--models", default="smollm2-q4_0,smollm2-q4_1,smollm2-q8_0,tinyllama-q4_0")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "vs_llamacpp.md")
+    ap.add_argument("--peer-lib", type=Path, help="folder put first on llama.cpp's LD_LIBRARY_PATH")
+    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
+                    help="llama.cpp's weight repacking; auto: on unless a short run dies with SIGILL")
+    ap.add_argument("--quick", action="store_true", help="smollm2-q4_0, pp128 + tg128, 1 round of 1: a smoke test")
+    ap.add_argument("--out", type=Path, help="results file (default: bench/results/vs_llamacpp[_kv...][-quick].md)")
     args = ap.parse_args()
-    TESTS[:] = [t for t in TESTS if t[0] in args.tests.split(",")]
+    check_kv_cache(args.kv_cache)
+    if args.quick and args.models == ap.get_default("models"):
+        args.models = "smollm2-q4_0"
+    try:
+        for test in (args.tests or "").split(","):
+            if test:
+                test_sizes(test)
+    except ValueError as e:
+        raise SystemExit(f"--tests: {e}") from None
+    names = args.models.split(",")
+    suffix = ("" if args.kv_cache == "f16" else f"_kv{args.kv_cache}") + ("-quick" if args.quick else "")
+    out = args.out or HERE / "results" / f"vs_llamacpp{suffix}.md"
 
-    bin_dir = llama_bin(args.bin)
-    lines = [f"# inferd vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')}, {args.threads} threads, "
-             f"{_cpu.get_path()} kernels, {args.rounds} interleaved rounds of {args.repeats} samples, medians; "
-             f"llama.cpp: best of -fa 0/1, malloc in huge pages)", "",
-             "| model | test | llama.cpp tok/s | inferd tok/s | ratio |", "| --- | --- | ---: | ---: | ---: |"]
-    notes = []
-    for name in args.models.split(","):
-        path = model_file(name, bin_dir)
-        engine = make_engine(path, args.threads)
-        peer_samples: dict[str, list[float]] = {}
-        our_samples: dict[str, list[float]] = {}
-        for r in range(args.rounds):
-            sides = [("peer", peer_samples), ("ours", our_samples)]
-            for side, into in sides if r % 2 == 0 else sides[::-1]:
-                got = (run_llama_bench(bin_dir, path, args.threads, args.repeats) if side == "peer"
-                       else run_inferd(engine, args.repeats))
-                for test, values in got.items():
-                    into.setdefault(test, []).extend(values)
-        peer = {t: statistics.median(v) for t, v in peer_samples.items()}
-        ours = {t: statistics.median(v) for t, v in our_samples.items()}
-        for test, _, _ in TESTS:
-            lines.append(f"| {name} | {test} | {peer[test]:.1f} | {ours[test]:.1f} | {ours[test] / peer[test]:.2f}x |")
-        # measured right after the runs it is compared with: this VM's bandwidth drifts by 2x between phases
-        bandwidth = _cpu.measure_read_bandwidth(512 << 20, args.threads, 5)
-        gbs = engine.weight_bytes * ours.get("tg128", 0.0) / 1e9
-        if gbs:
-            notes.append(f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> "
-                         f"{gbs:.1f} GB/s = {gbs * 1e9 / bandwidth:.0%} of the read bandwidth measured right "
-                         f"after ({bandwidth / 1e9:.1f} GB/s, {args.threads} threads)")
-        print("\n".join(lines[-len(TESTS):]), flush=True)
-        del engine
-    report = "\n".join(lines + [""] + notes) + "\n"
-    print("\n" + report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
+    peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads, args.kv_cache)
+    started = time.monotonic()
+    warning = busy_warning()
+    if warning:
+        print("WARNING: " + warning, flush=True)
+    commands = [f"python {command_line(sys.argv)}", "",
+                f"# inferd, in this process per model: Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, "
+                f"max_batch_tokens={FILL_STEP}, max_seqs=1, threads={args.threads}"
+                + (f", kv_cache_dtype={args.kv_cache!r}" if args.kv_cache != "f16" else "") + ");",
+                f"# depth d filled in {FILL_STEP}-token steps untimed, one untimed warm-up prompt; ppN: N tokens at "
+                f"d..d+N-1 in {FILL_STEP}-token steps; tgN: N one-token steps at d..d+N-1", "",
+                "# llama.cpp, per model, round and depth:"]
+    rows: list[Row] = []
+    notes: list[str] = []
+    for name in names:
+        base = QUICK if args.quick else PLANS.get(name, PLANS["smollm2-q4_1"])
+        plan = Plan(tuple(args.tests.split(",")) if args.tests else base.tests,
+                    tuple(int(d) for d in args.depths.split(",")) if args.depths else base.depths,
+                    args.repeats or base.repeats, args.rounds or base.rounds)
+        t0 = time.monotonic()
+        if args.repack != "auto":
+            peer.repack = args.repack == "on"
+        else:
+            peer.repack = repack_works(peer.bin_dir, model_file(name, peer.bin_dir), args.threads, peer.env)
+        if not peer.repack:
+            notes.append(f"{name}: llama.cpp's weight repacking died with SIGILL on this CPU (AMX the VM does not "
+                         f"grant), so llama-bench ran with `--repack 0`; its prefill is slower than with repacking.")
+            print("  " + notes[-1], flush=True)
+        print(f"{name}: {', '.join(plan.tests)} at depths {', '.join(map(str, plan.depths))}, -r {plan.repeats}, "
+              f"{plan.rounds} rounds", flush=True)
+        model_rows, note = bench_model(name, plan, peer, args.threads, args.kv_cache, commands)
+        rows += model_rows
+        notes += [note] if note else []
+        notes.append(f"{name}: {(time.monotonic() - t0) / 60:.1f} min")
+        for row in model_rows:
+            print("  | " + " | ".join(row.cells()) + " |", flush=True)
+        header = [f"# inferd vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')}, {args.threads} threads, "
+                  f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}, medians of all samples over ABBA rounds)",
+                  "", f"Run took {(time.monotonic() - started) / 60:.1f} min" + (" so far." if name != names[-1]
+                                                                                 else ".")]
+        if warning:
+            header.append(f"**Warning**: {warning}.")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report(rows, notes, commands, header))   # after every model: a cut run keeps its part
+    print("\n" + out.read_text())
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # for this process (numpy); llama.cpp's tools never see it
     main()

@@ -1,0 +1,198 @@
+"""What the benches against llama.cpp share: where its tools and our model files are, the environment its tools
+run in, the ABBA order of interleaved rounds, the spread of a set of measurements, and the check that the machine
+is quiet. Importing this module needs no compiled extension (tests/bench imports it in CI)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence, TypeVar
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+T = TypeVar("T")
+
+# ---- llama.cpp's tools and environment ------------------------------------------------------------------------
+
+# llama.cpp's experts set none of these (llama-bench and llama-server take -t); this script sets
+# OMP_NUM_THREADS=1 for itself (numpy), and that must not leak into the peer's process.
+_DROPPED_PREFIXES = ("OMP_", "GOMP_", "KMP_")
+HUGE_PAGES = "glibc.malloc.hugetlb=1"   # with -lm none the weights live in malloc: this puts them in huge pages
+
+
+def llama_bin(given: Path | None = None) -> Path:
+    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed)."""
+    if given is not None:
+        if not (given / "llama-bench").exists():
+            raise SystemExit(f"{given} has no llama-bench: pass the build's bin folder to --bin")
+        return given
+    script = ROOT.parent / "shared" / "peers" / "llama-cpp.sh"
+    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def peer_env(lib_dir: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment llama.cpp's tools run in: ours without the OpenMP variables, with glibc's huge-page
+    tunable, and `lib_dir` first on LD_LIBRARY_PATH when given (e.g. a libggml-cpu built without AMX)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(_DROPPED_PREFIXES)}
+    env["GLIBC_TUNABLES"] = HUGE_PAGES
+    if lib_dir is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+def peer_env_words(env: dict[str, str]) -> str:
+    """The `env ...` prefix that gives a shell's command the environment `env` adds to and removes from ours."""
+    dropped = sorted({"OMP_NUM_THREADS", *(k for k in os.environ if k.startswith(_DROPPED_PREFIXES))})
+    words = [*(f"-u {k}" for k in dropped), f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']}"]
+    if "LD_LIBRARY_PATH" in env:
+        words.append(f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}")
+    return "env " + " ".join(words)
+
+
+def command_line(argv: Sequence[str]) -> str:
+    return shlex.join(str(a) for a in argv)
+
+
+def repack_works(bin_dir: Path, model: Path, threads: int, env: dict[str, str]) -> bool:
+    """Whether llama.cpp's weight repacking runs on this CPU. On a VM that reports AMX without granting its tile
+    state, the repacked (AMX) path dies with SIGILL; the only way to know is to try a short run."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "64", "-n", "2", "-r", "1",
+           "--no-warmup", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode in (-signal.SIGILL, 128 + signal.SIGILL):
+        return False
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({r.returncode}): {command_line(cmd)}\n{r.stderr[-2000:]}")
+    return True
+
+
+def test_sizes(name: str) -> tuple[int, int]:
+    """llama-bench's test names: "pp512" -> (512 prompt tokens, 0 generated), "tg128" -> (0, 128)."""
+    kind, digits = name[:2], name[2:]
+    if kind not in ("pp", "tg") or not digits.isdigit() or int(digits) < 1:
+        raise ValueError(f"a test is ppN (prefill N tokens) or tgN (decode N tokens), got {name!r}")
+    return (int(digits), 0) if kind == "pp" else (0, int(digits))
+
+
+def parse_llama_bench(text: str) -> dict[tuple[str, int], dict[str, list[float]]]:
+    """llama-bench's JSON rows -> {(test, depth): {"fa1 ub512": samples tok/s}}."""
+    out: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for row in json.loads(text):
+        n_prompt, n_gen = row["n_prompt"], row["n_gen"]
+        if n_prompt and n_gen or not (n_prompt or n_gen):
+            raise ValueError(f"unexpected llama-bench row with n_prompt={n_prompt} n_gen={n_gen}")
+        test = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+        fa = row["flash_attn"]
+        fa = int(fa) if isinstance(fa, (bool, int)) else {"enabled": 1, "disabled": 0}.get(str(fa), str(fa))
+        config = f"fa{fa} ub{row['n_ubatch']}"
+        samples = [float(v) for v in row.get("samples_ts") or [row["avg_ts"]]]
+        out.setdefault((test, int(row.get("n_depth", 0))), {})[config] = samples
+    return out
+
+
+# ---- our model files ------------------------------------------------------------------------------------------
+
+REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+              "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
+
+
+def model_file(name: str, bin_dir: Path) -> Path:
+    """The GGUF a bench model name stands for, made on first use: smollm2-q4_1 is the PyPI download, its Q4_0/Q8_0
+    are requantized from it with llama-quantize, tinyllama-<type> is random (make_random_model.py); the REAL_FILES
+    are downloads (../shared/models/fetch.sh, into $INFERD_TEST_MODELS or ~/.cache/inferd-test-models)."""
+    from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve
+
+    if name in REAL_FILES:
+        folder = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
+        path = folder / REAL_FILES[name]
+        if not path.exists():
+            raise SystemExit(f"{path} is missing: run ../shared/models/fetch.sh first")
+        return path
+    family, _, qtype = name.partition("-")
+    if family not in ("smollm2", "tinyllama") or qtype not in ("q4_0", "q4_1", "q8_0"):
+        raise SystemExit(f"unknown model {name!r}: smollm2-q4_0|q4_1|q8_0, tinyllama-q4_0|q4_1|q8_0, "
+                         f"or one of {', '.join(REAL_FILES)}")
+    folder = cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = resolve(DEFAULT_MODEL, progress=False)
+    if family == "smollm2":
+        if qtype == "q4_1":
+            return base
+        out = folder / f"SmolLM2-135M-Instruct.{qtype.upper()}.gguf"
+        if not out.exists():
+            subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(base), str(out),
+                            qtype.upper()], check=True, capture_output=True)
+        return out
+    out = folder / f"tinyllama-shape-random.{qtype.upper()}.gguf"
+    if not out.exists():
+        subprocess.run([sys.executable, str(HERE / "make_random_model.py"), str(out), "--type", qtype.upper(),
+                        "--vocab-from", str(base)], check=True)
+    return out
+
+
+# ---- order and statistics -------------------------------------------------------------------------------------
+
+def abba(round_index: int, pair: Sequence[T]) -> list[T]:
+    """The order of a pair in round `round_index`: A B, then B A, ... so that over two rounds each side has run
+    first and last once, and a machine that speeds up or slows down through a run favours neither."""
+    if len(pair) != 2:
+        raise ValueError(f"ABBA orders a pair, got {len(pair)} items")
+    return list(pair) if round_index % 2 == 0 else list(pair)[::-1]
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """(min, max) of `values`; raises ValueError on none."""
+    if not values:
+        raise ValueError("no values to spread")
+    return min(values), max(values)
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("no values for a median")
+    return statistics.median(values)
+
+
+def best_config(samples: dict[str, list[float]]) -> str:
+    """The configuration whose samples have the highest median (ties: the first given)."""
+    if not samples:
+        raise ValueError("no configurations to choose from")
+    return max(samples, key=lambda k: median(samples[k]))
+
+
+def fmt_range(values: Sequence[float], digits: int = 1) -> str:
+    lo, hi = spread(values)
+    return f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+# ---- a quiet machine ------------------------------------------------------------------------------------------
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Fraction of all cores busy over `seconds` (from /proc/stat; 0 where it cannot be read)."""
+    def sample():
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]   # total, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def busy_warning() -> str | None:
+    """Both engines should get every core: another busy process makes the numbers meaningless (say so)."""
+    busy = cpu_busy()
+    if busy > 0.15:
+        return (f"other processes kept {busy:.0%} of the cores busy just before the run; they compete with the "
+                f"benchmarked engines, so these numbers are unreliable")
+    return None
