@@ -12,7 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Sequence
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -27,14 +28,21 @@ HUGE_PAGES = "glibc.malloc.hugetlb=1"   # with -lm none the weights live in mall
 
 
 def llama_bin(given: Path | None = None) -> Path:
-    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed)."""
+    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed);
+    on a CPU with AMX, that build's tools with a ggml-cpu built without AMX (bench/llama_cpp_noamx.sh: llama.cpp's
+    AMX path dies with SIGILL on our VMs, and -nr would also turn off its other repacked kernels)."""
     if given is not None:
         if not (given / "llama-bench").exists():
             raise SystemExit(f"{given} has no llama-bench: pass the build's bin folder to --bin")
         return given
     script = ROOT.parent / "shared" / "peers" / "llama-cpp.sh"
     out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
+    bin_dir = out.strip().splitlines()[-1]
+    if "amx_int8" in Path("/proc/cpuinfo").read_text():
+        noamx = ROOT / "bench" / "llama_cpp_noamx.sh"
+        out = subprocess.run(["bash", str(noamx), bin_dir], check=True, capture_output=True, text=True).stdout
+        bin_dir = out.strip().splitlines()[-1]
+    return Path(bin_dir)
 
 
 def peer_env(lib_dir: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:

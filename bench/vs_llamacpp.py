@@ -27,13 +27,10 @@ done once and restored for the other tests, as llama-bench does within one invoc
         -fa F -ub 256,512 -lm none -r R -o json [--repack 0] [-ctk q8_0 -ctv q8_0]
 with F in 0, 1 (1 only with a q8_0 KV cache, which needs flash attention). For each test the (fa, ub) setting with
 the highest median over all rounds is kept and named in the table. -lm none reads the weights into malloc, and
-the tunable puts malloc in huge pages as inferd's loader does. `--repack 0` only where repacking dies with SIGILL
-(AMX on a VM that does not grant it; probed per model), and the results say so; `--peer-lib DIR` puts a
-libggml-cpu built without AMX first on LD_LIBRARY_PATH instead, so llama.cpp keeps its repacking, e.g. DIR/bin from
-    cmake -S ~/.cache/inferd-peers/llama.cpp-0.3.36 -B DIR -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON
-        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON
-        -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DLLAMA_CURL=OFF
-    cmake --build DIR --target ggml-cpu -j2 inferd's side runs in this process:
+the tunable puts malloc in huge pages as inferd's loader does. Without --bin, on a CPU with AMX the tools are
+bench/llama_cpp_noamx.sh's (ggml-cpu with every SIMD extension but AMX, whose llama.cpp path dies with SIGILL on
+our VMs), so llama.cpp keeps its repacked kernels; `--repack 0` only where a given build's repacking still dies
+(probed per model), and the results say so. inferd's side runs in this process:
 Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, max_batch_tokens=512, max_seqs=1, threads=2
 [, kv_cache_dtype="q8_0"]); the depth filled in 512-token steps (untimed), one untimed warm-up prompt, then
 ppN = N tokens at positions d..d+N-1 in steps of 512 (as llama.cpp's ubatches) and tgN = N one-token steps at
