@@ -1,7 +1,8 @@
 """Decode at depth with the int8 KV cache: inferd (kv_cache_dtype f16 and q8_0) against llama-bench with a q8_0 KV
 cache (`-d DEPTH -fa 1 -ctk q8_0 -ctv q8_0 -n 128 -p 0 -lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1 so its
 weights get huge pages as inferd's do), interleaved ABBA rounds in one run so a shared machine's slow phases fall
-on both; each figure is the median of its rounds, each ratio the median of the per-round ratios.
+on both; each figure is the median of its rounds, each ratio the median of the per-round ratios. llama-bench gets
+`--repack 0` (llama.cpp's -nr: no weight repacking): its repacking dies with SIGILL on CPUs with AMX, as on the machine of the results.
 
 inferd's decode: the context filled with DEPTH tokens of text (chunks of 512), then 128 greedy decode steps, timed
 together, as llama-bench's tg128 after its -d fill.
@@ -33,7 +34,7 @@ N_GEN = 128
 
 def llama_decode(bin_dir: Path, model: Path, depth: int, threads: int, kv: str) -> float:
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-d", str(depth), "-fa", "1",
-           "-ctk", kv, "-ctv", kv, "-n", str(N_GEN), "-p", "0", "-lm", "none", "-r", "1", "-o", "json"]
+           "-ctk", kv, "-ctv", kv, "-n", str(N_GEN), "-p", "0", "-lm", "none", "--repack", "0", "-r", "1", "-o", "json"]
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
     env.pop("OMP_NUM_THREADS", None)
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
@@ -75,11 +76,13 @@ def main() -> None:
     def inferd_side():
         for kv, e in engines.items():
             res.setdefault(f"inferd {kv}", []).append(inferd_decode(e, tokens, args.depth))
+            print(f"  inferd {kv}: {res[f'inferd {kv}'][-1]:.1f} tok/s", file=sys.stderr)
 
     def llama_side():
         for kv in llama_kvs:
             res.setdefault(f"llama.cpp {kv}", []).append(llama_decode(args.bin, args.model, args.depth,
                                                                      args.threads, kv))
+            print(f"  llama.cpp {kv}: {res[f'llama.cpp {kv}'][-1]:.1f} tok/s", file=sys.stderr)
 
     for r in range(args.rounds):
         for side in ((inferd_side, llama_side) if r % 2 == 0 else (llama_side, inferd_side)):   # ABBA
