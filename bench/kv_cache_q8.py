@@ -1,14 +1,15 @@
 """Decode at depth with the int8 KV cache: inferd (kv_cache_dtype f16 and q8_0) against llama-bench with a q8_0 KV
 cache (`-d DEPTH -fa 1 -ctk q8_0 -ctv q8_0 -n 128 -p 0 -lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1 so its
 weights get huge pages as inferd's do), interleaved ABBA rounds in one run so a shared machine's slow phases fall
-on both; each figure is the median of its rounds, each ratio the median of the per-round ratios. llama-bench gets
-`--repack 0` (llama.cpp's -nr: no weight repacking): its repacking dies with SIGILL on CPUs with AMX, as on the machine of the results.
+on both; each figure is the median of its rounds, each ratio the median of the per-round ratios. On a VM that
+advertises AMX but cannot run it, give --bin a ggml-cpu built without AMX (the standard build dies with SIGILL when
+it repacks weights; -nr avoids that but disables llama.cpp's repacked kernels: the peer would look slower).
 
 inferd's decode: the context filled with DEPTH tokens of text (chunks of 512), then 128 greedy decode steps, timed
 together, as llama-bench's tg128 after its -d fill.
 
     python bench/kv_cache_q8.py --model ~/.cache/inferd/models/bench/SmolLM2-135M-Instruct.Q4_0.gguf \
-        --bin ~/.cache/inferd-peers/llama.cpp-0.3.36/build/bin --depth 4096 --rounds 3
+        --bin ~/.cache/inferd-peers/llama.cpp-0.3.36-noamx/bin --depth 4096 --rounds 3
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ N_GEN = 128
 
 def llama_decode(bin_dir: Path, model: Path, depth: int, threads: int, kv: str) -> float:
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-d", str(depth), "-fa", "1",
-           "-ctk", kv, "-ctv", kv, "-n", str(N_GEN), "-p", "0", "-lm", "none", "--repack", "0", "-r", "1", "-o", "json"]
+           "-ctk", kv, "-ctv", kv, "-n", str(N_GEN), "-p", "0", "-lm", "none", "-r", "1", "-o", "json"]
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
     env.pop("OMP_NUM_THREADS", None)
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)

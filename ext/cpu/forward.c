@@ -156,9 +156,10 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
     float scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * (c->kv_dtype == KV_Q8_0
-                                                         ? attention_q8_scratch_floats(cfg->n_heads, hd)
-                                                         : attention_scratch_floats(cfg->n_heads));
+    int q8 = c->kv_dtype == KV_Q8_0;                       /* int8 KV: attention_q8.c's slices */
+    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
+    float *scratch = c->attn_scratch + (size_t)thread * (q8 ? attention_q8_scratch_floats(cfg->n_heads, hd)
+                                                            : attention_scratch_floats(cfg->n_heads));
     for (int64_t item = begin; item < end; item++) {
         int run = (int)(item / s->items_per_run), h0 = (int)(item % s->items_per_run) * s->heads_per_item;
         int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
@@ -167,31 +168,34 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
         /* this thread's next item: its first KV block is fetched during this item's last block */
         const uint16_t *next_k = NULL, *next_v = NULL;
-        size_t next_kv = 0;                                  /* (block, KV head) of the next item, or 0 */
+        const uint8_t *next_kq8 = NULL, *next_vq8 = NULL;
         if (item + 1 < end) {
             int nrun = (int)((item + 1) / s->items_per_run);
             int nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
             int nseq = s->b->seq_of_token[c->runs[nrun]];
             int32_t blk = s->b->block_tables[(size_t)nseq * s->b->max_blocks_per_seq +
                                              first_block(L, s->b->positions[c->runs[nrun]])];
-            next_kv = (size_t)blk * cfg->n_kv_heads + nh + 1;
             size_t off = layer_off + ((size_t)blk * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
-            next_k = c->k_cache + off;
-            next_v = c->v_cache + off;
+            if (q8) {
+                size_t at = (q8_layer + (size_t)blk * cfg->n_kv_heads + nh) * q8_slice;
+                next_kq8 = c->k_q8 + at;
+                next_vq8 = c->v_q8 + at;
+            } else {
+                next_k = c->k_cache + off;
+                next_v = c->v_cache + off;
+            }
         }
         if (s->fused_rope)
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
                             .window = L->window, .scale = scale};
-        if (c->kv_dtype == KV_Q8_0) {                        /* int8 KV: attention_q8.c */
-            size_t sl = kvq8_slice_bytes(hd), layer_q8 = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
-            const uint8_t *nk = next_kv ? c->k_q8 + (layer_q8 + next_kv - 1) * sl : NULL;
+        if (q8)
             attention_tokens_q8(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
-                                cfg->n_kv_heads, heads, hd, c->k_q8 + (layer_q8 + h0) * sl,
-                                c->v_q8 + (layer_q8 + h0) * sl, bt, &span,
-                                c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch, nk,
-                                nk ? c->v_q8 + (nk - c->k_q8) : NULL);
-        } else
+                                cfg->n_kv_heads, heads, hd, c->k_q8 + (q8_layer + h0) * q8_slice,
+                                c->v_q8 + (q8_layer + h0) * q8_slice, bt, &span,
+                                c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch,
+                                next_kq8, next_vq8);
+        else
         attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                          cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt, &span,
                          c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch, next_k,
@@ -411,7 +415,8 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
     c->attn_scratch = malloc((size_t)nt * attn_scratch * sizeof(float));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
-    if (!c->pool || !(kv_dtype == KV_Q8_0 ? c->k_q8 && c->v_q8 : c->k_cache && c->v_cache) || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
+    int kv_ok = kv_dtype == KV_Q8_0 ? c->k_q8 && c->v_q8 : c->k_cache && c->v_cache;
+    if (!c->pool || !kv_ok || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
         !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
         (post_norms && !c->y)) {
         context_free(c);
@@ -423,7 +428,8 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
 void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
-    free(c->k_cache); free(c->v_cache); free(c->k_q8); free(c->v_q8); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
+    free(c->k_cache); free(c->v_cache); free(c->k_q8); free(c->v_q8);
+    free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
     free(c->h); free(c->y); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
     free(c->sample_scratch);
     free(c);
