@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from inferd.config import KV_CACHE_DTYPES
 from inferd.engine.types import BLOCK_SIZE, GREEDY, SamplingParams, SeqInput
 
 
@@ -92,9 +93,6 @@ def flatten(
         np.asarray(mask, np.int32),
         rows_of_seq,
     )
-
-
-KV_CACHE_DTYPES = ("f16", "q8_0")
 
 
 def kv_bytes_per_token(config, kv_cache_dtype: str = "f16") -> int:
