@@ -19,6 +19,14 @@ PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI
 BLOCK_SIZE = KV_BLOCK
 MAX_RUN_TOKENS = ATTN_MAX_TOKENS
 SEGMENT_BLOCKS = ATTN_SEGMENT_BLOCKS
+KV_DTYPES = {"f16": KV_F16, "q8_0": KV_Q8_0}   # the KV cache's formats (kv_cache_dtype)
+
+
+def kv_bytes_per_value(str kv_dtype):
+    """Bytes the cache spends per K or V value: 2 (f16), 34/32 (q8_0: an int8 and a share of an f16 scale)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    return 2.0 if kv_dtype == "f16" else 34 / 32
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
 
 
@@ -557,6 +565,79 @@ def _as_mask_words(a):
     return a.view(np.uint32)
 
 
+def kvq8_pack(cnp.ndarray x, bint is_k):
+    """Float rows (blocks, n_kv_heads, 64, head_dim) -> the q8_0 cache's bytes (blocks, n_kv_heads, slice) of K
+    (is_k) or V, quantized by the engine's own writer (tests)."""
+    cdef const float[:, :, :, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef int nb = xv.shape[0], nkv = xv.shape[1], hd = xv.shape[3], b, h, p
+    if xv.shape[2] != KV_BLOCK or hd % QK or hd > 512:
+        raise ValueError("x must be (blocks, n_kv_heads, 64, head_dim) with head_dim a multiple of 32, <= 512")
+    cdef size_t sl = kvq8_slice_bytes(hd)
+    out = np.zeros((nb, nkv, sl), np.uint8)
+    cdef uint8_t[:, :, ::1] ov = out
+    with nogil:
+        for b in range(nb):
+            for h in range(nkv):
+                for p in range(KV_BLOCK):
+                    kvq8_store(&xv[b, h, p, 0], hd, &ov[b, h, 0], p, is_k)
+    return out
+
+
+def kvq8_unpack(cnp.ndarray cache, int head_dim, bint is_k):
+    """The q8_0 cache's bytes (blocks, n_kv_heads, slice) -> the values they hold, (blocks, n_kv_heads, 64,
+    head_dim) float32."""
+    cdef const uint8_t[:, :, ::1] cv = np.ascontiguousarray(cache, dtype=np.uint8)
+    if head_dim % QK or head_dim > 512 or cv.shape[2] != <Py_ssize_t>kvq8_slice_bytes(head_dim):
+        raise ValueError(f"slices of head_dim {head_dim} are {kvq8_slice_bytes(head_dim)} bytes")
+    cdef int nb = cv.shape[0], nkv = cv.shape[1], b, h, p
+    out = np.empty((nb, nkv, KV_BLOCK, head_dim), np.float32)
+    cdef float[:, :, :, ::1] ov = out
+    with nogil:
+        for b in range(nb):
+            for h in range(nkv):
+                for p in range(KV_BLOCK):
+                    kvq8_load(&cv[b, h, 0], head_dim, p, is_k, &ov[b, h, p, 0])
+    return out
+
+
+def attention_q8(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
+                 int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS):
+    """The q8_0 attention kernel on its own (tests): as attention(), with k_cache/v_cache the q8_0 cache's bytes
+    (num_blocks, n_kv_heads, slice) from kvq8_pack; runs of up to `run` tokens."""
+    cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
+    cdef const uint8_t[:, :, ::1] kv = np.ascontiguousarray(k_cache, dtype=np.uint8)
+    cdef const uint8_t[:, :, ::1] vv = np.ascontiguousarray(v_cache, dtype=np.uint8)
+    cdef const int32_t[::1] bt = np.ascontiguousarray(block_table, dtype=np.int32)
+    cdef int ntok = qv.shape[0], n_heads = qv.shape[1], hd = qv.shape[2]
+    cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n
+    if kv.shape[0] != vv.shape[0] or kv.shape[1] != vv.shape[1] or kv.shape[2] != vv.shape[2] or hd % QK or hd > 512 \
+            or kv.shape[2] != <Py_ssize_t>kvq8_slice_bytes(hd) or n_kv == 0 \
+            or n_heads % n_kv or ntok == 0 or not 1 <= run <= ATTN_MAX_TOKENS:
+        raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, kvq8 slice), hd % 32 == 0")
+    last = (pos0 + ntok) if causal else seq_len
+    if pos0 < 0 or (not causal and seq_len < pos0 + ntok) or (last + KV_BLOCK - 1) // KV_BLOCK > bt.shape[0] \
+            or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
+        raise ValueError("the block table does not cover the keys, or names a block that does not exist")
+    cdef attn_span_t span
+    span.seq_len = seq_len; span.causal = causal; span.window = window
+    span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+    out = np.zeros((ntok, n_heads, hd), np.float32)
+    cdef float[:, :, ::1] ov = out
+    cdef float *scratch = <float *>malloc(attention_q8_scratch_floats(n_heads, hd) * sizeof(float))
+    if scratch == NULL:
+        raise MemoryError()
+    with nogil:
+        t = 0
+        while t < ntok:
+            n = ntok - t if ntok - t < run else run
+            span.pos0 = pos0 + t
+            attention_tokens_q8(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0],
+                                &vv[0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
+            t += n
+    free(scratch)
+    return out
+
+
 def mask_words(int vocab):
     """uint32 words in one packed allowed-token bitmask row (bit i & 31 of word i >> 5 allows token i)."""
     return (vocab + 31) // 32
@@ -567,15 +648,24 @@ cdef class Context:
     cdef context_t *c
     cdef Model model
     cdef readonly int max_tokens, max_out, num_kv_blocks, vocab, n_layers, dim
+    cdef readonly str kv_dtype
 
-    def __init__(self, Model model, int max_tokens, int max_out, int num_kv_blocks, int threads):
+    def __init__(self, Model model, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                 str kv_dtype="f16"):
         if max_tokens < 1 or max_out < 1 or num_kv_blocks < 1 or threads < 1:
             raise ValueError("max_tokens, max_out, num_kv_blocks and threads must be positive")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+        if kv_dtype == "q8_0" and model.m.cfg.head_dim % QK:
+            raise ValueError(f"kv_cache_dtype q8_0 needs a head dimension that is a multiple of 32; this model's is "
+                             f"{model.m.cfg.head_dim}")
         self.model = model
+        self.kv_dtype = kv_dtype
+        cdef int dtype = KV_DTYPES[kv_dtype]
         with nogil:
-            self.c = context_create(&model.m, max_tokens, max_out, num_kv_blocks, threads)
+            self.c = context_create_kv(&model.m, max_tokens, max_out, num_kv_blocks, threads, dtype)
         if self.c == NULL:
-            raise MemoryError(f"cannot allocate the KV cache ({num_kv_blocks} blocks) and scratch")
+            raise MemoryError(f"cannot allocate the KV cache ({num_kv_blocks} blocks, {kv_dtype}) and scratch")
         self.max_tokens = max_tokens
         self.max_out = min(max_out, max_tokens)
         self.num_kv_blocks = num_kv_blocks
@@ -689,8 +779,18 @@ cdef class Context:
         return {name: self.c.profile[i] for i, name in enumerate(STAGE_NAMES)}
 
     def kv_block(self, int layer, int block):
-        """Copies of one KV block (k, v), each (n_kv_heads, 64, head_dim) float16, for tests."""
+        """Copies of one KV block (k, v), each (n_kv_heads, 64, head_dim) float16, for tests; with a q8_0 cache the
+        values it holds, float32."""
         cfg = self.model.m.cfg
+        cdef size_t sl, n, at
+        if self.c.kv_dtype == KV_Q8_0:
+            sl = kvq8_slice_bytes(cfg.head_dim)
+            n = cfg.n_kv_heads * sl
+            at = (<size_t>layer * self.num_kv_blocks + block) * n
+            shape = (1, cfg.n_kv_heads, sl)
+            k = np.asarray(<uint8_t[:n]>(self.c.k_q8 + at)).copy().reshape(shape)
+            v = np.asarray(<uint8_t[:n]>(self.c.v_q8 + at)).copy().reshape(shape)
+            return kvq8_unpack(k, cfg.head_dim, True)[0], kvq8_unpack(v, cfg.head_dim, False)[0]
         cdef size_t per_block = cfg.n_kv_heads * KV_BLOCK * cfg.head_dim
         cdef size_t off = (<size_t>layer * self.num_kv_blocks + block) * per_block
         k = np.empty(per_block, np.uint16); v = np.empty(per_block, np.uint16)

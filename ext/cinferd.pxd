@@ -76,6 +76,16 @@ cdef extern from "inferd.h" nogil:
                           const attn_span_t *span, int seg, float *part, float *scratch)
     void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
                          int head_dim, float *out, int out_stride)
+    enum:
+        KV_F16, KV_Q8_0
+    size_t kvq8_slice_bytes(int head_dim)
+    void kvq8_store(const float *x, int head_dim, uint8_t *slice, int pos, int is_k)
+    void kvq8_load(const uint8_t *slice, int head_dim, int pos, int is_k, float *out)
+    size_t attention_q8_scratch_floats(int n_heads, int head_dim)
+    void attention_tokens_q8(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                             int head_dim, const uint8_t *k_head, const uint8_t *v_head, const int32_t *block_table,
+                             const attn_span_t *span, float *out, int out_stride, float *scratch,
+                             const uint8_t *next_k, const uint8_t *next_v)
     void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
                           int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                           const attn_span_t *span, float *out, int out_stride, float *scratch,
@@ -159,7 +169,12 @@ cdef extern from "inferd.h" nogil:
         int num_kv_blocks
         uint16_t *k_cache
         uint16_t *v_cache
+        int kv_dtype
+        uint8_t *k_q8
+        uint8_t *v_q8
     context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads)
+    context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                                 int kv_dtype)
     void context_free(context_t *c)
     ctypedef enum forward_status_t:
         FORWARD_OK

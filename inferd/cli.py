@@ -16,6 +16,7 @@ ENGINE_SETTINGS = (
     "device",
     "threads",
     "cpu_path",
+    "kv_cache_dtype",
     "cuda_device",
     "cuda_weights",
     "cuda_kv",

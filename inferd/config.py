@@ -25,6 +25,7 @@ QUANTIZE_TARGETS = ("q8_0", "q4_0")
 CPU_PATHS = ("scalar", "avx2", "avx512vnni", "avxvnni", "vnni")  # vnni: whichever VNNI the CPU has
 CUDA_WEIGHTS = ("auto", "bf16", "int8", "int4", "q8_0")
 CUDA_KV = ("f16", "bf16")
+KV_CACHE_DTYPES = ("f16", "q8_0")
 CUDA_GEMMS = ("cublas", "own")
 # short options shared by every command that takes the setting
 SHORT_FLAGS = {"model": "-m", "threads": "-t"}
@@ -61,6 +62,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     threads: NonNegInt = 0
     kv_cache_mib: PosInt = 1024
     num_kv_blocks: NonNegInt = 0
+    kv_cache_dtype: str = "f16"
     max_batch_tokens: PosInt = 512
     max_prefill_while_decoding: NonNegInt = 256
     max_running: PosInt = 64
@@ -93,6 +95,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("cpu_path", ("",) + CPU_PATHS),
             ("cuda_weights", CUDA_WEIGHTS),
             ("cuda_kv", CUDA_KV),
+            ("kv_cache_dtype", KV_CACHE_DTYPES),
             ("cuda_gemm", CUDA_GEMMS),
         ):
             value = getattr(self, name)
@@ -136,6 +139,10 @@ DOCS: dict[str, str] = {
     "threads": "Compute threads; 0 means one per physical core.",
     "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",
     "num_kv_blocks": "KV cache size in blocks of 64 positions; 0 derives it from kv_cache_mib.",
+    "kv_cache_dtype": (
+        "KV cache format of the CPU engine: f16, or q8_0 (int8 with a scale per 32 values: about twice the "
+        "positions in the same kv_cache_mib, half the bytes attention reads; perplexity within half a percent of f16)."
+    ),
     "max_batch_tokens": "Token budget of one engine step (decode tokens plus prefill chunks).",
     "max_prefill_while_decoding": "Most prompt tokens one step takes while other sequences are generating, so "
     "their streams keep their pace; 0 means the whole max_batch_tokens.",

@@ -120,6 +120,15 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
     rope_apply(q, heads * group, hd, cs, cfg->rope_neox);
     rope_apply(k, heads, hd, cs, cfg->rope_neox);
     const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
+    if (c->kv_dtype == KV_Q8_0) {                        /* int8 KV: attention_q8.c's slices */
+        size_t sl = kvq8_slice_bytes(hd);
+        size_t at = (((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * cfg->n_kv_heads + h0) * sl;
+        for (int h = 0; h < heads; h++) {
+            kvq8_store(k + h * hd, hd, c->k_q8 + at + h * sl, pos % KV_BLOCK, 1);
+            kvq8_store(v + h * hd, hd, c->v_q8 + at + h * sl, pos % KV_BLOCK, 0);
+        }
+        return;
+    }
     size_t slot = ((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
     for (int h = 0; h < heads; h++) {
         size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
@@ -150,7 +159,10 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
     float scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
-    float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
+    int q8 = c->kv_dtype == KV_Q8_0;                       /* int8 KV: attention_q8.c's slices */
+    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
+    float *scratch = c->attn_scratch + (size_t)thread * (q8 ? attention_q8_scratch_floats(cfg->n_heads, hd)
+                                                            : attention_scratch_floats(cfg->n_heads, hd));
     for (int64_t item = begin; item < end; item++) {
         int run = (int)(item / s->items_per_run), h0 = (int)(item % s->items_per_run) * s->heads_per_item;
         int heads = cfg->n_kv_heads - h0 < s->heads_per_item ? cfg->n_kv_heads - h0 : s->heads_per_item;
@@ -159,6 +171,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
         /* this thread's next item: its first KV block is fetched during this item's last block */
         const uint16_t *next_k = NULL, *next_v = NULL;
+        const uint8_t *next_kq8 = NULL, *next_vq8 = NULL;
         if (item + 1 < end) {
             int nrun = (int)((item + 1) / s->items_per_run);
             int nh = (int)((item + 1) % s->items_per_run) * s->heads_per_item;
@@ -166,13 +179,26 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
             int32_t blk = s->b->block_tables[(size_t)nseq * s->b->max_blocks_per_seq +
                                              first_block(L, s->b->positions[c->runs[nrun]])];
             size_t off = layer_off + ((size_t)blk * cfg->n_kv_heads + nh) * KV_BLOCK * hd;
-            next_k = c->k_cache + off;
-            next_v = c->v_cache + off;
+            if (q8) {
+                size_t at = (q8_layer + (size_t)blk * cfg->n_kv_heads + nh) * q8_slice;
+                next_kq8 = c->k_q8 + at;
+                next_vq8 = c->v_q8 + at;
+            } else {
+                next_k = c->k_cache + off;
+                next_v = c->v_cache + off;
+            }
         }
         if (s->fused_rope)
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
                             .window = L->window, .scale = scale};
+        if (q8)
+            attention_tokens_q8(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
+                                cfg->n_kv_heads, heads, hd, c->k_q8 + (q8_layer + h0) * q8_slice,
+                                c->v_q8 + (q8_layer + h0) * q8_slice, bt, &span,
+                                c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch,
+                                next_kq8, next_vq8);
+        else
         attention_tokens(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                          cfg->n_kv_heads, heads, hd, c->k_cache + head_off, c->v_cache + head_off, bt, &span,
                          c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd, Q_DIM(cfg), scratch, next_k,
@@ -340,9 +366,10 @@ int forward(context_t *c, const batch_t *b) {
     s.heads_per_item = (cfg->n_kv_heads + splits - 1) / splits;
     s.items_per_run = (cfg->n_kv_heads + s.heads_per_item - 1) / s.heads_per_item;
     int64_t attn_items = (int64_t)n_runs * s.items_per_run;
-    /* a decode step of few sequences, one of them long: its items split by key segment as well */
+    /* a decode step of few sequences, one of them long: its items split by key segment as well (the f16 kernels'
+     * segments; an int8 cache is read by attention_q8.c, whole) */
     s.segments = 1;
-    if (n_runs == T && n_runs < 2 * threads)
+    if (c->kv_dtype == KV_F16 && n_runs == T && n_runs < 2 * threads)
         for (int r = 0; r < n_runs; r++) {
             attn_span_t span = {.pos0 = b->positions[r], .causal = 1};
             int n = attention_num_segments(&span, 1);
@@ -392,9 +419,16 @@ int forward(context_t *c, const batch_t *b) {
 /* ---- context ---- */
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads) {
+    return context_create_kv(m, max_tokens, max_out, num_kv_blocks, threads, KV_F16);
+}
+
+context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                             int kv_dtype) {
     const model_config_t *cfg = &m->cfg;
+    if ((kv_dtype != KV_F16 && kv_dtype != KV_Q8_0) || (kv_dtype == KV_Q8_0 && cfg->head_dim % QK)) return NULL;
     context_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
+    c->kv_dtype = kv_dtype;
     c->model = m;
     c->max_tokens = max_tokens;
     c->max_out = max_out < max_tokens ? max_out : max_tokens;
@@ -407,8 +441,16 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     /* 4 KB pages, faulted as blocks are first used: a 2 MB page's fault would land on the first requests'
      * prefill, and huge pages gain decode far less on the KV cache than on the weights
      * (bench/results/design_measurements.md). */
-    c->k_cache = calloc(kv, sizeof(uint16_t));
-    c->v_cache = calloc(kv, sizeof(uint16_t));
+    if (kv_dtype == KV_Q8_0) {
+        size_t q8 = (size_t)cfg->n_layers * num_kv_blocks * cfg->n_kv_heads * kvq8_slice_bytes(cfg->head_dim);
+        c->k_q8 = calloc(q8, 1);
+        c->v_q8 = calloc(q8, 1);
+    } else {
+        c->k_cache = calloc(kv, sizeof(uint16_t));
+        c->v_cache = calloc(kv, sizeof(uint16_t));
+    }
+    size_t attn_scratch = attention_scratch_floats(cfg->n_heads, cfg->head_dim);
+    if (kv_dtype == KV_Q8_0) attn_scratch = attention_q8_scratch_floats(cfg->n_heads, cfg->head_dim);
     c->x = malloc((size_t)max_tokens * cfg->dim * sizeof(float));
     c->xn = malloc((size_t)max_tokens * wide * sizeof(float));
     c->norm_rows = malloc((size_t)nt * cfg->dim * sizeof(float));
@@ -422,14 +464,15 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
     c->xq = malloc((size_t)max_tokens * (wide / QK) * sizeof(block_q8x));
     c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
     c->logits = malloc((size_t)c->max_out * cfg->vocab * sizeof(float));
-    c->attn_scratch = malloc((size_t)nt * attention_scratch_floats(cfg->n_heads, cfg->head_dim) * sizeof(float));
+    c->attn_scratch = malloc((size_t)nt * attn_scratch * sizeof(float));
     c->attn_max_segments = (cfg->context_length + ATTN_SEGMENT_BLOCKS * KV_BLOCK - 1) / (ATTN_SEGMENT_BLOCKS * KV_BLOCK);
     size_t split_pairs = (size_t)2 * nt * cfg->n_kv_heads;     /* (run, heads) pairs: fewer than 2 nt runs */
     c->attn_parts = malloc(2 * split_pairs * c->attn_max_segments *   /* (a pair's heads: under 2 n_kv / pairs) */
                            attention_part_floats(cfg->n_heads / cfg->n_kv_heads, cfg->head_dim) * sizeof(float));
     c->attn_pending = malloc(split_pairs * sizeof(int));
     c->sample_scratch = calloc((size_t)nt * cfg->vocab, 16);
-    if (!c->pool || !c->k_cache || !c->v_cache || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
+    int kv_ok = kv_dtype == KV_Q8_0 ? c->k_q8 && c->v_q8 : c->k_cache && c->v_cache;
+    if (!c->pool || !kv_ok || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
         !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
         !c->attn_parts || !c->attn_pending ||
         (post_norms && !c->y)) {
@@ -442,7 +485,8 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
 void context_free(context_t *c) {
     if (!c) return;
     pool_destroy(c->pool);
-    free(c->k_cache); free(c->v_cache); free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
+    free(c->k_cache); free(c->v_cache); free(c->k_q8); free(c->v_q8);
+    free(c->x); free(c->xn); free(c->norm_rows); free(c->qkv); free(c->gu);
     free(c->h); free(c->y); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
     free(c->attn_parts); free(c->attn_pending);
     free(c->sample_scratch);

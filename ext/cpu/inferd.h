@@ -158,6 +158,29 @@ int attention_segment(const float *q, int q_stride, int ntok, int group, int n_k
 void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
                      int head_dim, float *out, int out_stride);
 
+/* ---- the int8 KV cache (kv_cache_dtype = "q8_0"; attention_q8.c) ---- */
+enum { KV_F16 = 0, KV_Q8_0 = 1 };
+/* A (block, KV head) slice of the q8_0 cache, of K or of V: KV_BLOCK positions of head_dim int8 values q and one f16
+ * scale d per 32 values of a position (value = d * q, GGUF's Q8_0), kvq8_slice_bytes(hd) = KV_BLOCK * hd * 17 / 16.
+ * K keeps keys in lanes, like the int8 weight tiles: values 4c..4c+3 of position p lie at byte
+ * ((p / 8) * (hd / 4) + c) * 32 + (p % 8) * 4, so one 32-byte load holds 4 values of 8 keys and an int8 dot
+ * product leaves key i's sum in lane i; its scales follow as (hd / 32, KV_BLOCK): scale b of position p at
+ * [b * KV_BLOCK + p], 8 keys' scales of a block side by side. V is row-major (KV_BLOCK, hd), then its scales
+ * (KV_BLOCK, hd / 32). A layer's cache is (num_kv_blocks, n_kv_heads, slice). head_dim % 32 == 0. */
+size_t kvq8_slice_bytes(int head_dim);
+/* quantizes x (head_dim) into position pos of a K (is_k) or V slice */
+void kvq8_store(const float *x, int head_dim, uint8_t *slice, int pos, int is_k);
+/* position pos of a K or V slice, dequantized (tests, and the float64 references) */
+void kvq8_load(const uint8_t *slice, int head_dim, int pos, int is_k, float *out);
+size_t attention_q8_scratch_floats(int n_heads, int head_dim);
+/* attention_tokens over the q8_0 cache: the same arguments, k_head/v_head addressed as (block, n_kv_heads, slice)
+ * bytes with the first KV head's slice offset applied; scratch: attention_q8_scratch_floats. q is quantized to
+ * 8 bits per 32 values (as the matmuls' activations) and each score is an exact int8 dot product per 32 values. */
+void attention_tokens_q8(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
+                         int head_dim, const uint8_t *k_head, const uint8_t *v_head, const int32_t *block_table,
+                         const attn_span_t *span, float *out, int out_stride, float *scratch,
+                         const uint8_t *next_k, const uint8_t *next_v);
+
 /* ---- sampling ---- */
 typedef struct {
     float temperature, top_p, min_p;
@@ -267,6 +290,8 @@ typedef struct {
     int num_kv_blocks;
     uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
                                         * axes transposed (kv_store_key) */
+    int kv_dtype;                      /* KV_F16: k_cache/v_cache; KV_Q8_0: k_q8/v_q8 (the others are NULL) */
+    uint8_t *k_q8, *v_q8;              /* (n_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
     float *xn;                         /* (max_tokens, max(dim, q_dim)) attention output; normed input of float weights */
@@ -288,6 +313,9 @@ typedef struct {
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
+/* the same with the KV cache in kv_dtype (KV_F16 or KV_Q8_0); NULL also for a q8_0 cache of head_dim % 32 != 0 */
+context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                             int kv_dtype);
 void context_free(context_t *c);
 /* forward()'s result: FORWARD_OK, or the first thing its guard found out of range in the batch. The guard keeps
  * memory safe for any caller; inferd/engine/batch.py validates a step's inputs with messages before this. */

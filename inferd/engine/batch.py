@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from inferd.config import KV_CACHE_DTYPES
 from inferd.engine.types import BLOCK_SIZE, GREEDY, SamplingParams, SeqInput
 
 
@@ -94,9 +95,14 @@ def flatten(
     )
 
 
-def kv_bytes_per_token(config) -> int:
-    """K and V in 16 bits, every layer."""
-    return 2 * 2 * config.n_layers * config.n_kv_heads * config.head_dim
+def kv_bytes_per_token(config, kv_cache_dtype: str = "f16") -> int:
+    """K and V of every layer: 16 bits a value (f16), or Q8_0's 34 bytes per 32 values (q8_0)."""
+    values = 2 * config.n_layers * config.n_kv_heads * config.head_dim
+    if kv_cache_dtype == "f16":
+        return 2 * values
+    if kv_cache_dtype == "q8_0":
+        return values * 34 // 32
+    raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
 class EngineShape:
@@ -104,7 +110,16 @@ class EngineShape:
 
     block_size = BLOCK_SIZE
 
-    def __init__(self, model, *, num_kv_blocks: int, max_batch_tokens: int, max_seqs: int, max_logits_rows: int | None):
+    def __init__(
+        self,
+        model,
+        *,
+        num_kv_blocks: int,
+        max_batch_tokens: int,
+        max_seqs: int,
+        max_logits_rows: int | None,
+        kv_cache_dtype: str = "f16",
+    ):
         cfg = model.config
         self.model = model
         self.config = cfg
@@ -115,11 +130,13 @@ class EngineShape:
         self.num_kv_blocks = num_kv_blocks
         # speculative verification samples up to 5 rows per sequence
         self.max_logits_rows = min(max_logits_rows or max(64, 5 * max_seqs), max_batch_tokens)
-        self.kv_bytes_per_token = kv_bytes_per_token(cfg)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg, kv_cache_dtype)
 
     @staticmethod
-    def kv_blocks_for_bytes(config, nbytes: int) -> int:
-        return max(1, nbytes // (kv_bytes_per_token(config) * BLOCK_SIZE))
+    def kv_blocks_for_bytes(config, nbytes: int, kv_cache_dtype: str = "f16") -> int:
+        """Blocks of `kv_cache_dtype` that fit in nbytes (q8_0: 32/17 times the f16 count)."""
+        return max(1, nbytes // (kv_bytes_per_token(config, kv_cache_dtype) * BLOCK_SIZE))
 
     def flatten(self, seqs: Sequence[SeqInput]) -> FlatBatch:
         return flatten(

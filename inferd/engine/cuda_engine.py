@@ -87,7 +87,13 @@ class CudaEngine(EngineShape):
         use_graphs: bool = True,
         use_pdl: bool = True,
         gemm: str = "cublas",
+        kv_cache_dtype: str = "f16",
     ):
+        if kv_cache_dtype != "f16":
+            raise ValueError(
+                f"kv_cache_dtype {kv_cache_dtype} is a CPU engine format; the GPU's KV cache is set by cuda_kv "
+                f"(f16 or bf16): use kv_cache_dtype = f16 with device = cuda"
+            )
         if model.config.switches():
             raise ValueError(
                 f"the CUDA backend does not run {model.config.arch} models yet (they need "

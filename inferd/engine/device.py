@@ -64,10 +64,15 @@ def build_engine(
     max_logits_rows: int | None = None,
 ):
     """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones."""
+    if settings.device == "cuda" and settings.kv_cache_dtype != "f16":
+        raise DeviceError(
+            f"kv_cache_dtype {settings.kv_cache_dtype} runs on the CPU engine only; on device = cuda the KV "
+            f"format is cuda_kv (f16 or bf16)"
+        )
     engine_cls = engine_class(settings.device)
     if num_kv_blocks is None:
         num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(
-            model.config, settings.kv_cache_mib << 20
+            model.config, settings.kv_cache_mib << 20, settings.kv_cache_dtype
         )
     sizes = dict(
         num_kv_blocks=num_kv_blocks,
@@ -94,6 +99,6 @@ def build_engine(
     from inferd.engine.load_progress import LoadProgress
 
     progress = LoadProgress()  # a bar on a terminal and a summary line, for loads over a second
-    engine = engine_cls(model, **sizes, progress=progress)
+    engine = engine_cls(model, **sizes, kv_cache_dtype=settings.kv_cache_dtype, progress=progress)
     progress.finish()
     return engine

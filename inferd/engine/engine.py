@@ -52,18 +52,23 @@ class Engine(EngineShape):
         max_seqs: int = 64,
         threads: int | None = None,
         max_logits_rows: int | None = None,
+        kv_cache_dtype: str = "f16",
         progress=None,
     ):
+        """kv_cache_dtype: "f16", or "q8_0" (int8 K and V with an f16 scale per 32 values: ext/cpu/attention_q8.c)."""
         super().__init__(
             model,
             num_kv_blocks=num_kv_blocks,
             max_batch_tokens=max_batch_tokens,
             max_seqs=max_seqs,
             max_logits_rows=max_logits_rows,
+            kv_cache_dtype=kv_cache_dtype,  # checked here, before the weights load
         )
         self.threads = threads or physical_cores()
         self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
-        self._ctx = _cpu.Context(self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads)
+        self._ctx = _cpu.Context(
+            self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads, kv_cache_dtype
+        )
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
 

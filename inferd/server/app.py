@@ -277,10 +277,11 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             await start_embeddings(state, s.embedding_model, None)
         state.status = "ready"
         log.info(
-            "serving %s: %d KV blocks (%d positions), context %d, %d threads, %s kernels, read bandwidth %.1f GB/s",
+            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels, read bandwidth %.1f GB/s",
             state.served_model_name,
             engine.num_kv_blocks,
             engine.num_kv_blocks * engine.block_size,
+            getattr(engine, "kv_cache_dtype", "f16"),
             state.max_model_len,
             engine.threads,
             getattr(engine, "kernel_path", "?"),

@@ -244,6 +244,7 @@ class _StateCollector:
             kv.usage if kv else 0.0,
         )
         yield gauge("kv_cache_cached_blocks", "KV blocks holding a reusable prefix.", kv.num_cached if kv else 0)
+        yield gauge("kv_cache_blocks", "KV blocks of 64 positions in the pool.", kv.num_blocks if kv else 0)
         base = m._base
         yield counter(
             "prefix_cache_queries",

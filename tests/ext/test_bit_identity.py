@@ -156,11 +156,12 @@ def mixed_step_inputs(vocab: int):
     return p1, p2
 
 
-def run_mixed(model, threads=1):
+def run_mixed(model, threads=1, kv="f16"):
     """Step 1: seq 0 prefill 70 and seq 1 prefill 9. Step 2: seq 0 decodes, seq 1 prefills 9 more.
     Returns everything both steps produced."""
     p1, p2 = mixed_step_inputs(model.config.vocab_size)
-    eng = Engine(model, num_kv_blocks=6, max_batch_tokens=96, max_seqs=4, threads=threads, max_logits_rows=96)
+    eng = Engine(model, num_kv_blocks=6, max_batch_tokens=96, max_seqs=4, threads=threads, max_logits_rows=96,
+                 kv_cache_dtype=kv)
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=42, logprobs=3)
     out1, h1 = eng.step([SeqInput(p1, 0, [4, 1], want_logits=True, params=seeded),
                          SeqInput(p2, 0, [0], num_sampled=0, want_logits=True)], want_hidden=True)
@@ -192,21 +193,37 @@ MODELS["qwen3-Q8_0-qk-norm"] = dict(arch="qwen3", weight_type="Q8_0", head_dim=1
 MODELS["gemma3-Q4_0-window"] = dict(arch="gemma3", weight_type="Q4_0", embed_type="Q8_0", n_layers=3, head_dim=256)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_engine_step_identical_on_every_path(name):
+# the int8 KV cache (kv_cache_dtype q8_0) under the same promises, with head sizes 64, 128 and 256, GQA and windows
+KV_Q8_MODELS = ["Q4_1", "hd128-Q4_1-untied", "qwen2-Q4_K_M", "qwen3-Q8_0-qk-norm", "gemma3-Q4_0-window"]
+KV_CASES = [(n, "f16") for n in MODELS] + [(n, "q8_0") for n in KV_Q8_MODELS]
+
+
+@pytest.mark.parametrize("name,kv", KV_CASES)
+def test_engine_step_identical_on_every_path(name, kv):
     model = random_model(**MODELS[name])
     runs = {}
     for p in PATHS:
         _cpu.set_path(p)
-        runs[p] = run_mixed(model)
+        runs[p] = run_mixed(model, kv=kv)
     for p in PATHS[1:]:
-        assert_same_run(runs[p], runs[PATHS[0]], f"{name}: {p} vs {PATHS[0]}")
+        assert_same_run(runs[p], runs[PATHS[0]], f"{name} ({kv} KV): {p} vs {PATHS[0]}")
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_K_M"])
-def test_engine_step_identical_with_more_threads(name):
+def test_q8_kv_changes_the_result_a_little():
+    """The q8_0 cache is used (its logits differ from f16's) and close (the same greedy tokens, logits within a
+    few percent of their spread)."""
+    model = random_model(**MODELS["Q4_1"])
+    a, b = run_mixed(model, kv="f16"), run_mixed(model, kv="q8_0")
+    for x, y in zip(a["logits"], b["logits"]):
+        assert not np.array_equal(x, y)
+        np.testing.assert_allclose(y, x, rtol=0, atol=0.05 * (x.max() - x.min()))
+
+
+@pytest.mark.parametrize("name,kv", [("Q4_1", "f16"), ("BF16", "f16"), ("qwen2-Q4_K_M", "f16"), ("Q4_1", "q8_0")])
+def test_engine_step_identical_with_more_threads(name, kv):
     model = random_model(**MODELS[name])
-    assert_same_run(run_mixed(model, threads=2), run_mixed(model, threads=1), f"{name}: 2 threads vs 1")
+    assert_same_run(run_mixed(model, threads=2, kv=kv), run_mixed(model, threads=1, kv=kv),
+                    f"{name} ({kv} KV): 2 threads vs 1")
 
 
 # ---- a sequence alone, chunked, batched --------------------------------------------------------------------------
@@ -294,8 +311,28 @@ def sequence_batched(eng, prompt, params, vocab):
     return np.concatenate(logits), tokens
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "BF16", "qwen2-Q4_0-bias", "qwen2-Q4_K_M", "gemma3-Q4_0-window"])
-def test_sequence_logits_do_not_depend_on_batching(name):
+def sequence_token_by_token(eng, prompt, params):
+    """The prompt fed as decode steps, one token each: every position computed as a decode."""
+    logits = []
+    for i, t in enumerate(prompt):
+        last = i == len(prompt) - 1
+        out = eng.step([SeqInput([t], i, [1, 3], num_sampled=1 if last else 0, want_logits=True, params=params,
+                                 history=prompt)])[0]
+        logits.append(out.logits)
+    tokens = list(out.tokens)
+    for k in range(DECODE):
+        hist = prompt + tokens
+        out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
+                                 history=hist, num_prompt=len(prompt))])[0]
+        logits.append(out.logits)
+        tokens += out.tokens
+    return np.concatenate(logits), tokens
+
+
+@pytest.mark.parametrize("name,kv", [("Q4_1", "f16"), ("BF16", "f16"), ("qwen2-Q4_0-bias", "f16"),
+                                     ("qwen2-Q4_K_M", "f16"), ("gemma3-Q4_0-window", "f16"), ("Q4_1", "q8_0"),
+                                     ("qwen2-Q4_K_M", "q8_0"), ("gemma3-Q4_0-window", "q8_0")])
+def test_sequence_logits_do_not_depend_on_batching(name, kv):
     model = random_model(**MODELS[name])
     vocab = model.config.vocab_size
     prompt = np.random.default_rng(8).integers(0, vocab, PROMPT_LEN).tolist()
@@ -303,7 +340,7 @@ def test_sequence_logits_do_not_depend_on_batching(name):
 
     def engine(threads=1):
         return Engine(model, num_kv_blocks=6, max_batch_tokens=128, max_seqs=4, threads=threads,
-                      max_logits_rows=128)
+                      max_logits_rows=128, kv_cache_dtype=kv)
 
     alone_logits, alone_tokens = sequence_alone(engine(), prompt, params)
     assert alone_logits.shape == (PROMPT_LEN + DECODE, vocab)
@@ -311,6 +348,7 @@ def test_sequence_logits_do_not_depend_on_batching(name):
         "chunked prefill": sequence_chunked(engine(), prompt, params),
         "batched with others": sequence_batched(engine(), prompt, params, vocab),
         "batched, 2 threads": sequence_batched(engine(threads=2), prompt, params, vocab),
+        "prefill as decodes": sequence_token_by_token(engine(), prompt, params),
     }.items():
         assert_bitwise(logits, alone_logits, f"{name}, {what}")
         assert tokens == alone_tokens, f"{name}, {what}: seeded samples differ"
