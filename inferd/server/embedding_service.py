@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from inferd.engine.chat_embedder import ChatEmbedder
 from inferd.engine.embedder import Embedder
 from inferd.engine.embedding_queue import EmbeddingJob, EmbeddingQueue, EmbeddingWorker
 from inferd.model.embedding import load_embedding_model
@@ -82,10 +83,15 @@ class EmbeddingMetrics:
 @dataclass
 class EmbeddingService:
     name: str
-    embedder: Embedder
+    embedder: Embedder | ChatEmbedder
     queue: EmbeddingQueue
     worker: EmbeddingWorker | None = None  # None when a scheduler loop runs the queue's steps
     extra: dict[str, Any] = field(default_factory=dict)
+    aliases: frozenset[str] = frozenset()  # other names a request's `model` may use (the chat model's)
+    listed: bool = True  # its own entry in /v1/models (not for the chat model, which has one)
+
+    def answers_to(self, name: str) -> bool:
+        return name == self.name or name in self.aliases
 
     def card(self) -> dict[str, Any]:
         m = self.embedder.model
@@ -134,5 +140,30 @@ def start_embedding_service(
         worker = EmbeddingWorker(queue, watchdog)
         service = EmbeddingService(service_name, embedder, queue, worker)
         worker.start()
+    metrics.services.append(service)
+    return service
+
+
+def start_chat_embedding_service(
+    engine: Any,
+    tokenizer: Any,
+    pooling: str,
+    *,
+    name: str,
+    aliases: frozenset[str],
+    threads: int,
+    max_batch_tokens: int,
+    max_waiting: int,
+    metrics: EmbeddingMetrics,
+    engine_loop: Any,
+) -> EmbeddingService:
+    """The chat model embedding too (the pooling setting): its queue's steps run on the engine loop's thread,
+    between the chat model's own steps."""
+    embedder = ChatEmbedder(engine, tokenizer, pooling, name=name, threads=threads, max_batch_tokens=max_batch_tokens)
+    queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(name))
+    embedder.embed(embedder.tokenize(["warm up"]))
+    queue.wake = engine_loop.wake
+    engine_loop.side_queues.append(queue)
+    service = EmbeddingService(name, embedder, queue, aliases=aliases, listed=False)
     metrics.services.append(service)
     return service

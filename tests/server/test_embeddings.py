@@ -175,3 +175,33 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
         for f in embeds:
             np.testing.assert_array_equal(np.array([d.embedding for d in f.result().data], np.float32),
                                           reference.embed(reference.tokenize(TEXTS)))
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_chat_model_embeds_with_pooling(make_server, pooling):
+    """--pooling: the chat model answers /v1/embeddings under its own name (listed once in /v1/models), with the
+    vectors of the in-process ChatEmbedder on the same weights; chats keep working beside it."""
+    from inferd.engine.chat_embedder import ChatEmbedder
+
+    srv = make_server(pooling=pooling)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    chat_name = srv.state.served_model_name
+    assert [m.id for m in client.models.list().data] == [chat_name]
+    r = client.embeddings.create(model=chat_name, input=TEXTS, encoding_format="float")
+    got = np.array([d.embedding for d in r.data], np.float32)
+    local = ChatEmbedder(srv.state.engine, srv.state.model.tokenizer, pooling, name="x", threads=1)
+    ids = local.tokenize(TEXTS)
+    np.testing.assert_array_equal(got, local.embed(ids))
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)
+    assert r.usage.prompt_tokens == sum(map(len, ids)) and r.model == chat_name
+    assert client.chat.completions.create(model=chat_name, max_tokens=4,
+                                          messages=[{"role": "user", "content": "hi"}]).choices
+    status, body = post(srv.url, {"model": chat_name, "input": "x", "dimensions": 8})
+    assert status == 400 and body["error"]["param"] == "dimensions"
+
+
+def test_chat_model_without_pooling_says_how(make_server):
+    srv = make_server()
+    status, body = post(srv.url, {"model": srv.state.served_model_name, "input": "hello"})
+    assert status == 400 and body["error"]["code"] == "model_not_embedding"
+    assert "--pooling" in body["error"]["message"]
