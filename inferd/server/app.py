@@ -306,7 +306,7 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
 
     s = state.settings
     if state.embedding_metrics is None:
-        state.embedding_metrics = EmbeddingMetrics()
+        state.embedding_metrics = EmbeddingMetrics(state.metrics)
     state.notifier.status(f"loading embedding model {path}")
     service = await asyncio.get_running_loop().run_in_executor(
         None,
@@ -337,7 +337,7 @@ async def start_chat_embeddings(state: ServerState) -> None:
 
     s = state.settings
     if state.embedding_metrics is None:
-        state.embedding_metrics = EmbeddingMetrics()
+        state.embedding_metrics = EmbeddingMetrics(state.metrics)
     service = await asyncio.get_running_loop().run_in_executor(
         None,
         lambda: start_chat_embedding_service(

@@ -142,6 +142,11 @@ def test_models_metrics_and_chat_paths(emb_server, client):
     assert m[("inferd:embedding_requests_total", (("model_name", "tiny-bert"), ("status", "finished")))] == before + 1
     assert m[("inferd:embedding_inputs_total", (("model_name", "tiny-bert"),))] >= 2
     assert ("inferd:embedding_num_requests_waiting", (("model_name", "tiny-bert"),)) in m
+    # the shared request and token families the dashboards read, labelled by the embedding model
+    success = ("inferd:request_success_total", (("finished_reason", "stop"), ("model_name", "tiny-bert")))
+    tokens = ("inferd:prompt_tokens_total", (("model_name", "tiny-bert"),))
+    assert m[success] == before + 1 and m[tokens] >= 2
+    assert m[("inferd:e2e_request_latency_seconds_count", (("model_name", "tiny-bert"),))] == before + 1
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="tiny-bert", messages=[{"role": "user", "content": "hi"}])
     assert "/v1/embeddings" in e.value.body["message"]
@@ -162,6 +167,15 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=chat_name, input="hello")
     assert e.value.body["code"] == "model_not_embedding"
+    # the shared families hold both models, each family once in /metrics (the parser would refuse a repeat)
+    m = srv.metrics()
+    for name in (chat_name, "tiny-bert"):
+        assert ("inferd:prompt_tokens_total", (("model_name", name),)) in m
+        assert ("inferd:request_success_total", (("finished_reason", "stop"), ("model_name", name))) in m
+    assert m[("inferd:prompt_tokens_total", (("model_name", "tiny-bert"),))] > 0
+    with urllib.request.urlopen(srv.url + "/metrics") as r:
+        text = r.read().decode()
+    assert text.count("# TYPE inferd:prompt_tokens_total counter") + text.count("# TYPE inferd:prompt_tokens counter") == 1
     # one thread for both models: the chat model's engine loop runs the embedding steps between its own
     service = srv.state.embeddings[0]
     assert service.worker is None and service.queue in srv.state.engine_loop.side_queues
