@@ -134,14 +134,15 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const enc_layer_t *L = &c->model->layers[s->layer];
     int hd = cfg->head_dim, qd = Q_DIM(cfg), stride = QKV_DIM(cfg), group = cfg->n_heads / cfg->n_kv_heads;
     int window = L->sliding ? cfg->sliding_window : 0;
-    float *scores = c->scores + (size_t)thread * 4 * c->max_tokens;
+    float *scores = c->scores + (size_t)thread * ENC_ATTN_QBLOCK * c->max_tokens;
+    float *kt = c->kt + (size_t)thread * hd * c->max_tokens;
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / cfg->n_heads), h = (int)(item % cfg->n_heads);
         int t0 = s->b->seq_start[seq], n = s->b->seq_start[seq + 1] - t0;
         const float *q = c->qkv + (size_t)t0 * stride + (size_t)h * hd;
         const float *k = c->qkv + (size_t)t0 * stride + qd + (size_t)(h / group) * hd, *v = k + KV_DIM(cfg);
         float *out = c->attn + (size_t)t0 * qd + (size_t)h * hd;
-        attention_bidir(q, k, v, stride, stride, n, hd, cfg->attn_scale, window, out, qd, scores);
+        attention_bidir(q, k, v, stride, stride, n, hd, cfg->attn_scale, window, out, qd, scores, kt);
         if (is_quant(&L->wo))
             for (int i = 0; i < n; i++)
                 quantize_act(out + (size_t)i * qd, hd, c->xq + (size_t)(t0 + i) * (qd / QK) + h * hd / QK);
@@ -375,10 +376,11 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->xq_h = zalloc((T + ENC_XQ_PAD) * (cfg->hidden / QK) * sizeof(block_q8x));
     c->gu = zalloc(gu * sizeof(float));
     c->seq_of = zalloc(T * sizeof(int32_t));
-    c->scores = zalloc((size_t)threads * 4 * T * sizeof(float));   /* four queries at a time */
+    c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * T * sizeof(float));
+    c->kt = zalloc((size_t)threads * cfg->head_dim * T * sizeof(float));
     c->pooled = zalloc((size_t)max_seqs * pooled * sizeof(float));
     c->pooled2 = zalloc((size_t)max_seqs * pooled * sizeof(float));
-    if (!c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores ||
+    if (!c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores || !c->kt ||
         !c->pooled || !c->pooled2) {
         encoder_ctx_free(c);
         return NULL;
@@ -390,6 +392,6 @@ void encoder_ctx_free(encoder_ctx_t *c) {
     if (!c) return;
     if (c->pool) pool_destroy(c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->attn); free(c->h); free(c->xq); free(c->xq_h); free(c->gu); free(c->seq_of);
-    free(c->scores); free(c->pooled); free(c->pooled2);
+    free(c->scores); free(c->kt); free(c->pooled); free(c->pooled2);
     free(c);
 }

@@ -80,7 +80,8 @@ typedef struct {
     block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
     block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
     float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
-    float *scores;                    /* (threads, 4, max_tokens) attention scores of up to four queries */
+    float *scores;                    /* (threads, ENC_ATTN_QBLOCK, max_tokens) scores of a block of queries */
+    float *kt;                        /* (threads, head_dim, max_tokens) a sequence's keys of one head, transposed */
     int32_t *seq_of;                  /* (max_tokens) sequence of each token */
     float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
     float *pooled2;
@@ -109,8 +110,10 @@ void encoder_set_amx(int on);                 /* on by default; off to measure t
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
-/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (4 n) */
+/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch:
+ * scores (ENC_ATTN_QBLOCK n), kt (hd n) */
+#define ENC_ATTN_QBLOCK 8
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
-                     float scale, int window, float *out, int out_stride, float *scores);
+                     float scale, int window, float *out, int out_stride, float *scores, float *kt);
 
 #endif
