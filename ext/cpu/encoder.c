@@ -264,7 +264,12 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A batch of at most serial_tokens tokens (one short query) runs every stage on the calling thread: its ~50
+ * parallel regions would each wait for the other threads, which costs more than their share of its little work,
+ * and a lot more when another process holds the cores (they must be scheduled back in for every region). The
+ * items and their arithmetic are the same either way, so the bits are too. */
 static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, estage_t *s) {
+    if (s->b->num_tokens <= c->serial_tokens) chunk = n;        /* pool_run runs it inline */
     if (!c->profile_on) { pool_run(c->pool, n, chunk, fn, s); return; }
     double t0 = now_seconds();
     pool_run(c->pool, n, chunk, fn, s);
@@ -359,6 +364,7 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->model = m;
     c->max_tokens = max_tokens;
     c->max_seqs = max_seqs;
+    c->serial_tokens = ENC_SERIAL_TOKENS;
     c->pool = pool_create(threads);
     size_t T = (size_t)max_tokens, qd = Q_DIM(cfg), wide = qd > (size_t)cfg->dim ? qd : (size_t)cfg->dim;
     size_t pooled = (size_t)cfg->dim;
