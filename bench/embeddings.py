@@ -2,6 +2,7 @@
 
     python bench/embeddings.py [-t 2] [-r 3] [--models all-MiniLM-L6-v2,embeddinggemma-300m] [--out FILE]
     python bench/embeddings.py --serve [--clients 32] [--seconds 20] [--models all-MiniLM-L6-v2]
+    python bench/embeddings.py --llama-server [--bin DIR] [--gguf DIR] [-r 3] [--models ...]
 
 Workloads: sentences/s for a batch of 1 (one short sentence per call, 32 calls), 32 and 256 short sentences
 (~16 tokens), and 64 passages of ~256 tokens; plus the latency of one short query (median of 50 calls). Each
@@ -9,7 +10,12 @@ workload runs inferd (weights as stored, and --quantize q8_0) and sentence-trans
 inference_mode, its own length-sorted batching with batch_size = the workload's size) alternately, -r repeats,
 median. Tokenization is included on both sides. --serve instead starts `inferd serve MODEL` and runs closed-loop
 clients (each POSTs one short sentence per request to /v1/embeddings), against the in-process rate of the same
-sentences in batches of 256, measured in the same run. Models come from ~/.cache/inferd-test-models
+sentences in batches of 256, measured in the same run. --llama-server instead serves each model with both
+`inferd serve` and llama.cpp's `llama-server --embedding --pooling mean` (the GGUF files its converter makes:
+--gguf DIR holds MODEL-f32.gguf and MODEL-q8_0.gguf, from `convert_hf_to_gguf.py FOLDER --outtype f32|q8_0`),
+same weights type and threads, and times the same workloads as /v1/embeddings requests (batch 1: 32 requests of
+one sentence; otherwise one request holding the whole batch), the two servers alternating, -r repeats, median;
+the vectors of the two servers are compared too (cosine). Models come from ~/.cache/inferd-test-models
 (../shared/models/fetch.sh all-minilm-l6-v2 embeddinggemma-300m).
 """
 from __future__ import annotations
@@ -127,6 +133,108 @@ def serve_bench(args: argparse.Namespace) -> None:
     print(text)
 
 
+LLAMA_BIN = Path.home() / ".cache" / "inferd-peers" / "llama.cpp-0.3.36" / "build" / "bin"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: Any, what: str, timeout: float = 300.0) -> None:
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} did not become ready in {timeout:.0f} s")
+
+
+def post_embeddings(url: str, model: str, inputs: list[str]) -> np.ndarray:
+    import json
+    import urllib.request
+    body = json.dumps({"model": model, "input": inputs, "encoding_format": "float"}).encode()
+    req = urllib.request.Request(url + "/v1/embeddings", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        data = json.loads(r.read())["data"]
+    return np.array([d["embedding"] for d in sorted(data, key=lambda d: d["index"])], np.float32)
+
+
+def llama_server_bench(args: argparse.Namespace) -> None:
+    """inferd serve vs llama-server on the same workloads, requests alternating between the two."""
+    import subprocess
+    short = texts(256, 13, 1)
+    passages = texts(64, 220, 2)
+    workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
+                 ("64 passages x ~256 tok", passages, 64)]
+    gguf_dir, bin_dir = Path(args.gguf), Path(args.bin)
+    lines = []
+    for name in args.models.split(","):
+        folder = MODELS / name
+        for quant in ("f32", "q8_0"):
+            gguf = gguf_dir / f"{name}-{quant}.gguf"
+            if not gguf.exists():
+                print(f"skipping {name} {quant}: no {gguf}", flush=True)
+                continue
+            ours_port, llama_port = free_port(), free_port()
+            ours_cmd = [sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(ours_port),
+                        "--threads", str(args.threads), "--max-batch-tokens", "16384"]
+            if quant != "f32":
+                ours_cmd += ["--quantize", quant]
+            # -nr: llama.cpp's repacking of Q8_0 dies with SIGILL on this AMX CPU; 64 slots of 512 positions
+            llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-nr", "-m", str(gguf),
+                         "-t", str(args.threads), "-tb", str(args.threads), "-c", "32768", "-np", "64",
+                         "-b", "16384", "-ub", "16384", "--port", str(llama_port), "--host", "127.0.0.1"]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
+                     for cmd in (ours_cmd, llama_cmd)]
+            ours_url, llama_url = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{llama_port}"
+            try:
+                wait_healthy(ours_url, procs[0], "inferd serve")
+                wait_healthy(llama_url, procs[1], "llama-server")
+                servers = {"inferd": (ours_url, name.lower()), "llama": (llama_url, gguf.name)}
+                probe = short[:4] + passages[:1]
+                a, b = (post_embeddings(u, m, probe) for u, m in servers.values())
+                cos = float(np.min((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
+                for label, batch, size in workloads:
+                    def run(url: str, model: str, batch: list[str] = batch, size: int = size) -> None:
+                        for i in range(0, len(batch), size):
+                            post_embeddings(url, model, batch[i:i + size])
+                    for url, model in servers.values():                     # warm-up
+                        run(url, model)
+                    times: dict[str, list[float]] = {k: [] for k in servers}
+                    for _ in range(args.repeats):                           # alternating
+                        for k, (url, model) in servers.items():
+                            times[k].append(timed(lambda: run(url, model)))
+                    rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
+                    lines.append(f"| {name} | {quant} | {label} | {rate['inferd']:.3g} | {rate['llama']:.3g} "
+                                 f"| {rate['inferd'] / rate['llama']:.2f}x | {cos:.4f} |")
+                    print(lines[-1], flush=True)
+            finally:
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(30)
+    text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating; "
+            "machine shared)\n\n"
+            f"threads {args.threads}, repeats {args.repeats} (median); llama-server -nr (its Q8_0 repacking dies with "
+            "SIGILL on this AMX CPU), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py. min cos: the "
+            "lowest cosine between the two servers' vectors for 4 sentences and a passage.\n\n"
+            "| model | weights | workload | inferd sent/s | llama-server sent/s | inferd / llama | min cos |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
+    with open(args.out, "a") as f:
+        f.write(text)
+    print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -136,9 +244,16 @@ def main() -> None:
     ap.add_argument("--serve", action="store_true", help="served throughput instead (appended to --out)")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--llama-server", action="store_true",
+                    help="inferd serve vs llama-server --embedding, served (appended to --out)")
+    ap.add_argument("--bin", default=str(LLAMA_BIN), help="llama.cpp's build/bin")
+    ap.add_argument("--gguf", default=str(MODELS / "gguf-embed"), help="MODEL-f32.gguf and MODEL-q8_0.gguf")
     args = ap.parse_args()
     if args.serve:
         serve_bench(args)
+        return
+    if args.llama_server:
+        llama_server_bench(args)
         return
 
     import torch

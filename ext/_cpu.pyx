@@ -753,6 +753,33 @@ cdef class Context:
         finally:
             free(so)
 
+    def final_hidden(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
+                     int32_t[:, ::1] block_tables):
+        """A forward pass without logits or sampling (a chat model embedding its input): (num_tokens, dim), every
+        row's hidden state after the final norm. Writes the batch's K/V into the blocks its tables name."""
+        cdef int T = token_ids.shape[0], rc
+        if positions.shape[0] != T or seq_of_token.shape[0] != T:
+            raise ValueError("batch arrays disagree in length")
+        if block_tables.shape[0] < 1 or block_tables.shape[1] < 1:
+            raise ValueError("empty block table")
+        out = np.empty((T, self.dim), np.float32)
+        cdef float[:, ::1] ov = out
+        cdef batch_t b
+        memset(&b, 0, sizeof(b))
+        b.num_tokens = T
+        b.num_seqs = block_tables.shape[0]
+        b.token_ids = &token_ids[0]
+        b.positions = &positions[0]
+        b.seq_of_token = &seq_of_token[0]
+        b.block_tables = &block_tables[0, 0]
+        b.max_blocks_per_seq = block_tables.shape[1]
+        b.final_out = &ov[0, 0]
+        with nogil:
+            rc = forward(self.c, &b)
+        if rc != FORWARD_OK:
+            raise ValueError(f"invalid batch: {FORWARD_ERRORS.get(rc, f'code {rc}')}")
+        return out
+
     cdef _read_samples(self, sample_out_t *so, int n, dict samples):
         cdef int32_t[::1] tok = samples["token"]
         cdef float[::1] lp = samples["logprob"]

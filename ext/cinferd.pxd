@@ -161,6 +161,7 @@ cdef extern from "inferd.h" nogil:
         float *logits_out
         sample_out_t *samples
         float *hidden_out
+        float *final_out
     enum:
         NUM_STAGES
     ctypedef struct context_t:

@@ -56,9 +56,12 @@ cdef extern from "encoder.h" nogil:
     ctypedef struct encoder_ctx_t:
         int profile_on
         double profile[ENC_NUM_STAGES]
+        int serial_tokens
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
+    int encoder_amx_available()
+    void encoder_set_amx(int on)
     float *pack_panels(const weight_t *w)
 
 
@@ -66,6 +69,19 @@ ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
 POOLINGS = {"mean": 0, "cls": 1, "last": 2}
 ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", "ffn up+act", "matmul down",
                        "pool+dense")
+
+
+def encoder_amx(object on=None):
+    """Whether the encoder's Q8_0 matmuls may use AMX (on by default where the CPU has it); on=False/True sets it
+    (for A/B measurements). Returns (enabled, available on this CPU)."""
+    global _amx_on
+    if on is not None:
+        _amx_on = bool(on)
+        encoder_set_amx(_amx_on)
+    return _amx_on, bool(encoder_amx_available())
+
+
+_amx_on = True
 
 
 cdef class EncoderModel:
@@ -257,6 +273,15 @@ cdef class Encoder:
             raise ValueError(f"invalid encoder batch (code {rc}): token ids out of range, an empty sequence, "
                              "a sequence longer than the model's positions or starts that do not add up")
         return out, hidden
+
+    @property
+    def serial_tokens(self):
+        """Batches of at most this many tokens run on the calling thread alone (default 16: one short query)."""
+        return self.c.serial_tokens
+
+    @serial_tokens.setter
+    def serial_tokens(self, int n):
+        self.c.serial_tokens = n
 
     def set_profiling(self, bint on):
         cdef int i

@@ -42,6 +42,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_cache_dir: str = ""
     quantize: str = ""
     embedding_model: str = ""
+    pooling: str = "none"
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -92,6 +93,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for name, allowed in (
             ("device", DEVICES),
             ("quantize", ("",) + QUANTIZE_TARGETS),
+            ("pooling", ("none", "last", "mean")),
             ("cpu_path", ("",) + CPU_PATHS),
             ("cuda_weights", CUDA_WEIGHTS),
             ("cuda_kv", CUDA_KV),
@@ -111,6 +113,10 @@ DOCS: dict[str, str] = {
     "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
     "quantize": "Quantize a float (Hugging Face) model at load time: q8_0 or q4_0; empty keeps the file's types.",
     "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
+    "pooling": (
+        "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
+        "L2-normalized; none: chat only."
+    ),
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
     "api_keys": (

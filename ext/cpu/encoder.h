@@ -71,6 +71,7 @@ typedef struct {
     int max_tokens, max_seqs;
     int profile_on;
     double profile[ENC_NUM_STAGES];
+    int serial_tokens;                /* batches of at most this many tokens run on the calling thread alone */
     /* scratch, allocated once */
     float *x;                         /* (max_tokens, dim) residual stream */
     float *xn;                        /* (max_tokens, dim) normed input of a float weight; Wo/down output (Gemma) */
@@ -80,12 +81,14 @@ typedef struct {
     block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
     block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
     float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
-    float *scores;                    /* (threads, 4, max_tokens) attention scores of up to four queries */
+    float *scores;                    /* (threads, ENC_ATTN_QBLOCK, max_tokens) scores of a block of queries */
+    float *kt;                        /* (threads, head_dim, max_tokens) a sequence's keys of one head, transposed */
     int32_t *seq_of;                  /* (max_tokens) sequence of each token */
     float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
     float *pooled2;
 } encoder_ctx_t;
 
+#define ENC_SERIAL_TOKENS 16
 encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads);
 void encoder_ctx_free(encoder_ctx_t *c);
 int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 invalid batch */
@@ -97,11 +100,22 @@ float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NU
 void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
                  float *y, int ldy, int accumulate);
 
+/* quantized matmuls (encoder_amx.c): Q8_0 on AMX where the CPU and kernel allow it (on the SIMD paths), otherwise
+ * matmul_tiles; the same bits either way. xq must stay readable 16 tokens past ntok (the context pads it). */
+void encoder_matmul_quant(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
+                          const block_q8x *xq, float *y, int ldy, int accumulate);
+int encoder_amx_available(void);
+int encoder_uses_amx(const weight_t *w);
+void encoder_set_amx(int on);                 /* on by default; off to measure the tile kernels */
+#define ENC_XQ_PAD 16                         /* tokens of padding after the quantized activations */
+
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
-/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scores (4 n) */
+/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch:
+ * scores (ENC_ATTN_QBLOCK n), kt (hd n) */
+#define ENC_ATTN_QBLOCK 8
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
-                     float scale, int window, float *out, int out_stride, float *scores);
+                     float scale, int window, float *out, int out_stride, float *scores, float *kt);
 
 #endif

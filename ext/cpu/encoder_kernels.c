@@ -1,9 +1,11 @@
 /* Kernels that only encoders need: LayerNorm, GELU (erf form) and bidirectional attention over a
  * sequence's own tokens (no KV cache: an encoder sees its whole input at once).
  *
- * As everywhere in the engine, the scalar and AVX2 variants do the same IEEE operations in the same order, so the
- * paths give the same bits: dot products are eight lanes of fma chains over the head dimension summed in
- * hsum8_pairs' order, exp is vecmath's, sums run lane by lane over groups of 8 then over the tail in order. */
+ * As everywhere in the engine, the scalar, AVX2 and AVX-512 variants do the same IEEE operations in the same order,
+ * so the paths give the same bits: a score is one fma chain over the head dimension from 0 (the keys transposed
+ * once per sequence and head, so that a vector holds consecutive keys and a block of queries shares every load),
+ * exp is vecmath's, softmax sums run lane by lane over groups of 8 then over the tail in order, and an output is
+ * one fma chain over the keys from 0. */
 #include <math.h>
 #include "encoder.h"
 #include "vecmath.h"
@@ -51,15 +53,20 @@ static void gelu_erf_scalar(float *x, int n) {
 
 /* ---------------- bidirectional attention, scalar ---------------- */
 
-static void scores_scalar(const float *q, const float *k, int stride, int lo, int hi, int hd, float scale,
-                          float *s) {
+/* s[j - lo] = scale * (one fma chain over the head dimension from 0) for keys [lo, hi); kt: the keys transposed,
+ * value d of key j at kt[d * n + j], so that the SIMD variants hold consecutive keys in their lanes */
+static void scores_scalar(const float *q, const float *kt, int n, int lo, int hi, int hd, float scale, float *s) {
     for (int j = lo; j < hi; j++) {
-        float a[8] = {0};
-        const float *kj = k + (size_t)j * stride;
-        for (int g = 0; g < hd; g += 8)
-            for (int l = 0; l < 8; l++) a[l] = __builtin_fmaf(q[g + l], kj[g + l], a[l]);
-        s[j - lo] = hsum8_pairs_scalar(a) * scale;
+        float a = 0.0f;
+        for (int d = 0; d < hd; d++) a = __builtin_fmaf(q[d], kt[(size_t)d * n + j], a);
+        s[j - lo] = a * scale;
     }
+}
+
+/* kt (hd, n) = the n keys (rows at stride) transposed */
+static void transpose_keys(const float *k, int stride, int n, int hd, float *kt) {
+    for (int j = 0; j < n; j++)
+        for (int d = 0; d < hd; d++) kt[(size_t)d * n + j] = k[(size_t)j * stride + d];
 }
 
 /* s[j] = exp(s[j] - m) (0 below the cutoff); returns their sum: lane l of full groups of 8 sums s[8i + l], the
@@ -115,28 +122,16 @@ ENC_AVX2 static void gelu_erf_avx2(float *x, int n) {
     gelu_erf_scalar(x + i, n - i);
 }
 
-/* four keys at a time: each key's eight lanes of fma chains, then the four sums in hsum8_pairs' order */
-ENC_AVX2 static void scores_avx2(const float *q, const float *k, int stride, int lo, int hi, int hd, float scale,
+/* one query, eight keys per vector: lane l is key j + l's fma chain over d (scores_scalar's arithmetic) */
+ENC_AVX2 static void scores_avx2(const float *q, const float *kt, int n, int lo, int hi, int hd, float scale,
                                  float *s) {
     int j = lo;
-    for (; j + 4 <= hi; j += 4) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *k0 = k + (size_t)j * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-        for (int g = 0; g < hd; g += 8) {
-            __m256 qv = _mm256_loadu_ps(q + g);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + g), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + g), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + g), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + g), a3);
-        }
-        _mm_storeu_ps(s + j - lo, _mm_mul_ps(hsum4x8_pairs(a0, a1, a2, a3), _mm_set1_ps(scale)));
-    }
-    for (; j < hi; j++) {
+    for (; j + 8 <= hi; j += 8) {
         __m256 a = _mm256_setzero_ps();
-        const float *kj = k + (size_t)j * stride;
-        for (int g = 0; g < hd; g += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + g), _mm256_loadu_ps(kj + g), a);
-        s[j - lo] = hsum8_pairs(a) * scale;
+        for (int d = 0; d < hd; d++) a = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_loadu_ps(kt + (size_t)d * n + j), a);
+        _mm256_storeu_ps(s + j - lo, _mm256_mul_ps(a, _mm256_set1_ps(scale)));
     }
+    scores_scalar(q, kt, n, j, hi, hd, scale, s + j - lo);
 }
 
 ENC_AVX2 static float max_scores_avx2(const float *s, int n) {
@@ -166,28 +161,31 @@ ENC_AVX2 static float softmax_weights_avx2(float *s, int n, float m) {
 }
 
 /* Four queries of a sequence at once (every query of a layer without a window sees all n keys): each key and value
- * row is read once for the four, which quarters the K/V traffic from L2 that bounds one query at a time; per
- * output the arithmetic is the single query's (scores: eight fma lanes, hsum8_pairs order; weighted sum: one fma
- * chain over the keys from 0), so a query's bits do not depend on whether it was in a block. */
+ * row is read once for the four; per output the arithmetic is the single query's (scores: one fma chain over d;
+ * weighted sum: one fma chain over the keys from 0), so a query's bits do not depend on whether it was in a block. */
 #define QBLOCK 4
 
-ENC_AVX2 static void scores4_avx2(const float *q, int q_stride, const float *k, int stride, int n, int hd,
-                                  float scale, float *s) {
-    const float *q0 = q, *q1 = q + q_stride, *q2 = q1 + q_stride, *q3 = q2 + q_stride;
-    for (int j = 0; j < n; j++) {
-        const float *kj = k + (size_t)j * stride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int g = 0; g < hd; g += 8) {
-            __m256 kv = _mm256_loadu_ps(kj + g);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + g), kv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + g), kv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + g), kv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + g), kv, a3);
+/* s[i * n + j] for queries i < 4 (rows of q at q_stride) and all n keys, 16 keys per pass */
+ENC_AVX2 static void scores4_avx2(const float *q, int q_stride, const float *kt, int n, int hd, float scale,
+                                  float *s) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m256 a[QBLOCK][2];
+        for (int i = 0; i < QBLOCK; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            __m256 k0 = _mm256_loadu_ps(kt + (size_t)d * n + j), k1 = _mm256_loadu_ps(kt + (size_t)d * n + j + 8);
+            for (int i = 0; i < QBLOCK; i++) {
+                __m256 qb = _mm256_set1_ps(q[(size_t)i * q_stride + d]);
+                a[i][0] = _mm256_fmadd_ps(qb, k0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(qb, k1, a[i][1]);
+            }
         }
-        float r[4];
-        _mm_storeu_ps(r, _mm_mul_ps(hsum4x8_pairs(a0, a1, a2, a3), _mm_set1_ps(scale)));
-        for (int i = 0; i < QBLOCK; i++) s[(size_t)i * n + j] = r[i];
+        for (int i = 0; i < QBLOCK; i++) {
+            _mm256_storeu_ps(s + (size_t)i * n + j, _mm256_mul_ps(a[i][0], _mm256_set1_ps(scale)));
+            _mm256_storeu_ps(s + (size_t)i * n + j + 8, _mm256_mul_ps(a[i][1], _mm256_set1_ps(scale)));
+        }
     }
+    for (int i = 0; i < QBLOCK; i++) scores_avx2(q + (size_t)i * q_stride, kt, n, j, n, hd, scale, s + (size_t)i * n + j);
 }
 
 /* out row i = inv[i] * sum_j p[i][j] v_j for four queries, 16 lanes per pass over the keys (8 accumulators) */
@@ -227,6 +225,83 @@ ENC_AVX2 static void weighted_sum_avx2(const float *s, const float *v, int strid
         for (int r = 0; r < nv; r++) _mm256_storeu_ps(out + d0 + 8 * r, _mm256_mul_ps(o[r], _mm256_set1_ps(inv)));
     }
 }
+
+/* ---------------- AVX-512: eight queries at once, 32 keys (scores) or 16 head lanes (weighted sum) per vector pair,
+ * the same per-lane arithmetic as above */
+#define ENC_AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
+#define QBLOCK8 8
+
+/* zmm wherever the CPU has AVX-512F, except when the AVX2 path is forced (so that tests compare the ymm kernels) */
+static int has_avx512(void) {
+    static int state = -1;
+    if (state < 0) state = __builtin_cpu_supports("avx512f");
+    return state && cpu_path() != PATH_AVX2 && cpu_path() != PATH_SCALAR;
+}
+
+ENC_AVX512 static void scores8_avx512(const float *q, int q_stride, const float *kt, int n, int hd, float scale,
+                                      float *s) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int j = 0; j < n; j += 32) {
+        int left = n - j;
+        __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        __m512 a[QBLOCK8][2];
+        for (int i = 0; i < QBLOCK8; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d++) {
+            const float *row = kt + (size_t)d * n + j;
+            __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
+            for (int i = 0; i < QBLOCK8; i++) {
+                __m512 qb = _mm512_set1_ps(q[(size_t)i * q_stride + d]);
+                a[i][0] = _mm512_fmadd_ps(qb, k0, a[i][0]);
+                a[i][1] = _mm512_fmadd_ps(qb, k1, a[i][1]);
+            }
+        }
+        for (int i = 0; i < QBLOCK8; i++) {
+            _mm512_mask_storeu_ps(s + (size_t)i * n + j, m0, _mm512_mul_ps(a[i][0], sc));
+            _mm512_mask_storeu_ps(s + (size_t)i * n + j + 16, m1, _mm512_mul_ps(a[i][1], sc));
+        }
+    }
+}
+
+/* out row i = inv[i] * (fma chain over the keys from 0 of p[i][j] v_j), 16 lanes of the head per vector */
+ENC_AVX512 static void weighted_sum8_avx512(const float *p, const float *v, int stride, int n, int hd,
+                                            const float *inv, float *out, int out_stride) {
+    for (int d0 = 0; d0 < hd; d0 += 32) {
+        int two = hd - d0 >= 32;
+        __m512 a[QBLOCK8][2];
+        for (int i = 0; i < QBLOCK8; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (size_t)j * stride + d0;
+            __m512 v0 = _mm512_loadu_ps(vj), v1 = two ? _mm512_loadu_ps(vj + 16) : v0;
+            for (int i = 0; i < QBLOCK8; i++) {
+                __m512 w = _mm512_set1_ps(p[(size_t)i * n + j]);
+                a[i][0] = _mm512_fmadd_ps(w, v0, a[i][0]);
+                if (two) a[i][1] = _mm512_fmadd_ps(w, v1, a[i][1]);
+            }
+        }
+        for (int i = 0; i < QBLOCK8; i++) {
+            __m512 sc = _mm512_set1_ps(inv[i]);
+            _mm512_storeu_ps(out + (size_t)i * out_stride + d0, _mm512_mul_ps(a[i][0], sc));
+            if (two) _mm512_storeu_ps(out + (size_t)i * out_stride + d0 + 16, _mm512_mul_ps(a[i][1], sc));
+        }
+    }
+}
+
+/* queries [0, 8 k) of the sequence in blocks of eight; returns how many it did */
+static int attention_block8_avx512(const float *q, const float *kt, const float *v, int q_stride, int kv_stride,
+                                   int n, int hd, float scale, float *out, int out_stride, float *scores) {
+    int i = 0;
+    for (; i + QBLOCK8 <= n; i += QBLOCK8) {
+        float inv[QBLOCK8];
+        scores8_avx512(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
+        for (int b = 0; b < QBLOCK8; b++) {
+            float *sb = scores + (size_t)b * n;
+            inv[b] = 1.0f / softmax_weights_avx2(sb, n, max_scores_avx2(sb, n));
+        }
+        weighted_sum8_avx512(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
+    }
+    return i;
+}
 #endif
 
 /* ---------------- entry points ---------------- */
@@ -239,23 +314,26 @@ void gelu_erf(float *x, int n) {
 }
 
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
-                     float scale, int window, float *out, int out_stride, float *scores) {
+                     float scale, int window, float *out, int out_stride, float *scores, float *kt) {
     int simd = 0;
 #if defined(__x86_64__)
     simd = cpu_path() != PATH_SCALAR;
 #endif
+    transpose_keys(k, kv_stride, n, hd, kt);
     int i = 0;
 #if defined(__x86_64__)
-    if (simd && (window <= 0 || window >= n) && hd % 16 == 0)     /* every query sees all n keys */
+    if (simd && (window <= 0 || window >= n) && hd % 16 == 0) {     /* every query sees all n keys */
+        if (has_avx512()) i = attention_block8_avx512(q, kt, v, q_stride, kv_stride, n, hd, scale, out, out_stride, scores);
         for (; i + QBLOCK <= n; i += QBLOCK) {
             float inv[QBLOCK];
-            scores4_avx2(q + (size_t)i * q_stride, q_stride, k, kv_stride, n, hd, scale, scores);
+            scores4_avx2(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
             for (int b = 0; b < QBLOCK; b++) {
                 float *sb = scores + (size_t)b * n;
                 inv[b] = 1.0f / softmax_weights_avx2(sb, n, max_scores_avx2(sb, n));
             }
             weighted_sum4_avx2(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
         }
+    }
 #endif
     for (; i < n; i++) {
         int lo = 0, hi = n;
@@ -267,14 +345,14 @@ void attention_bidir(const float *q, const float *k, const float *v, int q_strid
         float *oi = out + (size_t)i * out_stride;
 #if defined(__x86_64__)
         if (simd) {
-            scores_avx2(qi, k, kv_stride, lo, hi, hd, scale, scores);
+            scores_avx2(qi, kt, n, lo, hi, hd, scale, scores);
             float total = softmax_weights_avx2(scores, hi - lo, max_scores_avx2(scores, hi - lo));
             weighted_sum_avx2(scores, v, kv_stride, lo, hi, hd, 1.0f / total, oi);
             continue;
         }
 #endif
         (void)simd;
-        scores_scalar(qi, k, kv_stride, lo, hi, hd, scale, scores);
+        scores_scalar(qi, kt, n, lo, hi, hd, scale, scores);
         float total = softmax_weights_scalar(scores, hi - lo, max_scores(scores, hi - lo));
         weighted_sum_scalar(scores, v, kv_stride, lo, hi, hd, 1.0f / total, oi);
     }

@@ -405,6 +405,9 @@ int forward(context_t *c, const batch_t *b) {
         matmul_residual(c, STAGE_DOWN, &s, &L->wdown, L->post_ffn_norm);        /* x += Wdown h */
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
+    if (b->final_out)
+        for (int t = 0; t < T; t++)
+            rmsnorm(c->x + (size_t)t * dim, m->output_norm, dim, cfg->norm_eps, b->final_out + (size_t)t * dim);
     if (b->num_out == 0) return 0;
     /* logits only for the rows that need them: gather them to the front of x (out_rows ascend) */
     for (int i = 0; i < b->num_out; i++)

@@ -275,6 +275,8 @@ typedef struct {
     float *logits_out;                 /* (num_out, vocab) or NULL: raw logits copied here */
     sample_out_t *samples;             /* (num_out) */
     float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
+    float *final_out;                  /* (num_tokens, dim) or NULL: every row after the final norm (a chat
+                                        * model's embeddings: pooled by the caller) */
 } batch_t;
 
 /* stages of a step, for the optional profile */

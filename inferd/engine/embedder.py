@@ -88,15 +88,21 @@ class Embedder:
 
     def batches(self, lengths: Sequence[int]) -> list[tuple[int, int]]:
         """Consecutive [lo, hi) ranges that each fit the encoder's token and sequence limits."""
-        ranges, lo, tokens = [], 0, 0
-        for i, n in enumerate(lengths):
-            if i > lo and (tokens + n > self.max_batch_tokens or i - lo == self.max_batch_seqs):
-                ranges.append((lo, i))
-                lo, tokens = i, 0
-            tokens += n
-        if lengths:
-            ranges.append((lo, len(lengths)))
-        return ranges
+        return pack_batches(lengths, self.max_batch_tokens, self.max_batch_seqs)
+
+
+def pack_batches(lengths: Sequence[int], max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) ranges of inputs that each fit max_tokens tokens and max_seqs inputs (an input longer
+    than max_tokens gets a range of its own)."""
+    ranges, lo, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > lo and (tokens + n > max_tokens or i - lo == max_seqs):
+            ranges.append((lo, i))
+            lo, tokens = i, 0
+        tokens += n
+    if lengths:
+        ranges.append((lo, len(lengths)))
+    return ranges
 
 
 def truncate_dimensions(vectors: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:

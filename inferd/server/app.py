@@ -275,6 +275,8 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.engine_loop.observer = state.metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
+        if s.pooling != "none":
+            await start_chat_embeddings(state)
         state.status = "ready"
         log.info(
             "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels, read bandwidth %.1f GB/s",
@@ -306,7 +308,7 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
 
     s = state.settings
     if state.embedding_metrics is None:
-        state.embedding_metrics = EmbeddingMetrics()
+        state.embedding_metrics = EmbeddingMetrics(state.metrics)
     state.notifier.status(f"loading embedding model {path}")
     service = await asyncio.get_running_loop().run_in_executor(
         None,
@@ -328,6 +330,34 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
         service.name,
         service.embedder.dimensions,
         service.embedder.max_seq_length,
+    )
+
+
+async def start_chat_embeddings(state: ServerState) -> None:
+    """The chat model answers /v1/embeddings too (pooling = last | mean)."""
+    from inferd.server.embedding_service import EmbeddingMetrics, start_chat_embedding_service
+
+    s = state.settings
+    if state.embedding_metrics is None:
+        state.embedding_metrics = EmbeddingMetrics(state.metrics)
+    service = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: start_chat_embedding_service(
+            state.engine,
+            state.model.tokenizer,
+            s.pooling,
+            name=state.served_model_name,
+            aliases=frozenset(state.model_names()),
+            threads=state.engine.threads,
+            max_batch_tokens=min(max(s.max_batch_tokens, 2048), state.max_model_len),
+            max_waiting=s.max_waiting,
+            metrics=state.embedding_metrics,
+            engine_loop=state.engine_loop,
+        ),
+    )
+    state.embeddings.append(service)
+    log.info(
+        "the chat model embeds too: %s pooling, up to %d tokens per input", s.pooling, service.embedder.max_seq_length
     )
 
 

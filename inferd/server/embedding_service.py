@@ -1,6 +1,10 @@
 """An embedding model as the server runs it: loaded from its folder, its queue, the thread that runs the queue's
-steps, and its Prometheus metrics (own names under `inferd:embedding_*`, label model_name, in their own registry
-appended to /metrics: no clash with the chat model's families)."""
+steps, and its Prometheus metrics. Those are its own names under `inferd:embedding_*` (label model_name, in their
+own registry appended to /metrics), and the shared request and token families every dashboard reads,
+`inferd:request_success_total` (finished_reason stop / abort / error), `inferd:prompt_tokens_total`,
+`inferd:e2e_request_latency_seconds` and `inferd:request_queue_time_seconds`, labelled with the embedding model's
+name: the chat model's families when one is served (a family must appear once in /metrics), else families of the
+same names in the embedding registry."""
 
 from __future__ import annotations
 
@@ -13,18 +17,47 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from inferd.engine.chat_embedder import ChatEmbedder
 from inferd.engine.embedder import Embedder
 from inferd.engine.embedding_queue import EmbeddingJob, EmbeddingQueue, EmbeddingWorker
 from inferd.model.embedding import load_embedding_model
+from inferd.server import metrics as chat_metrics
 
 P = "inferd:"
 LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+OUTCOME_REASON = {"finished": "stop", "aborted": "abort", "failed": "error"}  # request_success's finished_reason
 
 
 class EmbeddingMetrics:
-    def __init__(self) -> None:
+    def __init__(self, shared: chat_metrics.Metrics | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if shared is not None:
+            self.request_success: Counter = shared.request_success
+            self.prompt_tokens: Counter = shared.prompt_tokens_family
+            self.e2e: Histogram = shared.e2e_family
+            self.request_queue_time: Histogram = shared.queue_time_family
+        else:
+            self.request_success = Counter(
+                P + "request_success",
+                "Finished requests by finish reason.",
+                ["model_name", "finished_reason"],
+                registry=r,
+            )
+            self.prompt_tokens = Counter(
+                P + "prompt_tokens", "Prompt tokens of finished requests.", ["model_name"], registry=r
+            )
+            buckets = chat_metrics.LATENCY_BUCKETS
+            self.e2e = Histogram(
+                P + "e2e_request_latency_seconds", "Arrival to finish.", ["model_name"], buckets=buckets, registry=r
+            )
+            self.request_queue_time = Histogram(
+                P + "request_queue_time_seconds",
+                "Arrival to first scheduled step.",
+                ["model_name"],
+                buckets=buckets,
+                registry=r,
+            )
         self.requests = Counter(
             P + "embedding_requests",
             "Embedding requests by outcome (finished, aborted: the client went away, failed).",
@@ -53,14 +86,22 @@ class EmbeddingMetrics:
         r.register(self)
 
     def observer(self, name: str) -> Callable[[EmbeddingJob, str], None]:
+        for reason in OUTCOME_REASON.values():  # present from the start, so rate() works on the first request
+            self.request_success.labels(name, reason)
+        self.prompt_tokens.labels(name)
+
         def observe(job: EmbeddingJob, how: str) -> None:
             self.requests.labels(name, how).inc()
+            self.request_success.labels(name, OUTCOME_REASON[how]).inc()
             if how == "finished":
                 self.inputs.labels(name).inc(len(job.inputs))
                 self.tokens.labels(name).inc(job.num_tokens)
+                self.prompt_tokens.labels(name).inc(job.num_tokens)
                 now = time.monotonic()
                 self.latency.labels(name).observe(now - job.arrival)
                 self.queue_time.labels(name).observe((job.first_step or now) - job.arrival)
+                self.e2e.labels(name).observe(now - job.arrival)
+                self.request_queue_time.labels(name).observe((job.first_step or now) - job.arrival)
 
         return observe
 
@@ -82,10 +123,15 @@ class EmbeddingMetrics:
 @dataclass
 class EmbeddingService:
     name: str
-    embedder: Embedder
+    embedder: Embedder | ChatEmbedder
     queue: EmbeddingQueue
     worker: EmbeddingWorker | None = None  # None when a scheduler loop runs the queue's steps
     extra: dict[str, Any] = field(default_factory=dict)
+    aliases: frozenset[str] = frozenset()  # other names a request's `model` may use (the chat model's)
+    listed: bool = True  # its own entry in /v1/models (not for the chat model, which has one)
+
+    def answers_to(self, name: str) -> bool:
+        return name == self.name or name in self.aliases
 
     def card(self) -> dict[str, Any]:
         m = self.embedder.model
@@ -134,5 +180,30 @@ def start_embedding_service(
         worker = EmbeddingWorker(queue, watchdog)
         service = EmbeddingService(service_name, embedder, queue, worker)
         worker.start()
+    metrics.services.append(service)
+    return service
+
+
+def start_chat_embedding_service(
+    engine: Any,
+    tokenizer: Any,
+    pooling: str,
+    *,
+    name: str,
+    aliases: frozenset[str],
+    threads: int,
+    max_batch_tokens: int,
+    max_waiting: int,
+    metrics: EmbeddingMetrics,
+    engine_loop: Any,
+) -> EmbeddingService:
+    """The chat model embedding too (the pooling setting): its queue's steps run on the engine loop's thread,
+    between the chat model's own steps."""
+    embedder = ChatEmbedder(engine, tokenizer, pooling, name=name, threads=threads, max_batch_tokens=max_batch_tokens)
+    queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(name))
+    embedder.embed(embedder.tokenize(["warm up"]))
+    queue.wake = engine_loop.wake
+    engine_loop.side_queues.append(queue)
+    service = EmbeddingService(name, embedder, queue, aliases=aliases, listed=False)
     metrics.services.append(service)
     return service

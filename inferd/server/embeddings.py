@@ -165,13 +165,13 @@ def pick_service(state: ServerState, name: str | None) -> EmbeddingService:
     """The embedding model a request's `model` names (the first one when it names none)."""
     services = state.embeddings
     for s in services:
-        if name is None or name == s.name:
+        if name is None or s.answers_to(name):
             return s
     names = ", ".join(f"`{s.name}`" for s in services)
     if name is not None and state.model is not None and name in state.model_names():
         raise ProtocolError(
-            f"model `{name}` is a chat model and does not serve embeddings; this server embeds with "
-            f"{names or 'no model (start it with --embedding-model)'}",
+            f"model `{name}` is a chat model and does not serve embeddings unless started with --pooling last or "
+            f"--pooling mean; this server embeds with {names or 'no model (start it with --embedding-model)'}",
             "model",
             code="model_not_embedding",
         )

@@ -121,11 +121,11 @@ class Metrics:
             return Counter(P + name, doc, labels, registry=r)
 
         def histogram(name, doc, buckets):
-            return Histogram(P + name, doc, m, buckets=buckets, registry=r).labels(model_name)
+            return Histogram(P + name, doc, m, buckets=buckets, registry=r)
 
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose prefill finished.").labels(
-            model_name
-        )
+        # the families by model_name: an embedding model served beside this one counts its requests in them too
+        self.prompt_tokens_family = counter("prompt_tokens", "Prompt tokens of requests whose prefill finished.")
+        self.prompt_tokens = self.prompt_tokens_family.labels(model_name)
         self.generation_tokens = counter("generation_tokens", "Generated tokens.").labels(model_name)
         self.request_success = counter(
             "request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"]
@@ -139,10 +139,18 @@ class Metrics:
         self.client_disconnected = counter(
             "http_requests_client_disconnected", "Requests whose client went away before the response ended."
         ).labels(model_name)
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive generated tokens.", ITL_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS)
-        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled step.", LATENCY_BUCKETS)
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS).labels(
+            model_name
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between consecutive generated tokens.", ITL_BUCKETS
+        ).labels(model_name)
+        self.e2e_family = histogram("e2e_request_latency_seconds", "Arrival to finish.", LATENCY_BUCKETS)
+        self.queue_time_family = histogram(
+            "request_queue_time_seconds", "Arrival to first scheduled step.", LATENCY_BUCKETS
+        )
+        self.e2e = self.e2e_family.labels(model_name)
+        self.queue_time = self.queue_time_family.labels(model_name)
         self.registry.register(_StateCollector(self))
         for reason in FinishReason:  # present from the start, so rate() works on the first request
             self.request_success.labels(model_name, reason.value)

@@ -46,14 +46,14 @@ def model_card(state: ServerState) -> P.ModelCard:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
-    return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings]})
+    return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings if e.listed]})
 
 
 async def get_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     name = request.match_info["model"]
     for e in state.embeddings:
-        if e.name == name:
+        if e.name == name and e.listed:
             return json_response(e.card())
     if state.model is None or name not in state.model_names():
         raise ProtocolError(f"The model `{name}` does not exist", "model", status=404, code="model_not_found")

@@ -142,6 +142,11 @@ def test_models_metrics_and_chat_paths(emb_server, client):
     assert m[("inferd:embedding_requests_total", (("model_name", "tiny-bert"), ("status", "finished")))] == before + 1
     assert m[("inferd:embedding_inputs_total", (("model_name", "tiny-bert"),))] >= 2
     assert ("inferd:embedding_num_requests_waiting", (("model_name", "tiny-bert"),)) in m
+    # the shared request and token families the dashboards read, labelled by the embedding model
+    success = ("inferd:request_success_total", (("finished_reason", "stop"), ("model_name", "tiny-bert")))
+    tokens = ("inferd:prompt_tokens_total", (("model_name", "tiny-bert"),))
+    assert m[success] == before + 1 and m[tokens] >= 2
+    assert m[("inferd:e2e_request_latency_seconds_count", (("model_name", "tiny-bert"),))] == before + 1
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="tiny-bert", messages=[{"role": "user", "content": "hi"}])
     assert "/v1/embeddings" in e.value.body["message"]
@@ -162,6 +167,15 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=chat_name, input="hello")
     assert e.value.body["code"] == "model_not_embedding"
+    # the shared families hold both models, each family once in /metrics (the parser would refuse a repeat)
+    m = srv.metrics()
+    for name in (chat_name, "tiny-bert"):
+        assert ("inferd:prompt_tokens_total", (("model_name", name),)) in m
+        assert ("inferd:request_success_total", (("finished_reason", "stop"), ("model_name", name))) in m
+    assert m[("inferd:prompt_tokens_total", (("model_name", "tiny-bert"),))] > 0
+    with urllib.request.urlopen(srv.url + "/metrics") as r:
+        text = r.read().decode()
+    assert text.count("# TYPE inferd:prompt_tokens_total counter") + text.count("# TYPE inferd:prompt_tokens counter") == 1
     # one thread for both models: the chat model's engine loop runs the embedding steps between its own
     service = srv.state.embeddings[0]
     assert service.worker is None and service.queue in srv.state.engine_loop.side_queues
@@ -175,3 +189,33 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
         for f in embeds:
             np.testing.assert_array_equal(np.array([d.embedding for d in f.result().data], np.float32),
                                           reference.embed(reference.tokenize(TEXTS)))
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_chat_model_embeds_with_pooling(make_server, pooling):
+    """--pooling: the chat model answers /v1/embeddings under its own name (listed once in /v1/models), with the
+    vectors of the in-process ChatEmbedder on the same weights; chats keep working beside it."""
+    from inferd.engine.chat_embedder import ChatEmbedder
+
+    srv = make_server(pooling=pooling)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    chat_name = srv.state.served_model_name
+    assert [m.id for m in client.models.list().data] == [chat_name]
+    r = client.embeddings.create(model=chat_name, input=TEXTS, encoding_format="float")
+    got = np.array([d.embedding for d in r.data], np.float32)
+    local = ChatEmbedder(srv.state.engine, srv.state.model.tokenizer, pooling, name="x", threads=1)
+    ids = local.tokenize(TEXTS)
+    np.testing.assert_array_equal(got, local.embed(ids))
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)
+    assert r.usage.prompt_tokens == sum(map(len, ids)) and r.model == chat_name
+    assert client.chat.completions.create(model=chat_name, max_tokens=4,
+                                          messages=[{"role": "user", "content": "hi"}]).choices
+    status, body = post(srv.url, {"model": chat_name, "input": "x", "dimensions": 8})
+    assert status == 400 and body["error"]["param"] == "dimensions"
+
+
+def test_chat_model_without_pooling_says_how(make_server):
+    srv = make_server()
+    status, body = post(srv.url, {"model": srv.state.served_model_name, "input": "hello"})
+    assert status == 400 and body["error"]["code"] == "model_not_embedding"
+    assert "--pooling" in body["error"]["message"]
