@@ -92,7 +92,9 @@ cdef class EncoderModel:
     'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd', 'type_embd', 'embd_norm_w', 'embd_norm_b',
     per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
-    'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one."""
+    'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one.
+    The matrices are taken out of `tensors` as they are copied into the engine's layout, so that the loader's
+    arrays and the copies are never all in memory at once (EmbeddingGemma in F32: 1 GB each)."""
     cdef encoder_t m
     cdef list _keep
     cdef int n_built
@@ -118,7 +120,7 @@ cdef class EncoderModel:
         self.m.layers = <enc_layer_t *>calloc(c.n_layers, sizeof(enc_layer_t))
         if self.m.layers == NULL:
             raise MemoryError()
-        init_weight(&self.m.tok_embd, tensors["tok_embd"])
+        init_weight(&self.m.tok_embd, tensors.pop("tok_embd"))
         cdef int bert = c.arch == 0, i, j
         cdef enc_layer_t *L
         if bert:
@@ -135,10 +137,10 @@ cdef class EncoderModel:
             L = &self.m.layers[i]
             p = f"blk.{i}."
             self.n_built = i + 1                     # its fields start zeroed: freeing a half-built layer is safe
-            self._matrix(&L.wqkv, &L.wqkv_p, tensors[p + "wqkv"], qkv_dim, c.dim)
-            self._matrix(&L.wo, &L.wo_p, tensors[p + "wo"], c.dim, q_dim)
-            self._matrix(&L.wup, &L.wup_p, tensors[p + "wup"], c.hidden * (1 if bert else 2), c.dim)
-            self._matrix(&L.wdown, &L.wdown_p, tensors[p + "wdown"], c.dim, c.hidden)
+            self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim, c.dim)
+            self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
+            self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
+            self._matrix(&L.wdown, &L.wdown_p, tensors.pop(p + "wdown"), c.dim, c.hidden)
             if bert:
                 L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
                 L.bo = self._floats(tensors[p + "bo"], c.dim)
