@@ -21,14 +21,9 @@
 #include <string.h>
 #include "inferd.h"
 #include "vecmath.h"
+#include "softmax.h"
 
 #define ROW_TILE 6                /* query rows per register tile */
-
-/* Softmax weights below e^-64 of the largest are set to 0: they cannot change a float32 sum that holds a 1, and
- * their products with V would be denormals, which cost a hundred cycles each. */
-#define SOFTMAX_CUTOFF -64.0f
-
-static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
 /* A tile: up to ROW_TILE rows of one KV head, each with its query, its scores row (KV_BLOCK floats, indexed by the
  * key's place in the block) and its segment output. Keys [j0, j1) of the block are computed for all of them, from
@@ -79,37 +74,6 @@ static void accumulate_v_scalar(const tile_t *t, int hd) {
             for (int j = t->j0; j < t->j1; j++) o = __builtin_fmaf(t->s[r][j], kv_at(t, t->v, (size_t)j * hd + d), o);
             t->o[r][d] = o;
         }
-}
-
-/* the largest of s[0..n), in a fixed order (lane l of full groups of 8 takes s[8i + l], lanes combined pairwise,
- * then the tail), written x > m ? x : m like maxps so both paths agree even on NaN */
-static inline float max2(float a, float b) { return a > b ? a : b; }
-
-static float max_scalar(const float *s, int n) {
-    float m = -INFINITY;
-    int j = 0;
-    if (n >= 8) {
-        float lanes[8];
-        for (int l = 0; l < 8; l++) lanes[l] = s[l];
-        for (j = 8; j + 8 <= n; j += 8)
-            for (int l = 0; l < 8; l++) lanes[l] = max2(s[j + l], lanes[l]);
-        m = max2(max2(max2(lanes[0], lanes[4]), max2(lanes[2], lanes[6])),
-                 max2(max2(lanes[1], lanes[5]), max2(lanes[3], lanes[7])));
-    }
-    for (; j < n; j++) m = max2(s[j], m);
-    return m;
-}
-
-/* s[j] = exp(s[j] - m); returns their sum, in a fixed order: lane l of full groups of 8 sums s[8i + l], the
- * lanes are combined by hsum8_pairs, then the tail is added in order. */
-static float weights_scalar(float *s, int n, float m) {
-    float lanes[8] = {0};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) { s[j + l] = softmax_weight(s[j + l] - m); lanes[l] += s[j + l]; }
-    float total = hsum8_pairs_scalar(lanes);
-    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
-    return total;
 }
 
 /* ---------------- AVX2 ---------------- */
@@ -415,19 +379,6 @@ void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
 size_t attention_scratch_floats(int n_heads, int head_dim) {
     size_t rows = (size_t)ATTN_MAX_TOKENS * n_heads;
     return rows * (KV_BLOCK + 4 + head_dim) + 2 * (size_t)KV_BLOCK * head_dim;
-}
-
-/* The keys token t of a run sees: [span_lo, span_hi). Both rise with t, so the tokens that see any of a block are
- * consecutive: those before them see only later keys, those after them only earlier ones. */
-static inline int span_hi(const attn_span_t *a, int t) {
-    int p = a->pos0 + t;
-    if (a->causal) return p + 1;
-    return a->window && p + a->window < a->seq_len ? p + a->window : a->seq_len;
-}
-
-static inline int span_lo(const attn_span_t *a, int t) {
-    int p = a->pos0 + t;
-    return a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
 }
 
 int attention_num_segments(const attn_span_t *span, int ntok) {

@@ -15,11 +15,9 @@
 #include <string.h>
 #include "inferd.h"
 #include "vecmath.h"
+#include "softmax.h"
 
 #define Q8_ROWS_PER_SET 4
-#define SOFTMAX_CUTOFF -64.0f   /* as attention.c: weights below e^-64 of the largest are 0 (no denormals) */
-
-static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
 /* ---------------- the cache's slices ---------------- */
 
@@ -106,34 +104,6 @@ static void scores_scalar(const q8rows_t *rs, const uint8_t *k, int n, int hd, f
             }
             rs->s[r][j] = acc * scale;
         }
-}
-
-static inline float max2(float a, float b) { return a > b ? a : b; }
-
-/* attention.c's fixed orders: lanes of 8 combined pairwise, then the tail */
-static float max_scalar(const float *s, int n) {
-    float m = -INFINITY;
-    int j = 0;
-    if (n >= 8) {
-        float lanes[8];
-        for (int l = 0; l < 8; l++) lanes[l] = s[l];
-        for (j = 8; j + 8 <= n; j += 8)
-            for (int l = 0; l < 8; l++) lanes[l] = max2(s[j + l], lanes[l]);
-        m = max2(max2(max2(lanes[0], lanes[4]), max2(lanes[2], lanes[6])),
-                 max2(max2(lanes[1], lanes[5]), max2(lanes[3], lanes[7])));
-    }
-    for (; j < n; j++) m = max2(s[j], m);
-    return m;
-}
-
-static float weights_scalar(float *s, int n, float m) {
-    float lanes[8] = {0};
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) { s[j + l] = softmax_weight(s[j + l] - m); lanes[l] += s[j + l]; }
-    float total = hsum8_pairs_scalar(lanes);
-    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
-    return total;
 }
 
 /* the V scales of keys [j0, n) as floats: dv[j * (hd / 32) + b] */
@@ -283,17 +253,6 @@ AVX2_Q8 static void accumulate_v_avx2(const q8rows_t *rs, const uint8_t *v, int 
 size_t attention_q8_scratch_floats(int n_heads, int head_dim) {
     size_t rows = (size_t)ATTN_MAX_TOKENS * n_heads;
     return rows * (KV_BLOCK + 2) + rows * (head_dim / QK) * (sizeof(block_q8x) / sizeof(float));
-}
-
-static inline int span_hi(const attn_span_t *a, int t) {
-    int p = a->pos0 + t;
-    if (a->causal) return p + 1;
-    return a->window && p + a->window < a->seq_len ? p + a->window : a->seq_len;
-}
-
-static inline int span_lo(const attn_span_t *a, int t) {
-    int p = a->pos0 + t;
-    return a->window && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
 }
 
 /* attention_tokens (attention.c) over the q8_0 cache: the same blocks in the same order for every token and head */

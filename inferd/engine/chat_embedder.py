@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _cpu
-from .embedder import InputTooLong, pack_batches
+from .embedder import InputTooLong, check_vocab, pack_batches
 
 POOLING_MODES = ("none", "last", "mean")
 
@@ -75,13 +75,7 @@ class ChatEmbedder:
         return self._limit(out, truncate)
 
     def check_ids(self, seqs: Sequence[Sequence[int]], truncate: bool = False) -> list[list[int]]:
-        vocab = self.model.vocab
-        for i, ids in enumerate(seqs):
-            if not ids:
-                raise ValueError(f"input {i} is empty")
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"input {i} holds token id {bad}, outside this model's vocabulary of {vocab}")
+        check_vocab(seqs, self.model.vocab)
         return self._limit([list(s) for s in seqs], truncate)
 
     def _limit(self, seqs: list[list[int]], truncate: bool) -> list[list[int]]:

@@ -20,6 +20,16 @@ class InputTooLong(ValueError):
         )
 
 
+def check_vocab(seqs: Sequence[Sequence[int]], vocab: int) -> None:
+    """Every input holds at least one token and only ids of the vocabulary; the error names the input."""
+    for i, ids in enumerate(seqs):
+        if not ids:
+            raise ValueError(f"input {i} is empty")
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"input {i} holds token id {bad}, outside this model's vocabulary of {vocab}")
+
+
 class Embedder:
     def __init__(self, model: EmbeddingModel, threads: int, max_batch_tokens: int = 8192, max_batch_seqs: int = 256):
         self.model = model
@@ -64,14 +74,9 @@ class Embedder:
 
     def check_ids(self, seqs: Sequence[Sequence[int]], truncate: bool = False) -> list[list[int]]:
         """Token-id inputs as given (no special tokens added), checked against the vocabulary and the length limit."""
-        vocab = self.model.config["vocab"]
+        check_vocab(seqs, self.model.config["vocab"])
         out = []
         for i, ids in enumerate(seqs):
-            if not ids:
-                raise ValueError(f"input {i} is empty")
-            bad = next((t for t in ids if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise ValueError(f"input {i} holds token id {bad}, outside this model's vocabulary of {vocab}")
             if len(ids) > self.max_seq_length:
                 if not truncate:
                     raise InputTooLong(i, len(ids), self.max_seq_length)
