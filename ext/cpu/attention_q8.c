@@ -163,35 +163,6 @@ static void accumulate_v_scalar(const q8rows_t *rs, const uint8_t *v, int hd, co
 #define AVX2_Q8 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_Q8_INLINE AVX2_Q8 static inline __attribute__((always_inline))
 
-AVX2_Q8 static float max_avx2(const float *s, int n) {
-    float m = -INFINITY;
-    int j = 0;
-    if (n >= 8) {
-        __m256 lanes = _mm256_loadu_ps(s);
-        for (j = 8; j + 8 <= n; j += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(s + j), lanes);
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        m = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    }
-    for (; j < n; j++) m = max2(s[j], m);
-    return m;
-}
-
-AVX2_Q8 static float weights_avx2(float *s, int n, float m) {
-    __m256 lanes = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
-        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
-        __m256 w = _mm256_and_ps(exp8(x), keep);
-        _mm256_storeu_ps(s + j, w);
-        lanes = _mm256_add_ps(lanes, w);
-    }
-    float total = hsum8_pairs(lanes);
-    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
-    return total;
-}
-
 AVX2_Q8 static void v_scales_avx2(const uint8_t *v, int hd, int j0, int n, float *dv) {
     const uint16_t *vs = slice_scales((uint8_t *)v, hd);
     int i = j0 * (hd / QK), end = n * (hd / QK);
