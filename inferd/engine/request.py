@@ -42,6 +42,7 @@ class Request:
     timeout_s: float | None = None
     speculative: bool | None = None  # prompt-lookup speculative decoding; None: the server's setting
     constraint: Any = None  # engine.constraints.Constraint: a grammar every choice must follow
+    shown_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool-call markers)
 
 
 @dataclass
@@ -141,11 +142,11 @@ def log_softmax_top(logits: np.ndarray, targets: Sequence[int], k: int) -> list[
 class TextState:
     """Incremental detokenization plus stop-string matching for one request's generated tokens."""
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str]):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str], shown: frozenset[int] = frozenset()):
         from inferd.text.chat import StopChecker
         from inferd.text.tokenizer import IncrementalDetokenizer
 
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, shown=shown)
         self.stops = StopChecker(list(stop)) if stop else None
 
     def add(self, token_id: int) -> tuple[str, bool]:

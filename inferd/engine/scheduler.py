@@ -150,7 +150,7 @@ class Scheduler:
             st.mask = req.constraint.new_mask()
         st.warm_target = len(req.prompt_ids) // self.block_size * self.block_size
         if not req.warm and self.tokenizer is not None and req.detokenize:
-            st.text = TextState(self.tokenizer, req.prompt_ids, req.stop)
+            st.text = TextState(self.tokenizer, req.prompt_ids, req.stop, req.shown_special)
         self.requests[req.request_id] = st
         error = self._check_fits(req)
         if error:

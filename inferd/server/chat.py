@@ -100,6 +100,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                     timeout_s=timeout,
                     speculative=req.speculative,
                     constraint=prep.constraint,
+                    shown_special=prep.shown_special,
                 ),
             )
             for j in range(req.n)

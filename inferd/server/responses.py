@@ -526,6 +526,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                     stop_token_ids(state, False),
                     timeout_s=state.settings.request_timeout_s or None,
                     constraint=prep.constraint,
+                    shown_special=prep.shown_special,
                 ),
             )
         ],

@@ -19,6 +19,7 @@ from inferd.server import protocol as P
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
+from inferd.text.mistral_tools import marker_ids
 from inferd.text.tools import (
     ContentDelta,
     ToolArgsDelta,
@@ -31,6 +32,7 @@ from inferd.text.tools import (
     parse_tool_choice,
     parse_tools,
     prepare_messages,
+    shown_tokens,
     template_tools,
     tool_call_grammar,
     trigger_token,
@@ -85,6 +87,7 @@ class ChatPrep:
     constraint: Constraint | None  # what the scheduler applies to every choice
     tool_format: ToolFormat | None  # set: parse tool calls out of the text
     tool_names: tuple[str, ...] = ()
+    shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
 
 
 async def prepare_chat(
@@ -97,7 +100,8 @@ async def prepare_chat(
         spec = grammar_from_request(constraint_fields(req))
     except GrammarError as e:
         raise ProtocolError(str(e), e.param) from None
-    fmt = detect_format(template_source)
+    tok = state.tokenizer
+    fmt = detect_format(template_source, tok.hf.token_to_id)
     uses_tools = bool(tools) and choice != "none"
     has_tool_history = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
     try:
@@ -114,21 +118,24 @@ async def prepare_chat(
             raise ProtocolError(f"{spec.param}: only a JSON response format can be combined with tools", spec.param)
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = req.parallel_tool_calls is not False
-    tok = state.tokenizer
     trigger = trigger_token(fmt, tok.hf.token_to_id)
+    markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else {}
     try:
         if choice == "required":  # the calls are forced; a response format is for a later answer
             call_spec: GrammarSpec | None = tool_call_grammar(
-                tools, fmt, only=only, parallel=parallel, trigger_token_id=trigger
+                tools, fmt, only=only, parallel=parallel, trigger_token_id=trigger, markers=markers
             )
             lazy = None
         elif answer_schema is not None:
             call_spec, lazy = (
-                tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger, or_json=answer_schema),
+                tool_call_grammar(
+                    tools, fmt, parallel=parallel, trigger_token_id=trigger, or_json=answer_schema, markers=markers
+                ),
                 None,
             )
         elif trigger is not None:  # auto: free text, then the call grammar from the trigger token on
-            call_spec, lazy = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger), trigger
+            call_spec = tool_call_grammar(tools, fmt, parallel=parallel, trigger_token_id=trigger, markers=markers)
+            lazy = trigger
         else:  # auto without a trigger token (Llama 3 JSON): parsed, not constrained
             call_spec, lazy = None, None
     except GrammarError as e:
@@ -141,6 +148,7 @@ async def prepare_chat(
         await compile_spec(state, call_spec, lazy),
         fmt,
         tuple(t.name for t in tools),
+        shown_tokens(fmt, tok.hf.token_to_id),
     )
 
 

@@ -323,14 +323,22 @@ class IncrementalDetokenizer:
     when no text precedes (a generated "▁Paris" after "The capital is" must keep its space).
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Iterable[int] = (), skip_special: bool = True):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Iterable[int] = (),
+        skip_special: bool = True,
+        shown: frozenset[int] = frozenset(),
+    ):
+        """shown: special tokens whose text is kept anyway (tool-call markers a parser reads)."""
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        self.shown = shown
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._at_start = not any(tokenizer.token_bytes(i, skip_special) for i in prompt_ids)
 
     def add(self, token_id: int) -> str:
-        piece = self.tokenizer.token_bytes(token_id, self.skip_special)
+        piece = self.tokenizer.token_bytes(token_id, self.skip_special and token_id not in self.shown)
         if self._at_start and piece:
             self._at_start = False
             if (

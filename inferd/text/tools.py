@@ -6,13 +6,15 @@ Syntaxes (chosen from the chat template's text, `detect_format`):
   {...}}\\n</tool_call>`, one block per call;
 - llama3 (Llama 3.1+ JSON tool calling): `{"name": ..., "parameters": {...}}`, optionally after <|python_tag|>,
   several separated by `;`;
-- mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`;
+- mistral: `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]` (before Mistral's tokenizer v11);
+- mistral_v11: `[TOOL_CALLS]name[ARGS]{...}` per call, `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}` where the template
+  wants ids (mistral_tools.py: the markers are control tokens kept in the text, ids are 9 alphanumerics);
 - generic (a template that knows nothing of tools): the tools are rendered in a system block (GENERIC_TOOLS_BLOCK)
   that asks for the hermes syntax; past calls and results are written into the conversation as that syntax.
 
 Grammars: `tool_choice` "required" or a named function constrains the whole output to one call (or several,
 with parallel_tool_calls) whose arguments are valid against the function's parameters schema. "auto" lets the
-model write text; from the format's trigger token on (hermes <tool_call>, mistral [TOOL_CALLS], both single tokens)
+model write text; from the format's trigger token on (hermes <tool_call>, mistral [TOOL_CALLS], single tokens)
 the same call grammar applies (a lazy grammar: LazyMatcher). Llama 3's JSON calls have no trigger token, so "auto"
 is parsed but not constrained there.
 """
@@ -31,8 +33,18 @@ import llguidance as llg
 import numpy as np
 
 from inferd.text.grammar import JSON_WHITESPACE, CompiledGrammar, GrammarError, GrammarSpec, SequenceMatcher
+from inferd.text.mistral_tools import (
+    ARGS,
+    CALL_ID,
+    TOOL_CALLS,
+    JsonValue,
+    marker_ids,
+    mistral_id,
+    new_mistral_id,
+    v11_grammar_lark,
+)
 
-HERMES, LLAMA3, MISTRAL, GENERIC = "hermes", "llama3", "mistral", "generic"
+HERMES, LLAMA3, MISTRAL, MISTRAL_V11, GENERIC = "hermes", "llama3", "mistral", "mistral_v11", "generic"
 
 GENERIC_TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query. The functions, as JSON "
@@ -65,8 +77,13 @@ class Tool:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    name: str  # hermes | llama3 | mistral | generic
+    name: str  # hermes | llama3 | mistral | mistral_v11 | generic
     template_renders_tools: bool  # the template takes `tools` and tool messages itself
+    call_ids: bool = False  # mistral_v11: calls carry [CALL_ID]id before [ARGS]
+
+    @property
+    def is_mistral(self) -> bool:
+        return self.name in (MISTRAL, MISTRAL_V11)
 
 
 @dataclass
@@ -134,10 +151,14 @@ def parse_tool_choice(choice: Any, tools: Sequence[Tool], param: str = "tool_cho
 
 
 # ---- the template's format and the conversation -------------------------------------------------------------------
-def detect_format(template: str | None) -> ToolFormat:
+def detect_format(template: str | None, token_id_of: Callable[[str], int | None] | None = None) -> ToolFormat:
+    """The tool-call syntax from the chat template's text (and, for Mistral, the vocabulary's control tokens)."""
     src = template or ""
     renders = "tools" in src
-    if "[TOOL_CALLS]" in src:
+    if TOOL_CALLS in src:
+        vocab = marker_ids(token_id_of) if token_id_of is not None else {}
+        if ARGS in src or (ARGS in vocab and "[{" not in src and '"arguments"' not in src):
+            return ToolFormat(MISTRAL_V11, renders, call_ids=CALL_ID in src)
         return ToolFormat(MISTRAL, renders)
     if "<tool_call>" in src:
         return ToolFormat(HERMES, renders)
@@ -156,6 +177,7 @@ def prepare_messages(
     in a system block and the calls/results written as hermes-syntax text (tool results as user turns)."""
     names: dict[str, str] = {}
     out: list[dict[str, Any]] = []
+    fix_id = mistral_id if fmt.is_mistral else str  # Mistral's templates accept only 9-character ids
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
             raise ToolError(f"messages[{i}] must be an object", f"messages[{i}]")
@@ -174,20 +196,28 @@ def prepare_messages(
                     args_obj = json.loads(args) if isinstance(args, str) else args
                 except json.JSONDecodeError:
                     args_obj = args
-                if tc.get("id"):
-                    names[str(tc["id"])] = fn["name"]
+                call_id = fix_id(str(tc["id"])) if tc.get("id") else None
+                if call_id:
+                    names[call_id] = fn["name"]
                 calls.append(
-                    {"id": tc.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args_obj}}
+                    {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": args_obj}}
                 )
             msg["tool_calls"] = calls
         elif role == "tool":
             msg["content"] = _text(msg.get("content"), i)
+            if msg.get("tool_call_id"):
+                msg["tool_call_id"] = fix_id(str(msg["tool_call_id"]))
             if "name" not in msg and msg.get("tool_call_id") in names:
                 msg["name"] = names[msg["tool_call_id"]]
         out.append(msg)
     if fmt.template_renders_tools:
         return out
     return _generic_conversation(out, tools)
+
+
+def shown_tokens(fmt: ToolFormat, token_id_of: Callable[[str], int | None]) -> frozenset[int]:
+    """Control tokens that the output text must keep for the parser to see the calls (Mistral's markers)."""
+    return frozenset(marker_ids(token_id_of).values()) if fmt.is_mistral else frozenset()
 
 
 def template_tools(tools: Sequence[Tool], fmt: ToolFormat) -> list[dict[str, Any]] | None:
@@ -380,11 +410,19 @@ class ToolCallParser:
     index, id and name first, then fragments of its arguments). Streaming and whole-text parsing are this same
     parser, so they always agree."""
 
-    def __init__(self, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id, tool_names: Iterable[str] = ()):
+    def __init__(
+        self,
+        fmt: ToolFormat | str,
+        new_id: Callable[[], str] | None = None,
+        tool_names: Iterable[str] = (),
+    ):
         """tool_names: the request's tools. With them, hermes-style models may also answer with a fenced
-        ```json {"name": <a tool>, "arguments": {...}}``` block (Qwen2.5-Coder does), which counts as a call."""
+        ```json {"name": <a tool>, "arguments": {...}}``` block (Qwen2.5-Coder does), which counts as a call.
+        new_id: makes call ids (default: "call_..." ids, Mistral's 9-character ones for the Mistral formats)."""
         self.fmt = fmt.name if isinstance(fmt, ToolFormat) else fmt
-        self._new_id = new_id
+        self._new_id = new_id or (new_mistral_id if self.fmt in (MISTRAL, MISTRAL_V11) else new_call_id)
+        self._head = ""  # mistral_v11: the text after [TOOL_CALLS] until [ARGS]
+        self._value: JsonValue | None = None
         self._buf = ""  # text not yet handed out
         self._mode = "text"  # text | call | between | list
         self._obj: _CallObject | None = None
@@ -397,7 +435,8 @@ class ToolCallParser:
         open_marker = {
             HERMES: "<tool_call>",
             GENERIC: "<tool_call>",
-            MISTRAL: "[TOOL_CALLS]",
+            MISTRAL: TOOL_CALLS,
+            MISTRAL_V11: TOOL_CALLS,
             LLAMA3: "<|python_tag|>",
         }[self.fmt]
         self._open = open_marker
@@ -439,6 +478,10 @@ class ToolCallParser:
             return self._step_call(events)
         if self._mode == "between":
             return self._step_between(events, final)
+        if self._mode == "v11_head":
+            return self._step_v11_head(events, final)
+        if self._mode == "v11_args":
+            return self._step_v11_args(events, final)
         return self._step_list(events, final)
 
     def _step_text(self, events: list[Event], final: bool) -> bool:
@@ -475,6 +518,8 @@ class ToolCallParser:
             self._buf = buf[at + len(marker) :]
             if self.fmt == MISTRAL:
                 self._mode = "list"
+            elif self.fmt == MISTRAL_V11:  # (the whitespace before is kept to give back if it is not a call)
+                self._mode, self._head, self._marker = "v11_head", "", buf[len(before) : at] + marker
             else:  # (kept to give back as text if what follows is not a call)
                 self._start_object(buf[len(before) : at] + marker)
                 self._fenced = marker == self._fence
@@ -575,6 +620,53 @@ class ToolCallParser:
         self._mode = "text"
         return True
 
+    # -- mistral v11: [TOOL_CALLS]name([CALL_ID]id)?[ARGS]{arguments}
+    def _step_v11_head(self, events: list[Event], final: bool) -> bool:
+        """Reads the name (and an id the model wrote) up to [ARGS]; the call starts there. A name that is not a
+        name, or text that ends before [ARGS], was not a call: it goes back out as content."""
+        self._head += self._buf
+        self._buf = ""
+        at_args, at_id = self._head.find(ARGS), self._head.find(CALL_ID)
+        name_end = min(i for i in (at_args, at_id, len(self._head)) if i >= 0)
+        name = self._head[:name_end].strip()
+        undecided = name_end == len(self._head)
+        if undecided:  # the name may go on, or a marker may be arriving
+            keep = max(_partial_suffix(self._head, ARGS), _partial_suffix(self._head, CALL_ID))
+            name = self._head[: len(self._head) - keep].strip()
+        if (name and not _NAME.match(name)) or (final and at_args < 0):
+            events.append(ContentDelta(self._marker + self._head))
+            self._head, self._mode = "", "text"
+            self._seen_text = True
+            return False
+        if at_args < 0:
+            return False
+        self._buf = self._head[at_args + len(ARGS) :]
+        self._head = ""
+        self._calls.append(ToolCall(self._new_id(), name, ""))
+        events.append(ToolCallStart(len(self._calls) - 1, self._calls[-1].id, name))
+        self._seen_text_since_call = False
+        self._value = JsonValue()
+        self._sent_args = 0
+        self._mode = "v11_args"
+        return True
+
+    def _step_v11_args(self, events: list[Event], final: bool) -> bool:
+        value = self._value
+        assert value is not None
+        taken = value.feed(self._buf)
+        self._buf = self._buf[taken:]
+        text = value.raw if value.raw or not (final or value.done) else "{}"
+        if len(text) > self._sent_args:
+            piece = text[self._sent_args :]
+            self._sent_args = len(text)
+            self._calls[-1].arguments += piece
+            events.append(ToolArgsDelta(len(self._calls) - 1, piece))
+        if value.done or final:
+            self._value = None
+            self._mode = "text"
+            return bool(self._buf)
+        return False
+
     def _step_list(self, events: list[Event], final: bool) -> bool:
         buf = self._buf.lstrip()
         if buf.startswith(("[", ",")):
@@ -603,7 +695,7 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 def parse_tool_calls(
-    text: str, fmt: ToolFormat | str, new_id: Callable[[], str] = new_call_id, tool_names: Iterable[str] = ()
+    text: str, fmt: ToolFormat | str, new_id: Callable[[], str] | None = None, tool_names: Iterable[str] = ()
 ) -> tuple[str | None, list[ToolCall]]:
     """The whole output -> (content or None, tool calls). Content that is only whitespace around calls is None."""
     parser = ToolCallParser(fmt, new_id, tool_names)
@@ -635,12 +727,14 @@ def tool_call_grammar(
     parallel: bool = True,
     trigger_token_id: int | None = None,
     or_json: Mapping[str, Any] | None = None,
+    markers: Mapping[str, int] | None = None,
 ) -> GrammarSpec:
     """A grammar for the tool-call part of the output: one call (several with `parallel`) of `tools` (only the
     one named `only` when given), arguments valid against the tool's parameters schema. For hermes and mistral it
     starts with the opening marker, so it serves both "required" (from the first token) and "auto" (a
     LazyMatcher starts it at the trigger token). or_json: a JSON schema the whole output may follow instead of
-    calling (tool_choice "auto" with response_format: answer in that JSON, or call)."""
+    calling (tool_choice "auto" with response_format: answer in that JSON, or call). markers: the Mistral control
+    tokens' ids (mistral_tools.marker_ids), which mistral_v11 needs."""
     name = fmt.name if isinstance(fmt, ToolFormat) else fmt
     if or_json is not None and name == LLAMA3:
         raise ToolError(
@@ -649,6 +743,15 @@ def tool_call_grammar(
     chosen = [t for t in tools if only is None or t.name == only]
     if not chosen:
         raise ToolError("tool_choice names no given tool", "tool_choice")
+    if name == MISTRAL_V11:
+        lark = v11_grammar_lark(
+            chosen,
+            markers or {},
+            call_ids=isinstance(fmt, ToolFormat) and fmt.call_ids,
+            parallel=parallel,
+            args_schema=lambda t: {**dict(t.parameters), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}},
+        )
+        return GrammarSpec(llg.LLMatcher.grammar_from_lark(_or_json(lark, or_json)), "tools", "tools")
     args_key = "parameters" if name == LLAMA3 else "arguments"
     obj = "%json " + json.dumps(_call_schema(chosen, args_key))
 
@@ -664,17 +767,22 @@ def tool_call_grammar(
     else:
         lark = "start: " + repeated("obj", "; ") + "\n"
     lark += "obj: " + obj + "\n"
-    if or_json is not None:
-        lark = lark.replace("start: ", "calls: ", 1)
-        lark = "start: answer | calls\nanswer: %json " + json.dumps(dict(or_json)) + "\n" + lark
-    grammar = llg.LLMatcher.grammar_from_lark(lark)
+    grammar = llg.LLMatcher.grammar_from_lark(_or_json(lark, or_json))
     return GrammarSpec(grammar, "tools", "tools")
+
+
+def _or_json(lark: str, or_json: Mapping[str, Any] | None) -> str:
+    """The calls grammar, or (given a schema) that JSON answer instead."""
+    if or_json is None:
+        return lark
+    lark = lark.replace("start: ", "calls: ", 1)
+    return "start: answer | calls\nanswer: %json " + json.dumps(dict(or_json)) + "\n" + lark
 
 
 def trigger_token(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> int | None:
     """The single token that opens a call in this format (None when there is none)."""
     name = fmt.name if isinstance(fmt, ToolFormat) else fmt
-    text = {HERMES: "<tool_call>", GENERIC: "<tool_call>", MISTRAL: "[TOOL_CALLS]"}.get(name)
+    text = {HERMES: "<tool_call>", GENERIC: "<tool_call>", MISTRAL: TOOL_CALLS, MISTRAL_V11: TOOL_CALLS}.get(name)
     return token_id_of(text) if text else None
 
 

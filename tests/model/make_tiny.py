@@ -17,7 +17,7 @@ import json
 import random
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -244,10 +244,12 @@ GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
                     embd_type: str | None = None, chat_template: str | None = CHATML,
-                    tokenizer_pre: str = "gpt-2") -> Path:
+                    tokenizer_pre: str = "gpt-2", control_tokens: tuple[str, ...] = ()) -> Path:
     """A GGUF file of `spec`: 2-D weights in weight_type (token_embd in embd_type, default Q8_0 for K-quants and
     weight_type otherwise), norms/biases F32; llama3 rope scaling as a rope_freqs.weight tensor like llama.cpp.
-    tokenizer_pre: tokenizer.ggml.pre for byte-level vocabularies (selects llama.cpp's pre-tokenizer regexes)."""
+    tokenizer_pre: tokenizer.ggml.pre for byte-level vocabularies (selects llama.cpp's pre-tokenizer regexes).
+    control_tokens: extra CONTROL tokens (a chat format's markers) as the vocabulary's last ids; the trained part
+    is that much smaller, so the vocabulary keeps spec.vocab_size."""
     if weight_type not in GGUF_WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
     path = Path(path)
@@ -269,7 +271,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_vocab_size(spec.vocab_size)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
-    tok = gguf_tokenizer_metadata(spec)
+    tok = gguf_tokenizer_metadata(replace(spec, vocab_size=spec.vocab_size - len(control_tokens)))
+    tok["tokens"] = tok["tokens"] + list(control_tokens)
+    tok["types"] = tok["types"] + [TokenType.CONTROL] * len(control_tokens)
     w.add_tokenizer_model(tok["model"])
     if tok["model"] == "gpt2":
         w.add_tokenizer_pre(tokenizer_pre)
