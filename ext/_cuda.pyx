@@ -3,7 +3,7 @@
 
 Device memory is held by DeviceBuffer and Mat objects; kernels take them (or None for a NULL pointer). Every C
 call runs without the GIL. Errors raise CudaError with the C side's message."""
-from libc.stdint cimport int32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 import numpy as np
@@ -32,7 +32,7 @@ cdef extern from "inferd_cuda.h" nogil:
         int gemm_kind
         int gemv_max_tokens
     ctypedef struct icu_batch:
-        int num_tokens, num_seqs, num_rows, bt_width, num_adj
+        int num_tokens, num_seqs, num_rows, bt_width, num_adj, num_masks
         const int32_t *tokens
         const int32_t *positions
         const int32_t *seq_of_token
@@ -41,6 +41,7 @@ cdef extern from "inferd_cuda.h" nogil:
         const icu_sample_params *params
         const int32_t *adj_offset
         const icu_adj *adj
+        const uint32_t *masks
         int32_t *out_tokens
         float *out_logprobs
         float *out_logits
@@ -79,7 +80,7 @@ cdef extern from "inferd_cuda.h" nogil:
                          const int32_t *seq_pos0, int S, int max_T, int n_heads, int n_kv, int head_dim, float scale,
                          float *out, int ldo)
     int icu_sample(float *logits, int V, int R, const icu_sample_params *params, const int32_t *adj_offset,
-                   icu_adj *adj, int32_t *out_tokens, float *out_logprobs)
+                   icu_adj *adj, const uint32_t *masks, int32_t *out_tokens, float *out_logprobs)
     int icu_gemm_bf16(const void *X, const void *W, float *C, int M, int N, int K, float beta, int kind)
     int icu_have_cublas()
     int icu_model_create(const icu_model_config *cfg, const double *inv_freq, icu_model **out)
@@ -108,7 +109,7 @@ MAX_GRAPH_BATCH = 32
 SAMPLE_PARAMS_DTYPE = np.dtype([("temperature", "<f4"), ("top_p", "<f4"), ("min_p", "<f4"),
                                 ("repetition_penalty", "<f4"), ("presence_penalty", "<f4"),
                                 ("frequency_penalty", "<f4"), ("top_k", "<i4"), ("position", "<i4"),
-                                ("seed", "<u8")])
+                                ("seed", "<u8"), ("has_mask", "<i4"), ("mask_row", "<i4")])
 ADJ_DTYPE = np.dtype([("token", "<i4"), ("flags", "<i4"), ("bias", "<f4"), ("saved", "<f4")])
 
 
@@ -392,14 +393,17 @@ def attn_prefill(q, int ldq, k_cache, v_cache, int kv_dtype, block_tables, bt_wi
     _check(err, "attn_prefill")
 
 
-def sample(logits, int V, int R, params, adj_offset, adj, out_tokens, out_logprobs):
-    cdef void *p[6]
+def sample(logits, int V, int R, params, adj_offset, adj, out_tokens, out_logprobs, masks=None):
+    """masks: a device buffer of packed allowed-token rows ((V + 31) // 32 uint32 words each) for the rows whose
+    params have has_mask set (their mask_row), or None."""
+    cdef void *p[7]
     p[0] = _dev(logits); p[1] = _dev(params); p[2] = _dev(adj_offset); p[3] = _dev(adj); p[4] = _dev(out_tokens)
     p[5] = _dev(out_logprobs)
+    p[6] = _dev(masks) if masks is not None else NULL
     cdef int err
     with nogil:
         err = icu_sample(<float *>p[0], V, R, <icu_sample_params *>p[1], <int32_t *>p[2], <icu_adj *>p[3],
-                         <int32_t *>p[4], <float *>p[5])
+                         <const uint32_t *>p[6], <int32_t *>p[4], <float *>p[5])
     _check(err, "sample")
 
 
@@ -501,8 +505,9 @@ cdef class Model:
         return icu_model_kv_bytes(self.m)
 
     def step(self, tokens, positions, seq_of_token, block_tables, out_rows, params, adj_offset, adj,
-             bint want_logits=False):
-        """One forward pass + sampling. Returns (tokens, logprobs, logits or None, used_graph)."""
+             bint want_logits=False, masks=None):
+        """One forward pass + sampling. Returns (tokens, logprobs, logits or None, used_graph). masks: (n,
+        (vocab + 31) // 32) uint32 allowed-token rows, row params[r]["mask_row"] for each r with has_mask set."""
         tokens = np.ascontiguousarray(tokens, np.int32)
         positions = np.ascontiguousarray(positions, np.int32)
         seq_of_token = np.ascontiguousarray(seq_of_token, np.int32)
@@ -520,6 +525,15 @@ cdef class Model:
             raise ValueError("params and adj_offset must have one entry per logits row (+1)")
         if len(positions) != len(tokens) or len(seq_of_token) != len(tokens):
             raise ValueError("tokens, positions and seq_of_token differ in length")
+        if masks is not None:
+            masks = np.ascontiguousarray(masks, np.uint32)
+            if masks.ndim != 2 or masks.shape[1] != (self.vocab + 31) // 32:
+                raise ValueError(f"masks must be (n, {(self.vocab + 31) // 32}) uint32 words")
+        cdef int num_masks = 0 if masks is None else masks.shape[0]
+        marked = params["has_mask"] != 0
+        if marked.any() and (num_masks == 0 or params["mask_row"][marked].min() < 0
+                             or params["mask_row"][marked].max() >= num_masks):
+            raise ValueError("a row with has_mask needs a mask_row among the masks")
         out_tokens = np.zeros(R, np.int32)
         out_logprobs = np.zeros(R, np.float32)
         logits = np.empty((R, self.vocab), np.float32) if want_logits else None
@@ -537,6 +551,8 @@ cdef class Model:
         b.params = <const icu_sample_params *>_host(params)
         b.adj_offset = <const int32_t *>_host(adj_offset)
         b.adj = <const icu_adj *>_host(adj)
+        b.num_masks = num_masks
+        b.masks = <const uint32_t *>_host(masks) if num_masks else NULL
         b.out_tokens = <int32_t *>_host(out_tokens)
         b.out_logprobs = <float *>_host(out_logprobs)
         b.out_logits = <float *>_host(logits) if want_logits else NULL

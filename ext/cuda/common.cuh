@@ -142,8 +142,8 @@ int icu_attn_prefill_launch(const Launch &L, const float *q, int ldq, const void
                             const int32_t *seq_qstart, const int32_t *seq_pos0, int S, int max_T, int n_heads,
                             int n_kv, int head_dim, float scale, float *out, int ldo);
 int icu_sample_launch(const Launch &L, float *logits, int V, int R, const icu_sample_params *params,
-                      const int32_t *adj_offset, icu_adj *adj, int32_t *out_tokens, float *out_logprobs,
-                      int32_t *next_tokens, int32_t *next_positions);
+                      const int32_t *adj_offset, icu_adj *adj, const uint32_t *masks, int32_t *out_tokens,
+                      float *out_logprobs, int32_t *next_tokens, int32_t *next_positions);
 int icu_gemm_bf16_launch(const Launch &L, void *cublas_handle, const void *X, const void *W, float *C, int M, int N,
                          int K, float beta, int kind);
 int icu_cublas_create(void **handle, cudaStream_t stream, void *workspace, size_t workspace_bytes);

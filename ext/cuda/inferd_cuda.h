@@ -69,6 +69,8 @@ typedef struct {
     int32_t top_k;              /* 0: off */
     int32_t position;           /* the random number depends only on (seed, position) */
     uint64_t seed;
+    int32_t has_mask;           /* 1: a grammar constrains the row (0, as zeroed params are: unconstrained) */
+    int32_t mask_row;           /* then: the row's allowed-token bitmask in the masks array */
 } icu_sample_params;
 
 /* one token's logit adjustment in one row: bias, then the repetition penalty (when bit 0 of flags is set:
@@ -129,9 +131,12 @@ int icu_attn_prefill(const float *q, int ldq, const void *k_cache, const void *v
                      const int32_t *block_tables, const int32_t *bt_width, const int32_t *seq_qstart,
                      const int32_t *seq_pos0, int S, int max_T, int n_heads, int n_kv, int head_dim, float scale,
                      float *out, int ldo);
-/* rows r < R of logits (R, V): adjust, sample, restore. out_logprob = raw logit - logsumexp(raw row). */
+/* rows r < R of logits (R, V): mask, adjust, sample, restore. masks: packed allowed-token bitmasks, row k at
+ * masks + k * ((V + 31) / 32) (bit i & 31 of word i >> 5: token i allowed; the CPU sampler's layout), used by the
+ * rows whose params.has_mask is set (NULL when none is). out_logprob = raw logit - logsumexp of the row's allowed
+ * raw logits; a row with no allowed token gets token -1. */
 int icu_sample(float *logits, int V, int R, const icu_sample_params *params, const int32_t *adj_offset,
-               icu_adj *adj, int32_t *out_tokens, float *out_logprobs);
+               icu_adj *adj, const uint32_t *masks, int32_t *out_tokens, float *out_logprobs);
 /* C (M, N) float = beta * C + X (M, K) bf16 @ W (N, K)^T bf16; kind 0: cuBLAS (when built in), 1: our mma */
 int icu_gemm_bf16(const void *X, const void *W, float *C, int M, int N, int K, float beta, int kind);
 int icu_have_cublas(void);
@@ -154,13 +159,14 @@ typedef struct {
 } icu_model_config;
 
 typedef struct {
-    int num_tokens, num_seqs, num_rows, bt_width, num_adj;
+    int num_tokens, num_seqs, num_rows, bt_width, num_adj, num_masks;
     const int32_t *tokens, *positions, *seq_of_token;   /* (num_tokens); a sequence's tokens are contiguous */
     const int32_t *block_tables;                        /* (num_seqs, bt_width) */
     const int32_t *out_rows;                            /* (num_rows) token index of each logits row */
     const icu_sample_params *params;                    /* (num_rows) */
     const int32_t *adj_offset;                          /* (num_rows + 1) */
     const icu_adj *adj;                                 /* (num_adj) */
+    const uint32_t *masks;                              /* (num_masks, (vocab + 31) / 32): params.mask_row */
     int32_t *out_tokens;                                /* (num_rows) */
     float *out_logprobs;                                /* (num_rows) */
     float *out_logits;                                  /* (num_rows, vocab) raw logits, or NULL */

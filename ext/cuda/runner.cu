@@ -12,7 +12,12 @@
  *   stored quantized) once the batch has more than gemv_max_tokens tokens.
  *
  * Padded graph rows decode token 0 at position 0 into a KV block of their own (the extra block at index
- * num_kv_blocks), with greedy sampling; their outputs are dropped. */
+ * num_kv_blocks), with greedy sampling; their outputs are dropped.
+ *
+ * Grammar masks: the sampler reads the step's packed allowed-token bitmasks from mask_d, a fixed device buffer of
+ * max_logits_rows rows (so a captured graph's sampler always points at it); a step copies its masks there before
+ * the graph replays, and each row's params say whether it has one (has_mask, zero in padded rows) and which. A
+ * step without masks copies nothing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +71,8 @@ struct icu_model {
     size_t io_bytes, off_tokens, off_positions, off_token_seq, off_out_rows, off_qstart, off_pos0, off_adj_offset,
         off_params, off_bt;
     icu_adj *adj_d, *adj_h;
+    uint32_t *mask_d, *mask_h;   /* (Rcap, mask_words) */
+    int mask_words;
     int32_t *out_tok_d, *out_tok_h;
     float *out_lp_d, *out_lp_h;
     cudaGraphExec_t graphs[NUM_GRAPHS];
@@ -156,7 +163,8 @@ int run_decode(icu_model *m, int bs) {
     }
     ICU_TRY(icu_gemv_launch(L, &m->out, m->x, c.dim, m->out_norm, c.norm_eps, nullptr, 0, m->logits, c.vocab, bs, 0));
     ICU_TRY(icu_sample_launch(L, m->logits, c.vocab, bs, offset_ptr<icu_sample_params>(m->io_d, m->off_params),
-                              m->d_i32(m->off_adj_offset), m->adj_d, m->out_tok_d, m->out_lp_d, tokens, positions));
+                              m->d_i32(m->off_adj_offset), m->adj_d, m->mask_d, m->out_tok_d, m->out_lp_d, tokens,
+                              positions));
     return icu_launch_status();
 }
 
@@ -198,7 +206,8 @@ int run_eager(icu_model *m, int T, int S, int R, int max_T) {
     ICU_TRY(icu_gather_rows_launch(L, m->x, c.dim, m->d_i32(m->off_out_rows), R, m->xs));
     ICU_TRY(icu_gemv_launch(L, &m->out, m->xs, c.dim, m->out_norm, c.norm_eps, nullptr, 0, m->logits, c.vocab, R, 0));
     ICU_TRY(icu_sample_launch(L, m->logits, c.vocab, R, offset_ptr<icu_sample_params>(m->io_d, m->off_params),
-                              m->d_i32(m->off_adj_offset), m->adj_d, m->out_tok_d, m->out_lp_d, nullptr, nullptr));
+                              m->d_i32(m->off_adj_offset), m->adj_d, m->mask_d, m->out_tok_d, m->out_lp_d, nullptr,
+                              nullptr));
     return icu_launch_status();
 }
 
@@ -254,6 +263,7 @@ extern "C" int icu_model_create(const icu_model_config *cfg, const double *inv_f
     m->Scap = std::max(c.max_seqs, ICU_MAX_GRAPH_BATCH);
     m->Rcap = std::max(c.max_logits_rows, ICU_MAX_GRAPH_BATCH);
     if (c.max_adj <= 0) c.max_adj = 1 << 16;
+    m->mask_words = ceil_div(c.vocab, 32);
     m->layers.resize(c.n_layers);
     int r = 0;
     auto fail = [&](int err) { icu_model_destroy(m); return err; };
@@ -274,6 +284,7 @@ extern "C" int icu_model_create(const icu_model_config *cfg, const double *inv_f
         {(void **)&m->part_ml, (size_t)ICU_MAX_GRAPH_BATCH * c.n_heads * c.max_splits * 2 * 4},
         {(void **)&m->inv_freq, (size_t)c.head_dim / 2 * sizeof(double)},
         {(void **)&m->adj_d, (size_t)c.max_adj * sizeof(icu_adj)},
+        {(void **)&m->mask_d, (size_t)m->Rcap * m->mask_words * 4},
         {(void **)&m->out_tok_d, (size_t)m->Rcap * 4}, {(void **)&m->out_lp_d, (size_t)m->Rcap * 4},
     };
     for (auto &b : bufs)
@@ -310,6 +321,7 @@ extern "C" int icu_model_create(const icu_model_config *cfg, const double *inv_f
     if ((r = (int)cudaMallocHost(&m->io_h, m->io_bytes))) return fail(r);
     memset(m->io_h, 0, m->io_bytes);
     if ((r = (int)cudaMallocHost((void **)&m->adj_h, (size_t)c.max_adj * sizeof(icu_adj)))) return fail(r);
+    if ((r = (int)cudaMallocHost((void **)&m->mask_h, (size_t)m->Rcap * m->mask_words * 4))) return fail(r);
     if ((r = (int)cudaMallocHost((void **)&m->out_tok_h, (size_t)m->Rcap * 4))) return fail(r);
     if ((r = (int)cudaMallocHost((void **)&m->out_lp_h, (size_t)m->Rcap * 4))) return fail(r);
 
@@ -331,6 +343,7 @@ extern "C" void icu_model_destroy(icu_model *m) {
     if (m->staging) cudaFree(m->staging);
     if (m->io_h) cudaFreeHost(m->io_h);
     if (m->adj_h) cudaFreeHost(m->adj_h);
+    if (m->mask_h) cudaFreeHost(m->mask_h);
     if (m->out_tok_h) cudaFreeHost(m->out_tok_h);
     if (m->out_lp_h) cudaFreeHost(m->out_lp_h);
     if (m->stream) cudaStreamDestroy(m->stream);
@@ -428,9 +441,14 @@ extern "C" int icu_model_step(icu_model *m, icu_batch *b) {
     const icu_model_config &c = m->c;
     const int T = b->num_tokens, S = b->num_seqs, R = b->num_rows;
     b->used_graph = 0;
-    if (T <= 0 || S <= 0 || R < 0 || b->bt_width <= 0 || b->num_adj < 0) return ICU_ERR_ARG;
-    if (T > m->Tcap || S > m->Scap || R > m->Rcap || b->bt_width > m->max_blocks || b->num_adj > c.max_adj)
+    if (T <= 0 || S <= 0 || R < 0 || b->bt_width <= 0 || b->num_adj < 0 || b->num_masks < 0) return ICU_ERR_ARG;
+    if (T > m->Tcap || S > m->Scap || R > m->Rcap || b->bt_width > m->max_blocks || b->num_adj > c.max_adj ||
+        b->num_masks > m->Rcap)
         return ICU_ERR_CAPACITY;
+    if (b->num_masks && !b->masks) return ICU_ERR_ARG;
+    for (int i = 0; i < R; ++i)   /* a masked row must name one of the step's masks */
+        if (b->params[i].has_mask && (b->params[i].mask_row < 0 || b->params[i].mask_row >= b->num_masks))
+            return ICU_ERR_ARG;
     bool decode = T == S && R == T && T <= ICU_MAX_GRAPH_BATCH;
     for (int i = 0; decode && i < T; ++i) decode = b->seq_of_token[i] == i && b->out_rows[i] == i;
     const int n = decode ? (c.use_graphs ? GRAPH_SIZES[graph_index(T)] : T) : T;   /* rows incl. padding */
@@ -477,11 +495,15 @@ extern "C" int icu_model_step(icu_model *m, icu_batch *b) {
         }
     }
     if (b->num_adj) memcpy(m->adj_h, b->adj, (size_t)b->num_adj * sizeof(icu_adj));
+    const size_t mask_bytes = (size_t)b->num_masks * m->mask_words * 4;
+    if (mask_bytes) memcpy(m->mask_h, b->masks, mask_bytes);
 
     ICU_CHECK(cudaMemcpyAsync(m->io_d, m->io_h, io_used(m, nS, width), cudaMemcpyHostToDevice, m->stream));
     if (b->num_adj)
         ICU_CHECK(cudaMemcpyAsync(m->adj_d, m->adj_h, (size_t)b->num_adj * sizeof(icu_adj), cudaMemcpyHostToDevice,
                                   m->stream));
+    if (mask_bytes)   /* before the replay: the graph's sampler reads mask_d */
+        ICU_CHECK(cudaMemcpyAsync(m->mask_d, m->mask_h, mask_bytes, cudaMemcpyHostToDevice, m->stream));
     int r = decode ? decode_step(m, n, &b->used_graph) : run_eager(m, T, S, R, max_T);
     if (r) { cudaStreamSynchronize(m->stream); return r; }
     if (R) {

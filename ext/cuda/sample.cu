@@ -10,8 +10,13 @@
  * as the CPU does. Known difference: tokens with exactly equal weights at a top-k or top-p boundary are all
  * kept here (the CPU keeps the lower ids first).
  *
- * logprob = raw logit of the chosen token - logsumexp of the raw row, as on the CPU. The adjusted logits are
- * put back to their raw values before the kernel ends, so a later copy of the row returns the model's logits. */
+ * A grammar's mask (a row with params.has_mask) comes first, as on the CPU: every read of a logit goes through
+ * Logits::at, which gives -inf for a token outside the mask, so a masked token has weight exactly 0 (expf(-inf))
+ * under every setting, never wins the greedy argmax, and the logsumexp runs over the allowed tokens only. The row
+ * itself is not written for the mask: nothing to restore, and an unconstrained row reads no mask bits at all.
+ *
+ * logprob = raw logit of the chosen token - logsumexp of the raw (masked) row, as on the CPU. The adjusted logits
+ * are put back to their raw values before the kernel ends, so a later copy of the row returns the model's logits. */
 #include <math.h>
 #include "common.cuh"
 
@@ -27,6 +32,7 @@ struct SampleArgs {
     const icu_sample_params *params;
     const int32_t *adj_offset;
     icu_adj *adj;
+    const uint32_t *masks;     /* (rows, (V + 31) / 32) packed allowed-token bits, or NULL */
     int32_t *out_tokens;
     float *out_logprobs;
     int32_t *next_tokens;      /* graph replay: the sampled token becomes the next step's input (or NULL) */
@@ -44,15 +50,23 @@ struct Shared {
 
 __device__ __forceinline__ unsigned long long fixed_w(float w) { return __float2ull_rn(w * FIX_ONE); }
 
+/* One row's logits as the sampler sees them: -inf outside the grammar's mask (allowed == NULL: no mask) */
+struct Logits {
+    const float *l;
+    const uint32_t *allowed;
+    __device__ __forceinline__ bool ok(int i) const { return !allowed || ((allowed[i >> 5] >> (i & 31)) & 1u); }
+    __device__ __forceinline__ float at(int i) const { return ok(i) ? l[i] : -INFINITY; }
+};
+
 /* (value, index) maximum, first index on ties */
 __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i) || (v != v && v2 == v2)) { v = v2; i = i2; }
 }
 
-__device__ void block_argmax(Shared &sh, const float *x, int V, float &vmax, int &imax) {
+__device__ void block_argmax(Shared &sh, const Logits &x, int V, float &vmax, int &imax) {
     float v = -INFINITY;
     int idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += ST) better(v, idx, x[i], i);
+    for (int i = threadIdx.x; i < V; i += ST) better(v, idx, x.at(i), i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
@@ -81,9 +95,9 @@ __device__ unsigned long long block_sum_u64(Shared &sh, unsigned long long v) {
 
 /* Weights of the temperature-scaled row: w = expf((l - m) * inv_t); key = bits of w */
 struct Row {
-    const float *l;
+    Logits l;
     float m, inv_t;
-    __device__ __forceinline__ float w(int i) const { return expf((l[i] - m) * inv_t); }
+    __device__ __forceinline__ float w(int i) const { return expf((l.at(i) - m) * inv_t); }   /* masked: 0 */
 };
 
 /* Among tokens with key >= key_lo, in descending key order, the key at which the running total (counts when
@@ -169,13 +183,23 @@ __global__ void __launch_bounds__(ST) sample_kernel(const SampleArgs a) {
     const int V = a.V;
     float *L = a.logits + (size_t)r * V;
     const icu_sample_params P = a.params[r];
+    const Logits X = {L, (a.masks && P.has_mask) ? a.masks + (size_t)P.mask_row * ((V + 31) / 32) : nullptr};
 
-    /* the raw row: max and logsumexp, for the logprob */
+    /* the raw (masked) row: max and logsumexp, for the logprob */
     float m_raw;
     int arg_raw;
-    block_argmax(sh, L, V, m_raw, arg_raw);
+    block_argmax(sh, X, V, m_raw, arg_raw);
+    if (m_raw == -INFINITY && X.allowed) {   /* nothing allowed (a bad mask; a grammar never gets here) */
+        if (threadIdx.x == 0) {
+            a.out_tokens[r] = -1;
+            a.out_logprobs[r] = -INFINITY;
+            if (a.next_tokens) a.next_tokens[r] = 0;
+            if (a.next_positions) a.next_positions[r] += 1;
+        }
+        return;
+    }
     unsigned long long z_raw = 0;
-    for (int i = threadIdx.x; i < V; i += ST) z_raw += fixed_w(expf(L[i] - m_raw));
+    for (int i = threadIdx.x; i < V; i += ST) z_raw += fixed_w(expf(X.at(i) - m_raw));
     z_raw = block_sum_u64(sh, z_raw);
     const float lse = m_raw + (float)log((double)z_raw / 4294967296.0);
 
@@ -195,10 +219,10 @@ __global__ void __launch_bounds__(ST) sample_kernel(const SampleArgs a) {
     __syncthreads();
     float m = m_raw;
     int chosen = arg_raw;
-    if (e1 > e0) block_argmax(sh, L, V, m, chosen);
+    if (e1 > e0) block_argmax(sh, X, V, m, chosen);
 
     if (P.temperature > 0.0f) {
-        const Row row = {L, m, 1.0f / P.temperature};
+        const Row row = {X, m, 1.0f / P.temperature};
         const float u = (float)(icu_rng_u64(P.seed, (uint64_t)(int64_t)P.position) >> 40) * (1.0f / 16777216.0f);
         const bool topk = P.top_k > 0 && P.top_k < V;
         const bool filtered = topk || P.top_p < 1.0f || P.min_p > 0.0f;
@@ -258,18 +282,19 @@ __global__ void __launch_bounds__(ST) sample_kernel(const SampleArgs a) {
 }  // namespace
 
 int icu_sample_launch(const Launch &L, float *logits, int V, int R, const icu_sample_params *params,
-                      const int32_t *adj_offset, icu_adj *adj, int32_t *out_tokens, float *out_logprobs,
-                      int32_t *next_tokens, int32_t *next_positions) {
+                      const int32_t *adj_offset, icu_adj *adj, const uint32_t *masks, int32_t *out_tokens,
+                      float *out_logprobs, int32_t *next_tokens, int32_t *next_positions) {
     if (R == 0) return 0;
     if (R < 0 || V <= 0) return ICU_ERR_ARG;
-    SampleArgs a = {logits, V, params, adj_offset, adj, out_tokens, out_logprobs, next_tokens, next_positions};
+    SampleArgs a = {logits, V, params, adj_offset, adj, masks, out_tokens, out_logprobs, next_tokens, next_positions};
     return icu_launch(L, sample_kernel, dim3(R), dim3(ST), 0, a);
 }
 
 extern "C" int icu_sample(float *logits, int V, int R, const icu_sample_params *params, const int32_t *adj_offset,
-                          icu_adj *adj, int32_t *out_tokens, float *out_logprobs) {
+                          icu_adj *adj, const uint32_t *masks, int32_t *out_tokens, float *out_logprobs) {
     Launch L = {0, false};
-    ICU_TRY(icu_sample_launch(L, logits, V, R, params, adj_offset, adj, out_tokens, out_logprobs, nullptr, nullptr));
+    ICU_TRY(icu_sample_launch(L, logits, V, R, params, adj_offset, adj, masks, out_tokens, out_logprobs, nullptr,
+                              nullptr));
     ICU_CHECK(cudaGetLastError());
     ICU_CHECK(cudaDeviceSynchronize());
     return 0;

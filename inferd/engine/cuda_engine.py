@@ -9,6 +9,10 @@ Weights keep their file's format on the GPU when a kernel reads it directly (Q8_
 become bf16), or are converted on the GPU when weight_dtype asks for bf16, int8 (per-row scale) or int4 (groups
 of 32, Q4_0's rule). The KV cache is f16 (as the CPU engine's) or bf16.
 
+Constrained decoding: a sequence's grammar mask (SeqInput.allowed, packed uint32 bits) goes into the same step
+call; the GPU sampler gives every token outside it probability 0 before bias, penalties and the draw, as the CPU
+sampler does, and top logprobs are taken over the allowed tokens.
+
 Settings (inferd/config.py): cuda_weights (auto|bf16|int8|int4|q8_0), cuda_kv (f16|bf16), cuda_graphs, cuda_pdl,
 cuda_gemm (cublas|own: our mma kernel instead of cuBLAS), cuda_device; engine/device.py passes them in.
 """
@@ -72,6 +76,8 @@ def _vector(t) -> np.ndarray:
 
 
 class CudaEngine(EngineShape):
+    supports_token_masks = True  # SeqInput.allowed: the GPU sampler applies a grammar's mask
+
     def __init__(
         self,
         model,
@@ -207,10 +213,19 @@ class CudaEngine(EngineShape):
             return []
         b = self.flatten(seqs)
         rows_of_seq, positions, out_rows = b.rows_of_seq, b.positions, b.out_rows
-        params, adj_offset, adj, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
+        params, adj_offset, adj, masks, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
         want_logits = need_logits or any(s.want_logits for s in seqs)
         out_tok, out_lp, logits, used_graph = self._m.step(
-            b.tokens, b.positions, b.seq_of_token, b.block_tables, b.out_rows, params, adj_offset, adj, want_logits
+            b.tokens,
+            b.positions,
+            b.seq_of_token,
+            b.block_tables,
+            b.out_rows,
+            params,
+            adj_offset,
+            adj,
+            want_logits,
+            masks=masks,
         )
         self.last_step_used_graph = used_graph
         return [
@@ -225,6 +240,7 @@ class CudaEngine(EngineShape):
         params["top_p"] = 1.0
         params["repetition_penalty"] = 1.0
         adj_offset = np.zeros(n_out + 1, np.int32)
+        masks: list[np.ndarray] = []
         entries: list[np.ndarray] = []
         n_adj = 0
         need_logits = False
@@ -256,6 +272,11 @@ class CudaEngine(EngineShape):
                 p["frequency_penalty"] = sp.frequency_penalty
                 p["seed"] = seed & 0xFFFFFFFFFFFFFFFF
                 p["position"] = positions[out_rows[r]] + 1
+                if s.allowed is not None:
+                    if s.num_sampled != 1:
+                        raise ValueError("a grammar's mask applies to one sampled row (no drafts)")
+                    p["has_mask"], p["mask_row"] = 1, len(masks)
+                    masks.append(s.allowed)
                 e = self._adjustments(s, sp, k, bias_ids, bias_vals)
                 if e is not None and len(e):
                     entries.append(e)
@@ -264,7 +285,7 @@ class CudaEngine(EngineShape):
         if n_adj > self.max_adj:
             raise ValueError(f"{n_adj} penalised or biased tokens in one step; the engine takes at most {self.max_adj}")
         adj = np.concatenate(entries) if entries else np.zeros(0, cu.ADJ_DTYPE)
-        return params, adj_offset, adj, need_logits
+        return params, adj_offset, adj, (np.stack(masks) if masks else None), need_logits
 
     def _adjustments(self, s, sp, k, bias_ids, bias_vals):
         """This row's logit adjustments: one entry per distinct biased or penalised token."""
@@ -301,15 +322,24 @@ class CudaEngine(EngineShape):
         if sp is not None and sp.logprobs is not None:
             out.logprobs = [float(out_lp[r]) for r in rows]
             k = min(sp.logprobs, MAX_LOGPROBS)
-            out.top_logprobs = [_top_logprobs(logits[r], k) if k > 0 else [] for r in rows]
+            out.top_logprobs = [_top_logprobs(_masked(logits[r], s.allowed), k) if k > 0 else [] for r in rows]
         if s.want_logits:
             out.logits = logits[first : first + count].copy()
         return out
 
 
+def _masked(row: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """The logits row as the sampler saw it: -inf outside the grammar's packed allowed-token bits."""
+    if allowed is None:
+        return row
+    bits = np.unpackbits(np.ascontiguousarray(allowed, "<u4").view(np.uint8), bitorder="little")[: row.size]
+    return np.where(bits.astype(bool), row, np.float32(-np.inf))
+
+
 def _top_logprobs(row: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The k best tokens and their logprobs; tokens a mask removed (-inf) are never listed, so fewer may come."""
     m = float(row.max())
     lse = m + math.log(float(np.exp((row - m).astype(np.float64)).sum()))
     idx = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
-    order = sorted(idx.tolist(), key=lambda i: (-row[i], i))
+    order = sorted((i for i in idx.tolist() if row[i] != -np.inf), key=lambda i: (-row[i], i))
     return [(int(i), float(row[i]) - lse) for i in order]

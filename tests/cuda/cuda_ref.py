@@ -131,10 +131,30 @@ def rng_uniform(seed: int, position: int) -> float:
     return float(np.float32(r >> 40) * np.float32(1.0 / 16777216.0))
 
 
+def pack_mask(allowed: np.ndarray) -> np.ndarray:
+    """A boolean (..., vocab) allowed-token array -> packed uint32 words, bit i & 31 of word i >> 5 (the samplers'
+    and llguidance's layout)."""
+    allowed = np.asarray(allowed, bool)
+    V = allowed.shape[-1]
+    padded = np.zeros(allowed.shape[:-1] + ((V + 31) // 32 * 32,), bool)
+    padded[..., :V] = allowed
+    return np.packbits(padded, axis=-1, bitorder="little").view("<u4")
+
+
+def unpack_mask(words: np.ndarray, V: int) -> np.ndarray:
+    return np.unpackbits(np.ascontiguousarray(words, "<u4").view(np.uint8), axis=-1, bitorder="little")[..., :V] == 1
+
+
 def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_prompt: int = 0,
-               bias: dict | None = None) -> tuple[int, float]:
-    """(token, logprob) as sample_row chooses them; logits float32 (vocab)."""
+               bias: dict | None = None, allowed: np.ndarray | None = None) -> tuple[int, float]:
+    """(token, logprob) as sample_row chooses them; logits float32 (vocab). allowed: packed mask words or None; a
+    masked token's logit is -inf from the start (logprobs are the masked row's); nothing allowed gives (-1, -inf)."""
     raw = np.asarray(logits, np.float32).copy()
+    if allowed is not None:
+        ok = unpack_mask(allowed, raw.size)
+        if not ok.any():
+            return -1, -math.inf
+        raw[~ok] = -np.inf
     lg = raw.copy()
     V = lg.size
     m = float(raw.max())
@@ -168,7 +188,7 @@ def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_promp
         chosen = int(hits[0]) if hits.size else V - 1
         return chosen, float(raw[chosen]) - lse
     floor_w = min_p if min_p > 0 else 0.0
-    ids = np.nonzero(w >= np.float32(floor_w))[0]
+    ids = np.nonzero((w >= np.float32(floor_w)) & (lg != -np.inf))[0]     # masked tokens are never candidates
     order = sorted(ids.tolist(), key=lambda i: (-w[i], i))
     n = top_k if 0 < top_k < len(order) else len(order)
     cand = order[:n]

@@ -220,8 +220,8 @@ def test_sampling_arrays_without_gpu():
     positions = [10, 11, 0, 1, 2]
     out_rows = [0, 1, 2, 3, 4]
     rows_of_seq = [(0, 2, 0), (2, 3, 2)]
-    params, offsets, adj, need_logits = eng._sampling_arrays([s0, s1], rows_of_seq, positions, out_rows)
-    assert not need_logits
+    params, offsets, adj, masks, need_logits = eng._sampling_arrays([s0, s1], rows_of_seq, positions, out_rows)
+    assert not need_logits and masks is None and not params["has_mask"].any()
     assert list(params["position"]) == [11, 12, 0, 0, 3]
     assert list(params["top_k"]) == [7, 7, 0, 0, 0] and params["seed"][0] == 99
     assert offsets[0] == 0 and offsets[2] == offsets[-1] and offsets[2] > offsets[1] > 0

@@ -23,7 +23,8 @@ CASES = {
 FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "top_k")
 
 
-def run_sampler(cu, logits, params, adj_rows=None):
+def run_sampler(cu, logits, params, adj_rows=None, masks=None):
+    """masks: {row: packed allowed-token words} for the constrained rows (the rest sample freely)."""
     R, V = logits.shape
     p = np.zeros(R, cu.SAMPLE_PARAMS_DTYPE)
     p["top_p"] = 1.0
@@ -32,6 +33,11 @@ def run_sampler(cu, logits, params, adj_rows=None):
         for k in FIELDS + ("seed", "position"):
             if k in d:
                 p[r][k] = d[k]
+    mask_rows = []
+    for r in sorted(masks or {}, reverse=True):      # mask rows in another order than the logits rows
+        p[r]["has_mask"], p[r]["mask_row"] = 1, len(mask_rows)
+        mask_rows.append(masks[r])
+    d_masks = upload(cu, np.stack(mask_rows)) if mask_rows else None
     offsets = np.zeros(R + 1, np.int32)
     entries = []
     for r in range(R):
@@ -43,7 +49,7 @@ def run_sampler(cu, logits, params, adj_rows=None):
     d_logits = upload(cu, logits)
     tok = poisoned(cu, R * 4)
     lp = poisoned(cu, R * 4)
-    cu.sample(d_logits, V, R, upload(cu, p), upload(cu, offsets), upload(cu, adj), tok, lp)
+    cu.sample(d_logits, V, R, upload(cu, p), upload(cu, offsets), upload(cu, adj), tok, lp, masks=d_masks)
     back = d_logits.download(np.float32, (R, V))
     assert np.array_equal(back, logits), "the sampler must leave the raw logits in place"
     return tok.download(np.int32, (R,)), lp.download(np.float32, (R,))
