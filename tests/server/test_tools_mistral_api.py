@@ -120,3 +120,16 @@ def test_second_turn_renders_calls_and_results(client, server, call_id):
     again = client.chat.completions.create(model=M, messages=messages, tools=[WEATHER], tool_choice="required",
                                            max_tokens=200, seed=2)
     check_call(again.choices[0].message.tool_calls[0])
+
+
+def test_responses_api_function_call(client):
+    r = client.responses.create(model=M, input="What is the weather in Oslo?", max_output_tokens=200,
+                                tools=[{"type": "function", **WEATHER["function"]}], tool_choice="required",
+                                extra_body={"seed": 3})
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["get_weather"] and re.fullmatch(r"[A-Za-z0-9]{9}", calls[0].call_id)
+    assert set(json.loads(calls[0].arguments)) == {"city", "unit"}
+    r2 = client.responses.create(model=M, previous_response_id=r.id, max_output_tokens=8,
+                                 input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                         "output": "3 C, snow"}])
+    assert r2.status in ("completed", "incomplete")

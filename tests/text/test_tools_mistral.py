@@ -275,3 +275,24 @@ def test_v11_grammar_needs_the_markers():
         tool_call_grammar(parse_tools([TIME]), fmt, markers={})
     with pytest.raises(ToolError, match=r"\[CALL_ID\]"):
         tool_call_grammar(parse_tools([TIME]), fmt, markers={"[TOOL_CALLS]": 5, "[ARGS]": 6})
+
+
+def test_auto_with_a_response_format_is_that_json_or_calls(mistral):
+    tok, compiler = mistral
+    fmt = detect_format(MISTRAL_SMALL_32)
+    answer = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    compiled = compiler.compile_sync(tool_call_grammar(parse_tools([TIME]), fmt, parallel=False, or_json=answer,
+                                                       markers=marker_ids(tok.hf.token_to_id)))
+    kinds = set()
+    for seed in range(8):
+        text = walk(tok, compiler, compiled.new_matcher(), seed)
+        content, calls = parse_tool_calls(text, fmt)
+        if calls:
+            kinds.add("call")
+            assert content is None and [c.name for c in calls] == ["get_time"]
+            check_call(calls[0])
+        else:
+            kinds.add("json")
+            assert json.loads(content)["answer"] in ("yes", "no")
+    assert kinds
