@@ -4,7 +4,12 @@
  * the caller works too, so a pool of n threads has n-1 workers. A thread that has spun for 50 us calls
  * sched_yield between polls: on a core shared with other work (another process, the server's own Python
  * threads) it hands the core over instead of burning the time slice the working thread needs; back-to-back
- * regions of one step never wait that long, so the quiet case keeps its pure spin. */
+ * regions of one step never wait that long, so the quiet case keeps its pure spin.
+ *
+ * A worker joins a job by taking a seat at its gate, and the caller closes the gate once it has drained the
+ * work, then waits only for the workers that joined. A worker whose core is taken by another process (it has
+ * not even seen the job yet) therefore costs nothing: the caller does its share and moves on, instead of
+ * waiting a whole time slice for it to check in at every one of the hundreds of regions of a step. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -14,15 +19,19 @@
 
 #define SPIN_NS 1000000LL
 #define YIELD_AFTER_NS 50000LL
+#define SEAT_BITS 16
+#define SEATS_MASK ((1ULL << SEAT_BITS) - 1)
 
 struct pool {
     int nthreads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
-    _Atomic uint64_t epoch;
+    _Atomic uint64_t epoch;      /* bumped per job; idle workers watch it */
+    _Atomic uint64_t gate;       /* (job epoch << SEAT_BITS) | seats still free */
+    _Atomic int finished;        /* workers that joined the current job and are done with it */
+    _Atomic int caller_sleeping; /* the caller waits on `done`: finishing workers must signal */
     _Atomic int64_t next;        /* next unclaimed item */
-    _Atomic int busy;            /* workers still inside the current job */
     int64_t n, chunk;
     pool_fn fn;
     void *arg;
@@ -31,6 +40,17 @@ struct pool {
 };
 
 typedef struct { pool_t *p; int id; } worker_arg;
+
+static uint64_t gate_of(uint64_t epoch, uint64_t seats) { return (epoch << SEAT_BITS) | seats; }
+
+/* Take a seat in job `epoch`; 0 when it is over or every seat is taken (the caller closed the gate). */
+static int join(pool_t *p, uint64_t epoch) {
+    uint64_t g = atomic_load_explicit(&p->gate, memory_order_acquire);
+    while (g >> SEAT_BITS == (epoch & (UINT64_MAX >> SEAT_BITS)) && (g & SEATS_MASK) > 0)
+        if (atomic_compare_exchange_weak_explicit(&p->gate, &g, g - 1, memory_order_acquire, memory_order_acquire))
+            return 1;
+    return 0;
+}
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -84,8 +104,10 @@ static void *worker(void *varg) {
         }
         if (p->stop) return NULL;
         seen = e;
+        if (!join(p, e)) continue;                     /* the job went on without this worker */
         drain(p, id);
-        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+        atomic_fetch_add(&p->finished, 1);
+        if (atomic_load(&p->caller_sleeping)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -141,22 +163,27 @@ void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg) {
     if (!p || p->nthreads == 1 || n <= chunk) { fn(arg, 0, n, 0); return; }
     p->n = n; p->chunk = chunk; p->fn = fn; p->arg = arg;
     atomic_store(&p->next, 0);
-    atomic_store(&p->busy, p->nthreads - 1);
+    atomic_store(&p->finished, 0);
+    uint64_t e = atomic_load(&p->epoch) + 1;
+    atomic_store_explicit(&p->gate, gate_of(e, (uint64_t)(p->nthreads - 1)), memory_order_release);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
+    atomic_store_explicit(&p->epoch, e, memory_order_release);
     if (p->sleepers) pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     drain(p, 0);
-    /* Wait for the workers: spin first (they are usually a few microseconds behind), yield after 50 us, sleep
-     * after many polls. */
+    int joined = p->nthreads - 1 - (int)(atomic_exchange(&p->gate, gate_of(e, 0)) & SEATS_MASK);
+    /* Wait for the workers that joined: spin first (they are usually a few microseconds behind), yield after
+     * 50 us, sleep after many polls. */
     int64_t start = now_ns();
     int yielding = 0;
-    for (int spins = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; spins++) {
+    for (int spins = 0; atomic_load_explicit(&p->finished, memory_order_acquire) < joined; spins++) {
         if (yielding) sched_yield();
         else if (spins % 256 == 255) yielding = now_ns() - start > YIELD_AFTER_NS;
         if (spins > 100000) {
             pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
+            atomic_store(&p->caller_sleeping, 1);
+            while (atomic_load(&p->finished) < joined) pthread_cond_wait(&p->done, &p->mu);
+            atomic_store(&p->caller_sleeping, 0);
             pthread_mutex_unlock(&p->mu);
             break;
         }
