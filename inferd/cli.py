@@ -116,6 +116,10 @@ def cmd_perplexity(args) -> int:
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     tokens = model.tokenizer.encode(text, add_special=False)
+    if args.chunks is not None:
+        if args.chunks < 1:
+            raise ValueError(f"--chunks {args.chunks}: give a positive number of chunks")
+        tokens = tokens[: args.chunks * args.ctx]
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     batch = min(args.ctx, 512)
     engine = build_engine(
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_engine_args(p)
     p.add_argument("-f", "--file", required=True)
     p.add_argument("-c", "--ctx", type=int, default=512)
+    p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (llama-perplexity's)")
     p.set_defaults(fn=cmd_perplexity)
 
     args = parser.parse_args(argv)

@@ -31,3 +31,14 @@ def test_perplexity_rejects_a_text_shorter_than_one_chunk(smollm2_path, tmp_path
     short.write_text("Too short to score.")
     assert main(["perplexity", "-m", str(smollm2_path), "-f", str(short), "-c", "512"]) == 1
     assert "make no chunk of 512" in capsys.readouterr().err
+
+
+def test_chunks_scores_only_the_first_ones(smollm2_path, capsys):
+    assert main(["perplexity", "-m", str(smollm2_path), "-f", str(TEXT), "-c", "512", "--chunks", "2"]) == 0
+    m = re.search(r"PPL = ([\d.]+) \+/- [\d.]+ \((\d+) chunks of 512, (\d+) tokens scored", capsys.readouterr().out)
+    assert m and int(m.group(2)) == 2 and int(m.group(3)) == 2 * 255
+
+
+def test_chunks_must_be_positive(smollm2_path, capsys):
+    assert main(["perplexity", "-m", str(smollm2_path), "-f", str(TEXT), "-c", "512", "--chunks", "0"]) == 1
+    assert "--chunks 0" in capsys.readouterr().err
