@@ -49,8 +49,9 @@ def test_model_without_fim_tokens_is_refused_naming_suffix():
 
 @pytest.mark.skipif(not QWEN.is_file(), reason=f"{QWEN} not fetched (../shared/models/fetch.sh)")
 def test_qwen_coder_fim_prompt():
-    from gguf import GGUFReader
-    tok = Tokenizer.from_gguf(GGUFReader(str(QWEN)).fields)
+    from inferd.model.gguf import validate_gguf
+
+    tok = Tokenizer.from_gguf(validate_gguf(str(QWEN)).metadata)
     ids = fim_prompt_ids(tok, "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n")
     assert tok.decode(ids, skip_special=False) == ("<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n\n"
                                                    "print(add(1, 2))\n<|fim_middle|>")

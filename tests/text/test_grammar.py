@@ -14,12 +14,12 @@ import re
 import llguidance as llg
 import numpy as np
 import pytest
-from gguf import GGUFReader
 
 from inferd import _cpu
 from inferd.text.grammar import (GrammarCompiler, GrammarError, GrammarSpec, choice_grammar, fill_masks,
                                  grammar_from_request, json_schema_grammar, lark_or_gbnf_grammar, mask_words,
                                  regex_grammar)
+from inferd.model.gguf import validate_gguf
 from inferd.text.tokenizer import Tokenizer
 from tests.model.make_tiny import make_variant, tokenizer_json, variant_spec
 
@@ -27,13 +27,13 @@ from tests.model.make_tiny import make_variant, tokenizer_json, variant_spec
 # ---- vocabularies -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tokenizers(tiny_dir, smollm2_path):
-    bpe = Tokenizer.from_gguf(GGUFReader(str(make_variant("llama-gguf-q8_0", tiny_dir))).fields)
-    spm = Tokenizer.from_gguf(GGUFReader(str(make_variant("llama-spm-gguf-q8_0", tiny_dir))).fields)
+    bpe = Tokenizer.from_gguf(validate_gguf(str(make_variant("llama-gguf-q8_0", tiny_dir))).metadata)
+    spm = Tokenizer.from_gguf(validate_gguf(str(make_variant("llama-spm-gguf-q8_0", tiny_dir))).metadata)
     folder = tiny_dir / "grammar-hf-tok"
     folder.mkdir(exist_ok=True)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json(variant_spec("llama-gguf-q8_0"))))
     hf = Tokenizer.from_hf_files(folder / "tokenizer.json", extra_eos_ids=[2])
-    smol = Tokenizer.from_gguf(GGUFReader(str(smollm2_path)).fields)
+    smol = Tokenizer.from_gguf(validate_gguf(str(smollm2_path)).metadata)
     return {"bpe-gguf": bpe, "spm-gguf": spm, "hf-json": hf, "smollm2": smol}
 
 

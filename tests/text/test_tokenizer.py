@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader
 
+from inferd.model.gguf import validate_gguf
 from inferd.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.model.make_tiny import TinySpec, make_variant, tokenizer_json, variant_spec, write_tiny_gguf
 
@@ -119,7 +119,7 @@ LLAMA_TOKENIZE = Path(os.environ.get("PEER_CACHE", Path.home() / ".cache/inferd-
 
 
 def _gguf_tokenizer(path) -> Tokenizer:
-    return Tokenizer.from_gguf(GGUFReader(str(path)).fields)
+    return Tokenizer.from_gguf(validate_gguf(str(path)).metadata)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_incremental_detokenizer_incomplete_tail_becomes_replacement(smol):
 
 
 def test_spm_vocab_is_the_recorded_one(spm_path):
-    tokens = GGUFReader(str(spm_path)).fields["tokenizer.ggml.tokens"].contents()
+    tokens = validate_gguf(str(spm_path)).metadata["tokenizer.ggml.tokens"]
     digest = hashlib.sha256("\n".join(tokens).encode()).hexdigest()[:16]
     assert digest == SPM_VOCAB_SHA, ("the tiny SentencePiece vocabulary changed (tokenizers' trainer?); "
                                      "re-record SPM_CASES with llama-tokenize as described at the top")

@@ -61,10 +61,11 @@ CONVERSATION = [
 def qwen():
     if not QWEN.is_file():
         pytest.skip(f"{QWEN} not fetched")
-    from gguf import GGUFReader
-    fields = GGUFReader(str(QWEN)).fields
-    tok = Tokenizer.from_gguf(fields)
-    template = bytes(fields["tokenizer.chat_template"].parts[-1]).decode()
+    from inferd.model.gguf import validate_gguf
+
+    metadata = validate_gguf(str(QWEN)).metadata
+    tok = Tokenizer.from_gguf(metadata)
+    template = metadata["tokenizer.chat_template"]
     compiler = GrammarCompiler(tok, tok.vocab_size)
     yield tok, template, compiler
     compiler.close()
