@@ -7,7 +7,7 @@ never another exception, never a crash, never a hang, and never an allocation la
 
 Mutants run in a worker subprocess (a crash there names the case instead of killing pytest) under an
 address-space limit, with tracemalloc measuring each load's peak. The cases are drawn from a fixed seed;
-INFERD_FUZZ_CASES sets how many per format (default 250).
+INFERD_FUZZ_CASES sets how many per format (default 40).
 
 The worker: python tests/model/test_fuzz_readers.py KIND BASE WORKDIR SEED START COUNT (JSON lines out).
 """
@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SEED = int(os.environ.get("INFERD_FUZZ_SEED", "4242"))
-CASES = int(os.environ.get("INFERD_FUZZ_CASES", "100"))   # more for a deeper run: INFERD_FUZZ_CASES=1000
+CASES = int(os.environ.get("INFERD_FUZZ_CASES", "40"))   # more for a deeper run: INFERD_FUZZ_CASES=1000
 ADDRESS_SPACE_LIMIT = 6 << 30      # a runaway allocation becomes a MemoryError (reported) instead of swapping
 CASE_TIMEOUT_S = 30
 PEAK_SLACK = 16 << 20              # allowance on top of what the unmutated file needs
