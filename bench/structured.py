@@ -1,15 +1,16 @@
-"""Structured-output benchmark: JSON-schema constrained vs free generation on the same inferd server, and
-llama-server's json_schema on the same load, in one run.
+"""Structured-output benchmark: JSON-schema constrained vs free generation, inferd and llama-server on the same
+model file, load and threads, in one run.
 
-    python bench/structured.py [-t 2] [-c 8] [--requests 32] [--model smollm2 | PATH.gguf]
+    python bench/structured.py [-t 2] [-c 8] [--requests 32] [--models smollm2-q4_0,qwen2.5-coder-1.5b-q4_k_m]
+                               [--rounds 2] [--bin DIR]
 
-c closed-loop clients send chat completions (a short prompt each, greedy, max_tokens 96): once free (no constraint,
-ignore_eos), once with response_format json_schema (a list of at least 40 notes, so every request runs to
-max_tokens too), on one inferd server; then llama-server (-np c) with its `json_schema` field when its binary is
-built (../shared/peers/llama-cpp.sh).
-Throughput is output tokens over the wall time of each level. Also printed: the time to compile a 20-property
-schema (first request with it minus a repeat of the same request) and the server's per-step mask cost is in the
-README (measured in-process). Writes bench/results/structured.md.
+c closed-loop clients send chat completions (a short prompt each, greedy, max_tokens 96): once free (ignore_eos),
+once with the same response_format json_schema (a list of at least 40 notes, so every request runs to max_tokens
+too). Each round starts each server once and measures both levels; the servers alternate in ABBA order over the
+rounds. llama-server runs as in bench/serve.py (`-fa on -cram 0`, quiet logs, `top_k: 1`; by default the build
+bench/_common.llama_bin picks). Throughput is output tokens over the wall time of each level. Also printed per
+model: the time to compile a 20-property schema and the per-step cost of the masks of 8 sequences (in process),
+and what a new schema adds to its first request over HTTP. Writes bench/results/structured.md.
 """
 from __future__ import annotations
 
@@ -27,22 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from serve import Server, free_port, inferd_server  # noqa: E402 (after the sys.path line)
-
-PEERS = Path.home() / ".cache" / "inferd-peers"
-
-
-def built_llama_bin() -> Path | None:
-    """llama.cpp's bin folder if ../shared/peers/llama-cpp.sh has built it (this script never starts that build)."""
-    found = sorted(PEERS.glob("*/build/bin/llama-server"))
-    return found[-1].parent if found else None
-
-
-def model_path(name: str) -> Path:
-    if name == "smollm2":
-        from inferd.model.pull import DEFAULT_MODEL, resolve
-        return Path(resolve(DEFAULT_MODEL, progress=False))
-    return Path(name)
+from _common import (  # noqa: E402 (after the sys.path line)
+    abba, busy_warning, command_line, fmt_range, llama_bin, median, model_file, peer_env, repack_works)
+from serve import Server, inferd_server, llama_server  # noqa: E402
 
 MAX_TOKENS = 96
 # long enough that every constrained request runs to max_tokens, like the free ones with ignore_eos: both sides
@@ -143,66 +131,118 @@ async def compile_time(url: str) -> float:
         return first - (time.perf_counter() - t0)
 
 
-async def main_async(args) -> int:
-    bin_dir = built_llama_bin()
-    path = model_path(args.model)
-    log_dir = Path(tempfile.mkdtemp(prefix="inferd-bench-structured-"))
-    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "notes", "schema": NOTES}}}
-    rows = []
-    server = inferd_server(path, args.threads, args.concurrency, [])
-    server.start(log_dir)
+async def run_levels(server: Server, args, extras: list[tuple[str, dict]]) -> dict[str, tuple[float, int, int]]:
+    server.start(args.log_dir)
     try:
         await server.wait_ready()
-        free = await level(server.url, args.concurrency, args.requests, {"ignore_eos": True})
-        constrained = await level(server.url, args.concurrency, args.requests, rf)
-        compile_s = await compile_time(server.url)
+        return {label: await level(server.url, args.concurrency, args.requests, extra) for label, extra in extras}
     finally:
         server.stop()
-    rows.append(("inferd, free", free))
-    rows.append(("inferd, json_schema", constrained))
-    llama = None
-    llama_failure = "not built (../shared/peers/llama-cpp.sh)" if bin_dir is None else ""
-    if bin_dir is not None and (bin_dir / "llama-server").exists():
-        port = free_port()
-        cmd = [str(bin_dir / "llama-server"), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
-               "-np", str(args.concurrency), "-c", str(1024 * args.concurrency), "-t", str(args.threads)]
-        llama = Server("llama-server", cmd, port, {})
-        llama.start(log_dir)
-        try:
-            await llama.wait_ready()
-            rows.append(("llama-server, json_schema", await level(llama.url, args.concurrency, args.requests,
-                                                                  {"json_schema": NOTES})))
-        except RuntimeError as e:   # a peer that cannot start is reported, not fatal to inferd's numbers
-            llama_failure = str(e)
-        finally:
-            llama.stop()
-    lines = [f"Structured output, {path.name}, c={args.concurrency}, {args.requests} requests, {args.threads} "
-             f"threads, greedy, max_tokens {MAX_TOKENS} (a shared machine: compare within a run only)", "",
-             "| server | output tok/s | tokens | errors |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {name} | {tps:.1f} | {n} | {err} |" for name, (tps, n, err) in rows]
-    compile_ms, mask_p50, mask_p90 = in_process_costs(path)
-    lines += ["", f"constrained / free (inferd): {constrained[0] / free[0]:.2f}",
-              f"new 20-property schema adds {compile_s * 1e3:.0f} ms to its first request over HTTP "
-              f"(compiling it in process: {compile_ms:.1f} ms)",
-              f"masks of 8 constrained sequences per step: median {mask_p50:.2f} ms, p90 {mask_p90:.2f} ms"]
-    if llama is not None and len(rows) == 3 and rows[2][1][0]:
-        lines.append(f"inferd json_schema / llama-server json_schema: {constrained[0] / rows[2][1][0]:.2f}x")
-    if llama_failure:
-        lines.append(f"llama-server: {llama_failure}")
+
+
+async def bench_model(name: str, args, bin_dir: Path, env: dict, repack: bool) -> tuple[list[str], list[str]]:
+    """Rounds of (inferd, llama-server) in ABBA order, each server measured free then constrained; the table
+    rows (medians and spread) and the commands."""
+    path = model_file(name, bin_dir)
+    per_slot = 1024
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "notes", "schema": NOTES}}}
+    # llama-server takes OpenAI's response_format as well: both servers get the same request bodies
+    servers = {"inferd": lambda: inferd_server(path, args.threads, args.concurrency, per_slot, []),
+               "llama-server": lambda: llama_server(bin_dir, path, args.threads, args.concurrency, per_slot, env,
+                                                    repack)}
+    extras = {"inferd": [("free", {"ignore_eos": True}), ("json_schema", rf)],
+              "llama-server": [("free", {"ignore_eos": True, "top_k": 1}), ("json_schema", {**rf, "top_k": 1})]}
+    got: dict[tuple[str, str], list[float]] = {}
+    errors = 0
+    shown = []
+    for r in range(args.rounds):
+        for side in abba(r, ["inferd", "llama-server"]):
+            server = servers[side]()
+            if r == 0:
+                shown.append(server.shown)
+            for label, (tps, _, err) in (await run_levels(server, args, extras[side])).items():
+                got.setdefault((side, label), []).append(tps)
+                errors += err
+                print(f"{name} round {r + 1}/{args.rounds} {side:<12} {label:<11} {tps:7.1f} tok/s", flush=True)
+    rows = []
+    for side in ("inferd", "llama-server"):
+        free, constrained = got[(side, "free")], got[(side, "json_schema")]
+        per_round = [c / f for c, f in zip(constrained, free)]
+        rows.append(f"| {name} | {side} | {median(free):.1f} ({fmt_range(free)}) | {median(constrained):.1f} "
+                    f"({fmt_range(constrained)}) | {median(per_round):.2f} ({fmt_range(per_round, 2)}) |")
+    vs = [i / ll for i, ll in zip(got[("inferd", "json_schema")], got[("llama-server", "json_schema")])]
+    rows.append(f"| {name} | inferd / llama-server, json_schema | | {median(vs):.2f}x ({fmt_range(vs, 2)}) | |")
+    if errors:
+        rows.append(f"| {name} | **{errors} requests failed** (see the server logs in {args.log_dir}) | | | |")
+    return rows, shown
+
+
+async def main_async(args) -> int:
+    bin_dir = llama_bin(args.bin)
+    env = peer_env(args.peer_lib)
+    args.log_dir = Path(tempfile.mkdtemp(prefix="inferd-bench-structured-"))
+    warning = busy_warning()
+    names = args.models.split(",")
+    repack = args.repack == "on" or (args.repack == "auto" and
+                                     repack_works(bin_dir, model_file(names[0], bin_dir), args.threads, env))
+    lines = [f"# Structured output ({time.strftime('%Y-%m-%d %H:%M')}): c={args.concurrency}, {args.requests} "
+             f"requests per level, {args.threads} threads, greedy (`top_k: 1` for llama-server), max_tokens "
+             f"{MAX_TOKENS}, {args.rounds} ABBA rounds, medians (min-max)", "",
+             "| model | server | free tok/s | json_schema tok/s | json_schema / free |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    shown_all = []
+    for name in names:
+        rows, shown = await bench_model(name, args, bin_dir, env, repack)
+        lines += rows
+        shown_all += shown
+        compile_ms, mask_p50, mask_p90 = in_process_costs(model_file(name, bin_dir))
+        lines_after = (f"{name}: a 20-property schema compiles in {compile_ms:.1f} ms (in process); the masks of 8 "
+                       f"constrained sequences take a median {mask_p50:.2f} ms per step (p90 {mask_p90:.2f} ms)")
+        shown_all.append(f"# {lines_after}")
+        compile_s = await new_schema_cost(name, args, bin_dir)
+        shown_all.append(f"# {name}: a new 20-property schema adds {compile_s * 1e3:.0f} ms to its first request "
+                         "over HTTP")
+    notes = [line[2:] for line in shown_all if line.startswith("# ")]
+    commands = [line for line in shown_all if not line.startswith("# ")]
+    lines += ["", *notes, ""]
+    if warning:
+        lines += [f"**Warning**: {warning}", ""]
+    if not repack:
+        lines += ["llama.cpp's weight repacking died with SIGILL on this CPU, so llama-server ran with `-nr`.", ""]
+    lines += ["Both servers run each level with c closed-loop clients; free requests set `ignore_eos` and every "
+              "constrained one runs to max_tokens (the schema asks for at least 40 notes), so both generate "
+              "exactly max_tokens per request.", "", "Commands (PORT: a free port):", "", "```",
+              command_line([sys.executable, *sys.argv]), *commands, "```", ""]
     text = "\n".join(lines)
     print(text)
-    out = HERE / "results" / "structured.md"
-    out.write_text(text + "\n")
-    print(f"written to {out}; server logs in {log_dir}")
+    args.out.write_text(text)
+    print(f"written to {args.out}; server logs in {args.log_dir}")
     return 0
+
+
+async def new_schema_cost(name: str, args, bin_dir: Path) -> float:
+    server = inferd_server(model_file(name, bin_dir), args.threads, args.concurrency, 1024, [])
+    server.start(args.log_dir)
+    try:
+        await server.wait_ready()
+        return await compile_time(server.url)
+    finally:
+        server.stop()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--concurrency", type=int, default=8)
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--requests", type=int, default=32, help="requests per level")
+    ap.add_argument("--models", default="smollm2-q4_0,qwen2.5-coder-1.5b-q4_k_m",
+                    help="bench model names (vs_llamacpp.py's)")
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds")
+    ap.add_argument("--bin", type=Path, default=None, help="folder of llama.cpp's tools")
+    ap.add_argument("--peer-lib", type=Path, default=None, help="folder put first on llama.cpp's LD_LIBRARY_PATH")
+    ap.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's weight repacking; auto: on unless a short run dies with SIGILL")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "structured.md")
     args = ap.parse_args()
     return asyncio.run(main_async(args))
 
