@@ -45,7 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
@@ -255,7 +255,7 @@ class LevelResult:
     def itl(self, q: float) -> float:
         return percentile(self.itls, q)
 
-    def add(self, other: "LevelResult") -> None:
+    def add(self, other: LevelResult) -> None:
         """Pool another repeat of the same level: throughput becomes all tokens over all wall time."""
         self.requests += other.requests
         self.output_tokens += other.output_tokens
@@ -474,7 +474,8 @@ async def main_async(args) -> int:
                   "--max-running/--num-kv-blocks):", "", "```", *commands, "```"]
     report = "\n".join(lines) + "\n"
     print("\n" + report)
-    name = "serve" + ("-mixed" if args.workload == "mixed" else "") + ("-quick" if quick else "")
+    name = ("serve" + ("" if args.model == "smollm2-q4_0" else f"_{args.model}")
+            + ("-mixed" if args.workload == "mixed" else "") + ("-quick" if quick else ""))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{name}.md").write_text(report)
     raw = {str(c): {n: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens,
