@@ -238,6 +238,10 @@ def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_promp
         chosen = int(hits[0]) if hits.size else int(np.nonzero(w > 0)[0][-1])
         return chosen, float(raw[chosen]) - lse
     ids = np.nonzero(w > 0)[0]                                   # masked tokens are never candidates
+    if not top_k_on and min_p > 0.0:       # without top-k min-p may cut first (as on the CPU): same survivors
+        ids = ids[w[ids] >= min(min_p, np.float32(1.0))]
+    if 0 < top_k < ids.size:               # only the k heaviest and their ties need sorting
+        ids = ids[w[ids] >= np.partition(w[ids], ids.size - top_k)[ids.size - top_k]]
     cand = ids[np.lexsort((ids, -w[ids]))]                       # heaviest first, lower id on ties
     if 0 < top_k < cand.size:
         cand = cand[:top_k]
