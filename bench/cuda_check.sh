@@ -68,9 +68,11 @@ export INFERD_CUDA=1 INFERD_CUDA_ARCHS=${INFERD_CUDA_ARCHS:-90}
 stage build 150 build.log $PY setup.py build_ext --inplace -j 16
 $PY -c "import inferd._cuda as c; print('devices', c.device_count(), c.device_info(), 'cublas', c.have_cublas())"
 
-# grammar masks in the sampler first (masked tokens never drawn under temperature / top-k / top-p / min-p, greedy
-# = best allowed token, both against the numpy port of the CPU sampler; masks refreshed between graph replays,
-# free rows unaffected), so their result comes back even if the long stage below runs out of time
+# grammar masks in the sampler first (masked tokens never drawn under temperature / top-k / top-p / min-p, all
+# three together too, in the CPU's order: top-k, top-p over the top k's mass, min-p last; greedy = best allowed
+# token; masked and free rows both against the numpy port of the CPU sampler, which test_mask_host.py and
+# test_sample_host.py hold to the real CPU sampler on every row; masks refreshed between graph replays, free rows
+# unaffected), so their result comes back even if the long stage below runs out of time
 MASK_TESTS="tests/cuda/test_sample_mask.py tests/cuda/test_engine_mask.py tests/cuda/test_mask_host.py"
 stage masks 50 pytest.log $PY -m pytest $MASK_TESTS -q -rs -p no:cacheprovider
 cp "$OUT/pytest.log" "$OUT/pytest_masks.txt"
@@ -90,7 +92,9 @@ stage memcheck 80 memcheck.log compute-sanitizer --tool memcheck --error-exitcod
     tests/cuda/test_sample_mask.py::test_a_row_with_nothing_allowed_gets_no_token \
     tests/cuda/test_engine_mask.py::test_each_replay_follows_its_own_mask \
     tests/cuda/test_attention.py::test_decode_attention_batch_invariant "tests/cuda/test_attention.py::test_rope_kv_write" \
-    tests/cuda/test_sample.py::test_sampler_seeded_draws_repeat tests/cuda/test_engine.py::test_graph_equals_eager_decode
+    tests/cuda/test_sample.py::test_sampler_seeded_draws_repeat \
+    "tests/cuda/test_sample.py::test_sampler_matches_cpu[1000-top_k_top_p_min_p]" \
+    tests/cuda/test_engine.py::test_graph_equals_eager_decode
 
 {
     echo "== inferd CUDA check, $(date)"

@@ -1,14 +1,14 @@
 /* The sampler on the GPU: one block of 1024 threads per logits row.
  *
  * It follows the CPU sampler (ext/cpu/sample.c) step for step: logit bias, then penalties, then greedy (first
- * maximum) or temperature with top-k / top-p / min-p, and one uniform draw u from (seed, position) with the
- * same generator. The weights are w_i = expf((l_i - max) / T), as on the CPU; sums run over w_i in 32.32 fixed
- * point (64-bit integers), so they are exact, independent of the order of addition, and the choice is
- * deterministic. The sorted-order steps of the CPU sampler (top-k, the nucleus, the draw among the kept tokens)
- * become radix selections over the bit patterns of w (non-negative floats order as their bits): 4 passes of 8
- * bits, histograms of counts or of fixed-point weight. Without filters the draw walks the tokens in index order,
- * as the CPU does. Known difference: tokens with exactly equal weights at a top-k or top-p boundary are all
- * kept here (the CPU keeps the lower ids first).
+ * maximum) or temperature with top-k / top-p / min-p, and one uniform draw u from (seed, position) with the same
+ * generator; the filters in the CPU's order: top-k, top-p over the top k's mass, min-p last. The weights are w_i =
+ * expf((l_i - max) / T), as on the CPU; sums run over w_i in 32.32 fixed point (64-bit integers), so they are exact,
+ * independent of the order of addition, and the choice is deterministic. The sorted-order steps of the CPU sampler
+ * (top-k, the nucleus, the draw among the kept tokens) become radix selections over the bit patterns of w
+ * (non-negative floats order as their bits): 4 passes of 8 bits, histograms of counts or of fixed-point weight.
+ * Without filters the draw walks the tokens in index order, as the CPU does. Known difference: tokens with exactly
+ * equal weights at a top-k or top-p boundary are all kept here (the CPU keeps the lower ids first).
  *
  * A grammar's mask (a row with params.has_mask) comes first, as on the CPU: every read of a logit goes through
  * Logits::at, which gives -inf for a token outside the mask, so a masked token has weight exactly 0 (expf(-inf))
@@ -234,11 +234,18 @@ __global__ void __launch_bounds__(ST) sample_kernel(const SampleArgs a) {
             const unsigned long long target = (unsigned long long)((double)u * (double)z);
             pick = index_select(sh, V, [&](int i) { return fixed_w(row.w(i)); }, target);
         } else {
-            uint32_t key_lo = P.min_p > 0.0f ? __float_as_uint(fminf(P.min_p, 1.0f)) : 0u;
+            /* The CPU sampler's order, the one definition: the top k, then top-p over the top k's mass (the whole
+             * row's without top-k), then min-p relative to the best token (weight 1) last. Every step keeps the
+             * tokens whose key (the bits of w) reaches a bound, so the survivors are always key >= key_lo. Without
+             * top-k the min-p floor may cut first, as on the CPU: the nucleus mass is the whole row's then, and
+             * dropping tokens below the floor changes no running total above it (a nucleus reaching below the
+             * floor ends at the floor either way). */
+            const uint32_t min_p_lo = P.min_p > 0.0f ? __float_as_uint(fminf(P.min_p, 1.0f)) : 0u;
+            uint32_t key_lo = topk ? 0u : min_p_lo;
             uint32_t key;
             unsigned long long above;
-            if (topk && radix_select(sh, row, V, key_lo, false, false, (unsigned long long)P.top_k, key, above))
-                key_lo = max(key_lo, key);
+            if (topk && radix_select(sh, row, V, 0u, false, false, (unsigned long long)P.top_k, key, above))
+                key_lo = key;
             if (P.top_p < 1.0f) {
                 unsigned long long zp = 0;
                 for (int i = threadIdx.x; i < V; i += ST) {
@@ -250,6 +257,7 @@ __global__ void __launch_bounds__(ST) sample_kernel(const SampleArgs a) {
                 if (target == 0) target = 1;
                 if (radix_select(sh, row, V, key_lo, true, false, target, key, above)) key_lo = max(key_lo, key);
             }
+            key_lo = max(key_lo, min_p_lo);
             unsigned long long total = 0;
             for (int i = threadIdx.x; i < V; i += ST) {
                 const float w = row.w(i);

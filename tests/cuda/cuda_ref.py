@@ -145,10 +145,61 @@ def unpack_mask(words: np.ndarray, V: int) -> np.ndarray:
     return np.unpackbits(np.ascontiguousarray(words, "<u4").view(np.uint8), axis=-1, bitorder="little")[..., :V] == 1
 
 
+# exp_scalar (ext/cpu/vecmath.h: Cephes' expf) in float32, operation for operation, so the weights are the CPU
+# sampler's bits, not numpy's exp's (which differ in the last place and move draws that land near a boundary)
+_EXP_LO, _EXP_HI = np.float32(-87.3365478515625), np.float32(88.3762626647949)
+_EXP_POLY = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                                     1.6666665459e-1, 5.0000001201e-1)]
+
+
+def _fmaf(a, b, c) -> np.ndarray:
+    """fmaf on float32 arrays, rounded once: a * b is exact in float64; the float64 sum a * b + c is rounded to odd
+    (its exact error from a two-sum decides the neighbour), which a second rounding to float32 cannot spoil."""
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32).astype(np.float64)
+    c = np.asarray(c, np.float32).astype(np.float64)
+    s = p + c
+    t = s - p
+    err = (p - (s - t)) + (c - t)
+    even = (s.view(np.uint64) & 1) == 0
+    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def exp_cpu(x) -> np.ndarray:
+    x = np.minimum(np.maximum(np.asarray(x, np.float32), _EXP_LO), _EXP_HI)
+    n = np.rint(x * np.float32(1.44269504088896341))
+    r = _fmaf(n, np.float32(-0.693359375), x)
+    r = _fmaf(n, np.float32(2.12194440e-4), r)
+    p = np.full_like(r, _EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = _fmaf(p, r, c)
+    y = _fmaf(p, r * r, r) + np.float32(1.0)
+    scale = ((n.astype(np.int32) + 127) << 23).view(np.float32)
+    return (y * scale).astype(np.float32)
+
+
+def temperature_weights(lg: np.ndarray, inv_t: np.float32) -> tuple[np.ndarray, float]:
+    """w = exp((l - max) * inv_t), exactly 0 for a masked (-inf) logit, and their sum in the CPU's order: double
+    lanes over i % 8 for the full groups of 8, combined ((l0+l4)+(l1+l5))+((l2+l6)+(l3+l7)), then the tail."""
+    m = np.float32(lg.max())
+    w = np.where(lg == -np.inf, np.float32(0.0), exp_cpu((lg - m) * inv_t)).astype(np.float32)
+    n8 = w.size // 8 * 8
+    lanes = np.cumsum(w[:n8].reshape(-1, 8).astype(np.float64), axis=0)[-1] if n8 else np.zeros(8)
+    z = float(((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7])))
+    for x in w[n8:]:
+        z += float(x)
+    return w, z
+
+
 def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_prompt: int = 0,
                bias: dict | None = None, allowed: np.ndarray | None = None) -> tuple[int, float]:
     """(token, logprob) as sample_row chooses them; logits float32 (vocab). allowed: packed mask words or None; a
-    masked token's logit is -inf from the start (logprobs are the masked row's); nothing allowed gives (-1, -inf)."""
+    masked token's logit is -inf from the start (logprobs are the masked row's); nothing allowed gives (-1, -inf).
+
+    The filters in the CPU sampler's order, which is the one definition for every backend: the top k by weight
+    (ties: lower id first), then top-p over the mass of those k (of every token without top-k), then min-p
+    relative to the best token (weight 1) over what is left, the best always kept; the draw walks the survivors
+    from the heaviest. Sums are sequential float64 in that order (np.cumsum), as the C loops add them."""
     raw = np.asarray(logits, np.float32).copy()
     if allowed is not None:
         ok = unpack_mask(allowed, raw.size)
@@ -161,54 +212,50 @@ def cpu_sample(logits: np.ndarray, p: dict, position: int, history=(), num_promp
     lse = m + math.log(float(np.exp((raw - np.float32(m)).astype(np.float64)).sum()))
     for tok, val in (bias or {}).items():
         lg[tok] = np.float32(lg[tok] + np.float32(val))
-    rp, pp, fp = p.get("repetition_penalty", 1.0), p.get("presence_penalty", 0.0), p.get("frequency_penalty", 0.0)
+    rp, pp, fp = (np.float32(p.get(k, d)) for k, d in
+                  (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)))
     if rp != 1.0 or pp != 0.0 or fp != 0.0:
         seen, counts = set(), {}
         for i, t in enumerate(history):
             if t not in seen and rp != 1.0:
-                lg[t] = lg[t] / np.float32(rp) if lg[t] > 0 else lg[t] * np.float32(rp)
+                lg[t] = lg[t] / rp if lg[t] > 0 else lg[t] * rp
             seen.add(t)
             if i >= num_prompt:
                 counts[t] = counts.get(t, 0) + 1
         for t, n in counts.items():
-            lg[t] = lg[t] - (np.float32(pp) + np.float32(fp) * np.float32(n))
-    T = p.get("temperature", 0.0)
+            lg[t] = lg[t] - (pp + fp * np.float32(n))
+    T = np.float32(p.get("temperature", 0.0))
     if T <= 0:
         chosen = int(np.argmax(lg))
         return chosen, float(raw[chosen]) - lse
-    m = np.float32(lg.max())
-    w = np.exp((lg - m) * np.float32(1.0 / np.float32(T))).astype(np.float32)
-    z = float(w.astype(np.float64).sum())
+    w, z = temperature_weights(lg, np.float32(1.0) / T)
     u = rng_uniform(p.get("seed", 0), position)
-    top_k, top_p, min_p = p.get("top_k", 0), p.get("top_p", 1.0), p.get("min_p", 0.0)
-    filtered = (0 < top_k < V) or top_p < 1.0 or min_p > 0.0
-    if not filtered:
+    top_k, top_p, min_p = int(p.get("top_k", 0)), np.float32(p.get("top_p", 1.0)), np.float32(p.get("min_p", 0.0))
+    top_k_on = 0 < top_k < V
+    if not (top_k_on or top_p < 1.0 or min_p > 0.0):
         c = np.cumsum(w.astype(np.float64))
         hits = np.nonzero(c > u * z)[0]
-        chosen = int(hits[0]) if hits.size else V - 1
+        chosen = int(hits[0]) if hits.size else int(np.nonzero(w > 0)[0][-1])
         return chosen, float(raw[chosen]) - lse
-    floor_w = min_p if min_p > 0 else 0.0
-    ids = np.nonzero((w >= np.float32(floor_w)) & (lg != -np.inf))[0]     # masked tokens are never candidates
-    order = sorted(ids.tolist(), key=lambda i: (-w[i], i))
-    n = top_k if 0 < top_k < len(order) else len(order)
-    cand = order[:n]
+    ids = np.nonzero(w > 0)[0]                                   # masked tokens are never candidates
+    if not top_k_on and min_p > 0.0:       # without top-k min-p may cut first (as on the CPU): same survivors
+        ids = ids[w[ids] >= min(min_p, np.float32(1.0))]
+    if 0 < top_k < ids.size:               # only the k heaviest and their ties need sorting
+        ids = ids[w[ids] >= np.partition(w[ids], ids.size - top_k)[ids.size - top_k]]
+    cand = ids[np.lexsort((ids, -w[ids]))]                       # heaviest first, lower id on ties
+    if 0 < top_k < cand.size:
+        cand = cand[:top_k]
     if top_p < 1.0:
-        zk = float(sum(float(w[i]) for i in cand)) if 0 < top_k < V else z
-        acc, keep = 0.0, len(cand)
-        for j, i in enumerate(cand):
-            acc += float(w[i])
-            if acc >= top_p * zk:
-                keep = j + 1
-                break
-        cand = cand[:keep]
-    total = float(sum(float(w[i]) for i in cand))
-    target, acc = u * total, 0.0
-    chosen = cand[-1]
-    for i in cand:
-        acc += float(w[i])
-        if acc > target:
-            chosen = i
-            break
+        acc = np.cumsum(w[cand].astype(np.float64))
+        zk = float(acc[-1]) if top_k_on else z
+        reached = np.nonzero(acc >= float(top_p) * zk)[0]
+        if reached.size:
+            cand = cand[:reached[0] + 1]
+    if min_p > 0.0:
+        cand = cand[:max(1, int(np.count_nonzero(w[cand] >= min_p)))]   # sorted: the passing ones lead
+    acc = np.cumsum(w[cand].astype(np.float64))
+    hits = np.nonzero(acc > u * float(acc[-1]))[0]
+    chosen = cand[hits[0]] if hits.size else cand[-1]
     return int(chosen), float(raw[chosen]) - lse
 
 

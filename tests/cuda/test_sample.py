@@ -1,5 +1,6 @@
 """The GPU sampler against a line-by-line numpy port of the CPU sampler (cuda_ref.cpu_sample): greedy, penalties,
-logit bias, temperature alone, top-k, top-p, min-p and their mixes, with the same (seed, position) draw.
+logit bias, temperature alone, top-k, top-p, min-p and their mixes (all three: top-k, then top-p over the top k's
+mass, then min-p), with the same (seed, position) draw.
 
 The GPU sums weights in exact fixed point where the CPU sums doubles, so a draw that lands within rounding of a
 boundary between two tokens may go either way: at most 1 row in 100 may differ in the filtered cases (0 for
@@ -19,6 +20,9 @@ CASES = {
     "min_p": dict(temperature=1.0, min_p=0.05),
     "mixed": dict(temperature=1.2, top_k=50, top_p=0.9, min_p=0.01),
     "top_p_min_p": dict(temperature=1.0, top_p=0.5, min_p=0.02),
+    "top_k_min_p": dict(temperature=1.0, top_k=40, min_p=0.1),
+    # min-p last, after top-k and top-p over the top k's mass (min-p first changes ~25% of these rows' tokens)
+    "top_k_top_p_min_p": dict(temperature=1.0, top_k=40, top_p=0.6, min_p=0.1),
 }
 FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "top_k")
 
