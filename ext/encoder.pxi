@@ -72,8 +72,9 @@ ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", 
 
 
 def encoder_amx(object on=None):
-    """Whether the encoder's Q8_0 matmuls may use AMX (on by default where the CPU has it); on=False/True sets it
-    (for A/B measurements). Returns (enabled, available on this CPU)."""
+    """Whether the encoder's Q8_0 matmuls may use AMX (off by default: slower than the int8 tile kernels with Q8_0's
+    per-32 scales, see encoder_amx.c); on=False/True sets it (for A/B measurements). Returns (enabled, available on
+    this CPU)."""
     global _amx_on
     if on is not None:
         _amx_on = bool(on)
@@ -81,7 +82,7 @@ def encoder_amx(object on=None):
     return _amx_on, bool(encoder_amx_available())
 
 
-_amx_on = True
+_amx_on = False
 
 
 cdef class EncoderModel:

@@ -67,8 +67,7 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
         }
         if (s->bias) {
             int r1 = tile1 * TILE_ROWS < s->w->rows ? tile1 * TILE_ROWS : s->w->rows;
-            for (int t = 0; t < nt; t++)
-                for (int r = tile0 * TILE_ROWS; r < r1; r++) y[(size_t)t * s->ldy + r] += s->bias[r];
+            add_bias(y + tile0 * TILE_ROWS, s->ldy, nt, s->bias + tile0 * TILE_ROWS, r1 - tile0 * TILE_ROWS);
         }
     }
 }
@@ -201,9 +200,7 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         const block_q8x *xq = c->xq + (size_t)t0 * nb;
         if (cfg->arch == ENC_BERT) {
             up_rows(L, j, nt, in, xq, g);
-            for (int t = 0; t < nt; t++)
-                for (int r = 0; r < QK; r++) g[t * QK + r] += L->bup[j * QK + r];
-            gelu_erf(g, nt * QK);
+            bias_gelu_erf(g, L->bup + j * QK, QK, nt * QK);
         } else {
             up_rows(L, 2 * j, nt, in, xq, g);             /* gate and up rows alternate in blocks of 32 */
             up_rows(L, 2 * j + 1, nt, in, xq, u);

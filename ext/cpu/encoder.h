@@ -112,6 +112,9 @@ void encoder_set_amx(int on);                 /* on by default; off to measure t
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
+/* in place: x = gelu_erf(x + bias[i % nb]) (bias NULL: no bias), the bits of an add then gelu_erf */
+void bias_gelu_erf(float *x, const float *bias, int nb, int n);
+void add_bias(float *y, int ldy, int nt, const float *bias, int n);  /* y[t * ldy + r] += bias[r], t < nt, r < n */
 /* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch:
  * scores (ENC_ATTN_QBLOCK n), kt (hd n) */
 #define ENC_ATTN_QBLOCK 8

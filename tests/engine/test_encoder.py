@@ -96,12 +96,14 @@ def test_amx_gives_the_tile_kernels_bits(tiny):
         pytest.skip("this CPU (or kernel) has no AMX-INT8")
     emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2)
     ids = emb.tokenize(SENTENCES * 3)
+    before = _cpu.encoder_amx()[0]
     try:
+        _cpu.encoder_amx(True)
         with_amx = emb.embed(ids), emb.embed(ids[1:2])
         _cpu.encoder_amx(False)
         without = emb.embed(ids), emb.embed(ids[1:2])
     finally:
-        _cpu.encoder_amx(True)
+        _cpu.encoder_amx(before)
     assert sum(map(len, ids)) % 16 != 0
     assert np.array_equal(with_amx[0], without[0]) and np.array_equal(with_amx[1], without[1])
     assert np.array_equal(with_amx[1][0], with_amx[0][1])
