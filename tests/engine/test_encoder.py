@@ -1,6 +1,7 @@
 """The C encoder on tiny random BERT and Gemma 3 folders against the float64 reference (tests/encoder_reference.py):
 vectors and last hidden states, every pooling mode, Dense layers with and without bias, sliding windows shorter
-than the input, Q8_0, batch invariance (bit for bit), scalar == AVX2 == the best path, every prefill kernel (AMX too) the same."""
+than the input, Q8_0, batch invariance (bit for bit), scalar == AVX2 == the best path, every prefill kernel (AMX
+too) the same."""
 from __future__ import annotations
 
 import numpy as np
