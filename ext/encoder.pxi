@@ -60,8 +60,6 @@ cdef extern from "encoder.h" nogil:
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
-    int encoder_amx_available()
-    void encoder_set_amx(int on)
     float *pack_panels(const weight_t *w)
 
 
@@ -69,19 +67,6 @@ ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
 POOLINGS = {"mean": 0, "cls": 1, "last": 2}
 ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", "ffn up+act", "matmul down",
                        "pool+dense")
-
-
-def encoder_amx(object on=None):
-    """Whether the encoder's Q8_0 matmuls may use AMX (on by default where the CPU has it); on=False/True sets it
-    (for A/B measurements). Returns (enabled, available on this CPU)."""
-    global _amx_on
-    if on is not None:
-        _amx_on = bool(on)
-        encoder_set_amx(_amx_on)
-    return _amx_on, bool(encoder_amx_available())
-
-
-_amx_on = True
 
 
 cdef class EncoderModel:

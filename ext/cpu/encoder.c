@@ -8,9 +8,9 @@
  *                                 x += rms(Wdown (gelu_tanh(Wgate rms(x)) * Wup rms(x)));   then rms(x)
  *
  * Matmuls run in items of (up to ENC_CHUNK tokens, 32 output rows), so a chunk's activations stay in L2 while a
- * matrix streams past: quantized weights through the decoder's int8 tiles (matmul_tiles, 8-bit activations) or,
- * for Q8_0 on a CPU with AMX, through AMX tiles over the same weight layout (encoder_amx.c), float
- * weights through an outer-product GEMM over 16-row panels (gemm_panels.c). Attention needs no cache: each (sequence, query head) item reads the sequence's own keys and values.
+ * matrix streams past: quantized weights through the decoder's int8 kernels (matmul_tiles, 8-bit activations: on
+ * a CPU with AVX-512 VNNI its pairs of tiles, with AMX for each 16 tokens where the CPU has it), float weights
+ * through an outer-product GEMM over 16-row panels (gemm_panels.c). Attention needs no cache: each (sequence, query head) item reads the sequence's own keys and values.
  * Every reduction has a fixed order, so a sequence's vector does not depend on what else is in the batch. */
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +20,6 @@
 
 #define ENC_CHUNK 64             /* tokens per matmul item */
 #define TILES_PER_ITEM 4         /* 32 output rows per matmul item */
-#define AMX_TILES_PER_ITEM 16    /* 128 with AMX */
 
 #define Q_DIM(c) ((c)->n_heads * (c)->head_dim)
 #define KV_DIM(c) ((c)->n_kv_heads * (c)->head_dim)
@@ -38,7 +37,7 @@ typedef struct {
     const float *in;
     const block_q8x *xq;
     float *y;
-    int ldy, accumulate, n_groups, tiles_per_item;
+    int ldy, accumulate, n_groups;
     const float *bias;
     int second;                 /* residual_norm_fn: after the FFN (1) or after attention (0) */
     const float *pool_in;       /* (num_seqs, dim) what the pooling reads */
@@ -55,20 +54,19 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t item = begin; item < end; item++) {
         int t0 = (int)(item / s->n_groups) * ENC_CHUNK, g = (int)(item % s->n_groups);
         int nt = s->ntok - t0 < ENC_CHUNK ? s->ntok - t0 : ENC_CHUNK;
-        int tile0 = g * s->tiles_per_item, tile1 = tile0 + s->tiles_per_item < tiles ? tile0 + s->tiles_per_item : tiles;
+        int tile0 = g * TILES_PER_ITEM, tile1 = tile0 + TILES_PER_ITEM < tiles ? tile0 + TILES_PER_ITEM : tiles;
         float *y = s->y + (size_t)t0 * s->ldy;
         if (s->panels) {
-            int per = s->tiles_per_item * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
+            int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
             gemm_panels(s->panels, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np, nt,
                         s->in + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy, s->accumulate);
         } else {
-            encoder_matmul_quant(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
+            matmul_tiles(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
                          y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
         }
         if (s->bias) {
             int r1 = tile1 * TILE_ROWS < s->w->rows ? tile1 * TILE_ROWS : s->w->rows;
-            for (int t = 0; t < nt; t++)
-                for (int r = tile0 * TILE_ROWS; r < r1; r++) y[(size_t)t * s->ldy + r] += s->bias[r];
+            add_bias(y + tile0 * TILE_ROWS, s->ldy, nt, s->bias + tile0 * TILE_ROWS, r1 - tile0 * TILE_ROWS);
         }
     }
 }
@@ -181,7 +179,7 @@ static void residual_norm_fn(void *arg, int64_t begin, int64_t end, int thread) 
 /* rows [32 j, 32 j + 32) of the FFN's up matrix for nt tokens into y (nt, 32) */
 static void up_rows(const enc_layer_t *L, int j, int nt, const float *in, const block_q8x *xq, float *y) {
     if (L->wup_p) gemm_panels(L->wup_p, L->wup.rows, L->wup.cols, 2 * j, 2 * j + 2, nt, in, y, QK, 0);
-    else encoder_matmul_quant(&L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK, 0);
+    else matmul_tiles(&L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK, 0);
 }
 
 /* One item = (token chunk, 32 hidden units j): their up rows (BERT: + bias, GELU) or gate and up rows (Gemma:
@@ -201,9 +199,7 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         const block_q8x *xq = c->xq + (size_t)t0 * nb;
         if (cfg->arch == ENC_BERT) {
             up_rows(L, j, nt, in, xq, g);
-            for (int t = 0; t < nt; t++)
-                for (int r = 0; r < QK; r++) g[t * QK + r] += L->bup[j * QK + r];
-            gelu_erf(g, nt * QK);
+            bias_gelu_erf(g, L->bup + j * QK, QK, nt * QK);
         } else {
             up_rows(L, 2 * j, nt, in, xq, g);             /* gate and up rows alternate in blocks of 32 */
             up_rows(L, 2 * j + 1, nt, in, xq, u);
@@ -279,9 +275,7 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
 static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
                    const float *in, const block_q8x *xq, float *y, int accumulate, const float *bias) {
     s->w = w; s->panels = panels; s->in = in; s->xq = xq; s->y = y; s->ldy = w->rows; s->accumulate = accumulate; s->bias = bias;
-    /* AMX items are wider: each call configures the tile unit and gathers its tokens' scales once */
-    s->tiles_per_item = encoder_uses_amx(w) ? AMX_TILES_PER_ITEM : TILES_PER_ITEM;
-    s->n_groups = (matmul_num_tiles(w) + s->tiles_per_item - 1) / s->tiles_per_item;
+    s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
     int64_t chunks = (s->ntok + ENC_CHUNK - 1) / ENC_CHUNK;
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
 }
@@ -378,8 +372,8 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->qkv = zalloc(T * QKV_DIM(cfg) * sizeof(float));
     c->attn = zalloc(T * qd * sizeof(float));
     c->h = zalloc(T * cfg->hidden * sizeof(float));
-    c->xq = zalloc((T + ENC_XQ_PAD) * (wide / QK) * sizeof(block_q8x));
-    c->xq_h = zalloc((T + ENC_XQ_PAD) * (cfg->hidden / QK) * sizeof(block_q8x));
+    c->xq = zalloc(T * (wide / QK) * sizeof(block_q8x));
+    c->xq_h = zalloc(T * (cfg->hidden / QK) * sizeof(block_q8x));
     c->gu = zalloc(gu * sizeof(float));
     c->seq_of = zalloc(T * sizeof(int32_t));
     c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * T * sizeof(float));

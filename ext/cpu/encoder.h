@@ -100,18 +100,12 @@ float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NU
 void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
                  float *y, int ldy, int accumulate);
 
-/* quantized matmuls (encoder_amx.c): Q8_0 on AMX where the CPU and kernel allow it (on the SIMD paths), otherwise
- * matmul_tiles; the same bits either way. xq must stay readable 16 tokens past ntok (the context pads it). */
-void encoder_matmul_quant(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
-                          const block_q8x *xq, float *y, int ldy, int accumulate);
-int encoder_amx_available(void);
-int encoder_uses_amx(const weight_t *w);
-void encoder_set_amx(int on);                 /* on by default; off to measure the tile kernels */
-#define ENC_XQ_PAD 16                         /* tokens of padding after the quantized activations */
-
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */
 void gelu_erf(float *x, int n);                                       /* in place: x * Phi(x) */
+/* in place: x = gelu_erf(x + bias[i % nb]) (bias NULL: no bias), the bits of an add then gelu_erf */
+void bias_gelu_erf(float *x, const float *bias, int nb, int n);
+void add_bias(float *y, int ldy, int nt, const float *bias, int n);  /* y[t * ldy + r] += bias[r], t < nt, r < n */
 /* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch:
  * scores (ENC_ATTN_QBLOCK n), kt (hd n) */
 #define ENC_ATTN_QBLOCK 8

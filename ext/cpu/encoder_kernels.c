@@ -14,9 +14,10 @@
  * products with V would be slow denormals). */
 #define SOFTMAX_CUTOFF -64.0f
 
-/* ---------------- LayerNorm: one version; plain adds and multiplies over 8 lanes (the compiler vectorizes it) */
+/* ---------------- LayerNorm: sums lane by lane over groups of 8, the lanes combined by hsum8_pairs; then
+ * out = (x - mean) * inv * w + b, three separate roundings per value (the AVX2 variant does the same operations) */
 
-void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out) {
+static void layernorm_scalar(const float *x, const float *w, const float *b, int n, float eps, float *out) {
     float a[8] = {0};
     for (int i = 0; i < n; i += 8)
         for (int l = 0; l < 8; l++) a[l] += x[i + l];
@@ -26,6 +27,12 @@ void layernorm(const float *x, const float *w, const float *b, int n, float eps,
         for (int l = 0; l < 8; l++) { float d = x[i + l] - mean; a[l] += d * d; }
     float inv = 1.0f / sqrtf(hsum8_pairs_scalar(a) / (float)n + eps);
     for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+/* y[t * ldy + r] += bias[r] for t < nt, r < n */
+static void add_bias_scalar(float *y, int ldy, int nt, const float *bias, int n) {
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < n; r++) y[(size_t)t * ldy + r] += bias[r];
 }
 
 /* ---------------- GELU (erf form; Gemma's tanh form is norm.c's geglu) ----------------
@@ -120,6 +127,33 @@ ENC_AVX2 static void gelu_erf_avx2(float *x, int n) {
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, e)));
     }
     gelu_erf_scalar(x + i, n - i);
+}
+
+ENC_AVX2 static void layernorm_avx2(const float *x, const float *w, const float *b, int n, float eps, float *out) {
+    __m256 a = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) a = _mm256_add_ps(a, _mm256_loadu_ps(x + i));
+    float mean = hsum8_pairs(a) / (float)n;
+    const __m256 mv = _mm256_set1_ps(mean);
+    a = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
+        a = _mm256_add_ps(a, _mm256_mul_ps(d, d));
+    }
+    float inv = 1.0f / sqrtf(hsum8_pairs(a) / (float)n + eps);
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int i = 0; i < n; i += 8) {
+        __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv), iv);
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_mul_ps(d, _mm256_loadu_ps(w + i)), _mm256_loadu_ps(b + i)));
+    }
+}
+
+ENC_AVX2 static void add_bias_avx2(float *y, int ldy, int nt, const float *bias, int n) {
+    for (int t = 0; t < nt; t++) {
+        float *row = y + (size_t)t * ldy;
+        int r = 0;
+        for (; r + 8 <= n; r += 8) _mm256_storeu_ps(row + r, _mm256_add_ps(_mm256_loadu_ps(row + r), _mm256_loadu_ps(bias + r)));
+        for (; r < n; r++) row[r] += bias[r];
+    }
 }
 
 /* one query, eight keys per vector: lane l is key j + l's fma chain over d (scores_scalar's arithmetic) */
@@ -238,6 +272,77 @@ static int has_avx512(void) {
     return state && cpu_path() != PATH_AVX2 && cpu_path() != PATH_SCALAR;
 }
 
+/* vecmath.h's exp8 in 16 lanes: the same operations lane by lane */
+ENC_AVX512 static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* softmax_weights_avx2 with 16 lanes per step: the low then the high 8 are added into the same 8 lane sums, so the
+ * sums see the groups of 8 in the same order */
+ENC_AVX512 static float softmax_weights_avx512(float *s, int n, float m) {
+    const __m512 mv = _mm512_set1_ps(m), cut = _mm512_set1_ps(SOFTMAX_CUTOFF);
+    __m256 lanes = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(s + j), mv);
+        __m512 e = _mm512_mask_mov_ps(exp16(d), _mm512_cmp_ps_mask(d, cut, _CMP_LT_OQ), _mm512_setzero_ps());
+        _mm512_storeu_ps(s + j, e);
+        lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(e));
+        lanes = _mm256_add_ps(lanes, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    for (; j + 8 <= n; j += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
+        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(d, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_LT_OQ), exp8(d));
+        _mm256_storeu_ps(s + j, e);
+        lanes = _mm256_add_ps(lanes, e);
+    }
+    float total = hsum8_pairs(lanes);
+    for (; j < n; j++) { float d = s[j] - m; s[j] = d < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(d); total += s[j]; }
+    return total;
+}
+
+/* the largest score, 16 lanes at a time (a maximum is exact: max_scores' value) */
+ENC_AVX512 static float max_scores_avx512(const float *s, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
+    float lanes[16], out = -INFINITY;
+    _mm512_storeu_ps(lanes, m);
+    for (int l = 0; l < 16; l++) out = lanes[l] > out ? lanes[l] : out;
+    for (; j < n; j++) out = s[j] > out ? s[j] : out;
+    return out;
+}
+
+/* x = gelu(x + bias[i % nb]) over n values (nb, the bias length, a multiple of 16; bias may be NULL), lane by lane
+ * gelu_erf_avx2's operations */
+ENC_AVX512 static void bias_gelu_erf_avx512(float *x, const float *bias, int nb, int n) {
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f), r2 = _mm512_set1_ps(SQRT1_2);
+    const __m512 lo = _mm512_set1_ps(-4.0f), hi = _mm512_set1_ps(4.0f);
+    for (int i = 0; i < n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + i % nb));
+        __m512 z = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, r2), lo), hi);
+        __m512 z2 = _mm512_mul_ps(z, z), p = _mm512_set1_ps(ERF_P[0]), q = _mm512_set1_ps(ERF_Q[0]);
+        for (int k = 1; k < 7; k++) p = _mm512_add_ps(_mm512_mul_ps(p, z2), _mm512_set1_ps(ERF_P[k]));
+        for (int k = 1; k < 5; k++) q = _mm512_add_ps(_mm512_mul_ps(q, z2), _mm512_set1_ps(ERF_Q[k]));
+        __m512 e = _mm512_div_ps(_mm512_mul_ps(z, p), q);
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)));
+    }
+}
+
 ENC_AVX512 static void scores8_avx512(const float *q, int q_stride, const float *kt, int n, int hd, float scale,
                                       float *s) {
     const __m512 sc = _mm512_set1_ps(scale);
@@ -296,7 +401,7 @@ static int attention_block8_avx512(const float *q, const float *kt, const float 
         scores8_avx512(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
         for (int b = 0; b < QBLOCK8; b++) {
             float *sb = scores + (size_t)b * n;
-            inv[b] = 1.0f / softmax_weights_avx2(sb, n, max_scores_avx2(sb, n));
+            inv[b] = 1.0f / softmax_weights_avx512(sb, n, max_scores_avx512(sb, n));
         }
         weighted_sum8_avx512(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
     }
@@ -311,6 +416,30 @@ void gelu_erf(float *x, int n) {
     if (cpu_path() != PATH_SCALAR) { gelu_erf_avx2(x, n); return; }
 #endif
     gelu_erf_scalar(x, n);
+}
+
+void bias_gelu_erf(float *x, const float *bias, int nb, int n) {
+#if defined(__x86_64__)
+    if (nb % 16 == 0 && n % nb == 0 && has_avx512()) { bias_gelu_erf_avx512(x, bias, nb, n); return; }
+#endif
+    if (bias) {
+        for (int i = 0; i < n; i += nb) add_bias(x + i, nb, 1, bias, nb);
+    }
+    gelu_erf(x, n);
+}
+
+void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { layernorm_avx2(x, w, b, n, eps, out); return; }
+#endif
+    layernorm_scalar(x, w, b, n, eps, out);
+}
+
+void add_bias(float *y, int ldy, int nt, const float *bias, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { add_bias_avx2(y, ldy, nt, bias, n); return; }
+#endif
+    add_bias_scalar(y, ldy, nt, bias, n);
 }
 
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,

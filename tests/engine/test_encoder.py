@@ -1,6 +1,7 @@
 """The C encoder on tiny random BERT and Gemma 3 folders against the float64 reference (tests/encoder_reference.py):
 vectors and last hidden states, every pooling mode, Dense layers with and without bias, sliding windows shorter
-than the input, Q8_0, batch invariance (bit for bit), scalar == AVX2 == the best path, AMX == the tile kernels."""
+than the input, Q8_0, batch invariance (bit for bit), scalar == AVX2 == the best path, every prefill kernel (AMX
+too) the same."""
 from __future__ import annotations
 
 import numpy as np
@@ -88,23 +89,25 @@ def test_scalar_and_simd_paths_give_the_same_bits(tiny):
         assert np.array_equal(results["scalar", q], got), (path, q)
 
 
-def test_amx_gives_the_tile_kernels_bits(tiny):
-    """Q8_0 matmuls on AMX (where the CPU has it) against the int8 tile kernels: same bits, batch of 16-token tiles
-    with a partial last one, and one short input alone (a tile of 15 padding rows)."""
+def test_every_prefill_kernel_gives_the_same_bits(tiny):
+    """Q8_0 matmuls through each of the decoder's prefill kernels the CPU has (8-row tiles; zmm pairs of tiles; AMX
+    for each 16 tokens): same bits, with a partial last group of 16 tokens and one short input alone."""
     folder, _ = tiny
-    if not _cpu.encoder_amx()[1]:
-        pytest.skip("this CPU (or kernel) has no AMX-INT8")
     emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2)
     ids = emb.tokenize(SENTENCES * 3)
-    try:
-        with_amx = emb.embed(ids), emb.embed(ids[1:2])
-        _cpu.encoder_amx(False)
-        without = emb.embed(ids), emb.embed(ids[1:2])
-    finally:
-        _cpu.encoder_amx(True)
     assert sum(map(len, ids)) % 16 != 0
-    assert np.array_equal(with_amx[0], without[0]) and np.array_equal(with_amx[1], without[1])
-    assert np.array_equal(with_amx[1][0], with_amx[0][1])
+    best = _cpu.prefill_kernels()
+    kinds = _cpu.PREFILL_KERNELS[: _cpu.PREFILL_KERNELS.index(best) + 1]
+    results = {}
+    try:
+        for kind in kinds:
+            _cpu.set_prefill_kernels(kind)
+            results[kind] = emb.embed(ids), emb.embed(ids[1:2])
+    finally:
+        _cpu.set_prefill_kernels(best)
+    for kind, (batch, alone) in results.items():
+        assert np.array_equal(batch, results["tiles"][0]) and np.array_equal(alone, results["tiles"][1]), kind
+        assert np.array_equal(alone[0], batch[1])
 
 
 def test_sliding_window_shorter_than_the_input_matters_and_matches():
