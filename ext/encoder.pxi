@@ -84,6 +84,7 @@ cdef class EncoderModel:
     cdef list _keep
     cdef int n_built
     cdef readonly int out_dim, max_positions
+    cdef readonly bint table_in_place      # the token embedding is read from the loader's array, not copied
 
     def __init__(self, dict config, dict tensors):
         cdef encoder_config_t *c = &self.m.cfg
@@ -105,7 +106,7 @@ cdef class EncoderModel:
         self.m.layers = <enc_layer_t *>calloc(c.n_layers, sizeof(enc_layer_t))
         if self.m.layers == NULL:
             raise MemoryError()
-        init_weight(&self.m.tok_embd, tensors.pop("tok_embd"))
+        self._lookup_table(&self.m.tok_embd, tensors.pop("tok_embd"))
         cdef int bert = c.arch == 0, i, j
         cdef enc_layer_t *L
         if bert:
@@ -173,6 +174,22 @@ cdef class EncoderModel:
             if panels[0] == NULL:
                 raise MemoryError(f"out of memory repacking a {rows}x{cols} weight")
             weight_free(w)
+        return 0
+
+    cdef int _lookup_table(self, weight_t *w, tuple spec) except -1:
+        """The token embedding, of which only rows are read: a float table is used in place (its array is a view
+        of the mapped file, so only the rows of tokens seen become resident: EmbeddingGemma's is 805 MB in F32)
+        instead of copied; a quantized one is built like the matrices."""
+        if len(spec) != 4 or spec[0] not in FLOAT_WEIGHT_TYPES or callable(spec[3]):
+            return init_weight(w, spec)
+        arr = np.ascontiguousarray(spec[3])
+        cdef int t = WEIGHT_TYPES[spec[0]], rows = spec[1], cols = spec[2]
+        if arr.nbytes != gguf_row_bytes(t, cols) * rows:
+            raise ValueError(f"bad {spec[0]} token embedding {rows}x{cols} ({arr.nbytes} bytes)")
+        if weight_init_seg(w, 1, &t, &rows, cols, <uint8_t *>cnp.PyArray_DATA(arr)):
+            raise ValueError(f"bad token embedding shape {rows}x{cols}")
+        self._keep.append(arr)
+        self.table_in_place = True
         return 0
 
     cdef float *_floats(self, object t, Py_ssize_t n) except NULL:

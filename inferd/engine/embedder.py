@@ -36,8 +36,8 @@ class Embedder:
         self.max_batch_tokens = max(max_batch_tokens, model.max_seq_length)
         self.max_batch_seqs = max_batch_seqs
         self.weights = _cpu.EncoderModel(model.config, model.tensors)
-        # the encoder holds its own copy of every matrix (and a reference to each array it reads in place), so the
-        # loaded arrays go now: for EmbeddingGemma in F32 that is 1.4 GB of the process' 3 GB
+        # the encoder holds its own copy of every matrix and a reference to each array it reads in place (vectors,
+        # a float token embedding, which stays a view of the mapped file), so the loaded arrays go now
         model.tensors.clear()
         self.encoder = _cpu.Encoder(self.weights, self.max_batch_tokens, max_batch_seqs, threads)
         self.dimensions = model.dimensions

@@ -36,6 +36,7 @@ def tiny(request, tmp_path_factory):
 def test_vectors_match_float64_reference(tiny):
     folder, ref = tiny
     emb = Embedder(load_embedding_model(folder), threads=2)
+    assert emb.weights.table_in_place        # a float token embedding is read from the mapped file, not copied
     ids = emb.tokenize(SENTENCES)
     got = emb.embed(ids)
     want = np.stack([ref.embed(s) for s in ids])
@@ -68,6 +69,7 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_any_batch(tiny):
 def test_q8_0_stays_close(tiny):
     folder, ref = tiny
     emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2)
+    assert not emb.weights.table_in_place    # a quantized one is built in the encoder's own memory
     ids = emb.tokenize(SENTENCES)
     got = emb.embed(ids)
     assert _cos(got, np.stack([ref.embed(s) for s in ids])).min() > 0.999
