@@ -50,7 +50,9 @@ def status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: float = 300.0) -> dict[str, float]:
+def start_and_measure(
+    cmd: list[str], port: int, env: dict[str, str], model: str, timeout: float = 300.0
+) -> dict[str, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -68,7 +70,7 @@ def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: f
             time.sleep(0.02)
         ready = time.perf_counter() - t0
         got = {"ready": ready, "peak": status_kb(proc.pid, "VmHWM:") / 1e6, "rss": status_kb(proc.pid, "VmRSS:") / 1e6}
-        got["ttft"] = first_token_s(port)
+        got["ttft"] = first_token_s(port, model)
         return got
     finally:
         proc.terminate()
@@ -79,9 +81,9 @@ def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: f
             proc.wait()
 
 
-def first_token_s(port: int) -> float:
+def first_token_s(port: int, model: str) -> float:
     """Seconds from sending a streamed completion to its first token event (both servers speak /v1/completions)."""
-    body = {"model": "m", "prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "stream": True}
+    body = {"model": model, "prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "stream": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -121,7 +123,7 @@ def main() -> None:
         order = ["llama-server", "inferd"] if r % 2 == 0 else ["inferd", "llama-server"]
         for name in order:
             port = free_port()
-            got = start_and_measure(commands(bin_dir, path, args.ctx, args.threads, port)[name], port, env)
+            got = start_and_measure(commands(bin_dir, path, args.ctx, args.threads, port)[name], port, env, path.stem)
             results[name].append(got)
             print(f"round {r} {name}: ready {got['ready']:.2f} s, peak {got['peak']:.2f} GB, RSS {got['rss']:.2f} GB, "
                   f"first request TTFT {got['ttft']:.3f} s", flush=True)
