@@ -7,14 +7,18 @@ first, ...) with the page cache warm (the file is read once before the first rou
   ready     seconds from the process' start to the first /health that answers 200
   peak RSS  the largest resident set of the process while it loads (/proc/PID/status VmHWM at ready)
   RSS       resident set once ready
+  TTFT      the first request's time to its first token, sent the moment /health says 200 (a streamed completion
+            of a short prompt, greedy): what start-up work left for after ready must not make slower
 The context is the same for both: llama-server `-c CTX` (one slot), inferd `--num-kv-blocks CTX/64 --max-model-len
 CTX`. llama-server runs as its users run it (`-fa on`, quiet logs); inferd with its defaults otherwise. Prints a
-markdown table of medians with the spread and writes it to bench/results/startup.md.
+markdown table of medians with the spread and writes it to bench/results/startup.md (keeping the file's "## Notes"
+section: what start-up spends its time on).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -30,6 +34,9 @@ sys.path.insert(0, str(HERE))
 from vs_llamacpp import llama_bin, model_file  # noqa: E402
 
 
+NOTES = "## Notes"  # what follows this heading in the output file is kept across runs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,7 +50,9 @@ def status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: float = 300.0) -> dict[str, float]:
+def start_and_measure(
+    cmd: list[str], port: int, env: dict[str, str], model: str, timeout: float = 300.0
+) -> dict[str, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -60,7 +69,9 @@ def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: f
                 pass
             time.sleep(0.02)
         ready = time.perf_counter() - t0
-        return {"ready": ready, "peak": status_kb(proc.pid, "VmHWM:") / 1e6, "rss": status_kb(proc.pid, "VmRSS:") / 1e6}
+        got = {"ready": ready, "peak": status_kb(proc.pid, "VmHWM:") / 1e6, "rss": status_kb(proc.pid, "VmRSS:") / 1e6}
+        got["ttft"] = first_token_s(port, model)
+        return got
     finally:
         proc.terminate()
         try:
@@ -68,6 +79,19 @@ def start_and_measure(cmd: list[str], port: int, env: dict[str, str], timeout: f
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def first_token_s(port: int, model: str) -> float:
+    """Seconds from sending a streamed completion to its first token event (both servers speak /v1/completions)."""
+    body = {"model": model, "prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "stream": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            if line.startswith(b"data: {"):
+                return time.perf_counter() - t0
+    raise SystemExit(f"no token came from port {port}")
 
 
 def commands(bin_dir: Path, path: Path, ctx: int, threads: int, port: int) -> dict[str, list[str]]:
@@ -99,10 +123,10 @@ def main() -> None:
         order = ["llama-server", "inferd"] if r % 2 == 0 else ["inferd", "llama-server"]
         for name in order:
             port = free_port()
-            got = start_and_measure(commands(bin_dir, path, args.ctx, args.threads, port)[name], port, env)
+            got = start_and_measure(commands(bin_dir, path, args.ctx, args.threads, port)[name], port, env, path.stem)
             results[name].append(got)
-            print(f"round {r} {name}: ready {got['ready']:.2f} s, peak {got['peak']:.2f} GB, RSS {got['rss']:.2f} GB",
-                  flush=True)
+            print(f"round {r} {name}: ready {got['ready']:.2f} s, peak {got['peak']:.2f} GB, RSS {got['rss']:.2f} GB, "
+                  f"first request TTFT {got['ttft']:.3f} s", flush=True)
 
     def cell(name: str, key: str, unit: str) -> str:
         v = [x[key] for x in results[name]]
@@ -110,10 +134,10 @@ def main() -> None:
 
     lines = [f"# Time to ready and memory: {path.name}, context {args.ctx}, {args.threads} threads, "
              f"{args.rounds} ABBA rounds, page cache warm ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             "| server | ready (median, range) | peak RSS while loading | RSS when ready |",
-             "| --- | ---: | ---: | ---: |"]
+             "| server | ready (median, range) | peak RSS while loading | RSS when ready | first request TTFT |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for name in results:
-        cells = [cell(name, "ready", "s"), cell(name, "peak", "GB"), cell(name, "rss", "GB")]
+        cells = [cell(name, "ready", "s"), cell(name, "peak", "GB"), cell(name, "rss", "GB"), cell(name, "ttft", "s")]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     ratio = statistics.median(x["ready"] for x in results["inferd"]) / statistics.median(
         x["ready"] for x in results["llama-server"])
@@ -122,7 +146,8 @@ def main() -> None:
     report = "\n".join(lines) + "\n"
     print("\n" + report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
+    notes = args.out.read_text().partition(NOTES)[2] if args.out.exists() else ""
+    args.out.write_text(report + (f"\n{NOTES}{notes}" if notes else ""))
 
 
 if __name__ == "__main__":

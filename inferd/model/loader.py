@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,16 +28,65 @@ class LoadedModel:
     path: str
     config: ModelConfig
     tensors: dict[str, Tensor]  # GGUF names, engine-native types (see tensor.py for the layout)
-    tokenizer: Tokenizer
+    _tokenizer: Tokenizer | Future[Tokenizer]
     chat_template: str | None
     model_name: str
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer; of a model loaded with background_tokenizer, once built (its ModelLoadError if bad)."""
+        if isinstance(self._tokenizer, Future):
+            self._tokenizer = self._tokenizer.result()
+        return self._tokenizer
 
-def load_model(path_or_dir: str | os.PathLike[str], quantize: str | None = None) -> LoadedModel:
+
+def load_model(
+    path_or_dir: str | os.PathLike[str], quantize: str | None = None, *, background_tokenizer: bool = False
+) -> LoadedModel:
     """Load a .gguf file, or a folder holding config.json + safetensors (or exactly one .gguf).
 
     quantize: None, "q8_0" or "q4_0" — quantize float weights on load (see quant.py for what goes where).
+    background_tokenizer: build a GGUF file's tokenizer in a thread while the caller builds the engine's weights
+    (Python work beside C work that runs without the GIL: ~0.5 s of a 150k-token vocabulary off the time to a
+    ready server); a bad vocabulary then raises its ModelLoadError from `.tokenizer`, not from here.
     """
+    with _gc_paused():
+        return _load_model(path_or_dir, quantize, background_tokenizer)
+
+
+def _run_into(future: Future[Tokenizer], build: Callable[[], Tokenizer]) -> None:
+    try:
+        future.set_result(build())
+    except BaseException as e:  # the waiter re-raises it
+        future.set_exception(e)
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # loads (and background tokenizers) running now
+_gc_was_enabled = False
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while loading: a vocabulary makes some 10^6 objects (tokens, merges, their tables),
+    none of them garbage, and each full collection on the way would walk all of them again (~0.1 s of a start).
+    Counted, so that a background tokenizer outlasting its load keeps collection off until it is done."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+def _load_model(path_or_dir: str | os.PathLike[str], quantize: str | None, background: bool) -> LoadedModel:
     try:
         quantize = check_quantize_arg(quantize)
     except ValueError as e:
@@ -45,7 +99,7 @@ def load_model(path_or_dir: str | os.PathLike[str], quantize: str | None = None)
             return _load_hf(path, quantize)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], quantize)
+            return _load_gguf(ggufs[0], quantize, background)
         raise ModelLoadError(path, f"folder has no config.json and not exactly one .gguf file ({len(ggufs)} found)")
     try:
         with open(path, "rb") as f:
@@ -54,16 +108,27 @@ def load_model(path_or_dir: str | os.PathLike[str], quantize: str | None = None)
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
     if magic != MAGIC and path.suffix == ".safetensors":
         raise ModelLoadError(path, "a lone .safetensors file is not a model; pass the folder holding config.json")
-    return _load_gguf(path, quantize)
+    return _load_gguf(path, quantize, background)
 
 
-def _load_gguf(path: Path, quantize: str | None) -> LoadedModel:
+def _load_gguf(path: Path, quantize: str | None, background: bool) -> LoadedModel:
     model = load_gguf(path)
-    try:
-        tokenizer = Tokenizer.from_gguf(model.metadata)
-    except ValueError as e:
-        raise ModelLoadError(path, f"tokenizer: {e}") from e
-    _check_vocab(path, model.config, tokenizer)
+
+    def tokenizer_of_model() -> Tokenizer:
+        with _gc_paused():
+            try:
+                tokenizer = Tokenizer.from_gguf(model.metadata)
+            except ValueError as e:
+                raise ModelLoadError(path, f"tokenizer: {e}") from e
+            _check_vocab(path, model.config, tokenizer)
+            return tokenizer
+
+    tokenizer: Tokenizer | Future[Tokenizer]
+    if background:
+        tokenizer = Future()
+        threading.Thread(target=_run_into, args=(tokenizer, tokenizer_of_model), name="tokenizer", daemon=True).start()
+    else:
+        tokenizer = tokenizer_of_model()
     tensors = _convert(path, model.tensors.values(), quantize)
     template = model.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):

@@ -207,7 +207,8 @@ def load_model_from_settings(settings: Settings):
     from inferd.model.pull import cache_dir, resolve
 
     path = resolve(settings.model, progress=False, cache=cache_dir(settings.model_cache_dir))
-    return load_model(path, quantize=settings.quantize or None)
+    # the tokenizer builds while the engine repacks the weights (start_serving reads it after build_engine)
+    return load_model(path, quantize=settings.quantize or None, background_tokenizer=True)
 
 
 async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
@@ -215,7 +216,6 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
     from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
     from inferd.server.memory import pin_mmap_threshold
-    from inferd import _cpu
     from inferd.server.metrics import Metrics
     from inferd.text.chat import ChatTemplate
 
@@ -237,18 +237,19 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             state.notifier.status(f"loading model {s.model}")
             state.model = await loop.run_in_executor(None, load)
         state.engine = await loop.run_in_executor(None, build_engine, state.model, s)
-        engine, tok = state.engine, state.model.tokenizer
-        bandwidth = 0.0
-        if s.measure_bandwidth:
-            # the C probe, which reads the same kind of pages (huge) as the weights' stream
-            bandwidth = await loop.run_in_executor(None, _cpu.measure_read_bandwidth, 256 << 20, engine.threads, 3)
+        model = state.model
+        engine, tok = state.engine, await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
         state.served_model_name = s.served_model_name or state.model.model_name
         state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
         if getattr(engine, "supports_token_masks", False):
-            # the grammar vocabulary (~2 s for 150k tokens) builds in the background, not in the first request
+            # the grammar vocabulary builds for the first constrained request (on the compiler's pool): ~0.6 s for
+            # 150k tokens, all of it holding the GIL (llguidance), which would stall the event loop, the scheduler
+            # and its watchdog pings wherever it ran; before ready it delayed /health, after it an idle server
             from inferd.text.grammar import GrammarCompiler
 
-            state.grammar = GrammarCompiler(tok, engine.vocab_size, compile_timeout=s.grammar_compile_timeout_s)
+            state.grammar = GrammarCompiler(
+                tok, engine.vocab_size, compile_timeout=s.grammar_compile_timeout_s, build_now=False
+            )
         state.max_model_len = min(
             s.max_model_len or engine.context_length, engine.context_length, engine.num_kv_blocks * engine.block_size
         )
@@ -270,7 +271,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         )
         state.engine_loop.start()
         await warm_up(state)
-        state.metrics = Metrics(state.served_model_name, bandwidth)
+        state.metrics = Metrics(state.served_model_name)
         state.metrics.bind(state.engine_loop)
         state.engine_loop.observer = state.metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
@@ -279,7 +280,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             await start_chat_embeddings(state)
         state.status = "ready"
         log.info(
-            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels, read bandwidth %.1f GB/s",
+            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels",
             state.served_model_name,
             engine.num_kv_blocks,
             engine.num_kv_blocks * engine.block_size,
@@ -287,7 +288,6 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             state.max_model_len,
             engine.threads,
             getattr(engine, "kernel_path", "?"),
-            bandwidth / 1e9,
         )
         state.notifier.ready(f"serving {state.served_model_name}")
     except asyncio.CancelledError:
@@ -299,6 +299,34 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
         state.notifier.status(f"failed: {state.failure}")
     finally:
         state.ready_event.set()
+    if state.status == "ready" and state.engine is not None:
+        await after_ready(state)
+
+
+async def after_ready(state: ServerState) -> None:
+    """What no first request needs, done once ready when no request has been in flight for a moment (when_idle):
+    the read-bandwidth probe (a few hundred ms of every thread, in C without the GIL; the bandwidth-ratio gauge
+    reads 0 until it is done)."""
+    from inferd import _cpu
+
+    if state.settings.measure_bandwidth and state.metrics is not None:
+        await when_idle(state)
+        # the C probe, which reads the same kind of pages (huge) as the weights' stream
+        threads = state.engine.threads
+        bandwidth = await asyncio.get_running_loop().run_in_executor(
+            None, _cpu.measure_read_bandwidth, 256 << 20, threads, 3
+        )
+        state.metrics.read_bandwidth = bandwidth
+        log.info("read bandwidth %.1f GB/s", bandwidth / 1e9)
+
+
+async def when_idle(state: ServerState, quiet_s: float = 0.5) -> None:
+    """Returns once no request is in flight, `quiet_s` after the last one ended (or after now)."""
+    while True:
+        await state.idle.wait()
+        await asyncio.sleep(quiet_s)
+        if state.in_flight == 0:
+            return
 
 
 async def start_embeddings(state: ServerState, path: str, name: str | None) -> None:

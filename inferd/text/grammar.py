@@ -392,33 +392,52 @@ class GrammarCompiler:
         threads: int = 2,
         cache_size: int = 64,
         max_grammar_bytes: int = 256 << 10,
+        build_now: bool = True,
     ):
+        """build_now=False: the vocabulary is built on start() or on the first compile, whichever comes first (the
+        server's way: the build holds the GIL for most of a second, which must neither delay /health nor stall an
+        idle server's event loop and watchdog)."""
         self.vocab_size = vocab_size or tokenizer.vocab_size
         self.max_grammar_bytes = max_grammar_bytes
         self.compile_timeout = compile_timeout
         self.limits = llg.LLParserLimits(**{**DEFAULT_LIMITS, **(limits or {})})
         self.eos_ids = frozenset(i for i in tokenizer.eos_ids if i < self.vocab_size)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar")
-        self._lltokenizer = self._pool.submit(build_lltokenizer, tokenizer, self.vocab_size)
+        self._tokenizer = tokenizer
+        self._lltokenizer: concurrent.futures.Future[llg.LLTokenizer] | None = None
         self._cache: OrderedDict[str, concurrent.futures.Future[CompiledGrammar]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.executor = llg.LLExecutor(num_threads=threads)
+        if build_now:
+            self.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether the vocabulary's build has started (or is done)."""
+        return self._lltokenizer is not None
+
+    def start(self) -> concurrent.futures.Future[llg.LLTokenizer]:
+        """Starts building the vocabulary in the background (once); its future."""
+        with self._lock:
+            if self._lltokenizer is None:
+                self._lltokenizer = self._pool.submit(build_lltokenizer, self._tokenizer, self.vocab_size)
+            return self._lltokenizer
 
     @property
     def lltokenizer(self) -> llg.LLTokenizer:
         """The model's vocabulary for llguidance (waits for the background build)."""
-        return self._lltokenizer.result()
+        return self.start().result()
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Waits until the vocabulary is built (start-up may call this so the first request does not)."""
-        self._lltokenizer.result(timeout)
+        self.start().result(timeout)
 
     def mask_words(self) -> int:
         return mask_words(self.vocab_size)
 
     def _compile_now(self, spec: GrammarSpec) -> CompiledGrammar:
-        tok = self._lltokenizer.result()
+        tok = self.start().result()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(spec.grammar, tok, limits=self.limits)
         if is_error:
             raise GrammarError(f"{spec.param}: {_describe(spec, messages[0] if messages else 'invalid')}", spec.param)
@@ -434,6 +453,7 @@ class GrammarCompiler:
                 f"compiled, at most {self.max_grammar_bytes})",
                 spec.param,
             )
+        self.start()  # queued ahead of the compile, which waits for it on the pool
         with self._lock:
             fut = self._cache.get(spec.grammar)
             if fut is not None and not (fut.done() and fut.exception() is not None):

@@ -85,12 +85,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+# str.translate table: each byte-mapped character to the byte it stands for (as a character < 256, so that
+# encoding in latin-1 yields the byte); the other characters below 256 to one that latin-1 cannot encode, so that
+# a token holding any character that is not byte-mapped fails the encoding, as every one above 255 does
+_BYTE_TABLE = {**{c: "\ufffd" for c in range(256)}, **{ord(c): chr(b) for c, b in _BYTE_DECODER.items()}}
 
 
 def _byte_level_bytes(text: str) -> bytes:
+    """A byte-level token's bytes (translate + encode run in C: a vocabulary has 10^5 tokens to convert)."""
     try:
-        return bytes(_BYTE_DECODER[c] for c in text)
-    except KeyError:  # not byte-mapped (a stray literal token); take it as text
+        return text.translate(_BYTE_TABLE).encode("latin-1")
+    except UnicodeEncodeError:  # not byte-mapped (a stray literal token); take it as text
         return text.encode("utf-8")
 
 
@@ -362,13 +367,20 @@ def _gguf_bpe(meta: Mapping[str, Any], tokens: list[str], vocab: dict[str, int])
         raise ValueError(
             f"tokenizer.ggml.pre {pre_name!r} is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
         )
-    merges = []
-    for m in meta.get("tokenizer.ggml.merges") or []:
-        left, sep, right = m.partition(" ")
-        if not sep or left not in vocab or right not in vocab:
-            raise ValueError(f"tokenizer.ggml.merges entry {m!r} does not join two vocabulary tokens")
-        merges.append((left, right))
-    hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges))
+    raw = meta.get("tokenizer.ggml.merges") or []
+    merges = [tuple(m.split(" ", 1)) for m in raw]
+    try:  # tokenizers checks that both sides and the joined token are in the vocabulary, faster than Python can
+        if any(len(m) != 2 for m in merges):
+            raise ValueError("a merge without a space")
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges)
+    except Exception:
+        for m, pair in zip(raw, merges):  # which entry: for the message
+            if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+                raise ValueError(
+                    f"tokenizer.ggml.merges entry {m!r} does not join two vocabulary tokens into a third"
+                ) from None
+        raise
+    hf = HFTokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]

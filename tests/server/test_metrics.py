@@ -1,5 +1,6 @@
 """/metrics parsed with prometheus-client's parser: vLLM-compatible names, values that match the traffic."""
 
+import time
 import urllib.request
 
 import openai
@@ -54,6 +55,10 @@ def test_metrics_match_one_request(make_server):
     # rates over the last 10 s: 5 tokens decoded, the prompt prefilled, bytes moved
     assert srv.metric("inferd:decode_tokens_per_second") > 0
     assert srv.metric("inferd:prefill_tokens_per_second") > 0
+    # the probe runs once the server has been idle for a moment after ready (app.after_ready)
+    deadline = time.monotonic() + 60
+    while not srv.metric("inferd:measured_read_bandwidth_bytes_per_second") and time.monotonic() < deadline:
+        time.sleep(0.05)
     measured = srv.metric("inferd:measured_read_bandwidth_bytes_per_second")
     used = srv.metric("inferd:memory_bandwidth_bytes_per_second")
     assert measured > 1e9                     # any machine that runs this reads more than 1 GB/s

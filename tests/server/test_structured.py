@@ -193,3 +193,15 @@ def test_constrained_requests_do_not_speculate(server, client, model_name):
     spec = chat(client, model_name, extra_body={"speculative": True}, **kw).choices[0].message.content
     assert spec == plain and json.loads(spec)
     assert server.metric("inferd:spec_decode_num_draft_tokens_total") == drafts
+
+
+def test_a_constrained_first_request_on_a_fresh_server(make_server):
+    """The grammar vocabulary is built for the first constrained request (not at start-up): that request, sent
+    the moment /health turns 200, gets output that follows its regex."""
+    srv = make_server()
+    assert not srv.state.grammar.started
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    r = c.completions.create(model=srv.state.served_model_name, prompt="The answer is", max_tokens=20,
+                             temperature=1.0, seed=4, extra_body={"guided_regex": r"(yes|no), [0-9]{2}"})
+    assert re.fullmatch(r"(yes|no), [0-9]{2}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    assert srv.state.grammar.started

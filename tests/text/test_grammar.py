@@ -319,3 +319,39 @@ def test_compiling_does_not_block_the_event_loop(tokenizers):
 def test_async_compile_maps_errors(compilers):
     with pytest.raises(GrammarError, match="invalid regular expression"):
         asyncio.run(compilers["bpe-gguf"].compile(regex_grammar("[", "guided_regex")))
+
+
+@pytest.mark.parametrize("concurrent", [1, 3])
+def test_a_compiler_built_lazily_builds_its_vocabulary_for_the_first_compile(tokenizers, concurrent):
+    """build_now=False (the server's start-up): nothing is built until start() or the first compile, which then
+    waits for the vocabulary (queued ahead of it on the pool, even when more compiles than workers come at once)
+    and gives the same grammar as an eager compiler."""
+    tok = tokenizers["bpe-gguf"]
+    lazy = GrammarCompiler(tok, tok.vocab_size + 40, build_now=False, threads=2)
+    try:
+        assert not lazy.started
+        specs = [regex_grammar(rf"(yes|no|maybe)-[0-9]{{{i + 1}}}", "guided_regex") for i in range(concurrent)]
+
+        async def compile_all():
+            return await asyncio.gather(*(lazy.compile(s) for s in specs))
+
+        compiled = asyncio.run(compile_all())
+        assert lazy.started and [c.spec for c in compiled] == specs
+        for i, spec in enumerate(specs):
+            for seed in range(3):
+                text, m = walk(lazy, tok, spec, seed)
+                assert re.fullmatch(rf"(yes|no|maybe)-[0-9]{{{i + 1}}}", text), text
+                assert m.accepts_eos() and not m.is_error
+    finally:
+        lazy.close()
+
+
+def test_start_builds_the_vocabulary_once(tokenizers):
+    c = GrammarCompiler(tokenizers["bpe-gguf"], build_now=False)
+    try:
+        first = c.start()
+        assert c.start() is first and c.started
+        c.wait_ready(60)
+        assert c.lltokenizer is first.result()
+    finally:
+        c.close()

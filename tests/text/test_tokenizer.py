@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from inferd.model.gguf import validate_gguf
-from inferd.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from inferd.text.tokenizer import IncrementalDetokenizer, Tokenizer, _byte_level_bytes
 from tests.model.make_tiny import TinySpec, make_variant, tokenizer_json, variant_spec, write_tiny_gguf
 
 SMOLLM2_CASES = [
@@ -304,3 +304,15 @@ def test_from_gguf_builds_a_working_minimal_bpe():
 def test_from_gguf_rejects_bad_metadata(over, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Tokenizer.from_gguf(_meta(**over))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Ġa", b" a"),                # byte-mapped characters above 255 stand for bytes below 256
+    ("é", b"\xe9"),               # printable latin-1 characters stand for themselves
+    ("ĊĠ", b"\n "),
+    ("\x7f", b"\x7f"),            # not byte-mapped (0x7f stands for Ŀ): taken as text, in UTF-8
+    ("aé中", "aé中".encode()),     # one character that is not byte-mapped: the whole token as text
+    ("", b""),
+])
+def test_byte_level_bytes_maps_each_character_back_to_its_byte(text, expected):
+    assert _byte_level_bytes(text) == expected
