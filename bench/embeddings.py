@@ -133,7 +133,6 @@ def serve_bench(args: argparse.Namespace) -> None:
     print(text)
 
 
-LLAMA_BIN = Path.home() / ".cache" / "inferd-peers" / "llama.cpp-0.3.36" / "build" / "bin"
 
 
 def free_port() -> int:
@@ -176,7 +175,10 @@ def llama_server_bench(args: argparse.Namespace) -> None:
     passages = texts(64, 220, 2)
     workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
                  ("64 passages x ~256 tok", passages, 64)]
-    gguf_dir, bin_dir = Path(args.gguf), Path(args.bin)
+    from bench._common import busy_warning, command_line, llama_bin, peer_env
+
+    gguf_dir, bin_dir, env = Path(args.gguf), llama_bin(Path(args.bin) if args.bin else None), peer_env()
+    warning = busy_warning()
     lines = []
     for name in args.models.split(","):
         folder = MODELS / name
@@ -190,12 +192,13 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                         "--threads", str(args.threads), "--max-batch-tokens", "16384"]
             if quant != "f32":
                 ours_cmd += ["--quantize", quant]
-            # -nr: llama.cpp's repacking of Q8_0 dies with SIGILL on this AMX CPU; 64 slots of 512 positions
-            llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-nr", "-m", str(gguf),
+            # 64 slots of 512 positions; on an AMX CPU the peer is the no-AMX build (bench/llama_cpp_noamx.sh),
+            # repacking on
+            llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-m", str(gguf),
                          "-t", str(args.threads), "-tb", str(args.threads), "-c", "32768", "-np", "64",
                          "-b", "16384", "-ub", "16384", "--port", str(llama_port), "--host", "127.0.0.1"]
-            procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
-                     for cmd in (ours_cmd, llama_cmd)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent,
+                                      env=e) for cmd, e in ((ours_cmd, None), (llama_cmd, env))]
             ours_url, llama_url = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{llama_port}"
             try:
                 wait_healthy(ours_url, procs[0], "inferd serve")
@@ -223,10 +226,10 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                     p.terminate()
                 for p in procs:
                     p.wait(30)
-    text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating; "
-            "machine shared)\n\n"
-            f"threads {args.threads}, repeats {args.repeats} (median); llama-server -nr (its Q8_0 repacking dies with "
-            "SIGILL on this AMX CPU), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py. min cos: the "
+    text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating)\n\n"
+            f"threads {args.threads}, repeats {args.repeats} (median); llama-server from {bin_dir} (its environment "
+            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py. "
+            f"{'**Warning**: ' + warning + '. ' if warning else ''}Command: `{command_line(sys.argv)}`. min cos: the "
             "lowest cosine between the two servers' vectors for 4 sentences and a passage.\n\n"
             "| model | weights | workload | inferd sent/s | llama-server sent/s | inferd / llama | min cos |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
@@ -246,7 +249,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--llama-server", action="store_true",
                     help="inferd serve vs llama-server --embedding, served (appended to --out)")
-    ap.add_argument("--bin", default=str(LLAMA_BIN), help="llama.cpp's build/bin")
+    ap.add_argument("--bin", default=None, help="llama.cpp's tools (default: bench/_common.llama_bin's choice)")
     ap.add_argument("--gguf", default=str(MODELS / "gguf-embed"), help="MODEL-f32.gguf and MODEL-q8_0.gguf")
     args = ap.parse_args()
     if args.serve:
