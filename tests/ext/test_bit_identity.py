@@ -106,6 +106,32 @@ def test_matmul_row_independent_of_batch_size(type_name):
         assert_bitwise(single, full, f"{type_name} {p}: batch of 1 vs 37")
 
 
+@pytest.mark.parametrize("rows", [8, 24, 45, 203])
+def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
+    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep: groups cut at a fused
+    weight's segment boundaries and at its last tile of fewer rows, writing and accumulating, give the scalar bits and
+    the token's rows of a batch."""
+    cols, rng = 512, np.random.default_rng(rows)
+    specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", -(-rows // 8) * 8), ("Q8_0", 13)]   # tiles 3 | 2 | 1 to 26 | 2
+    parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
+             for t, r in specs]
+    fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
+    plain = weight_of("Q4_K", rows, cols, rows)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    for w in (fused, plain):
+        n = w.dequantize().shape[0]
+        y0 = rng.standard_normal((5, n)).astype(np.float32)
+        _cpu.set_path("scalar")
+        ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
+        for p in PATHS:
+            _cpu.set_path(p)
+            batch = w.matmul(x)
+            for t in range(5):
+                assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], f"{p} {n} rows, token {t}")
+                assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{p} accumulating")
+                assert_bitwise(batch[t], ref[t], f"{p} {n} rows, batch of 5")
+
+
 def test_activation_quantization_identical_on_every_path():
     x = np.random.default_rng(3).standard_normal(32 * 50).astype(np.float32) * 7
     x[:32] = np.r_[127.0, np.arange(31) + 0.5]                            # rounding midpoints
