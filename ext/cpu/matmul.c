@@ -197,6 +197,9 @@ int matmul_prefill_kernels(void) {
     return PREFILL_TILES;
 }
 
+static int decode_group = QGROUP_TILES;
+void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles > QGROUP_TILES ? QGROUP_TILES : tiles; }
+
 static const qpair_fn *pair_table(void) {
 #if defined(__x86_64__)
     if (matmul_prefill_kernels() != PREFILL_TILES) return qpair_kernels_avx512;
@@ -242,10 +245,10 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             continue;
         }
         const qkernel_t *k = &table[type];
-        if (ntok == 1) {   /* a decode step: up to QGROUP_TILES tiles of this segment in lockstep, prefetching */
+        if (ntok == 1 && decode_group > 1) {   /* a decode step: up to 4 tiles of this segment in lockstep */
             int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
             int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
-            n = n < QGROUP_TILES ? n : QGROUP_TILES;
+            n = n < decode_group ? n : decode_group;
             int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
             k->group(base, (size_t)nb * tile_block_bytes(type), n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS,
                      accumulate, 1);
