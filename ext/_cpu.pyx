@@ -64,6 +64,14 @@ def prefill_kernels():
     return PREFILL_KERNELS[matmul_prefill_kernels()]
 
 
+def set_decode_group(int tiles):
+    """Tiles a single token's matmul walks in lockstep per kernel call: 1 to 4 (the default). All give the same
+    bits; tests force each."""
+    if not 1 <= tiles <= 4:
+        raise ValueError(f"decode group of {tiles} tiles: expected 1 to 4")
+    matmul_set_decode_group(tiles)
+
+
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
     """Streaming read bandwidth in bytes/s (best of `repeats` passes over `nbytes` with `threads` threads)."""
     cdef double bw

@@ -58,6 +58,7 @@ cdef extern from "inferd.h" nogil:
     int matmul_num_tiles(const weight_t *w)
     void matmul_set_prefill_kernels(int kind)
     int matmul_prefill_kernels()
+    void matmul_set_decode_group(int tiles)
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
     void swiglu(const float *g, const float *u, float *h, int n)
     void geglu(const float *g, const float *u, float *h, int n)

@@ -120,6 +120,8 @@ int matmul_num_tiles(const weight_t *w);
 enum { PREFILL_TILES = 0, PREFILL_AVX512 = 1, PREFILL_AMX = 2 };
 void matmul_set_prefill_kernels(int kind);
 int matmul_prefill_kernels(void);
+/* a decode step's (one token's) tiles per kernel call, 1..4 (default 4); tests and bench/decode_gemv.c set 1 */
+void matmul_set_decode_group(int tiles);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */

@@ -156,8 +156,9 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
 
 #endif
 
-/* Matrices smaller than this (a single token's small matrices, a few hundred KB) end before the hardware
- * prefetcher has ramped up; larger ones streamed by one token are left to it (qtile.h prefetches for the rest). */
+/* Matrices smaller than this (a few hundred KB) end before the hardware prefetcher has ramped up: the many-token
+ * kernels prefetch for them (and always when several tokens share a call). A decode step's group kernel always
+ * prefetches: with several streams per thread it beat leaving large matrices to the hardware (decode_q4k.md). */
 #define SMALL_MATRIX_BYTES (2u << 20)
 
 static const qkernel_t *kernel_table(int path) {
@@ -195,6 +196,9 @@ int matmul_prefill_kernels(void) {
 #endif
     return PREFILL_TILES;
 }
+
+static int decode_group = QGROUP_TILES;
+void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles > QGROUP_TILES ? QGROUP_TILES : tiles; }
 
 static const qpair_fn *pair_table(void) {
 #if defined(__x86_64__)
@@ -241,6 +245,16 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             continue;
         }
         const qkernel_t *k = &table[type];
+        if (ntok == 1 && decode_group > 1) {   /* a decode step: up to 4 tiles of this segment in lockstep */
+            int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
+            int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
+            n = n < decode_group ? n : decode_group;
+            int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
+            k->group(base, (size_t)nb * tile_block_bytes(type), n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS,
+                     accumulate, 1);
+            tile += n - 1;
+            continue;
+        }
         if (k->batch && ntok >= 2 * k->ntok && nb32 <= BATCH_MAX_BLOCKS) {
             k->batch(base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
             continue;

@@ -220,6 +220,43 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
+/* One token (a decode step) against `ntiles` adjacent tiles of one segment, block by block in lockstep: each
+ * thread then streams `ntiles` regions of the weight at once instead of one, which keeps more of them in flight for
+ * the hardware prefetcher (a single stream reached half the read bandwidth: bench/results/decode_q4k.md), and the
+ * tiles' independent accumulator chains overlap. Per row the operations are KFN(tile)'s: the same bits.
+ * y: the first tile's row 0; tile i's rows follow at y + 8 i, the last tile's nrows_last of them. */
+KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
+                            const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const size_t bb = tile_block_bytes(type);
+    __m256 acc[4];
+    for (int i = 0; i < ntiles; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk0 = base + (size_t)b * bb;
+        if (prefetch)
+            for (int i = 0; i < ntiles; i++)
+                for (size_t o = 0; o < bb; o += 64)
+                    __builtin_prefetch(blk0 + i * tile_bytes + (size_t)PREFETCH_TILES * tile_bytes + o, 0, 2);
+        for (int i = 0; i < ntiles; i++) {
+            const uint8_t *blk = blk0 + i * tile_bytes;
+            __m256 d = KFN(load_f16x8)(blk), dmin = d;
+            if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+            for (int s = 0; s < nsub; s++) {
+                __m256i wv[8];
+                KFN(load_wv)(type, blk, s, wv);
+                __m256 dw, mw;
+                KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
+                KFN(q6scales) q6;
+                if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
+                const block_q8x *xb = xq + (size_t)b * nsub + s;
+                acc[i] = KFN(accumulate)(type, acc[i], KFN(block_isum)(type, 2, wv, xb, &q6), dw, mw, xb);
+            }
+        }
+    }
+    for (int i = 0; i < ntiles; i++)
+        KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
+}
+
 /* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
  * vectors, scales) on the stack, then every group of tokens reads them: the unpacking (nibbles, high bits, the
  * K-quants' scale products) is no longer repeated for every group of KNT tokens. Same operations per token and
@@ -264,6 +301,15 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
                               int ycol, int nrows, int accumulate, int prefetch) {                               \
         KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
     }                                                                                                            \
+    static void KFN(name##_g)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,   \
+                              float *y, int nrows_last, int accumulate, int prefetch) {                         \
+        switch (ntiles) {                                                                                        \
+        case 4: KFN(tiles_one)(TYPE, 4, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch); break;   \
+        case 3: KFN(tiles_one)(TYPE, 3, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch); break;   \
+        case 2: KFN(tiles_one)(TYPE, 2, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch); break;   \
+        default: KFN(tiles_one)(TYPE, 1, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch);         \
+        }                                                                                                        \
+    }                                                                                                            \
     static void KFN(name##_b)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,     \
                               int ldy, int ycol, int nrows, int accumulate) {                                    \
         KFN(prepared) p[nb32];                                                                                   \
@@ -287,7 +333,8 @@ KDEFINE(q6_k, WT_Q6_K)
 #undef KDEFINE
 
 /* KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
-#define KENTRY(name, TYPE) [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL}
+#define KENTRY(name, TYPE) \
+    [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL, KFN(name##_g)}
 const qkernel_t KFN(qkernels)[NUM_WEIGHT_TYPES] = {
     KENTRY(q4_0, WT_Q4_0), KENTRY(q4_1, WT_Q4_1), KENTRY(q5_0, WT_Q5_0), KENTRY(q5_1, WT_Q5_1),
     KENTRY(q8_0, WT_Q8_0), KENTRY(q4_k, WT_Q4_K), KENTRY(q5_k, WT_Q5_K), KENTRY(q6_k, WT_Q6_K),

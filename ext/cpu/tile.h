@@ -55,7 +55,12 @@ typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int n
 /* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
 typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
                           int ycol, int nrows, int accumulate);
-typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; } qkernel_t;
+/* group: one token against ntiles (1..QGROUP_TILES) adjacent tiles of one segment, tile_bytes apart, in lockstep;
+ * y points at the first tile's row 0, the last tile stores nrows_last rows */
+typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, float *y,
+                          int nrows_last, int accumulate, int prefetch);
+#define QGROUP_TILES 4
+typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
     qkernels_avxvnni[NUM_WEIGHT_TYPES];

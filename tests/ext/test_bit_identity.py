@@ -4,6 +4,8 @@ into chunks, or beside other sequences in mixed prefill + decode steps, with 1 o
 bitwise (float32 bit patterns), never approximate."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -104,6 +106,39 @@ def test_matmul_row_independent_of_batch_size(type_name):
         single = np.concatenate([w.matmul(x[i:i + 1]) for i in range(37)])
         assert_bitwise(eight, full, f"{type_name} {p}: batch of 8 vs 37")
         assert_bitwise(single, full, f"{type_name} {p}: batch of 1 vs 37")
+
+
+@pytest.mark.parametrize("rows", [8, 24, 45, 203])
+def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
+    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep: groups of every size, cut at a
+    fused weight's segment boundaries and at its last tile of fewer rows, writing and accumulating, give the scalar
+    bits and the token's rows of a batch."""
+    cols, rng = 512, np.random.default_rng(rows)
+    specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", -(-rows // 8) * 8), ("Q8_0", 13)]   # tiles 3 | 2 | 1 to 26 | 2
+    parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
+             for t, r in specs]
+    fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
+    plain = weight_of("Q4_K", rows, cols, rows)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    for w in (fused, plain):
+        n = w.dequantize().shape[0]
+        y0 = rng.standard_normal((5, n)).astype(np.float32)
+        _cpu.set_path("scalar")
+        ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
+        try:
+            for p, group in itertools.product(PATHS, (1, 2, 3, 4)):
+                _cpu.set_path(p)
+                _cpu.set_decode_group(group)
+                batch = w.matmul(x)
+                for t in range(5):
+                    what = f"{p}, groups of {group}, {n} rows, token {t}"
+                    assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
+                    assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
+                    assert_bitwise(batch[t], ref[t], f"{what}, batch of 5")
+        finally:
+            _cpu.set_decode_group(4)
+    with pytest.raises(ValueError):
+        _cpu.set_decode_group(5)
 
 
 def test_activation_quantization_identical_on_every_path():

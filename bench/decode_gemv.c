@@ -1,0 +1,117 @@
+/* Decode (one token) GEMV of the K-quants at Qwen2.5-1.5B's shapes: weight GB/s per kernel, next to the read
+ * bandwidth probe (membw.c) in the same run. Each configuration streams ~400 MB of copies of one matrix (more than
+ * the last-level cache: every byte comes from memory, as in a decode step) or, with HOT=1, one copy 20 times
+ * (compute-bound: L2/L3). The decode group sizes (matmul_set_decode_group: 1 = one tile per call, the kernel before
+ * the groups) alternate within each round; best of the rounds, since the machine may be shared.
+ *
+ *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
+ *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/dispatch.c ext/cpu/fp16.c \
+ *       ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 1 4
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "inferd.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)rng_state;
+}
+
+/* random GGUF blocks with sane f16 scales (random bits would give infinities and NaNs) */
+static void *gguf_random(int type, int rows, int cols) {
+    size_t n = gguf_row_bytes(type, cols) * rows, bs = type == WT_Q4_K ? 144 : 210;
+    uint8_t *p = malloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd();
+    for (size_t o = 0; o < n; o += bs) {
+        uint16_t d = (uint16_t)(0x1c00 + (rnd() & 0xff));
+        if (type == WT_Q4_K) { memcpy(p + o, &d, 2); memcpy(p + o + 2, &d, 2); }
+        else memcpy(p + o + 208, &d, 2);
+    }
+    return p;
+}
+
+typedef struct { const weight_t *w; const block_q8x *xq; float *y; } job_t;
+
+static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* forward.c's items: pairs of tiles */
+    const job_t *j = arg;
+    (void)thread;
+    int nt = matmul_num_tiles(j->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < nt ? 2 * (int)end : nt;
+    matmul_tiles(j->w, t0, t1, 1, NULL, j->xq, j->y + (size_t)t0 * TILE_ROWS, j->w->rows, 0);
+}
+
+#define NSHAPES 6
+static const int shapes[NSHAPES][3] = {
+    {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 8960, 1536}, {WT_Q4_K, 1536, 8960},
+    {WT_Q6_K, 1536, 8960}, {WT_Q6_K, 151936, 1536},
+};
+
+int main(int argc, char **argv) {
+    if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
+    int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
+    int groups[8];
+    for (int g = 0; g < ng && g < 8; g++) groups[g] = atoi(argv[3 + g]);
+    ng = ng < 8 ? ng : 8;
+    pool_t *pool = pool_create(threads);
+    float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)151936 * sizeof(float));
+    for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
+    block_q8x *xq = malloc(8960 / QK * sizeof(block_q8x));
+    quantize_act(x, 8960, xq);
+    weight_t *ws[NSHAPES];
+    int copies[NSHAPES], reps = hot ? 20 : 1;
+    for (int s = 0; s < NSHAPES; s++) {
+        int type = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+        void *src = gguf_random(type, rows, cols);
+        copies[s] = hot ? 1 : (int)(400e6 / weight_layout_bytes(type, rows, cols));
+        copies[s] = copies[s] < 1 ? 1 : copies[s];
+        ws[s] = malloc(sizeof(weight_t) * copies[s]);
+        for (int c = 0; c < copies[s]; c++)
+            if (weight_init(&ws[s][c], type, rows, cols, src, gguf_row_bytes(type, cols) * rows, NULL)) return 1;
+        free(src);
+    }
+    double best[8][NSHAPES], bw = 0;
+    for (int g = 0; g < ng; g++)
+        for (int s = 0; s < NSHAPES; s++) best[g][s] = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        double b = read_bandwidth(256 << 20, threads, 1);
+        bw = b > bw ? b : bw;
+        for (int g = 0; g < ng; g++) {
+            matmul_set_decode_group(groups[g]);
+            for (int s = 0; s < NSHAPES; s++) {
+                double t0 = now();
+                for (int k = 0; k < reps; k++)
+                    for (int c = 0; c < copies[s]; c++) {
+                        job_t j = {&ws[s][c], xq, y};
+                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1, matmul_fn, &j);
+                    }
+                double t = now() - t0;
+                best[g][s] = t < best[g][s] ? t : best[g][s];
+            }
+        }
+    }
+    printf("%s path, %d threads, %s, best of %d rounds; read bandwidth probe: %.1f GB/s\n\n",
+           cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
+           bw / 1e9);
+    printf("| type | rows x cols |");
+    for (int g = 0; g < ng; g++) printf(" group %d GB/s |", groups[g]);
+    printf("\n| --- | --- |");
+    for (int g = 0; g < ng; g++) printf(" ---: |");
+    printf("\n");
+    for (int s = 0; s < NSHAPES; s++) {
+        printf("| %s | %d x %d |", shapes[s][0] == WT_Q4_K ? "Q4_K" : "Q6_K", shapes[s][1], shapes[s][2]);
+        for (int g = 0; g < ng; g++) printf(" %.1f |", (double)ws[s][0].nbytes * copies[s] * reps / best[g][s] / 1e9);
+        printf("\n");
+    }
+    return 0;
+}
