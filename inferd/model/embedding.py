@@ -254,6 +254,45 @@ class _Weights:
         data = np.frombuffer(self.maps[file], dtype=np_dtype, count=rows * cols, offset=e.start).reshape(rows, cols)
         return Tensor(name, type_name, rows, cols, data)
 
+    def spec(self, name: str, quantize: str | None) -> tuple:
+        """The matrix `name` as the encoder takes it: (type, rows, cols, data), converted for `quantize`."""
+        t = self.tensor(name)
+        c = convert_tensor(t, quantize)
+        if c is not t:
+            self.drop_pages(name)
+        return (c.type, c.rows, c.cols, c.data)
+
+    def fused(self, name: str, part_names: list[str], quantize: str | None, interleave32: bool = False) -> tuple:
+        """The rows of `part_names` stacked (fused q|k|v, or gate|up interleaved per 32 rows), as spec() gives."""
+        parts = [self.tensor(n) for n in part_names]
+        types = {p.type for p in parts}
+        if len(types) != 1:
+            raise ModelLoadError(parts[0].name, f"parts of {name} have different types {sorted(types)}")
+        cols = {p.cols for p in parts}
+        if len(cols) != 1:
+            raise ModelLoadError(parts[0].name, f"parts of {name} have different widths {sorted(cols)}")
+        if interleave32:
+            g, u = (p.data.reshape(p.rows // 32, 32, p.cols) for p in parts)
+            data = np.stack([g, u], axis=1).reshape(-1, parts[0].cols)
+        else:
+            data = np.concatenate([p.data for p in parts])
+        for n in part_names:  # copied: the file's pages of the parts are not read again
+            self.drop_pages(n)
+        c = convert_tensor(Tensor(name, parts[0].type, data.shape[0], data.shape[1], data), quantize)
+        return (c.type, c.rows, c.cols, c.data)
+
+    def drop_pages(self, name: str) -> None:
+        """Unmap the resident pages of a tensor that has been copied or converted: they stay in the page cache
+        (a later read faults them back in), but no longer count in this process' RSS, so loading a model and
+        quantizing it holds the result, not the result plus the whole file."""
+        file, e = self.entries[name]
+        m = self.maps.get(file)
+        if m is None:
+            return
+        page = mmap.PAGESIZE
+        start, end = e.start // page * page, min(-(-e.end // page) * page, len(m))
+        m.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def floats(self, name: str) -> np.ndarray:
         t = self.tensor(name)
         return to_float32(t, 0, t.rows)
@@ -275,27 +314,6 @@ def _entries(folder: Path) -> dict:
         name = name.removeprefix("bert.")
         found[name] = (files[0], e)
     return found
-
-
-def _spec(t: Tensor, quantize: str | None) -> tuple:
-    c = convert_tensor(t, quantize)
-    return (c.type, c.rows, c.cols, c.data)
-
-
-def _matrix(name: str, parts: list[Tensor], quantize: str | None, interleave32: bool = False) -> tuple:
-    """rows of `parts` stacked (fused q|k|v, or gate|up interleaved per 32 rows), in their stored type"""
-    types = {p.type for p in parts}
-    if len(types) != 1:
-        raise ModelLoadError(parts[0].name, f"parts of {name} have different types {sorted(types)}")
-    cols = {p.cols for p in parts}
-    if len(cols) != 1:
-        raise ModelLoadError(parts[0].name, f"parts of {name} have different widths {sorted(cols)}")
-    if interleave32:
-        g, u = (p.data.reshape(p.rows // 32, 32, p.cols) for p in parts)
-        data = np.stack([g, u], axis=1).reshape(-1, parts[0].cols)
-    else:
-        data = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
-    return _spec(Tensor(name, parts[0].type, data.shape[0], data.shape[1], np.ascontiguousarray(data)), quantize)
 
 
 def _rope_table(theta: float, head_dim: int, positions: int) -> np.ndarray:
@@ -331,7 +349,7 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     }
     e = "embeddings."
     t: dict[str, Any] = {
-        "tok_embd": _spec(w.tensor(e + "word_embeddings.weight"), quantize),
+        "tok_embd": w.spec(e + "word_embeddings.weight", quantize),
         "pos_embd": w.floats(e + "position_embeddings.weight")[:positions],
         "type_embd": w.floats(e + "token_type_embeddings.weight")[0],
         "embd_norm_w": w.vector(e + "LayerNorm.weight", dim),
@@ -343,15 +361,15 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
         # Wqkv stays in float under --quantize: it reads the embedding LayerNorm's and each layer's output, whose
         # outlier channels 8-bit activation blocks round badly; on MiniLM this takes the worst of 200 sentences
         # ("ok") from cosine 0.9983 to 0.999+ for a quarter of the matmul work in float
-        t[o + "wqkv"] = _matrix(o + "wqkv", [w.tensor(a + n + ".weight") for n in ("query", "key", "value")], None)
+        t[o + "wqkv"] = w.fused(o + "wqkv", [a + n + ".weight" for n in ("query", "key", "value")], None)
         t[o + "bqkv"] = np.concatenate([w.vector(a + n + ".bias", dim) for n in ("query", "key", "value")])
-        t[o + "wo"] = _spec(w.tensor(p + "attention.output.dense.weight"), quantize)
+        t[o + "wo"] = w.spec(p + "attention.output.dense.weight", quantize)
         t[o + "bo"] = w.vector(p + "attention.output.dense.bias", dim)
         t[o + "norm1_w"] = w.vector(p + "attention.output.LayerNorm.weight", dim)
         t[o + "norm1_b"] = w.vector(p + "attention.output.LayerNorm.bias", dim)
-        t[o + "wup"] = _spec(w.tensor(p + "intermediate.dense.weight"), quantize)
+        t[o + "wup"] = w.spec(p + "intermediate.dense.weight", quantize)
         t[o + "bup"] = w.vector(p + "intermediate.dense.bias", cfg["hidden"])
-        t[o + "wdown"] = _spec(w.tensor(p + "output.dense.weight"), quantize)
+        t[o + "wdown"] = w.spec(p + "output.dense.weight", quantize)
         t[o + "bdown"] = w.vector(p + "output.dense.bias", dim)
         t[o + "norm2_w"] = w.vector(p + "output.LayerNorm.weight", dim)
         t[o + "norm2_b"] = w.vector(p + "output.LayerNorm.bias", dim)
@@ -387,7 +405,7 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
         "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"],
     }
     t: dict[str, Any] = {
-        "tok_embd": _spec(w.tensor("embed_tokens.weight"), quantize),
+        "tok_embd": w.spec("embed_tokens.weight", quantize),
         "final_norm": 1.0 + w.vector("norm.weight", dim),
         "rope_global": _rope_table(float(raw.get("rope_theta", 1e6)), hd, positions),
         "rope_local": _rope_table(float(raw.get("rope_local_base_freq", 1e4)), hd, positions),
@@ -395,15 +413,10 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
     for i in range(layers):
         p, o = f"layers.{i}.", f"blk.{i}."
         a = p + "self_attn."
-        t[o + "wqkv"] = _matrix(o + "wqkv", [w.tensor(a + n + "_proj.weight") for n in "qkv"], quantize)
-        t[o + "wo"] = _spec(w.tensor(a + "o_proj.weight"), quantize)
-        t[o + "wup"] = _matrix(
-            o + "wup",
-            [w.tensor(p + "mlp.gate_proj.weight"), w.tensor(p + "mlp.up_proj.weight")],
-            quantize,
-            interleave32=True,
-        )
-        t[o + "wdown"] = _spec(w.tensor(p + "mlp.down_proj.weight"), quantize)
+        t[o + "wqkv"] = w.fused(o + "wqkv", [a + n + "_proj.weight" for n in "qkv"], quantize)
+        t[o + "wo"] = w.spec(a + "o_proj.weight", quantize)
+        t[o + "wup"] = w.fused(o + "wup", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], quantize, True)
+        t[o + "wdown"] = w.spec(p + "mlp.down_proj.weight", quantize)
         for ours, theirs in (
             ("attn_norm", "input_layernorm"),
             ("post_attn_norm", "post_attention_layernorm"),

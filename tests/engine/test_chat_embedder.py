@@ -22,8 +22,11 @@ class IdTokenizer:
 
 def reference_vector(model, ids: list[int], pooling: str) -> np.ndarray:
     ref = Reference(model.config, model.tensors)
-    out = ref.forward(ids, kv_dtype=np.float16)
-    final = rms_norm(out.hidden[-1], ref.vec("output_norm.weight"), model.config.norm_eps)
+    x, positions = ref.embed(ids), np.arange(len(ids))
+    for i in range(model.config.n_layers):   # layer by layer, each layer's float64 weights freed after it (no logits)
+        x, _, _ = ref.layer(i, x, positions, kv_dtype=np.float16)
+        ref.release()
+    final = rms_norm(x, ref.vec("output_norm.weight"), model.config.norm_eps)
     v = final[-1] if pooling == "last" else final.mean(axis=0)
     return v / np.linalg.norm(v)
 

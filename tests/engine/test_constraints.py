@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
 
 from inferd import _cpu
 from inferd.engine.constraints import Constraint, StepMasks, advance
+from inferd.model.gguf import validate_gguf
 from inferd.text.grammar import GrammarCompiler, json_schema_grammar, regex_grammar
 from inferd.text.tokenizer import Tokenizer
 from inferd.text.tools import HERMES, LazyMatcher, parse_tool_calls, parse_tools, tool_call_grammar
@@ -18,7 +18,7 @@ from inferd.text.tools import HERMES, LazyMatcher, parse_tool_calls, parse_tools
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    tok = Tokenizer.from_gguf(GGUFReader(str(smollm2_path)).fields)
+    tok = Tokenizer.from_gguf(validate_gguf(str(smollm2_path)).metadata)
     compiler = GrammarCompiler(tok)
     yield tok, compiler
     compiler.close()
