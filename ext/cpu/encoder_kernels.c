@@ -9,10 +9,7 @@
 #include <math.h>
 #include "encoder.h"
 #include "vecmath.h"
-
-/* Softmax weights below e^-64 of the largest are 0 (as in attention.c: they cannot change the sum, and their
- * products with V would be slow denormals). */
-#define SOFTMAX_CUTOFF -64.0f
+#include "softmax.h"
 
 /* ---------------- LayerNorm: sums lane by lane over groups of 8, the lanes combined by hsum8_pairs; then
  * out = (x - mean) * inv * w + b, three separate roundings per value (the AVX2 variant does the same operations) */
@@ -179,21 +176,6 @@ ENC_AVX2 static float max_scores_avx2(const float *s, int n) {
     return out;
 }
 
-ENC_AVX2 static float softmax_weights_avx2(float *s, int n, float m) {
-    const __m256 mv = _mm256_set1_ps(m), cut = _mm256_set1_ps(SOFTMAX_CUTOFF);
-    __m256 lanes = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(s + j), mv);
-        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(d, cut, _CMP_LT_OQ), exp8(d));
-        _mm256_storeu_ps(s + j, e);
-        lanes = _mm256_add_ps(lanes, e);
-    }
-    float total = hsum8_pairs(lanes);
-    for (; j < n; j++) { float d = s[j] - m; s[j] = d < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(d); total += s[j]; }
-    return total;
-}
-
 /* Four queries of a sequence at once (every query of a layer without a window sees all n keys): each key and value
  * row is read once for the four; per output the arithmetic is the single query's (scores: one fma chain over d;
  * weighted sum: one fma chain over the keys from 0), so a query's bits do not depend on whether it was in a block. */
@@ -270,48 +252,6 @@ static int has_avx512(void) {
     static int state = -1;
     if (state < 0) state = __builtin_cpu_supports("avx512f");
     return state && cpu_path() != PATH_AVX2 && cpu_path() != PATH_SCALAR;
-}
-
-/* vecmath.h's exp8 in 16 lanes: the same operations lane by lane */
-ENC_AVX512 static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-}
-
-/* softmax_weights_avx2 with 16 lanes per step: the low then the high 8 are added into the same 8 lane sums, so the
- * sums see the groups of 8 in the same order */
-ENC_AVX512 static float softmax_weights_avx512(float *s, int n, float m) {
-    const __m512 mv = _mm512_set1_ps(m), cut = _mm512_set1_ps(SOFTMAX_CUTOFF);
-    __m256 lanes = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(s + j), mv);
-        __m512 e = _mm512_mask_mov_ps(exp16(d), _mm512_cmp_ps_mask(d, cut, _CMP_LT_OQ), _mm512_setzero_ps());
-        _mm512_storeu_ps(s + j, e);
-        lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(e));
-        lanes = _mm256_add_ps(lanes, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
-    }
-    for (; j + 8 <= n; j += 8) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
-        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(d, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_LT_OQ), exp8(d));
-        _mm256_storeu_ps(s + j, e);
-        lanes = _mm256_add_ps(lanes, e);
-    }
-    float total = hsum8_pairs(lanes);
-    for (; j < n; j++) { float d = s[j] - m; s[j] = d < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(d); total += s[j]; }
-    return total;
 }
 
 /* the largest score, 16 lanes at a time (a maximum is exact: max_scores' value) */
@@ -401,7 +341,7 @@ static int attention_block8_avx512(const float *q, const float *kt, const float 
         scores8_avx512(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
         for (int b = 0; b < QBLOCK8; b++) {
             float *sb = scores + (size_t)b * n;
-            inv[b] = 1.0f / softmax_weights_avx512(sb, n, max_scores_avx512(sb, n));
+            inv[b] = 1.0f / weights_avx512(sb, n, max_scores_avx512(sb, n));
         }
         weighted_sum8_avx512(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
     }
@@ -458,7 +398,7 @@ void attention_bidir(const float *q, const float *k, const float *v, int q_strid
             scores4_avx2(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
             for (int b = 0; b < QBLOCK; b++) {
                 float *sb = scores + (size_t)b * n;
-                inv[b] = 1.0f / softmax_weights_avx2(sb, n, max_scores_avx2(sb, n));
+                inv[b] = 1.0f / weights_avx2(sb, n, max_scores_avx2(sb, n));
             }
             weighted_sum4_avx2(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
         }
@@ -475,7 +415,7 @@ void attention_bidir(const float *q, const float *k, const float *v, int q_strid
 #if defined(__x86_64__)
         if (simd) {
             scores_avx2(qi, kt, n, lo, hi, hd, scale, scores);
-            float total = softmax_weights_avx2(scores, hi - lo, max_scores_avx2(scores, hi - lo));
+            float total = weights_avx2(scores, hi - lo, max_scores_avx2(scores, hi - lo));
             weighted_sum_avx2(scores, v, kv_stride, lo, hi, hd, 1.0f / total, oi);
             continue;
         }

@@ -1,4 +1,4 @@
-/* What the two attention kernels (attention.c over the f16 cache, attention_q8.c over the int8 one) share: the keys
+/* What the attention kernels (attention.c over the f16 cache, attention_q8.c over the int8 one, the encoder's) share: the keys
  * a token of a run sees, and the scalar softmax steps in the fixed orders their SIMD variants reproduce. */
 #ifndef INFERD_SOFTMAX_H
 #define INFERD_SOFTMAX_H
@@ -79,6 +79,50 @@ SOFTMAX_AVX2 static float max_avx2(const float *s, int n) {
 SOFTMAX_AVX2 static float weights_avx2(float *s, int n, float m) {
     __m256 lanes = _mm256_setzero_ps();
     int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
+        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m256 w = _mm256_and_ps(exp8(x), keep);
+        _mm256_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, w);
+    }
+    float total = hsum8_pairs(lanes);
+    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
+    return total;
+}
+/* exp8's operations lane for lane, on 16 lanes (AVX-512F only, so every AVX-512 CPU runs it) */
+#define SOFTMAX_AVX512 __attribute__((target("avx512f,avx2,fma,f16c"), unused))
+
+SOFTMAX_AVX512 static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* weights_avx2 with the exps 16 at a time: the low then the high 8 go into the same 8 lane sums, so the sum still
+ * takes s[8i + l] into lane l, in order */
+SOFTMAX_AVX512 static float weights_avx512(float *s, int n, float m) {
+    __m256 lanes = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m));
+        __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+        __m512 w = _mm512_maskz_mov_ps(keep, exp16(x));
+        _mm512_storeu_ps(s + j, w);
+        lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(w));
+        lanes = _mm256_add_ps(lanes, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
+    }
     for (; j + 8 <= n; j += 8) {
         __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
         __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
