@@ -1,5 +1,5 @@
-/* What the attention kernels (attention.c over the f16 cache, attention_q8.c over the int8 one, the encoder's) share: the keys
- * a token of a run sees, and the scalar softmax steps in the fixed orders their SIMD variants reproduce. */
+/* What the attention kernels (attention.c over the f16 cache, attention_q8.c over the int8 one, the encoder's)
+ * share: the keys a token of a run sees, and the softmax steps in the fixed orders every SIMD variant reproduces. */
 #ifndef INFERD_SOFTMAX_H
 #define INFERD_SOFTMAX_H
 
