@@ -87,17 +87,29 @@ cdef extern from *:
     #if defined(__GLIBC__)
     #include <malloc.h>
     static int inferd_set_mmap_threshold(int nbytes) { return mallopt(M_MMAP_THRESHOLD, nbytes); }
+    static int inferd_release_free_memory(void) { return malloc_trim(0); }
     #else
     static int inferd_set_mmap_threshold(int nbytes) { (void)nbytes; return 0; }
+    static int inferd_release_free_memory(void) { return 0; }
     #endif
     """
     int inferd_set_mmap_threshold(int nbytes)
+    int inferd_release_free_memory() nogil
 
 
 def set_mmap_threshold(int nbytes):
     """Fix glibc malloc's mmap threshold (blocks of nbytes and more are mmapped and returned to the kernel on
     free). False where the C library is not glibc or refused."""
     return bool(inferd_set_mmap_threshold(nbytes))
+
+
+def release_free_memory():
+    """Hand the heap's free pages back to the kernel (glibc keeps freed chunks below its mmap threshold, which
+    grows as big buffers are freed: a dropped model's weights would stay in RSS). True if any were returned."""
+    cdef int released
+    with nogil:
+        released = inferd_release_free_memory()
+    return bool(released)
 
 
 def row_bytes(str type_name, int cols):

@@ -128,7 +128,7 @@ def cmd_perplexity(args) -> int:
         num_kv_blocks=blocks_needed(args.ctx),
         max_batch_tokens=batch,
         max_seqs=1,
-        max_logits_rows=batch,
+        max_logits_rows=min(batch, args.ctx - args.ctx // 2),  # only each chunk's second half is scored
     )
 
     def progress(done, total, ppl):

@@ -35,10 +35,12 @@ class Embedder:
         self.model = model
         self.max_batch_tokens = max(max_batch_tokens, model.max_seq_length)
         self.max_batch_seqs = max_batch_seqs
+        _cpu.release_free_memory()  # what an earlier model freed: not under this one's peak
         self.weights = _cpu.EncoderModel(model.config, model.tensors)
         # the encoder holds its own copy of every matrix and a reference to each array it reads in place (vectors,
         # a float token embedding, which stays a view of the mapped file), so the loaded arrays go now
         model.tensors.clear()
+        _cpu.release_free_memory()
         self.encoder = _cpu.Encoder(self.weights, self.max_batch_tokens, max_batch_seqs, threads)
         self.dimensions = model.dimensions
 

@@ -129,8 +129,10 @@ def perplexity(
         pos = 0
         while pos < ctx:
             # steps end at `first`: the first half is only context, so no logits (the vocabulary-wide output
-            # matmul and the copy) are made for it; logits are needed for positions first .. ctx-2
-            end = min(pos + engine.max_batch_tokens, first if pos < first else ctx)
+            # matmul and the copy) are made for it; logits are needed for positions first .. ctx-2, in steps of at
+            # most max_logits_rows (an engine built with few rows bounds a 262k vocabulary's logits)
+            step = engine.max_batch_tokens if pos < first else min(engine.max_batch_tokens, engine.max_logits_rows)
+            end = min(pos + step, first if pos < first else ctx)
             part = chunk[pos:end]
             lo, hi = pos, min(end, ctx - 1)
             if pos >= first and hi > lo:

@@ -149,7 +149,15 @@ def engine_config(cfg) -> dict:
 
 def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
     """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
-    inferd.engine.load_progress)."""
+    inferd.engine.load_progress). The heap's free pages go back to the kernel before (what an earlier model
+    freed would otherwise sit under this one's peak) and after (the repack's temporaries)."""
+    _cpu.release_free_memory()
+    built = _build_cpu_model(model, threads, progress)
+    _cpu.release_free_memory()
+    return built
+
+
+def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
     cfg = model.config
     ts = model.tensors
     config = engine_config(cfg)

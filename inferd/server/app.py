@@ -460,6 +460,8 @@ def create_app(
         state.embeddings = []
         if state.metrics is not None:
             state.metrics.engine_loop = None
+        if state.embedding_metrics is not None:
+            state.embedding_metrics.services = []
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -64,7 +64,8 @@ def gemma3():
 
     raw = load_gguf(GEMMA3)               # one parse of the file: the reference reads the file's own blocks
     model = SimpleNamespace(config=raw.config, tensors=convert_all(raw.tensors.values()), path=str(GEMMA3))
-    engine = Engine(model, num_kv_blocks=12, max_batch_tokens=512, max_seqs=1, threads=2, max_logits_rows=512)
+    engine = Engine(model, num_kv_blocks=12, max_batch_tokens=512, max_seqs=1, threads=2,
+                    max_logits_rows=64)  # perplexity scores in steps of 64 rows: 64 MB of 262k-token logits
     return SimpleNamespace(raw=raw, model=model, engine=engine, tokenizer=Tokenizer.from_gguf(raw.metadata),
                            template=default_template("gemma3"))
 

@@ -48,3 +48,18 @@ def test_perplexity_rejects_a_text_shorter_than_one_chunk(smollm2_path, tmp_path
 def test_chunks_must_be_positive(smollm2_path, capsys):
     assert main(["perplexity", "-m", str(smollm2_path), "-f", str(TEXT), "-c", "512", "--chunks", "0"]) == 1
     assert "--chunks 0" in capsys.readouterr().err
+
+
+def test_an_engine_with_few_logits_rows_scores_in_more_steps_to_the_same_result(smollm2_model):
+    from inferd.engine.engine import Engine
+    from inferd.engine.runner import blocks_needed, perplexity
+
+    tokens = smollm2_model.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special=False)[:256]
+    results = []
+    for rows in (64, 24):   # 64: each chunk's scored half in one step; 24: in three
+        engine = Engine(smollm2_model, num_kv_blocks=blocks_needed(128), max_batch_tokens=128, max_seqs=1,
+                        threads=1, max_logits_rows=rows)
+        results.append(perplexity(engine, tokens, 128))
+    assert results[0].chunks == results[1].chunks == 2 and results[0].scored_tokens == results[1].scored_tokens == 126
+    assert results[1].ppl == pytest.approx(results[0].ppl, rel=1e-9)
+    assert results[1].stderr == pytest.approx(results[0].stderr, rel=1e-6)

@@ -45,7 +45,7 @@ def test_file_is_computed_in_its_own_types(qwen):
 def qwen_perplexity(qwen, chunks: int):
     tokens = qwen.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special=False)[: chunks * 512]
     engine = Engine(qwen, num_kv_blocks=blocks_needed(512), max_batch_tokens=512, max_seqs=1, threads=2,
-                    max_logits_rows=512)
+                    max_logits_rows=64)  # scores in steps of 64 rows: bounded logits of a 152k vocabulary
     return perplexity(engine, tokens, 512)
 
 

@@ -7,6 +7,7 @@ import json
 import urllib.request
 import weakref
 
+from tests.model.make_tiny_embedding import write_tiny_embedding
 from tests.server.conftest import ServerThread, make_settings
 
 
@@ -24,3 +25,17 @@ def test_a_stopped_server_frees_its_engine_and_compiler(loaded_model):
     assert srv.app is not None                      # the app object itself may live on (aiohttp's cache) ...
     assert engine() is None and loop() is None      # ... but not what it served with
     assert grammar() is None
+
+
+def test_a_stopped_server_frees_its_embedding_models(tmp_path):
+    folder = write_tiny_embedding(tmp_path / "tiny-bert", max_seq_length=16)
+    srv = ServerThread(make_settings(model=str(folder))).start()
+    body = json.dumps({"model": "tiny-bert", "input": ["hello world"]}).encode()
+    req = urllib.request.Request(srv.url + "/v1/embeddings", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        assert len(json.load(r)["data"]) == 1
+    embedders = [weakref.ref(s.embedder) for s in srv.state.embeddings]
+    assert len(embedders) == 1 and embedders[0]() is not None
+    srv.stop()
+    gc.collect()
+    assert embedders[0]() is None                   # not kept by the metrics' gauge of queued requests
