@@ -111,6 +111,18 @@ int main(int argc, char **argv) {
             }
         }
     }
+    /* every kernel's y must be the first one's, bit for bit (the tests check against scalar; this checks the build) */
+    int same = 1;
+    float *y0 = malloc((size_t)151936 * sizeof(float));
+    for (int s = 0; s < NSHAPES; s++)
+        for (int g = 0; g < ng; g++) {
+            matmul_set_decode_group(groups[g]);
+            matmul_set_decode_kernels(zmm[g]);
+            job_t j = {&ws[s][0], xq, g ? y : y0};
+            pool_run(pool, (matmul_num_tiles(&ws[s][0]) + 1) / 2, 1, matmul_fn, &j);
+            if (g && memcmp(y, y0, (size_t)shapes[s][1] * sizeof(float))) same = 0;
+        }
+    if (!same) printf("THE KERNELS' RESULTS DIFFER\n");
     printf("%s path, %d threads, %s, best of %d rounds; read bandwidth probe: %.1f GB/s\n\n",
            cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
            bw / 1e9);
