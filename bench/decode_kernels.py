@@ -20,16 +20,18 @@ from inferd.model.loader import load_model
 from inferd.model.pull import resolve
 
 
-def decode(engine: Engine, prompt: list[int], n: int) -> tuple[float, list[int]]:
+def decode(engine: Engine, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
+    """tokens per second of wall time and of the process's CPU time (with 1 thread, the latter does not count the
+    time the scheduler gave to other processes of a shared machine), and the tokens"""
     table = list(range(blocks_needed(len(prompt) + n + 1)))
     token = engine.step([SeqInput(prompt, 0, table, 1)])[0].tokens[0]
     pos, out = len(prompt), []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         token = engine.step([SeqInput([token], pos, table, 1)])[0].tokens[0]
         out.append(token)
         pos += 1
-    return n / (time.perf_counter() - t0), out
+    return n / (time.perf_counter() - t0), n / (time.process_time() - c0), out
 
 
 def main() -> None:
@@ -46,6 +48,7 @@ def main() -> None:
     prompt = [(i * 7919) % (engine.vocab_size - 10) + 5 for i in range(16)]
     print(f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path")
     rates: dict[str, list[float]] = {k: [] for k in _cpu.DECODE_KERNELS}
+    cpu_rates: dict[str, list[float]] = {k: [] for k in _cpu.DECODE_KERNELS}
     tokens: dict[str, list[int]] = {}
     probes = []
     decode(engine, prompt, 4)   # warm up
@@ -53,15 +56,18 @@ def main() -> None:
         probes.append(_cpu.measure_read_bandwidth(256 << 20, args.threads) / 1e9)
         for kernels in _cpu.DECODE_KERNELS:
             _cpu.set_decode_kernels(kernels)
-            rate, out = decode(engine, prompt, args.decode)
+            rate, cpu_rate, out = decode(engine, prompt, args.decode)
             rates[kernels].append(rate)
+            cpu_rates[kernels].append(cpu_rate)
             assert tokens.setdefault(kernels, out) == out
     _cpu.set_decode_kernels("avx512")
     assert tokens["tiles"] == tokens["avx512"], "the decode kernels gave different tokens"
     print(f"read bandwidth probe ({args.threads} threads): " + " ".join(f"{b:.1f}" for b in probes) + " GB/s")
-    for kernels, r in rates.items():
-        print(f"{kernels:8s} tok/s per round: " + " ".join(f"{x:.1f}" for x in r) + f"   median {statistics.median(r):.1f}")
-    print(f"ratio avx512 / tiles (medians): {statistics.median(rates['avx512']) / statistics.median(rates['tiles']):.2f}")
+    for what, table in (("wall", rates), ("CPU time", cpu_rates)):
+        for kernels, r in table.items():
+            print(f"{kernels:8s} tok/s of {what}: " + " ".join(f"{x:.1f}" for x in r) + f"   median {statistics.median(r):.1f}")
+        print(f"ratio avx512 / tiles ({what}, medians): "
+              f"{statistics.median(table['avx512']) / statistics.median(table['tiles']):.2f}")
 
 
 if __name__ == "__main__":
