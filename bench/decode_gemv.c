@@ -7,8 +7,8 @@
  * matmul_set_decode_kernels); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
- *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c ext/cpu/fp16.c \
- *       ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
+ *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
+ *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
  *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4;  HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>

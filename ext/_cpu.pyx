@@ -76,8 +76,9 @@ DECODE_KERNELS = ("tiles", "avx512")
 
 
 def set_decode_kernels(str name):
-    """The single-token Q4_K/Q6_K kernels the VNNI paths may use: 'tiles' (8-row ymm tiles) or 'avx512' (pairs of
-    tiles in zmm where the CPU has AVX-512 VNNI; the default). Both give the same bits; tests force each."""
+    """The single-token K-quant (Q4_K, Q5_K, Q6_K) kernels the VNNI paths may use: 'tiles' (8-row ymm tiles) or
+    'avx512' (pairs of tiles in zmm where the CPU has AVX-512 VNNI; the default). Both give the same bits; tests force
+    each."""
     if name not in DECODE_KERNELS:
         raise ValueError(f"decode kernels {name!r}: expected one of {DECODE_KERNELS}")
     matmul_set_decode_kernels(DECODE_KERNELS.index(name))

@@ -1,4 +1,4 @@
-/* Decode (one token) of the K-quants Q4_K and Q6_K over pairs of tiles in AVX-512 registers.
+/* Decode (one token) of the K-quants Q4_K, Q5_K and Q6_K over pairs of tiles in AVX-512 registers.
  *
  * Why: a decode step reads every weight byte once, and with the matrix in cache one thread of the ymm tile kernel
  * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
@@ -10,14 +10,14 @@
  *     right by 4 once per sub-block (the exact int32 sum, as 16 * sum is a multiple of 16);
  *   - mw = -(dmin * mn) is computed as (-dmin) * mn (IEEE multiplication is sign-symmetric: the same bits), the
  *     super-block's d and dmin converted together;
- *   - Q6_K's two high bits are merged with one ternary-logic instruction per vector.
+ *   - Q5_K's fifth bit and Q6_K's two high bits are merged with one ternary-logic instruction per vector.
  * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch ahead, as tiles_one does: several
  * streams in flight per thread.
  *
  * Bits: per row the operations are the scalar kernel's (matmul.c): each 32-value block's int32 sum exactly (any order
  * of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, for Q4_K,
- * acc = fma(mw, dsum, acc), block after block in column order; dw = d * sc, mw = -(dmin * mn) (Q4_K), dw = d (Q6_K,
- * whose int32 sum carries the scales). So the results equal every other path's. */
+ * acc = fma(mw, dsum, acc), block after block in column order; dw = d * sc, mw = -(dmin * mn) (Q4_K, Q5_K),
+ * dw = d (Q6_K, whose int32 sum carries the scales). So the results equal every other path's. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -47,31 +47,51 @@ DINLINE __m512 high_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, 
 DINLINE __m512i low_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0x44); }
 DINLINE __m512i high_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0xee); }
 
-/* ---- Q4_K: d | dmin | 8 x (sc[8] | mn[8]) | 8 x group (tile.h) ---- */
+/* ---- Q4_K, Q5_K: d | dmin | 8 x (sc[8] | mn[8]) | 8 x group or 8 x (hbit | group) (tile.h) ---- */
 
 /* [d | -dmin] of one tile's super-block: its first 32 bytes, converted at once */
-DINLINE __m512 q4k_dmins(const uint8_t *blk) {
+DINLINE __m512 q45k_dmins(const uint8_t *blk) {
+    const __m512i sign_high = _mm512_set_epi32(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
+                                               INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v),
-                                                _mm512_set_epi32(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
-                                                                 INT32_MIN, INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0)));
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign_high));
 }
 
-/* sub-block s of a pair: acc = fma(float(isum), dw * dx, acc), acc = fma(mw, dsum, acc) */
-DINLINE __m512 q4k_sub(const uint8_t *a, const uint8_t *b, __m512 dmA, __m512 dmB, int s, const block_q8x *xb,
-                       __m512 acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const size_t g = tile_group_off(WT_Q4_K, s), so = tile_scales_off(WT_Q4_K, s);
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    for (int p = 0; p < 4; p++) {
-        __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
-        lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), bcast4(xb->qs + 4 * p));
-        hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), bcast4(xb->qs + 16 + 4 * p));   /* 16 q */
+/* sub-block s of a pair (Q4_K, or Q5_K: the same with each value's 5th bit from the hbit piece): acc = fma(float(isum),
+ * dw * dx, acc), acc = fma(mw, dsum, acc) */
+DINLINE __m512 q45k_sub(const int type, const uint8_t *a, const uint8_t *b, __m512 dmA, __m512 dmB, int s,
+                        const block_q8x *xb, __m512 acc) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    const size_t g = tile_group_off(type, s), so = tile_scales_off(type, s);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(), isum;
+    if (type == WT_Q4_K) {
+        for (int p = 0; p < 4; p++) {
+            __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
+            lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), bcast4(xb->qs + 4 * p));
+            hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), bcast4(xb->qs + 16 + 4 * p));   /* 16 q */
+        }
+        isum = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
+    } else {   /* hbit byte 4r + e: bit p -> value 4p+e's bit 4, bit 4+p -> value 16+4p+e's (16-bit shifts, masked) */
+        const size_t ho = tile_hbits_off(type, s);
+        const __m512i h = join256(a + ho, b + ho);
+        for (int p = 0; p < 4; p++) {
+            __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
+            __m512i hl = p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 3)
+                       : p == 2 ? _mm512_slli_epi16(h, 2) : _mm512_slli_epi16(h, 1);
+            __m512i hh = p == 0 ? h : p == 1 ? _mm512_srli_epi16(h, 1) : p == 2 ? _mm512_srli_epi16(h, 2)
+                                                                       : _mm512_srli_epi16(h, 3);
+            __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), hl, m10, 0xf8);   /* A | (B & C) */
+            __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh, m10, 0xf8);
+            lo = _mm512_dpbusd_epi32(lo, wl, bcast4(xb->qs + 4 * p));
+            hi = _mm512_dpbusd_epi32(hi, wh, bcast4(xb->qs + 16 + 4 * p));
+        }
+        isum = _mm512_add_epi32(lo, hi);
     }
-    __m512i isum = _mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4));
     /* [sc | mn] of each tile as floats, times [d | -dmin]: [dw | mw] per tile, then regrouped by pair lanes */
-    __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + so)))), dmA);
-    __m512 fb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + so)))), dmB);
+    __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + so)))),
+                              dmA);
+    __m512 fb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + so)))),
+                              dmB);
     __m512 dw = low_halves(fa, fb), mw = high_halves(fa, fb);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc);
     return _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->dsum), acc);
@@ -99,7 +119,8 @@ DINLINE __m512i q6k_isum(const uint8_t *a, const uint8_t *b, int s, const block_
     }
     __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + so)));   /* [sc0 | sc1] of tile a */
     __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + so)));
-    return _mm512_add_epi32(_mm512_mullo_epi32(lo, low_halves_i(sa, sb)), _mm512_mullo_epi32(hi, high_halves_i(sa, sb)));
+    return _mm512_add_epi32(_mm512_mullo_epi32(lo, low_halves_i(sa, sb)),
+                            _mm512_mullo_epi32(hi, high_halves_i(sa, sb)));
 }
 
 /* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep ---- */
@@ -120,12 +141,13 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
                 for (size_t o = 0; o < bb; o += 64)
                     __builtin_prefetch(base + off + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + o, 0, 2);
         const block_q8x *xb = xq + (size_t)bk * 8;
-        if (type == WT_Q4_K) {
+        if (type == WT_Q4_K || type == WT_Q5_K) {
             __m512 dmA[2], dmB[2];
-            for (int i = 0; i < np; i++) { dmA[i] = q4k_dmins(ta[i] + off); dmB[i] = q4k_dmins(tb[i] + off); }
+            for (int i = 0; i < np; i++) { dmA[i] = q45k_dmins(ta[i] + off); dmB[i] = q45k_dmins(tb[i] + off); }
 #pragma GCC unroll 8   /* measured: ~10% more in cache than the rolled loop */
             for (int s = 0; s < 8; s++)
-                for (int i = 0; i < np; i++) acc[i] = q4k_sub(ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, acc[i]);
+                for (int i = 0; i < np; i++)
+                    acc[i] = q45k_sub(type, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, acc[i]);
         } else {
             __m512 d[2];
             for (int i = 0; i < np; i++) d[i] = join_f16(ta[i] + off, tb[i] + off);
@@ -133,7 +155,8 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
             for (int s = 0; s < 8; s++)
                 for (int i = 0; i < np; i++) {
                     __m512 dw = _mm512_mul_ps(d[i], _mm512_set1_ps(xb[s].d));
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q6k_isum(ta[i] + off, tb[i] + off, s, xb + s)), dw, acc[i]);
+                    __m512i isum = q6k_isum(ta[i] + off, tb[i] + off, s, xb + s);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[i]);
                 }
         }
     }
@@ -153,10 +176,13 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
         else decode_pairs(TYPE, 1, base, tile_bytes, ntiles, nb, xq, y, nrows_last, accumulate, prefetch);         \
     }
 DDEFINE(q4_k, WT_Q4_K)
+DDEFINE(q5_k, WT_Q5_K)
 DDEFINE(q6_k, WT_Q6_K)
 #undef DDEFINE
 
 #pragma GCC pop_options
 
-const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {[WT_Q4_K] = decode_q4_k, [WT_Q6_K] = decode_q6_k};
+const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {
+    [WT_Q4_K] = decode_q4_k, [WT_Q5_K] = decode_q5_k, [WT_Q6_K] = decode_q6_k,
+};
 #endif

@@ -76,7 +76,8 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
         }
         if (type == WT_Q6_K) {   /* the decode kernel's unpacking (qdecode512.c): values q + 32, unsigned */
             const size_t g = tile_group_off(type, sub), h = tile_hbits_off(type, sub), so = tile_scales_off(type, sub);
-            const __m512i hl = join256(a + h, c + h), hh = join256(a + h + 32, c + h + 32), m30 = _mm512_set1_epi8(0x30);
+            const __m512i hl = join256(a + h, c + h), hh = join256(a + h + 32, c + h + 32);
+            const __m512i m30 = _mm512_set1_epi8(0x30);
             for (int q = 0; q < 4; q++) {
                 __m512i v = join256(a + g + 32 * q, c + g + 32 * q);
                 p->wv[q] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), q6_high(hl, q), m30, 0xf8);

@@ -110,8 +110,8 @@ def test_matmul_row_independent_of_batch_size(type_name):
 
 @pytest.mark.parametrize("rows", [8, 24, 45, 203])
 def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
-    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (Q4_K,
-    Q6_K on a CPU with AVX-512 VNNI) the zmm kernels over pairs of tiles: groups of every size, pairs and lone tiles,
+    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (K-quants
+    on a CPU with AVX-512 VNNI) the zmm kernels over pairs of tiles: groups of every size, pairs and lone tiles,
     cut at a fused weight's segment boundaries and at its last tile of fewer rows, writing and accumulating, give the
     scalar bits and the token's rows of a batch."""
     cols, rng = 512, np.random.default_rng(rows)
@@ -119,7 +119,8 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain = [weight_of(t, rows, c, rows + c) for t, c in (("Q4_K", cols), ("Q6_K", cols), ("Q4_K", 1536))]
+    plain_specs = (("Q4_K", cols), ("Q5_K", cols), ("Q6_K", cols), ("Q4_K", 1536))
+    plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
         n, k = w.dequantize().shape
         x = rng.standard_normal((5, k)).astype(np.float32)
