@@ -12,7 +12,7 @@
  * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
  * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. Q6_K's int32 sum carries its scales of
  * 16 values: two chains (values 0-15 and 16-31, each from the activation's -32 sum x) times the rows' two scales,
- * kept beside the panel (its blocks run on the vector units, never on AMX, whose sums span the whole 32 values). */
+ * kept beside the panel; on AMX each half is a tile product of its own (K = 16). */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -88,6 +88,8 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
             __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + so)));
             sc6[2 * i] = _mm512_shuffle_i32x4(sa, sc, 0x44);
             sc6[2 * i + 1] = _mm512_shuffle_i32x4(sa, sc, 0xee);
+            if (sign)   /* q - 32 for dpbssd: each half's sum is then sum (q - 32) x directly */
+                for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], _mm512_set1_epi8(32));
             continue;
         }
         if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
@@ -256,6 +258,68 @@ static void amx_configure(void) {
 }
 static void amx_release(void) { _tile_release(); }
 
+/* Q6_K on AMX: a block's two halves of 16 values (scales of their own) in tiles of K = 16: A (16 tokens x 16
+ * activation bytes) tiles 0-1, B (wv[0..3] and wv[4..7] of the signed panel: 4 rows of 64 bytes) tiles 2-3, C tiles
+ * 4-5 (even blocks) and 6-7 (odd ones). Each C element is the exact sum (q - 32) x over its half; the floats then take
+ * sc0 C0 + sc1 C1 (int32) as pair_tokens does. */
+static void amx_configure_q6(void) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 16;
+        cfg.rows[2 + i] = 4; cfg.colsb[2 + i] = 64;
+    }
+    for (int i = 4; i < 8; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
+/* block b's two half sums into c[0..255] and c[256..511] */
+PINLINE void amx_block_q6(const pair_block_t *p, const block_q8x *xq, int b, size_t xstride, int32_t *c) {
+    _tile_loadd(0, xq[b].qs, xstride);
+    _tile_loadd(1, xq[b].qs + 16, xstride);
+    _tile_loadd(2, p[b].wv, 64);
+    _tile_loadd(3, p[b].wv + 4, 64);
+    if (b & 1) {
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbssd(6, 0, 2);
+        _tile_dpbssd(7, 1, 3);
+        _tile_stored(6, c, 64);
+        _tile_stored(7, c + 256, 64);
+    } else {
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_dpbssd(4, 0, 2);
+        _tile_dpbssd(5, 1, 3);
+        _tile_stored(4, c, 64);
+        _tile_stored(5, c + 256, 64);
+    }
+}
+
+PINLINE void amx_block_floats_q6(const int32_t *c, const pair_block_t *p, const __m512i *sc, const block_q8x *xb,
+                                 int nb32, __m512 acc[AMX_TOKENS]) {
+    for (int k = 0; k < AMX_TOKENS; k++, xb += nb32) {
+        __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c + 16 * k), sc[0]),
+                                     _mm512_mullo_epi32(_mm512_load_si512(c + 256 + 16 * k), sc[1]));
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, _mm512_set1_ps(xb->d)), acc[k]);
+    }
+}
+
+PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, const block_q8x *xq, float *y, int ldy,
+                           __mmask16 rows, int accumulate) {
+    _Alignas(64) int32_t c[AMX_DEPTH][512];
+    const size_t xstride = (size_t)nb32 * sizeof(block_q8x);
+    __m512 acc[AMX_TOKENS];
+    for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb32 + AMX_DEPTH - 1; b++) {
+        if (b < nb32) amx_block_q6(p, xq, b, xstride, c[b % AMX_DEPTH]);
+        int f = b - (AMX_DEPTH - 1);
+        if (f >= 0) amx_block_floats_q6(c[f % AMX_DEPTH], p + f, sc6 + 2 * f, xq + f, nb32, acc);
+    }
+    for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
+}
+
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
                          float *y, int ldy, int nrows, int accumulate) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
@@ -263,11 +327,17 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
     __m512i sc6[type == WT_Q6_K ? 2 * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
-    if (type != WT_Q6_K && ntok >= AMX_MIN_TOKENS && amx_usable()) {
+    if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
         prepare_pair(type, 1, ta, tb, nb, p, sc6);
-        amx_configure();
-        for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
-            amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        if (type == WT_Q6_K) {
+            amx_configure_q6();
+            for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+                amx_tokens_q6(p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        } else {
+            amx_configure();
+            for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+                amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        }
         amx_release();
         if (t == ntok) return;
     }

@@ -62,7 +62,7 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
 
 
 PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")   # the types of the AVX-512 pair-of-tiles prefill kernels
-PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: pairs on the vector units, never on AMX
+PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: halves of 16 values on AMX
 
 
 PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
