@@ -110,16 +110,16 @@ def test_matmul_row_independent_of_batch_size(type_name):
 
 @pytest.mark.parametrize("rows", [8, 24, 45, 203])
 def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
-    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (K-quants
-    on a CPU with AVX-512 VNNI) the zmm kernels over pairs of tiles: groups of every size, pairs and lone tiles,
-    cut at a fused weight's segment boundaries and at its last tile of fewer rows, writing and accumulating, give the
-    scalar bits and the token's rows of a batch."""
+    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (on a CPU
+    with AVX-512 VNNI) the zmm kernels over pairs of tiles, for every quantized type: groups of every size, pairs and
+    lone tiles, cut at a fused weight's segment boundaries and at its last tile of fewer rows, writing and
+    accumulating, give the scalar bits and the token's rows of a batch."""
     cols, rng = 512, np.random.default_rng(rows)
     specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", -(-rows // 8) * 8), ("Q8_0", 13)]   # tiles 3 | 2 | 1 to 26 | 2
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_specs = (("Q4_K", cols), ("Q5_K", cols), ("Q6_K", cols), ("Q4_K", 1536))
+    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K") + PAIR_TYPES] + [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
         n, k = w.dequantize().shape
