@@ -76,7 +76,7 @@ DECODE_KERNELS = ("tiles", "avx512")
 
 
 def set_decode_kernels(str name):
-    """The single-token K-quant (Q4_K, Q5_K, Q6_K) kernels the VNNI paths may use: 'tiles' (8-row ymm tiles) or
+    """The single-token kernels of the quantized types but Q8_0 the VNNI paths may use: 'tiles' (8-row ymm tiles) or
     'avx512' (pairs of tiles in zmm where the CPU has AVX-512 VNNI; the default). Both give the same bits; tests force
     each."""
     if name not in DECODE_KERNELS:

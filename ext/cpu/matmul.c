@@ -207,7 +207,7 @@ int matmul_prefill_kernels(void) {
 static int decode_group = QGROUP_TILES;
 void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles > QGROUP_TILES ? QGROUP_TILES : tiles; }
 
-/* A decode step's K-quant tiles go to the zmm pair kernels (qdecode512.c) on the CPUs whose VNNI paths have the
+/* A decode step's quantized tiles (Q8_0 aside) go to the zmm pair kernels (qdecode512.c) on the CPUs whose VNNI paths have the
  * prefill pair kernels (the same AVX-512 features; the bits are the same); matmul_set_decode_kernels turns them off
  * so that tests and bench/decode_gemv.c reach the ymm group kernels too. */
 static int decode_zmm_on = 1;

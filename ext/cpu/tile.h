@@ -70,7 +70,7 @@ typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const blo
                          int ldy, int nrows, int accumulate);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
 extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
-/* decode over pairs of tiles in AVX-512 registers (qdecode512.c): Q4_K, Q5_K and Q6_K, NULL for the other types */
+/* decode over pairs of tiles in AVX-512 registers (qdecode512.c): NULL for Q8_0 */
 extern const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES];
 int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
 void qpair_allow_amx(int on);
