@@ -1,13 +1,15 @@
 /* Decode (one token) GEMV of the K-quants at Qwen2.5-1.5B's shapes: weight GB/s per kernel, next to the read
  * bandwidth probe (membw.c) in the same run. Each configuration streams ~400 MB of copies of one matrix (more than
  * the last-level cache: every byte comes from memory, as in a decode step) or, with HOT=1, one copy 20 times
- * (compute-bound: L2/L3). The decode group sizes (matmul_set_decode_group: 1 = one tile per call, the kernel before
- * the groups) alternate within each round; best of the rounds, since the machine may be shared.
+ * (compute-bound), at shapes of at most 1.3 MB that stay in a core's 2 MB L2. The kernels alternate within each
+ * round: a GROUP is the decode group size (matmul_set_decode_group: 1 = one tile per call, the kernel before the
+ * groups) of the ymm tile kernels, or with a leading z of the zmm pair kernels (qdecode512.c,
+ * matmul_set_decode_kernels); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
- *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/dispatch.c ext/cpu/fp16.c \
- *       ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
- *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 1 4
+ *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
+ *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4;  HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,24 +54,32 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* 
 }
 
 #define NSHAPES 6
-static const int shapes[NSHAPES][3] = {
+static const int streamed_shapes[NSHAPES][3] = {   /* Qwen2.5-1.5B's: q/o, k/v, gate/up, down, down, output */
     {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 8960, 1536}, {WT_Q4_K, 1536, 8960},
     {WT_Q6_K, 1536, 8960}, {WT_Q6_K, 151936, 1536},
+};
+static const int hot_shapes[NSHAPES][3] = {        /* the same widths, fewer rows: in L2 */
+    {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 128, 8960},
+    {WT_Q6_K, 1024, 1536}, {WT_Q6_K, 256, 1536}, {WT_Q6_K, 128, 8960},
 };
 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
     int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
-    int groups[8];
-    for (int g = 0; g < ng && g < 8; g++) groups[g] = atoi(argv[3 + g]);
+    int groups[8], zmm[8];
     ng = ng < 8 ? ng : 8;
+    for (int g = 0; g < ng; g++) {
+        zmm[g] = argv[3 + g][0] == 'z';
+        groups[g] = atoi(argv[3 + g] + zmm[g]);
+    }
+    const int (*shapes)[3] = hot ? hot_shapes : streamed_shapes;
     pool_t *pool = pool_create(threads);
     float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)151936 * sizeof(float));
     for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
     block_q8x *xq = malloc(8960 / QK * sizeof(block_q8x));
     quantize_act(x, 8960, xq);
     weight_t *ws[NSHAPES];
-    int copies[NSHAPES], reps = hot ? 20 : 1;
+    int copies[NSHAPES], reps = hot ? 50 : 1;
     for (int s = 0; s < NSHAPES; s++) {
         int type = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
         void *src = gguf_random(type, rows, cols);
@@ -88,6 +98,7 @@ int main(int argc, char **argv) {
         bw = b > bw ? b : bw;
         for (int g = 0; g < ng; g++) {
             matmul_set_decode_group(groups[g]);
+            matmul_set_decode_kernels(zmm[g]);
             for (int s = 0; s < NSHAPES; s++) {
                 double t0 = now();
                 for (int k = 0; k < reps; k++)
@@ -100,11 +111,23 @@ int main(int argc, char **argv) {
             }
         }
     }
+    /* every kernel's y must be the first one's, bit for bit (the tests check against scalar; this checks the build) */
+    int same = 1;
+    float *y0 = malloc((size_t)151936 * sizeof(float));
+    for (int s = 0; s < NSHAPES; s++)
+        for (int g = 0; g < ng; g++) {
+            matmul_set_decode_group(groups[g]);
+            matmul_set_decode_kernels(zmm[g]);
+            job_t j = {&ws[s][0], xq, g ? y : y0};
+            pool_run(pool, (matmul_num_tiles(&ws[s][0]) + 1) / 2, 1, matmul_fn, &j);
+            if (g && memcmp(y, y0, (size_t)shapes[s][1] * sizeof(float))) same = 0;
+        }
+    if (!same) printf("THE KERNELS' RESULTS DIFFER\n");
     printf("%s path, %d threads, %s, best of %d rounds; read bandwidth probe: %.1f GB/s\n\n",
            cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
            bw / 1e9);
     printf("| type | rows x cols |");
-    for (int g = 0; g < ng; g++) printf(" group %d GB/s |", groups[g]);
+    for (int g = 0; g < ng; g++) printf(" %s %d GB/s |", zmm[g] ? "zmm" : "ymm", groups[g]);
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");
     printf("\n");

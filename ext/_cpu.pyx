@@ -72,6 +72,23 @@ def set_decode_group(int tiles):
     matmul_set_decode_group(tiles)
 
 
+DECODE_KERNELS = ("tiles", "avx512")
+
+
+def set_decode_kernels(str name):
+    """The single-token kernels of the quantized types but Q8_0 the VNNI paths may use: 'tiles' (8-row ymm tiles) or
+    'avx512' (pairs of tiles in zmm where the CPU has AVX-512 VNNI; the default). Both give the same bits; tests force
+    each."""
+    if name not in DECODE_KERNELS:
+        raise ValueError(f"decode kernels {name!r}: expected one of {DECODE_KERNELS}")
+    matmul_set_decode_kernels(DECODE_KERNELS.index(name))
+
+
+def decode_kernels():
+    """The decode kernels in use with the active path on this CPU."""
+    return DECODE_KERNELS[matmul_decode_kernels()]
+
+
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
     """Streaming read bandwidth in bytes/s (best of `repeats` passes over `nbytes` with `threads` threads)."""
     cdef double bw

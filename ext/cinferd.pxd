@@ -59,6 +59,8 @@ cdef extern from "inferd.h" nogil:
     void matmul_set_prefill_kernels(int kind)
     int matmul_prefill_kernels()
     void matmul_set_decode_group(int tiles)
+    void matmul_set_decode_kernels(int zmm)
+    int matmul_decode_kernels()
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
     void swiglu(const float *g, const float *u, float *h, int n)
     void geglu(const float *g, const float *u, float *h, int n)

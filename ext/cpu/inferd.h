@@ -122,6 +122,10 @@ void matmul_set_prefill_kernels(int kind);
 int matmul_prefill_kernels(void);
 /* a decode step's (one token's) tiles per kernel call, 1..4 (default 4); tests and bench/decode_gemv.c set 1 */
 void matmul_set_decode_group(int tiles);
+/* a decode step's quantized kernels (Q8_0 aside): 1 = pairs of tiles in zmm where the CPU has AVX-512 VNNI (the
+ * default), 0 = the ymm group kernels; get: whether the zmm ones are in use with the active path on this CPU */
+void matmul_set_decode_kernels(int zmm);
+int matmul_decode_kernels(void);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */

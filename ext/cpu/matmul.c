@@ -184,21 +184,35 @@ void matmul_set_prefill_kernels(int kind) {
     qpair_allow_amx(kind == PREFILL_AMX);
 #endif
 }
-int matmul_prefill_kernels(void) {
+/* whether the active path is a VNNI one on a CPU with AVX-512 VNNI: the zmm kernels (prefill and decode) run there */
+static int zmm_vnni(void) {
 #if defined(__x86_64__)
     static int has = -1;
     if (has < 0)
         has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     int path = cpu_path();
-    if (has && pair_kernels_on && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI))
-        return amx_usable() ? PREFILL_AMX : PREFILL_AVX512;
+    return has && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI);
+#else
+    return 0;
+#endif
+}
+int matmul_prefill_kernels(void) {
+#if defined(__x86_64__)
+    if (zmm_vnni() && pair_kernels_on) return amx_usable() ? PREFILL_AMX : PREFILL_AVX512;
 #endif
     return PREFILL_TILES;
 }
 
 static int decode_group = QGROUP_TILES;
 void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles > QGROUP_TILES ? QGROUP_TILES : tiles; }
+
+/* A decode step's quantized tiles (Q8_0 aside) go to the zmm pair kernels (qdecode512.c) on the CPUs whose VNNI paths have the
+ * prefill pair kernels (the same AVX-512 features; the bits are the same); matmul_set_decode_kernels turns them off
+ * so that tests and bench/decode_gemv.c reach the ymm group kernels too. */
+static int decode_zmm_on = 1;
+void matmul_set_decode_kernels(int zmm) { decode_zmm_on = zmm; }
+int matmul_decode_kernels(void) { return zmm_vnni() && decode_zmm_on; }
 
 static const qpair_fn *pair_table(void) {
 #if defined(__x86_64__)
@@ -212,6 +226,10 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
     const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
+    const qgroup_fn *decode_zmm = NULL;
+#if defined(__x86_64__)
+    if (ntok == 1 && matmul_decode_kernels()) decode_zmm = qdecode_kernels_avx512;
+#endif
     int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int tile = tile_begin; tile < tile_end; tile++) {
         int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */
@@ -245,13 +263,14 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             continue;
         }
         const qkernel_t *k = &table[type];
-        if (ntok == 1 && decode_group > 1) {   /* a decode step: up to 4 tiles of this segment in lockstep */
+        qgroup_fn group = ntok == 1 && decode_zmm && decode_zmm[type] ? decode_zmm[type] : k->group;
+        if (ntok == 1 && (decode_group > 1 || group != k->group)) {   /* a decode step: up to 4 tiles in lockstep */
             int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
             int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
             n = n < decode_group ? n : decode_group;
             int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
-            k->group(base, (size_t)nb * tile_block_bytes(type), n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS,
-                     accumulate, 1);
+            group(base, (size_t)nb * tile_block_bytes(type), n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS,
+                  accumulate, 1);
             tile += n - 1;
             continue;
         }

@@ -1,4 +1,5 @@
-/* Prefill of the 32-value quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) over pairs of tiles in AVX-512 registers.
+/* Prefill of the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) over pairs of tiles in AVX-512
+ * registers.
  *
  * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
  * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
@@ -9,7 +10,9 @@
  * Bits: per row and token the operations are the scalar kernel's (matmul.c): the block's int32 sum exactly (any
  * order of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, for Q4_1 and
  * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
- * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. */
+ * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. Q6_K's int32 sum carries its scales of
+ * 16 values: two chains (values 0-15 and 16-31, each from the activation's -32 sum x) times the rows' two scales,
+ * kept beside the panel; on AMX each half is a tile product of its own (K = 16). */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -49,8 +52,14 @@ PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of eac
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
 }
 
+/* Q6_K: bits 2p..2p+1 of the h2bit bytes become bits 4-5 of the values (16-bit shifts: what crosses bytes is masked) */
+PINLINE __m512i q6_high(__m512i h, int p) {
+    return p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 2) : p == 2 ? h : _mm512_srli_epi16(h, 2);
+}
+
+/* sc6 (Q6_K only): per block, the rows' scales of values 0-15 and of 16-31 as int32 (lane 8i + r) */
 PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
-                          pair_block_t *p) {
+                          pair_block_t *p, __m512i *sc6) {
     const size_t bb = tile_block_bytes(type);
     const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
@@ -64,6 +73,24 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
             p->dw = _mm512_mul_ps(p->dw, join_u8(a + so, c + so));
             __m512 m = _mm512_mul_ps(join_f16(a + 16, c + 16), join_u8(a + so + 8, c + so + 8));
             p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));
+        }
+        if (type == WT_Q6_K) {   /* the decode kernel's unpacking (qdecode512.c): values q + 32, unsigned */
+            const size_t g = tile_group_off(type, sub), h = tile_hbits_off(type, sub), so = tile_scales_off(type, sub);
+            const __m512i hl = join256(a + h, c + h), hh = join256(a + h + 32, c + h + 32);
+            const __m512i m30 = _mm512_set1_epi8(0x30);
+            for (int q = 0; q < 4; q++) {
+                __m512i v = join256(a + g + 32 * q, c + g + 32 * q);
+                p->wv[q] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), q6_high(hl, q), m30, 0xf8);
+                p->wv[4 + q] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), q6_high(hh, q),
+                                                         m30, 0xf8);   /* A | (B & C) */
+            }
+            __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + so)));   /* [sc0 | sc1] */
+            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + so)));
+            sc6[2 * i] = _mm512_shuffle_i32x4(sa, sc, 0x44);
+            sc6[2 * i + 1] = _mm512_shuffle_i32x4(sa, sc, 0xee);
+            if (sign)   /* q - 32 for dpbssd: each half's sum is then sum (q - 32) x directly */
+                for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], _mm512_set1_epi8(32));
+            continue;
         }
         if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
             const __m512i flip = _mm512_set1_epi8(sign ? 0 : (char)0x80);
@@ -108,15 +135,25 @@ PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
 }
 
 /* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
-PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, int nb32, const block_q8x *xq, float *y,
-                         int ldy, __mmask16 rows, int accumulate) {
+PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc6, int nb32,
+                         const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate) {
     __m512 acc[PAIR_NT];
     for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
     for (int b = 0; b < nb32; b++, p++) {
         const block_q8x *xb = xq + b;
         for (int k = 0; k < n; k++, xb += nb32) {
-            __m512i s = _mm512_set1_epi32(start_sum(type, xb));
-            for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
+            __m512i s;
+            if (type == WT_Q6_K) {   /* sc0 (sum_0..15 q x - 32 sum x) + sc1 (the same over 16..31) */
+                __m512i lo = _mm512_set1_epi32(xb->q6_corr[0]), hi = _mm512_set1_epi32(xb->q6_corr[1]);
+                for (int j = 0; j < 4; j++) {
+                    lo = _mm512_dpbusd_epi32(lo, p->wv[j], bcast4(xb->qs + 4 * j));
+                    hi = _mm512_dpbusd_epi32(hi, p->wv[4 + j], bcast4(xb->qs + 16 + 4 * j));
+                }
+                s = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc6[2 * b]), _mm512_mullo_epi32(hi, sc6[2 * b + 1]));
+            } else {
+                s = _mm512_set1_epi32(start_sum(type, xb));
+                for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
+            }
             __m512 dx = _mm512_set1_ps(xb->d);
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
             if (type == WT_Q4_1 || type == WT_Q5_1)
@@ -221,27 +258,96 @@ static void amx_configure(void) {
 }
 static void amx_release(void) { _tile_release(); }
 
+/* Q6_K on AMX: a block's two halves of 16 values (scales of their own) in tiles of K = 16: A (16 tokens x 16
+ * activation bytes) tiles 0-1, B (wv[0..3] and wv[4..7] of the signed panel: 4 rows of 64 bytes) tiles 2-3, C tiles
+ * 4-5 (even blocks) and 6-7 (odd ones). Each C element is the exact sum (q - 32) x over its half; the floats then take
+ * sc0 C0 + sc1 C1 (int32) as pair_tokens does. */
+static void amx_configure_q6(void) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) {
+        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 16;
+        cfg.rows[2 + i] = 4; cfg.colsb[2 + i] = 64;
+    }
+    for (int i = 4; i < 8; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
+/* block b's two half sums into c[0..255] and c[256..511] */
+PINLINE void amx_block_q6(const pair_block_t *p, const block_q8x *xq, int b, size_t xstride, int32_t *c) {
+    _tile_loadd(0, xq[b].qs, xstride);
+    _tile_loadd(1, xq[b].qs + 16, xstride);
+    _tile_loadd(2, p[b].wv, 64);
+    _tile_loadd(3, p[b].wv + 4, 64);
+    if (b & 1) {
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbssd(6, 0, 2);
+        _tile_dpbssd(7, 1, 3);
+        _tile_stored(6, c, 64);
+        _tile_stored(7, c + 256, 64);
+    } else {
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_dpbssd(4, 0, 2);
+        _tile_dpbssd(5, 1, 3);
+        _tile_stored(4, c, 64);
+        _tile_stored(5, c + 256, 64);
+    }
+}
+
+PINLINE void amx_block_floats_q6(const int32_t *c, const pair_block_t *p, const __m512i *sc, const block_q8x *xb,
+                                 int nb32, __m512 acc[AMX_TOKENS]) {
+    for (int k = 0; k < AMX_TOKENS; k++, xb += nb32) {
+        __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(c + 16 * k), sc[0]),
+                                     _mm512_mullo_epi32(_mm512_load_si512(c + 256 + 16 * k), sc[1]));
+        acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, _mm512_set1_ps(xb->d)), acc[k]);
+    }
+}
+
+PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, const block_q8x *xq, float *y, int ldy,
+                           __mmask16 rows, int accumulate) {
+    _Alignas(64) int32_t c[AMX_DEPTH][512];
+    const size_t xstride = (size_t)nb32 * sizeof(block_q8x);
+    __m512 acc[AMX_TOKENS];
+    for (int k = 0; k < AMX_TOKENS; k++) acc[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb32 + AMX_DEPTH - 1; b++) {
+        if (b < nb32) amx_block_q6(p, xq, b, xstride, c[b % AMX_DEPTH]);
+        int f = b - (AMX_DEPTH - 1);
+        if (f >= 0) amx_block_floats_q6(c[f % AMX_DEPTH], p + f, sc6 + 2 * f, xq + f, nb32, acc);
+    }
+    for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
+}
+
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
                          float *y, int ldy, int nrows, int accumulate) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
+    __m512i sc6[type == WT_Q6_K ? 2 * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
-        prepare_pair(type, 1, ta, tb, nb, p);
-        amx_configure();
-        for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
-            amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        prepare_pair(type, 1, ta, tb, nb, p, sc6);
+        if (type == WT_Q6_K) {
+            amx_configure_q6();
+            for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+                amx_tokens_q6(p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        } else {
+            amx_configure();
+            for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
+                amx_tokens(type, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        }
         amx_release();
         if (t == ntok) return;
     }
-    prepare_pair(type, 0, ta, tb, nb, p);
+    prepare_pair(type, 0, ta, tb, nb, p, sc6);
     for (; t + PAIR_NT <= ntok; t += PAIR_NT)
-        pair_tokens(type, PAIR_NT, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, PAIR_NT, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t + 4 <= ntok; t += 4)
-        pair_tokens(type, 4, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 4, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t < ntok; t++)
-        pair_tokens(type, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 1, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
 }
 
 #define PDEFINE(name, TYPE)                                                                                       \
@@ -256,12 +362,13 @@ PDEFINE(q5_1, WT_Q5_1)
 PDEFINE(q8_0, WT_Q8_0)
 PDEFINE(q4_k, WT_Q4_K)
 PDEFINE(q5_k, WT_Q5_K)
+PDEFINE(q6_k, WT_Q6_K)
 #undef PDEFINE
 
 #pragma GCC pop_options
 
 const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES] = {
     [WT_Q4_0] = pair_q4_0, [WT_Q4_1] = pair_q4_1, [WT_Q5_0] = pair_q5_0, [WT_Q5_1] = pair_q5_1, [WT_Q8_0] = pair_q8_0,
-    [WT_Q4_K] = pair_q4_k, [WT_Q5_K] = pair_q5_k,   /* Q6_K's scales per 16 values do not fit a 32-value sum */
+    [WT_Q4_K] = pair_q4_k, [WT_Q5_K] = pair_q5_k, [WT_Q6_K] = pair_q6_k,
 };
 #endif

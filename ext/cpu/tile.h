@@ -64,12 +64,14 @@ typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
     qkernels_avxvnni[NUM_WEIGHT_TYPES];
-/* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), the 32-value types:
+/* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), all quantized types:
  * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8) */
 typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,
                          int ldy, int nrows, int accumulate);
-#define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks (640 bytes each) on the stack */
+#define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
 extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
+/* decode over pairs of tiles in AVX-512 registers (qdecode512.c): NULL for Q8_0 */
+extern const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES];
 int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
 void qpair_allow_amx(int on);
 

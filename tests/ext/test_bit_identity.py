@@ -62,7 +62,7 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
 
 
 PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")   # the types of the AVX-512 pair-of-tiles prefill kernels
-PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: not a pair type, its kernels must be untouched
+PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: halves of 16 values on AMX
 
 
 PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
@@ -110,35 +110,60 @@ def test_matmul_row_independent_of_batch_size(type_name):
 
 @pytest.mark.parametrize("rows", [8, 24, 45, 203])
 def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
-    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep: groups of every size, cut at a
-    fused weight's segment boundaries and at its last tile of fewer rows, writing and accumulating, give the scalar
-    bits and the token's rows of a batch."""
+    """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (on a CPU
+    with AVX-512 VNNI) the zmm kernels over pairs of tiles, for every quantized type: groups of every size, pairs and
+    lone tiles, cut at a fused weight's segment boundaries and at its last tile of fewer rows, writing and
+    accumulating, give the scalar bits and the token's rows of a batch."""
     cols, rng = 512, np.random.default_rng(rows)
     specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", -(-rows // 8) * 8), ("Q8_0", 13)]   # tiles 3 | 2 | 1 to 26 | 2
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain = weight_of("Q4_K", rows, cols, rows)
-    x = rng.standard_normal((5, cols)).astype(np.float32)
-    for w in (fused, plain):
-        n = w.dequantize().shape[0]
+    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K") + PAIR_TYPES] + [("Q4_K", 1536)]
+    plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
+    for w in [fused] + plain:
+        n, k = w.dequantize().shape
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        x[2] *= 1e-3
+        x[3, :32] = 0
         y0 = rng.standard_normal((5, n)).astype(np.float32)
         _cpu.set_path("scalar")
         ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
         try:
-            for p, group in itertools.product(PATHS, (1, 2, 3, 4)):
+            for p, group, kernels in itertools.product(PATHS, (1, 2, 3, 4), _cpu.DECODE_KERNELS):
                 _cpu.set_path(p)
                 _cpu.set_decode_group(group)
+                _cpu.set_decode_kernels(kernels)
                 batch = w.matmul(x)
                 for t in range(5):
-                    what = f"{p}, groups of {group}, {n} rows, token {t}"
+                    what = f"{p}, {kernels} groups of {group}, {n} x {k}, token {t}"
                     assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
                     assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
                     assert_bitwise(batch[t], ref[t], f"{what}, batch of 5")
         finally:
             _cpu.set_decode_group(4)
+            _cpu.set_decode_kernels("avx512")
     with pytest.raises(ValueError):
         _cpu.set_decode_group(5)
+    with pytest.raises(ValueError):
+        _cpu.set_decode_kernels("amx")
+
+
+def test_decode_zmm_kernels_in_use_where_the_cpu_has_them():
+    """The identity test above reaches the zmm decode kernels only where they run: say so where they do not."""
+    old = _cpu.get_path()
+    try:
+        _cpu.set_path("scalar")
+        assert _cpu.decode_kernels() == "tiles"
+        vnni = [p for p in PATHS if p in ("avxvnni", "avx512vnni")]
+        if not vnni:
+            pytest.skip("no VNNI path on this CPU: the zmm decode kernels are untested here")
+        _cpu.set_path(vnni[0])
+        if _cpu.prefill_kernels() == "tiles":
+            pytest.skip("this CPU has no AVX-512 VNNI: the zmm decode kernels are untested here")
+        assert _cpu.decode_kernels() == "avx512"
+    finally:
+        _cpu.set_path(old)
 
 
 def test_activation_quantization_identical_on_every_path():

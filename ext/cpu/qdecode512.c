@@ -1,0 +1,221 @@
+/* Decode (one token) of the quantized types over pairs of tiles in AVX-512 registers: the K-quants Q4_K, Q5_K and Q6_K
+ * (what the Q4_K_M files people download are made of), and Q4_0, Q4_1, Q5_0, Q5_1 (Q8_0 stays on the ymm tiles).
+ *
+ * Why: a decode step reads every weight byte once, and with the matrix in cache one thread of the ymm tile kernel
+ * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
+ * (bench/results/decode_q4k.md). Here a zmm holds the 16 rows of two adjacent tiles (lane 8i + r: tile i of the
+ * pair, row r), as the prefill pair kernels do (qpair512.c): each nibble mask, dpbusd, conversion and fma does the
+ * work of two ymm ones, the activation's 4 bytes come as dpbusd's embedded broadcast, and the sub-block scales of
+ * both tiles become one vector of scales and one of mins with a single multiply each. Other instructions per byte:
+ *   - 4-bit high nibbles are not shifted down: dpbusd multiplies (v & 0xf0) = 16 q and the chain's sum is shifted
+ *     right by 4 once per sub-block (the exact int32 sum, as 16 * sum is a multiple of 16);
+ *   - mw = -(dmin * mn) is computed as (-dmin) * mn (IEEE multiplication is sign-symmetric: the same bits), the
+ *     super-block's d and dmin converted together;
+ *   - the fifth bit (Q5_K, Q5_0, Q5_1) and Q6_K's two high bits are merged with one ternary-logic instruction per
+ *     vector.
+ * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch ahead, as tiles_one does: several
+ * streams in flight per thread.
+ *
+ * Bits: per row the operations are the scalar kernel's (matmul.c): each 32-value block's int32 sum exactly (any order
+ * of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, with a min,
+ * acc = fma(mw, dsum, acc) (Q4_1, Q5_1: fma(float(sum x), m * dx, acc)), block after block in column order;
+ * dw = d * sc, mw = -(dmin * mn) for Q4_K and Q5_K, dw = d for Q6_K (whose int32 sum carries the scales) and the
+ * 32-value types. So the results equal every other path's. */
+#include <string.h>
+#include "inferd.h"
+#include "tile.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+
+#define DINLINE static inline __attribute__((always_inline))
+#define DECODE_PREFETCH_TILES 8   /* as qtile.h's PREFETCH_TILES: the same block 8 tiles ahead, into L2 */
+
+DINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+DINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {   /* 8 f16 of each tile as 16 floats */
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                        _mm_loadu_si128((const __m128i *)b), 1);
+    return _mm512_cvtph_ps(h);
+}
+DINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+/* lanes 0-7 of a and 0-7 of b; lanes 8-15 of a and 8-15 of b */
+DINLINE __m512 low_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0x44); }
+DINLINE __m512 high_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0xee); }
+DINLINE __m512i low_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0x44); }
+DINLINE __m512i high_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0xee); }
+
+/* ---- Q4_K, Q5_K: d | dmin | 8 x (sc[8] | mn[8]) | 8 x group or 8 x (hbit | group) (tile.h) ---- */
+
+/* [d | -dmin] of one tile's super-block: its first 32 bytes, converted at once */
+DINLINE __m512 q45k_dmins(const uint8_t *blk) {
+    const __m512i sign_high = _mm512_set_epi32(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
+                                               INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign_high));
+}
+
+/* The int32 sum over a pair's 32 values stored as a group of nibbles (tile.h), starting from lo: 4-bit values, or
+ * 5-bit ones whose fifth bits are the hbit piece h (byte 4r + e: bit p -> value 4p+e, bit 4+p -> value 16+4p+e) */
+DINLINE __m512i nibble_isum(const int five, const uint8_t *ga, const uint8_t *gb, __m512i h, const int8_t *x,
+                            __m512i lo) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
+    __m512i hi = _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        __m512i v = join256(ga + 32 * p, gb + 32 * p);
+        if (!five) {   /* the high nibbles in place: 16 q, the chain's sum shifted back once */
+            lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), bcast4(x + 4 * p));
+            hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), bcast4(x + 16 + 4 * p));
+            continue;
+        }
+        /* the fifth bits to bit 4 (16-bit shifts: what crosses bytes is masked off) */
+        __m512i hl = p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 3)
+                   : p == 2 ? _mm512_slli_epi16(h, 2) : _mm512_slli_epi16(h, 1);
+        __m512i hh = p == 0 ? h : p == 1 ? _mm512_srli_epi16(h, 1) : p == 2 ? _mm512_srli_epi16(h, 2)
+                                                                   : _mm512_srli_epi16(h, 3);
+        __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), hl, m10, 0xf8);   /* A | (B & C) */
+        __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh, m10, 0xf8);
+        lo = _mm512_dpbusd_epi32(lo, wl, bcast4(x + 4 * p));
+        hi = _mm512_dpbusd_epi32(hi, wh, bcast4(x + 16 + 4 * p));
+    }
+    return _mm512_add_epi32(lo, five ? hi : _mm512_srai_epi32(hi, 4));
+}
+
+/* sub-block s of a pair (Q4_K, or Q5_K): acc = fma(float(isum), dw * dx, acc), acc = fma(mw, dsum, acc) */
+DINLINE __m512 q45k_sub(const int type, const uint8_t *a, const uint8_t *b, __m512 dmA, __m512 dmB, int s,
+                        const block_q8x *xb, __m512 acc) {
+    const size_t g = tile_group_off(type, s), so = tile_scales_off(type, s), ho = tile_hbits_off(type, s);
+    const int five = type == WT_Q5_K;
+    __m512i h = five ? join256(a + ho, b + ho) : _mm512_setzero_si512();
+    __m512i isum = nibble_isum(five, a + g, b + g, h, xb->qs, _mm512_setzero_si512());
+    /* [sc | mn] of each tile as floats, times [d | -dmin]: [dw | mw] per tile, then regrouped by pair lanes */
+    __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + so)))),
+                              dmA);
+    __m512 fb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + so)))),
+                              dmB);
+    __m512 dw = low_halves(fa, fb), mw = high_halves(fa, fb);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc);
+    return _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->dsum), acc);
+}
+
+/* ---- the 32-value types: Q4_0 d | group, Q4_1 d | m | group, Q5_0 d | hbit | group, Q5_1 d | m | hbit | group
+ * (tile.h; not Q8_0, whose ymm kernel only loads its vectors: the pair's inserts made it no faster). One block of a
+ * pair: acc = fma(float(isum), d * dx, acc) (+ fma(float(sum x), m * dx, acc) for Q4_1 and Q5_1), the sum starting
+ * from the activation's correction of the types stored with an offset ---- */
+DINLINE __m512 small_block(const int type, const uint8_t *a, const uint8_t *b, const block_q8x *xb, __m512 acc) {
+    const int32_t start = type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : 0;
+    const int five = type == WT_Q5_0 || type == WT_Q5_1;
+    const size_t g = tile_group_off(type, 0), ho = tile_hbits_off(type, 0);
+    __m512i h = five ? join256(a + ho, b + ho) : _mm512_setzero_si512();
+    __m512i isum = nibble_isum(five, a + g, b + g, h, xb->qs, _mm512_set1_epi32(start));
+    __m512 dx = _mm512_set1_ps(xb->d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(join_f16(a, b), dx), acc);
+    if (type == WT_Q4_1 || type == WT_Q5_1)
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)),
+                              _mm512_mul_ps(join_f16(a + 16, b + 16), dx), acc);
+    return acc;
+}
+
+/* ---- Q6_K: d | 16 x sc[8] (int8) | 8 x (h2bit | group) (tile.h) ---- */
+
+/* the int32 sum of sub-block s of a pair: sc0 (sum_0..15 q x - 32 hsum0) + sc1 (sum_16..31 q x - 32 hsum1) */
+DINLINE __m512i q6k_isum(const uint8_t *a, const uint8_t *b, int s, const block_q8x *xb) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const size_t g = tile_group_off(WT_Q6_K, s), h = tile_hbits_off(WT_Q6_K, s), so = tile_scales_off(WT_Q6_K, s);
+    const __m512i hl = join256(a + h, b + h), hh = join256(a + h + 32, b + h + 32);
+    __m512i lo = _mm512_set1_epi32(xb->q6_corr[0]), hi = _mm512_set1_epi32(xb->q6_corr[1]);
+    for (int p = 0; p < 4; p++) {
+        /* bits 2p..2p+1 of the h2bit bytes become bits 4-5 (16-bit shifts: what crosses bytes is masked off) */
+        __m512i sl = p == 0 ? _mm512_slli_epi16(hl, 4) : p == 1 ? _mm512_slli_epi16(hl, 2)
+                   : p == 2 ? hl : _mm512_srli_epi16(hl, 2);
+        __m512i sh = p == 0 ? _mm512_slli_epi16(hh, 4) : p == 1 ? _mm512_slli_epi16(hh, 2)
+                   : p == 2 ? hh : _mm512_srli_epi16(hh, 2);
+        __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
+        __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), sl, m30, 0xf8);   /* A | (B & C) */
+        __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), sh, m30, 0xf8);
+        lo = _mm512_dpbusd_epi32(lo, wl, bcast4(xb->qs + 4 * p));
+        hi = _mm512_dpbusd_epi32(hi, wh, bcast4(xb->qs + 16 + 4 * p));
+    }
+    __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + so)));   /* [sc0 | sc1] of tile a */
+    __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + so)));
+    return _mm512_add_epi32(_mm512_mullo_epi32(lo, low_halves_i(sa, sb)),
+                            _mm512_mullo_epi32(hi, high_halves_i(sa, sb)));
+}
+
+/* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep ---- */
+DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, size_t tile_bytes, int ntiles, int nb,
+                          const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
+    const size_t bb = tile_block_bytes(type);
+    const uint8_t *ta[2], *tb[2];
+    __m512 acc[2];
+    for (int i = 0; i < np; i++) {
+        ta[i] = base + (size_t)(2 * i) * tile_bytes;
+        tb[i] = 2 * i + 1 < ntiles ? ta[i] + tile_bytes : ta[i];
+        acc[i] = _mm512_setzero_ps();
+    }
+    for (int bk = 0; bk < nb; bk++) {
+        const size_t off = (size_t)bk * bb;
+        if (prefetch)
+            for (int t = 0; t < ntiles; t++)
+                for (size_t o = 0; o < bb; o += 64)
+                    __builtin_prefetch(base + off + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + o, 0, 2);
+        if (!type_is_k(type)) {
+            for (int i = 0; i < np; i++) acc[i] = small_block(type, ta[i] + off, tb[i] + off, xq + bk, acc[i]);
+            continue;
+        }
+        const block_q8x *xb = xq + (size_t)bk * 8;
+        if (type == WT_Q4_K || type == WT_Q5_K) {
+            __m512 dmA[2], dmB[2];
+            for (int i = 0; i < np; i++) { dmA[i] = q45k_dmins(ta[i] + off); dmB[i] = q45k_dmins(tb[i] + off); }
+#pragma GCC unroll 8   /* measured: ~10% more in cache than the rolled loop */
+            for (int s = 0; s < 8; s++)
+                for (int i = 0; i < np; i++)
+                    acc[i] = q45k_sub(type, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, acc[i]);
+        } else {
+            __m512 d[2];
+            for (int i = 0; i < np; i++) d[i] = join_f16(ta[i] + off, tb[i] + off);
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; s++)
+                for (int i = 0; i < np; i++) {
+                    __m512 dw = _mm512_mul_ps(d[i], _mm512_set1_ps(xb[s].d));
+                    __m512i isum = q6k_isum(ta[i] + off, tb[i] + off, s, xb + s);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[i]);
+                }
+        }
+    }
+    for (int i = 0; i < np; i++) {
+        int rows = 2 * i + 1 < ntiles ? TILE_ROWS + (2 * i + 2 == ntiles ? nrows_last : TILE_ROWS)
+                                      : nrows_last;
+        __mmask16 m = (__mmask16)((1u << rows) - 1);
+        float *o = y + (size_t)16 * i;
+        _mm512_mask_storeu_ps(o, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[i]) : acc[i]);
+    }
+}
+
+#define DDEFINE(name, TYPE)                                                                                       \
+    static void decode_##name(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,    \
+                              float *y, int nrows_last, int accumulate, int prefetch) {                           \
+        if (ntiles > 2) decode_pairs(TYPE, 2, base, tile_bytes, ntiles, nb, xq, y, nrows_last, accumulate, prefetch); \
+        else decode_pairs(TYPE, 1, base, tile_bytes, ntiles, nb, xq, y, nrows_last, accumulate, prefetch);         \
+    }
+DDEFINE(q4_0, WT_Q4_0)
+DDEFINE(q4_1, WT_Q4_1)
+DDEFINE(q5_0, WT_Q5_0)
+DDEFINE(q5_1, WT_Q5_1)
+DDEFINE(q4_k, WT_Q4_K)
+DDEFINE(q5_k, WT_Q5_K)
+DDEFINE(q6_k, WT_Q6_K)
+#undef DDEFINE
+
+#pragma GCC pop_options
+
+const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {
+    [WT_Q4_0] = decode_q4_0, [WT_Q4_1] = decode_q4_1, [WT_Q5_0] = decode_q5_0, [WT_Q5_1] = decode_q5_1,
+    [WT_Q4_K] = decode_q4_k, [WT_Q5_K] = decode_q5_k, [WT_Q6_K] = decode_q6_k,
+};
+#endif
