@@ -1,5 +1,8 @@
 # Included by _cpu.pyx: the encoder (embedding models), ext/cpu/encoder.c. One nogil call per batch.
 
+cdef extern from "<stdlib.h>" nogil:
+    void *aligned_alloc(size_t alignment, size_t size)
+
 cdef extern from "encoder.h" nogil:
     enum:
         ENC_MAX_DENSE
@@ -61,6 +64,10 @@ cdef extern from "encoder.h" nogil:
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
     float *pack_panels(const weight_t *w)
+    enum:
+        ENC_ATTN_QBLOCK
+    void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
+                         float scale, int window, float *out, int out_stride, float *scores, float *kt)
 
 
 ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
@@ -296,3 +303,25 @@ cdef class Encoder:
 
     def profile(self):
         return {name: self.c.profile[i] for i, name in enumerate(ENCODER_STAGE_NAMES)}
+
+
+def encoder_attention(float[:, ::1] q, float[:, ::1] k, float[:, ::1] v, float scale, int window=0):
+    """One head of the encoder's bidirectional attention on the active path (for tests): q, k, v (n, hd) float32;
+    window > 0: keys within window - 1 positions either side. Returns (n, hd)."""
+    cdef int n = q.shape[0], hd = q.shape[1]
+    if n < 1 or hd % 8 or k.shape[0] != n or v.shape[0] != n or k.shape[1] != hd or v.shape[1] != hd:
+        raise ValueError("q, k and v must all be (n, hd) with n >= 1 and hd a multiple of 8")
+    cdef int ld = (n + 15) & ~15
+    out = np.empty((n, hd), np.float32)
+    cdef float[:, ::1] ov = out
+    cdef float *scores = <float *>aligned_alloc(64, <size_t>ENC_ATTN_QBLOCK * ld * sizeof(float))
+    cdef float *kt = <float *>aligned_alloc(64, <size_t>hd * ld * sizeof(float))
+    try:
+        if scores == NULL or kt == NULL:
+            raise MemoryError()
+        with nogil:
+            attention_bidir(&q[0, 0], &k[0, 0], &v[0, 0], hd, hd, n, hd, scale, window, &ov[0, 0], hd, scores, kt)
+    finally:
+        free(scores)
+        free(kt)
+    return out

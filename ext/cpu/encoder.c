@@ -132,8 +132,8 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const enc_layer_t *L = &c->model->layers[s->layer];
     int hd = cfg->head_dim, qd = Q_DIM(cfg), stride = QKV_DIM(cfg), group = cfg->n_heads / cfg->n_kv_heads;
     int window = L->sliding ? cfg->sliding_window : 0;
-    float *scores = c->scores + (size_t)thread * ENC_ATTN_QBLOCK * c->max_tokens;
-    float *kt = c->kt + (size_t)thread * hd * c->max_tokens;
+    float *scores = c->scores + (size_t)thread * ENC_ATTN_QBLOCK * ENC_PAD(c->max_tokens);
+    float *kt = c->kt + (size_t)thread * hd * ENC_PAD(c->max_tokens);
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / cfg->n_heads), h = (int)(item % cfg->n_heads);
         int t0 = s->b->seq_start[seq], n = s->b->seq_start[seq + 1] - t0;
@@ -376,8 +376,8 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->xq_h = zalloc(T * (cfg->hidden / QK) * sizeof(block_q8x));
     c->gu = zalloc(gu * sizeof(float));
     c->seq_of = zalloc(T * sizeof(int32_t));
-    c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * T * sizeof(float));
-    c->kt = zalloc((size_t)threads * cfg->head_dim * T * sizeof(float));
+    c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * ENC_PAD(T) * sizeof(float));
+    c->kt = zalloc((size_t)threads * cfg->head_dim * ENC_PAD(T) * sizeof(float));
     c->pooled = zalloc((size_t)max_seqs * pooled * sizeof(float));
     c->pooled2 = zalloc((size_t)max_seqs * pooled * sizeof(float));
     if (!c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores || !c->kt ||
