@@ -35,6 +35,9 @@ typedef struct {
     int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
     /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
     float *wqkv_p, *wo_p, *wup_p, *wdown_p;
+    /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q, whose 8-bit
+     * rounding costs no accuracy), wqkv_f the rest (k and v) as float panels; wqkv_f_p NULL: wqkv is all of it */
+    weight_t wqkv_f; float *wqkv_f_p;
 } enc_layer_t;
 
 typedef struct {
