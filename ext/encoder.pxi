@@ -1,5 +1,8 @@
 # Included by _cpu.pyx: the encoder (embedding models), ext/cpu/encoder.c. One nogil call per batch.
 
+cdef extern from "<stdlib.h>" nogil:
+    void *aligned_alloc(size_t alignment, size_t size)
+
 cdef extern from "encoder.h" nogil:
     enum:
         ENC_MAX_DENSE
@@ -31,6 +34,8 @@ cdef extern from "encoder.h" nogil:
         float *wo_p
         float *wup_p
         float *wdown_p
+        weight_t wqkv_f
+        float *wqkv_f_p
     ctypedef struct encoder_t:
         encoder_config_t cfg
         weight_t tok_embd
@@ -61,6 +66,10 @@ cdef extern from "encoder.h" nogil:
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
     float *pack_panels(const weight_t *w)
+    enum:
+        ENC_ATTN_QBLOCK
+    void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
+                         float scale, int window, float *out, int out_stride, float *scores, float *kt)
 
 
 ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
@@ -77,7 +86,8 @@ cdef class EncoderModel:
     'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd', 'type_embd', 'embd_norm_w', 'embd_norm_b',
     per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
-    'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one.
+    'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one; 'blk.{i}.wqkv_f'
+    where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float).
     The matrices are taken out of `tensors` as they are copied into the engine's layout, so that the loader's
     arrays and the copies are never all in memory at once (EmbeddingGemma in F32: 1 GB each)."""
     cdef encoder_t m
@@ -123,7 +133,13 @@ cdef class EncoderModel:
             L = &self.m.layers[i]
             p = f"blk.{i}."
             self.n_built = i + 1                     # its fields start zeroed: freeing a half-built layer is safe
-            self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim, c.dim)
+            if p + "wqkv_f" in tensors:              # Wqkv in two parts: the first rows quantized, the rest float
+                spec = tensors.pop(p + "wqkv_f")
+                if spec[0] not in FLOAT_WEIGHT_TYPES or not 0 < spec[1] < qkv_dim or (qkv_dim - spec[1]) % 16:
+                    raise ValueError(f"{p}wqkv_f: a float weight of fewer than {qkv_dim} rows that leaves a "
+                                     f"multiple of 16 to wqkv is needed, got {spec[0]} with {spec[1]}")
+                self._matrix(&L.wqkv_f, &L.wqkv_f_p, spec, spec[1], c.dim)
+            self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim - L.wqkv_f.rows, c.dim)
             self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
             self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
             self._matrix(&L.wdown, &L.wdown_p, tensors.pop(p + "wdown"), c.dim, c.hidden)
@@ -208,6 +224,7 @@ cdef class EncoderModel:
                 weight_free(&self.m.layers[i].wup); weight_free(&self.m.layers[i].wdown)
                 free(self.m.layers[i].wqkv_p); free(self.m.layers[i].wo_p)
                 free(self.m.layers[i].wup_p); free(self.m.layers[i].wdown_p)
+                weight_free(&self.m.layers[i].wqkv_f); free(self.m.layers[i].wqkv_f_p)
             free(self.m.layers)
         for i in range(self.m.n_dense):
             weight_free(&self.m.dense[i])
@@ -219,7 +236,7 @@ cdef class EncoderModel:
         cdef int i
         for i in range(self.n_built):
             L = &self.m.layers[i]
-            total += L.wqkv.nbytes + L.wo.nbytes + L.wup.nbytes + L.wdown.nbytes
+            total += L.wqkv.nbytes + L.wqkv_f.nbytes + L.wo.nbytes + L.wup.nbytes + L.wdown.nbytes
         return total
 
 
@@ -296,3 +313,25 @@ cdef class Encoder:
 
     def profile(self):
         return {name: self.c.profile[i] for i, name in enumerate(ENCODER_STAGE_NAMES)}
+
+
+def encoder_attention(float[:, ::1] q, float[:, ::1] k, float[:, ::1] v, float scale, int window=0):
+    """One head of the encoder's bidirectional attention on the active path (for tests): q, k, v (n, hd) float32;
+    window > 0: keys within window - 1 positions either side. Returns (n, hd)."""
+    cdef int n = q.shape[0], hd = q.shape[1]
+    if n < 1 or hd % 8 or k.shape[0] != n or v.shape[0] != n or k.shape[1] != hd or v.shape[1] != hd:
+        raise ValueError("q, k and v must all be (n, hd) with n >= 1 and hd a multiple of 8")
+    cdef int ld = (n + 15) & ~15
+    out = np.empty((n, hd), np.float32)
+    cdef float[:, ::1] ov = out
+    cdef float *scores = <float *>aligned_alloc(64, <size_t>ENC_ATTN_QBLOCK * ld * sizeof(float))
+    cdef float *kt = <float *>aligned_alloc(64, <size_t>hd * ld * sizeof(float))
+    try:
+        if scores == NULL or kt == NULL:
+            raise MemoryError()
+        with nogil:
+            attention_bidir(&q[0, 0], &k[0, 0], &v[0, 0], hd, hd, n, hd, scale, window, &ov[0, 0], hd, scores, kt)
+    finally:
+        free(scores)
+        free(kt)
+    return out

@@ -132,8 +132,8 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const enc_layer_t *L = &c->model->layers[s->layer];
     int hd = cfg->head_dim, qd = Q_DIM(cfg), stride = QKV_DIM(cfg), group = cfg->n_heads / cfg->n_kv_heads;
     int window = L->sliding ? cfg->sliding_window : 0;
-    float *scores = c->scores + (size_t)thread * ENC_ATTN_QBLOCK * c->max_tokens;
-    float *kt = c->kt + (size_t)thread * hd * c->max_tokens;
+    float *scores = c->scores + (size_t)thread * ENC_ATTN_QBLOCK * ENC_PAD(c->max_tokens);
+    float *kt = c->kt + (size_t)thread * hd * ENC_PAD(c->max_tokens);
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / cfg->n_heads), h = (int)(item % cfg->n_heads);
         int t0 = s->b->seq_start[seq], n = s->b->seq_start[seq + 1] - t0;
@@ -272,9 +272,10 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
     c->profile[stage] += now_seconds() - t0;
 }
 
+/* y (ntok, ldy) (+)= w in + bias */
 static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
-                   const float *in, const block_q8x *xq, float *y, int accumulate, const float *bias) {
-    s->w = w; s->panels = panels; s->in = in; s->xq = xq; s->y = y; s->ldy = w->rows; s->accumulate = accumulate; s->bias = bias;
+                   const float *in, const block_q8x *xq, float *y, int ldy, int accumulate, const float *bias) {
+    s->w = w; s->panels = panels; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy; s->accumulate = accumulate; s->bias = bias;
     s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
     int64_t chunks = (s->ntok + ENC_CHUNK - 1) / ENC_CHUNK;
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
@@ -310,17 +311,21 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     for (int l = 0; l < cfg->n_layers; l++) {
         const enc_layer_t *L = &m->layers[l];
         s.layer = l;
-        matmul(c, ESTAGE_QKV, &s, &L->wqkv, L->wqkv_p, in, c->xq, c->qkv, 0, L->bqkv);        /* qkv = Wqkv xn + b */
+        int qkv_dim = QKV_DIM(cfg), r0 = L->wqkv.rows;                    /* qkv = Wqkv xn + b, in one or two parts */
+        matmul(c, ESTAGE_QKV, &s, &L->wqkv, L->wqkv_p, in, c->xq, c->qkv, qkv_dim, 0, L->bqkv);
+        if (L->wqkv_f_p)
+            matmul(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_p, in, c->xq, c->qkv + r0, qkv_dim, 0,
+                   L->bqkv ? L->bqkv + r0 : NULL);
         if (!bert) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);                 /* qk norm, rope */
         run(c, ESTAGE_ATTENTION, (int64_t)b->num_seqs * cfg->n_heads, 1, attention_fn, &s);
         /* BERT: x += Wo attn + b; Gemma: xn = Wo attn */
-        matmul(c, ESTAGE_WO, &s, &L->wo, L->wo_p, c->attn, c->xq, bert ? c->x : c->xn, bert, L->bo);
+        matmul(c, ESTAGE_WO, &s, &L->wo, L->wo_p, c->attn, c->xq, bert ? c->x : c->xn, dim, bert, L->bo);
         s.second = 0;
         run(c, ESTAGE_NORM, T, 4, residual_norm_fn, &s);
         s.in = in;
         s.n_groups = cfg->hidden / QK;
         run(c, ESTAGE_UP, (int64_t)((T + ENC_CHUNK - 1) / ENC_CHUNK) * s.n_groups, 1, ffn_up_fn, &s);
-        matmul(c, ESTAGE_DOWN, &s, &L->wdown, L->wdown_p, c->h, c->xq_h, bert ? c->x : c->xn, bert, L->bdown);
+        matmul(c, ESTAGE_DOWN, &s, &L->wdown, L->wdown_p, c->h, c->xq_h, bert ? c->x : c->xn, dim, bert, L->bdown);
         s.second = 1;
         run(c, ESTAGE_NORM, T, 4, residual_norm_fn, &s);
     }
@@ -331,7 +336,7 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     float *cur = c->pooled, *other = c->pooled2;
     s.ntok = b->num_seqs;
     for (int i = 0; i < m->n_dense; i++) {                 /* the Dense chain, float weights */
-        matmul(c, ESTAGE_POOL, &s, &m->dense[i], m->dense_p[i], cur, c->xq, other, 0, m->dense_bias[i]);
+        matmul(c, ESTAGE_POOL, &s, &m->dense[i], m->dense_p[i], cur, c->xq, other, m->dense[i].rows, 0, m->dense_bias[i]);
         float *tmp = cur; cur = other; other = tmp;
     }
     s.pool_in = cur;
@@ -376,8 +381,8 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->xq_h = zalloc(T * (cfg->hidden / QK) * sizeof(block_q8x));
     c->gu = zalloc(gu * sizeof(float));
     c->seq_of = zalloc(T * sizeof(int32_t));
-    c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * T * sizeof(float));
-    c->kt = zalloc((size_t)threads * cfg->head_dim * T * sizeof(float));
+    c->scores = zalloc((size_t)threads * ENC_ATTN_QBLOCK * ENC_PAD(T) * sizeof(float));
+    c->kt = zalloc((size_t)threads * cfg->head_dim * ENC_PAD(T) * sizeof(float));
     c->pooled = zalloc((size_t)max_seqs * pooled * sizeof(float));
     c->pooled2 = zalloc((size_t)max_seqs * pooled * sizeof(float));
     if (!c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores || !c->kt ||

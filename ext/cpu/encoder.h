@@ -35,6 +35,9 @@ typedef struct {
     int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
     /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
     float *wqkv_p, *wo_p, *wup_p, *wdown_p;
+    /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q, whose 8-bit
+     * rounding costs no accuracy), wqkv_f the rest (k and v) as float panels; wqkv_f_p NULL: wqkv is all of it */
+    weight_t wqkv_f; float *wqkv_f_p;
 } enc_layer_t;
 
 typedef struct {
@@ -81,8 +84,9 @@ typedef struct {
     block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
     block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
     float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
-    float *scores;                    /* (threads, ENC_ATTN_QBLOCK, max_tokens) scores of a block of queries */
-    float *kt;                        /* (threads, head_dim, max_tokens) a sequence's keys of one head, transposed */
+    float *scores;                    /* (threads, ENC_ATTN_QBLOCK, ENC_PAD(max_tokens)) scores of a block of queries */
+    float *kt;                        /* (threads, head_dim, ENC_PAD(max_tokens)) a sequence's keys of one head,
+                                       * transposed */
     int32_t *seq_of;                  /* (max_tokens) sequence of each token */
     float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
     float *pooled2;
@@ -106,9 +110,10 @@ void gelu_erf(float *x, int n);                                       /* in plac
 /* in place: x = gelu_erf(x + bias[i % nb]) (bias NULL: no bias), the bits of an add then gelu_erf */
 void bias_gelu_erf(float *x, const float *bias, int nb, int n);
 void add_bias(float *y, int ldy, int nt, const float *bias, int n);  /* y[t * ldy + r] += bias[r], t < nt, r < n */
-/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch:
- * scores (ENC_ATTN_QBLOCK n), kt (hd n) */
+/* one query head over a sequence of n tokens: rows i of q, k, v at i * stride; out (n, out_stride); scratch, 64-byte
+ * aligned: scores (ENC_ATTN_QBLOCK ENC_PAD(n)), kt (hd ENC_PAD(n)) */
 #define ENC_ATTN_QBLOCK 8
+#define ENC_PAD(n) (((n) + 15) & ~15)
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
                      float scale, int window, float *out, int out_stride, float *scores, float *kt);
 

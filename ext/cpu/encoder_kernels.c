@@ -254,18 +254,6 @@ static int has_avx512(void) {
     return state && cpu_path() != PATH_AVX2 && cpu_path() != PATH_SCALAR;
 }
 
-/* the largest score, 16 lanes at a time (a maximum is exact: max_scores' value) */
-ENC_AVX512 static float max_scores_avx512(const float *s, int n) {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    int j = 0;
-    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
-    float lanes[16], out = -INFINITY;
-    _mm512_storeu_ps(lanes, m);
-    for (int l = 0; l < 16; l++) out = lanes[l] > out ? lanes[l] : out;
-    for (; j < n; j++) out = s[j] > out ? s[j] : out;
-    return out;
-}
-
 /* x = gelu(x + bias[i % nb]) over n values (nb, the bias length, a multiple of 16; bias may be NULL), lane by lane
  * gelu_erf_avx2's operations */
 ENC_AVX512 static void bias_gelu_erf_avx512(float *x, const float *bias, int nb, int n) {
@@ -283,33 +271,97 @@ ENC_AVX512 static void bias_gelu_erf_avx512(float *x, const float *bias, int nb,
     }
 }
 
-ENC_AVX512 static void scores8_avx512(const float *q, int q_stride, const float *kt, int n, int hd, float scale,
-                                      float *s) {
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (int j = 0; j < n; j += 32) {
-        int left = n - j;
-        __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-        __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
-        __m512 a[QBLOCK8][2];
-        for (int i = 0; i < QBLOCK8; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++) {
-            const float *row = kt + (size_t)d * n + j;
-            __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
-            for (int i = 0; i < QBLOCK8; i++) {
-                __m512 qb = _mm512_set1_ps(q[(size_t)i * q_stride + d]);
-                a[i][0] = _mm512_fmadd_ps(qb, k0, a[i][0]);
-                a[i][1] = _mm512_fmadd_ps(qb, k1, a[i][1]);
-            }
-        }
+/* keys [j, j + 16 two + 16) masked by m0, m1 (two: a second vector of keys; inlined with it constant) */
+ENC_AVX512 static inline __attribute__((always_inline)) void scores8_keys(const float *q, int q_stride,
+                                                                          const float *kt, int ld, int hd, __m512 sc,
+                                                                          int j, __mmask16 m0, __mmask16 m1, int two,
+                                                                          float *s, __m512 *mx) {
+    __m512 a[QBLOCK8][2];
+    for (int i = 0; i < QBLOCK8; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const float *row = kt + (size_t)d * ld + j;
+        __m512 k0 = _mm512_load_ps(row), k1 = two ? _mm512_load_ps(row + 16) : k0;
         for (int i = 0; i < QBLOCK8; i++) {
-            _mm512_mask_storeu_ps(s + (size_t)i * n + j, m0, _mm512_mul_ps(a[i][0], sc));
-            _mm512_mask_storeu_ps(s + (size_t)i * n + j + 16, m1, _mm512_mul_ps(a[i][1], sc));
+            __m512 qb = _mm512_set1_ps(q[(size_t)i * q_stride + d]);
+            a[i][0] = _mm512_fmadd_ps(qb, k0, a[i][0]);
+            if (two) a[i][1] = _mm512_fmadd_ps(qb, k1, a[i][1]);
+        }
+    }
+    for (int i = 0; i < QBLOCK8; i++) {
+        __m512 s0 = _mm512_mul_ps(a[i][0], sc);
+        _mm512_store_ps(s + (size_t)i * ld + j, s0);
+        mx[i] = _mm512_mask_max_ps(mx[i], m0, s0, mx[i]);
+        if (two) {
+            __m512 s1 = _mm512_mul_ps(a[i][1], sc);
+            _mm512_store_ps(s + (size_t)i * ld + j + 16, s1);
+            mx[i] = _mm512_mask_max_ps(mx[i], m1, s1, mx[i]);
         }
     }
 }
 
+/* s[i * ld + j] for queries i < 8 and keys j < ld (past n: 0, the keys' padding); m[i] = the largest of query
+ * i's n scores (a maximum is exact: max_scores' value, taken here while the scores are in registers) */
+ENC_AVX512 static void scores8_avx512(const float *q, int q_stride, const float *kt, int ld, int n, int hd,
+                                      float scale, float *s, float *m) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 mx[QBLOCK8];
+    for (int i = 0; i < QBLOCK8; i++) mx[i] = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < n; j += 32) {
+        int left = n - j;
+        __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        if (left > 16) scores8_keys(q, q_stride, kt, ld, hd, sc, j, m0, m1, 1, s, mx);
+        else scores8_keys(q, q_stride, kt, ld, hd, sc, j, m0, 0, 0, s, mx);
+    }
+    for (int i = 0; i < QBLOCK8; i++) {
+        float lanes[16], out = -INFINITY;
+        _mm512_storeu_ps(lanes, mx[i]);
+        for (int l = 0; l < 16; l++) out = lanes[l] > out ? lanes[l] : out;
+        m[i] = out;
+    }
+}
+
+/* weights_avx512 for the eight queries of a block, their steps interleaved (each query's lane sums are one chain
+ * of dependent adds; eight chains side by side keep the adders busy): per query the same operations in the same
+ * order, so the same bits. inv[i] = 1 / query i's sum. */
+ENC_AVX512 static void weights8_avx512(float *s, int ld, int n, const float *m, float *inv) {
+    __m256 lanes[QBLOCK8];
+    __m512 mv[QBLOCK8];
+    for (int i = 0; i < QBLOCK8; i++) { lanes[i] = _mm256_setzero_ps(); mv[i] = _mm512_set1_ps(m[i]); }
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int i = 0; i < QBLOCK8; i++) {
+            float *si = s + (size_t)i * ld + j;
+            __m512 x = _mm512_sub_ps(_mm512_load_ps(si), mv[i]);
+            __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
+            __m512 w = _mm512_maskz_mov_ps(keep, exp16(x));
+            _mm512_store_ps(si, w);
+            lanes[i] = _mm256_add_ps(lanes[i], _mm512_castps512_ps256(w));
+            lanes[i] = _mm256_add_ps(lanes[i], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
+        }
+    /* the last n - j < 16 weights in one masked exp16 (each weight is the same value whichever exp computes it),
+     * then summed as weights_avx512 sums them: a group of 8 into the lanes, the lanes combined, the rest in order */
+    int rem = n - j;
+    __mmask16 tail = (__mmask16)((1u << rem) - 1);
+    for (int i = 0; i < QBLOCK8; i++) {
+        float *si = s + (size_t)i * ld;
+        __m256 l8 = lanes[i];
+        int k = j;
+        if (rem) {                                             /* the row's padding is there to be read */
+            __m512 x = _mm512_sub_ps(_mm512_load_ps(si + j), mv[i]);
+            __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ) & tail;
+            __m512 w = _mm512_maskz_mov_ps(keep, exp16(x));
+            _mm512_store_ps(si + j, w);
+            if (rem >= 8) { l8 = _mm256_add_ps(l8, _mm512_castps512_ps256(w)); k += 8; }
+        }
+        float total = hsum8_pairs(l8);
+        for (; k < n; k++) total += si[k];
+        inv[i] = 1.0f / total;
+    }
+}
+
 /* out row i = inv[i] * (fma chain over the keys from 0 of p[i][j] v_j), 16 lanes of the head per vector */
-ENC_AVX512 static void weighted_sum8_avx512(const float *p, const float *v, int stride, int n, int hd,
+ENC_AVX512 static void weighted_sum8_avx512(const float *p, int ld, const float *v, int stride, int n, int hd,
                                             const float *inv, float *out, int out_stride) {
     for (int d0 = 0; d0 < hd; d0 += 32) {
         int two = hd - d0 >= 32;
@@ -319,7 +371,7 @@ ENC_AVX512 static void weighted_sum8_avx512(const float *p, const float *v, int 
             const float *vj = v + (size_t)j * stride + d0;
             __m512 v0 = _mm512_loadu_ps(vj), v1 = two ? _mm512_loadu_ps(vj + 16) : v0;
             for (int i = 0; i < QBLOCK8; i++) {
-                __m512 w = _mm512_set1_ps(p[(size_t)i * n + j]);
+                __m512 w = _mm512_set1_ps(p[(size_t)i * ld + j]);
                 a[i][0] = _mm512_fmadd_ps(w, v0, a[i][0]);
                 if (two) a[i][1] = _mm512_fmadd_ps(w, v1, a[i][1]);
             }
@@ -332,20 +384,32 @@ ENC_AVX512 static void weighted_sum8_avx512(const float *p, const float *v, int 
     }
 }
 
-/* queries [0, 8 k) of the sequence in blocks of eight; returns how many it did */
-static int attention_block8_avx512(const float *q, const float *kt, const float *v, int q_stride, int kv_stride,
-                                   int n, int hd, float scale, float *out, int out_stride, float *scores) {
-    int i = 0;
-    for (; i + QBLOCK8 <= n; i += QBLOCK8) {
-        float inv[QBLOCK8];
-        scores8_avx512(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);
-        for (int b = 0; b < QBLOCK8; b++) {
-            float *sb = scores + (size_t)b * n;
-            inv[b] = 1.0f / weights_avx512(sb, n, max_scores_avx512(sb, n));
-        }
-        weighted_sum8_avx512(scores, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
+/* transpose_keys into rows of ld (a multiple of 16 >= n) floats, zeros past n, 16 keys at a time: value d of 16
+ * keys by one gather (a copy: the same values). Full rows let every later access be a whole aligned vector (a
+ * masked store read back by a load is not forwarded and stalls). */
+ENC_AVX512 static void transpose_keys_avx512(const float *k, int stride, int n, int hd, int ld, float *kt) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __m512i idx = _mm512_mullo_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(j)), _mm512_set1_epi32(stride));
+        for (int d = 0; d < hd; d++)
+            _mm512_store_ps(kt + (size_t)d * ld + j, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, k + d, 4));
     }
-    return i;
+}
+
+/* all n >= 8 queries of the sequence, every one seeing all n keys, in blocks of eight (the last block ends at n,
+ * overlapping the one before: its queries get the same bits again); kt and the scores in rows of ENC_PAD(n) */
+static void attention_block8_avx512(const float *q, const float *k, const float *v, int q_stride, int kv_stride,
+                                    int n, int hd, float scale, float *out, int out_stride, float *scores, float *kt) {
+    int ld = ENC_PAD(n);
+    transpose_keys_avx512(k, kv_stride, n, hd, ld, kt);
+    for (int i = 0; i < n; i += QBLOCK8) {
+        if (i + QBLOCK8 > n) i = n - QBLOCK8;
+        float m[QBLOCK8], inv[QBLOCK8];
+        scores8_avx512(q + (size_t)i * q_stride, q_stride, kt, ld, n, hd, scale, scores, m);
+        weights8_avx512(scores, ld, n, m, inv);
+        weighted_sum8_avx512(scores, ld, v, kv_stride, n, hd, inv, out + (size_t)i * out_stride, out_stride);
+    }
 }
 #endif
 
@@ -384,15 +448,18 @@ void add_bias(float *y, int ldy, int nt, const float *bias, int n) {
 
 void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
                      float scale, int window, float *out, int out_stride, float *scores, float *kt) {
-    int simd = 0;
+    int simd = 0, all_keys = window <= 0 || window >= n;       /* every query sees all n keys */
 #if defined(__x86_64__)
     simd = cpu_path() != PATH_SCALAR;
+    if (simd && all_keys && hd % 16 == 0 && n >= QBLOCK8 && has_avx512()) {
+        attention_block8_avx512(q, k, v, q_stride, kv_stride, n, hd, scale, out, out_stride, scores, kt);
+        return;
+    }
 #endif
     transpose_keys(k, kv_stride, n, hd, kt);
     int i = 0;
 #if defined(__x86_64__)
-    if (simd && (window <= 0 || window >= n) && hd % 16 == 0) {     /* every query sees all n keys */
-        if (has_avx512()) i = attention_block8_avx512(q, kt, v, q_stride, kv_stride, n, hd, scale, out, out_stride, scores);
+    if (simd && all_keys && hd % 16 == 0) {
         for (; i + QBLOCK <= n; i += QBLOCK) {
             float inv[QBLOCK];
             scores4_avx2(q + (size_t)i * q_stride, q_stride, kt, n, hd, scale, scores);

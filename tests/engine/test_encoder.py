@@ -175,3 +175,13 @@ def test_bad_batches_are_refused(tmp_path):
         enc.encode(np.array([1, 2, 3], np.int32), np.array([0, 2], np.int32))
     with pytest.raises(ValueError, match="invalid encoder batch"):
         enc.encode(np.ones(65, np.int32), np.array([0, 65], np.int32))                 # longer than positions
+
+
+def test_a_two_part_wqkv_is_checked(tmp_path):
+    """'wqkv_f' (the float rows after a quantized 'wqkv') must be float and leave wqkv a multiple of 16 rows."""
+    folder = write_tiny_embedding(tmp_path / "x")
+    for bad, message in ((lambda s: ("Q8_0",) + s[1:], "float weight"), (lambda s: (s[0], 120) + s[2:], "multiple")):
+        m = load_embedding_model(folder, quantize="q8_0")
+        m.tensors["blk.0.wqkv_f"] = bad(m.tensors["blk.0.wqkv_f"])
+        with pytest.raises(ValueError, match=message):
+            _cpu.EncoderModel(m.config, m.tensors)
