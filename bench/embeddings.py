@@ -12,7 +12,9 @@ median. Tokenization is included on both sides. --serve instead starts `inferd s
 clients (each POSTs one short sentence per request to /v1/embeddings), against the in-process rate of the same
 sentences in batches of 256, measured in the same run. --llama-server instead serves each model with both
 `inferd serve` and llama.cpp's `llama-server --embedding --pooling mean` (the GGUF files its converter makes:
---gguf DIR holds MODEL-f32.gguf and MODEL-q8_0.gguf, from `convert_hf_to_gguf.py FOLDER --outtype f32|q8_0`),
+--gguf DIR holds MODEL-f32.gguf and MODEL-q8_0.gguf, from `convert_hf_to_gguf.py FOLDER --outtype f32|q8_0
+--sentence-transformers-dense-modules`: without that flag EmbeddingGemma's file lacks its 2_Dense/3_Dense
+projections and llama-server returns the pooled hidden state, cosine ~0 to the model's vectors),
 same weights type and threads, and times the same workloads as /v1/embeddings requests (batch 1: 32 requests of
 one sentence; otherwise one request holding the whole batch), the two servers alternating, -r repeats, median;
 the vectors of the two servers are compared too (cosine). Models come from ~/.cache/inferd-test-models
@@ -228,7 +230,7 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                     p.wait(30)
     text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating)\n\n"
             f"threads {args.threads}, repeats {args.repeats} (median); llama-server from {bin_dir} (its environment "
-            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py. "
+            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py (--sentence-transformers-dense-modules). "
             f"{'**Warning**: ' + warning + '. ' if warning else ''}Command: `{command_line(sys.argv)}`. min cos: the "
             "lowest cosine between the two servers' vectors for 4 sentences and a passage.\n\n"
             "| model | weights | workload | inferd sent/s | llama-server sent/s | inferd / llama | min cos |\n"
