@@ -23,6 +23,7 @@ the vectors of the two servers are compared too (cosine). Models come from ~/.ca
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -75,66 +76,69 @@ def st_run(st: Any, batch: list[str], size: int) -> Callable[[], None]:
     return run
 
 
+async def closed_loop(url: str, model: str, sentences: list[str], clients: int, seconds: float) -> float:
+    """`clients` concurrent closed-loop clients on one event loop (aiohttp: far less of the two cores than a thread
+    per client with urllib, which the server would compete with); each POSTs one sentence per request. Returns
+    requests/s."""
+    import aiohttp
+
+    done = 0
+
+    async def client(k: int, session: aiohttp.ClientSession, deadline: float) -> None:
+        nonlocal done
+        i = k
+        while time.monotonic() < deadline:
+            body = {"model": model, "input": sentences[i % len(sentences)], "encoding_format": "base64"}
+            async with session.post(url + "/v1/embeddings", json=body) as r:
+                r.raise_for_status()
+                await r.read()
+            done += 1
+            i += clients
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k, session, time.monotonic() + seconds) for k in range(clients)))
+        return done / (time.perf_counter() - t0)
+
+
 def serve_bench(args: argparse.Namespace) -> None:
-    import concurrent.futures
-    import json
-    import socket
     import subprocess
-    import urllib.request
+
+    from bench._common import busy_warning, command_line
+
+    warning = busy_warning()
     short = texts(512, 13, 3)
     lines = []
     for name in args.models.split(","):
         folder = MODELS / name
         run = ours_run(Embedder(load_embedding_model(folder), threads=args.threads), short, 256)
         run()
-        in_process = len(short) / timed(run)
+        in_process = len(short) / statistics.median(timed(run) for _ in range(args.repeats))
         del run
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(port),
                                  "--threads", str(args.threads), "--max-batch-tokens", "8192"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(600):
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.2)
-
-            def client(k: int, url: str = url, model: str = folder.name.lower()) -> int:
-                done, i = 0, k
-                deadline = time.monotonic() + args.seconds
-                while time.monotonic() < deadline:
-                    body = json.dumps({"model": model, "input": short[i % len(short)],
-                                       "encoding_format": "base64"}).encode()
-                    req = urllib.request.Request(url + "/v1/embeddings", body, {"Content-Type": "application/json"})
-                    with urllib.request.urlopen(req, timeout=60) as r:
-                        r.read()
-                    done += 1
-                    i += args.clients
-                return done
-
-            t0 = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-                total = sum(pool.map(client, range(args.clients)))
-            served = total / (time.perf_counter() - t0)
+            wait_healthy(url, proc, "inferd serve")
+            served = asyncio.run(closed_loop(url, folder.name.lower(), short, args.clients, args.seconds))
         finally:
             proc.terminate()
             proc.wait(30)
         lines.append(f"| {name} | {args.clients} | {served:.3g} | {in_process:.3g} | {served / in_process:.0%} |")
         print(lines[-1], flush=True)
-    text = ("\n## served: closed-loop clients, one short sentence per request (machine shared)\n\n"
+    text = ("\n## served: closed-loop clients, one short sentence per request\n\n"
+            f"Weights as stored, threads {args.threads}, {args.seconds:.0f} s of clients on one aiohttp event loop; "
+            f"in-process: batches of 256 of the same sentences, median of {args.repeats}. "
+            + (f"**Warning**: {warning}. " if warning else "Nothing else ran on the machine. ")
+            + f"Command: `{command_line(sys.argv)}`\n\n"
             "| model | clients | served sent/s | in-process batch-256 sent/s | served / in-process |\n"
             "| --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
     with open(args.out, "a") as f:
         f.write(text)
     print(text)
-
-
 
 
 def free_port() -> int:
@@ -269,8 +273,12 @@ def main() -> None:
     passages = texts(64, 220, 2)
     workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
                  ("64 passages x ~256 tok", passages, 64)]
-    lines = [f"threads {args.threads}, repeats {args.repeats} (median), torch {torch.__version__}, "
-             f"machine shared with other jobs: compare ratios, not absolute numbers", "",
+    from bench._common import busy_warning, command_line
+
+    warning = busy_warning()
+    lines = [f"threads {args.threads}, repeats {args.repeats} (median), torch {torch.__version__}, the three sides "
+             f"alternating. " + (f"**Warning**: {warning}." if warning else "Nothing else ran on the machine.")
+             + f" Command: `{command_line(sys.argv)}`", "",
              "| model | workload | tokens/input | inferd f32 sent/s | inferd q8_0 sent/s "
              "| sentence-transformers sent/s | f32 / st | q8_0 / st |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -61,7 +61,6 @@ cdef extern from "encoder.h" nogil:
     ctypedef struct encoder_ctx_t:
         int profile_on
         double profile[ENC_NUM_STAGES]
-        int serial_tokens
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
@@ -294,15 +293,6 @@ cdef class Encoder:
             raise ValueError(f"invalid encoder batch (code {rc}): token ids out of range, an empty sequence, "
                              "a sequence longer than the model's positions or starts that do not add up")
         return out, hidden
-
-    @property
-    def serial_tokens(self):
-        """Batches of at most this many tokens run on the calling thread alone (default 16: one short query)."""
-        return self.c.serial_tokens
-
-    @serial_tokens.setter
-    def serial_tokens(self, int n):
-        self.c.serial_tokens = n
 
     def set_profiling(self, bint on):
         cdef int i

@@ -74,7 +74,6 @@ typedef struct {
     int max_tokens, max_seqs;
     int profile_on;
     double profile[ENC_NUM_STAGES];
-    int serial_tokens;                /* batches of at most this many tokens run on the calling thread alone */
     /* scratch, allocated once */
     float *x;                         /* (max_tokens, dim) residual stream */
     float *xn;                        /* (max_tokens, dim) normed input of a float weight; Wo/down output (Gemma) */
@@ -92,7 +91,6 @@ typedef struct {
     float *pooled2;
 } encoder_ctx_t;
 
-#define ENC_SERIAL_TOKENS 16
 encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads);
 void encoder_ctx_free(encoder_ctx_t *c);
 int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 invalid batch */
