@@ -47,6 +47,10 @@ DINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _m
 /* lanes 0-7 of a and 0-7 of b; lanes 8-15 of a and 8-15 of b */
 DINLINE __m512 low_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0x44); }
 DINLINE __m512 high_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0xee); }
+/* v's 16-bit lanes shifted left by n (right by -n); n is a constant of an unrolled loop */
+DINLINE __m512i shift16(__m512i v, int n) {
+    return n > 0 ? _mm512_slli_epi16(v, (unsigned)n) : n < 0 ? _mm512_srli_epi16(v, (unsigned)-n) : v;
+}
 DINLINE __m512i low_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0x44); }
 DINLINE __m512i high_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0xee); }
 
@@ -66,6 +70,7 @@ DINLINE __m512i nibble_isum(const int five, const uint8_t *ga, const uint8_t *gb
                             __m512i lo) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
     __m512i hi = _mm512_setzero_si512();
+#pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         __m512i v = join256(ga + 32 * p, gb + 32 * p);
         if (!five) {   /* the high nibbles in place: 16 q, the chain's sum shifted back once */
@@ -74,10 +79,7 @@ DINLINE __m512i nibble_isum(const int five, const uint8_t *ga, const uint8_t *gb
             continue;
         }
         /* the fifth bits to bit 4 (16-bit shifts: what crosses bytes is masked off) */
-        __m512i hl = p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 3)
-                   : p == 2 ? _mm512_slli_epi16(h, 2) : _mm512_slli_epi16(h, 1);
-        __m512i hh = p == 0 ? h : p == 1 ? _mm512_srli_epi16(h, 1) : p == 2 ? _mm512_srli_epi16(h, 2)
-                                                                   : _mm512_srli_epi16(h, 3);
+        __m512i hl = shift16(h, 4 - p), hh = shift16(h, -p);
         __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), hl, m10, 0xf8);   /* A | (B & C) */
         __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh, m10, 0xf8);
         lo = _mm512_dpbusd_epi32(lo, wl, bcast4(x + 4 * p));
@@ -129,12 +131,10 @@ DINLINE __m512i q6k_isum(const uint8_t *a, const uint8_t *b, int s, const block_
     const size_t g = tile_group_off(WT_Q6_K, s), h = tile_hbits_off(WT_Q6_K, s), so = tile_scales_off(WT_Q6_K, s);
     const __m512i hl = join256(a + h, b + h), hh = join256(a + h + 32, b + h + 32);
     __m512i lo = _mm512_set1_epi32(xb->q6_corr[0]), hi = _mm512_set1_epi32(xb->q6_corr[1]);
+#pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         /* bits 2p..2p+1 of the h2bit bytes become bits 4-5 (16-bit shifts: what crosses bytes is masked off) */
-        __m512i sl = p == 0 ? _mm512_slli_epi16(hl, 4) : p == 1 ? _mm512_slli_epi16(hl, 2)
-                   : p == 2 ? hl : _mm512_srli_epi16(hl, 2);
-        __m512i sh = p == 0 ? _mm512_slli_epi16(hh, 4) : p == 1 ? _mm512_slli_epi16(hh, 2)
-                   : p == 2 ? hh : _mm512_srli_epi16(hh, 2);
+        __m512i sl = shift16(hl, 4 - 2 * p), sh = shift16(hh, 4 - 2 * p);
         __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
         __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), sl, m30, 0xf8);   /* A | (B & C) */
         __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), sh, m30, 0xf8);

@@ -244,35 +244,28 @@ PINLINE void amx_tokens(const int type, const pair_block_t *p, int nb32, const b
     for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
 }
 
-/* palette 1: tiles 0-1 A (16 rows of 32 bytes), 2-3 B (8 rows of 64 bytes), 4-5 C (16 rows of 64 bytes) */
-static void amx_configure(void) {
+/* palette 1: tiles 0-1 A (16 token rows of a_bytes activation bytes), 2-3 B (b_rows rows of 64 bytes), 4 up to
+ * 4 + c_tiles C (16 rows of 64 bytes) */
+static void amx_configure_tiles(int a_bytes, int b_rows, int c_tiles) {
     struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int i = 0; i < 2; i++) {
-        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 32;
-        cfg.rows[2 + i] = 8; cfg.colsb[2 + i] = 64;
+        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = (uint16_t)a_bytes;
+        cfg.rows[2 + i] = (uint8_t)b_rows; cfg.colsb[2 + i] = 64;
     }
-    for (int i = 4; i < 6; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
+    for (int i = 4; i < 4 + c_tiles; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
     _tile_loadconfig(&cfg);
 }
+/* A 32 activation bytes (a block), B 8 rows of 64 bytes, C tiles 4-5 */
+static void amx_configure(void) { amx_configure_tiles(32, 8, 2); }
 static void amx_release(void) { _tile_release(); }
 
 /* Q6_K on AMX: a block's two halves of 16 values (scales of their own) in tiles of K = 16: A (16 tokens x 16
  * activation bytes) tiles 0-1, B (wv[0..3] and wv[4..7] of the signed panel: 4 rows of 64 bytes) tiles 2-3, C tiles
  * 4-5 (even blocks) and 6-7 (odd ones). Each C element is the exact sum (q - 32) x over its half; the floats then take
  * sc0 C0 + sc1 C1 (int32) as pair_tokens does. */
-static void amx_configure_q6(void) {
-    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 2; i++) {
-        cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 16;
-        cfg.rows[2 + i] = 4; cfg.colsb[2 + i] = 64;
-    }
-    for (int i = 4; i < 8; i++) { cfg.rows[i] = AMX_TOKENS; cfg.colsb[i] = 64; }
-    _tile_loadconfig(&cfg);
-}
+static void amx_configure_q6(void) { amx_configure_tiles(16, 4, 4); }
 
 /* block b's two half sums into c[0..255] and c[256..511] */
 PINLINE void amx_block_q6(const pair_block_t *p, const block_q8x *xq, int b, size_t xstride, int32_t *c) {

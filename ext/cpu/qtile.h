@@ -180,6 +180,26 @@ KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 
     return acc;
 }
 
+/* One block of a tile (all its sub-blocks) against ntok tokens: acc[k] += the block's share of token k's rows.
+ * xb0: the block's first activation block of token 0; token k's follow nb32 blocks later. */
+KINLINE void KFN(block_tokens)(const int type, const uint8_t *blk, const int nsub, const int chains, const int ntok,
+                               const block_q8x *xb0, int nb32, __m256 *acc) {
+    __m256 d = KFN(load_f16x8)(blk), dmin = d;
+    if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+    for (int s = 0; s < nsub; s++) {
+        __m256i wv[8];
+        KFN(load_wv)(type, blk, s, wv);
+        __m256 dw, mw;
+        KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
+        KFN(q6scales) q6;
+        if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
+        for (int k = 0; k < ntok; k++) {
+            const block_q8x *xb = xb0 + s + (size_t)k * nb32;
+            acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, wv, xb, &q6), dw, mw, xb);
+        }
+    }
+}
+
 /* one token's 8 rows into y (taken by value, so that the accumulators can stay in registers) */
 KINLINE void KFN(store)(__m256 acc, float *o, int nrows, int accumulate) {
     if (nrows == TILE_ROWS) {
@@ -201,21 +221,7 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
         const uint8_t *blk = base + (size_t)b * bb;
         if (ntok > 1 || prefetch)
             for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)PREFETCH_TILES * nb * bb + o, 0, 2);
-        __m256 d = KFN(load_f16x8)(blk), dmin = d;
-        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
-        for (int s = 0; s < nsub; s++) {
-            __m256i wv[8];
-            KFN(load_wv)(type, blk, s, wv);
-            __m256 dw, mw;
-            KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
-            KFN(q6scales) q6;
-            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
-            const block_q8x *xb0 = xq + (size_t)b * nsub + s;
-            for (int k = 0; k < ntok; k++) {
-                const block_q8x *xb = xb0 + (size_t)k * nb32;
-                acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, wv, xb, &q6), dw, mw, xb);
-            }
-        }
+        KFN(block_tokens)(type, blk, nsub, chains, ntok, xq + (size_t)b * nsub, nb32, acc);
     }
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
@@ -237,21 +243,8 @@ KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *bas
             for (int i = 0; i < ntiles; i++)
                 for (size_t o = 0; o < bb; o += 64)
                     __builtin_prefetch(blk0 + i * tile_bytes + (size_t)PREFETCH_TILES * tile_bytes + o, 0, 2);
-        for (int i = 0; i < ntiles; i++) {
-            const uint8_t *blk = blk0 + i * tile_bytes;
-            __m256 d = KFN(load_f16x8)(blk), dmin = d;
-            if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
-            for (int s = 0; s < nsub; s++) {
-                __m256i wv[8];
-                KFN(load_wv)(type, blk, s, wv);
-                __m256 dw, mw;
-                KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
-                KFN(q6scales) q6;
-                if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
-                const block_q8x *xb = xq + (size_t)b * nsub + s;
-                acc[i] = KFN(accumulate)(type, acc[i], KFN(block_isum)(type, 2, wv, xb, &q6), dw, mw, xb);
-            }
-        }
+        for (int i = 0; i < ntiles; i++)
+            KFN(block_tokens)(type, blk0 + i * tile_bytes, nsub, 2, 1, xq + (size_t)b * nsub, 0, acc + i);
     }
     for (int i = 0; i < ntiles; i++)
         KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);

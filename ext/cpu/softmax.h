@@ -76,9 +76,8 @@ SOFTMAX_AVX2 static float max_avx2(const float *s, int n) {
     return m;
 }
 
-SOFTMAX_AVX2 static float weights_avx2(float *s, int n, float m) {
-    __m256 lanes = _mm256_setzero_ps();
-    int j = 0;
+/* the weights of s[j..n), 8 at a time then one by one, their sum continuing the 8 lane sums `lanes` */
+SOFTMAX_AVX2 static inline float weights_avx2_from(float *s, int j, int n, float m, __m256 lanes) {
     for (; j + 8 <= n; j += 8) {
         __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
         __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
@@ -89,6 +88,9 @@ SOFTMAX_AVX2 static float weights_avx2(float *s, int n, float m) {
     float total = hsum8_pairs(lanes);
     for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
     return total;
+}
+SOFTMAX_AVX2 static float weights_avx2(float *s, int n, float m) {
+    return weights_avx2_from(s, 0, n, m, _mm256_setzero_ps());
 }
 /* exp8's operations lane for lane, on 16 lanes (AVX-512F only, so every AVX-512 CPU runs it) */
 #define SOFTMAX_AVX512 __attribute__((target("avx512f,avx2,fma,f16c"), unused))
@@ -123,16 +125,7 @@ SOFTMAX_AVX512 static float weights_avx512(float *s, int n, float m) {
         lanes = _mm256_add_ps(lanes, _mm512_castps512_ps256(w));
         lanes = _mm256_add_ps(lanes, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(w), 1)));
     }
-    for (; j + 8 <= n; j += 8) {
-        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(m));
-        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(SOFTMAX_CUTOFF), _CMP_GE_OQ);
-        __m256 w = _mm256_and_ps(exp8(x), keep);
-        _mm256_storeu_ps(s + j, w);
-        lanes = _mm256_add_ps(lanes, w);
-    }
-    float total = hsum8_pairs(lanes);
-    for (; j < n; j++) { s[j] = softmax_weight(s[j] - m); total += s[j]; }
-    return total;
+    return weights_avx2_from(s, j, n, m, lanes);
 }
 #endif
 

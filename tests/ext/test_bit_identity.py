@@ -46,13 +46,19 @@ def weight_of(type_name, rows, cols, seed):
     return _cpu.Weight(type_name, rows, cols, t.data)
 
 
+def probe_tokens(rng, ntok, cols, small, zeroed):
+    """ntok random tokens: token `small` scaled by 1e-3 (tiny activation scales), token `zeroed`'s first block zero"""
+    x = rng.standard_normal((ntok, cols)).astype(np.float32)
+    x[small] *= 1e-3
+    x[zeroed, :32] = 0
+    return x
+
+
 @pytest.mark.parametrize("type_name,rows,cols", [(t, r, c) for t in TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]]
                          + [(t, r, c) for t in K_TYPES for r, c in [(37, 256), (203, 512), (64, 1536)]])
 def test_matmul_identical_on_every_path(type_name, rows, cols):
     w = weight_of(type_name, rows, cols, rows + cols)
-    x = np.random.default_rng(1).standard_normal((9, cols)).astype(np.float32)
-    x[3] *= 1e-3
-    x[4, :32] = 0
+    x = probe_tokens(np.random.default_rng(1), 9, cols, small=3, zeroed=4)
     results = {}
     for p in PATHS:
         _cpu.set_path(p)
@@ -75,9 +81,7 @@ def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, col
     of fewer rows) give the scalar bits with the pair kernels on and off, writing and accumulating."""
     w = weight_of(type_name, rows, cols, rows * 3 + cols)
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((43, cols)).astype(np.float32)
-    x[5] *= 1e-3
-    x[20, :32] = 0
+    x = probe_tokens(rng, 43, cols, small=5, zeroed=20)
     y0 = rng.standard_normal((43, rows)).astype(np.float32)
     _cpu.set_path("scalar")
     ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
@@ -123,9 +127,7 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
         n, k = w.dequantize().shape
-        x = rng.standard_normal((5, k)).astype(np.float32)
-        x[2] *= 1e-3
-        x[3, :32] = 0
+        x = probe_tokens(rng, 5, k, small=2, zeroed=3)
         y0 = rng.standard_normal((5, n)).astype(np.float32)
         _cpu.set_path("scalar")
         ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
