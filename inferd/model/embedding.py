@@ -366,7 +366,7 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
         if quantize is None:
             t[o + "wqkv"] = w.fused(o + "wqkv", qkv, None)
         else:
-            t[o + "wqkv"] = w.fused(o + "wq", qkv[:1], quantize)
+            t[o + "wqkv"] = w.spec(qkv[0], quantize)
             t[o + "wqkv_f"] = w.fused(o + "wkv", qkv[1:], None)
         t[o + "bqkv"] = np.concatenate([w.vector(a + n + ".bias", dim) for n in ("query", "key", "value")])
         t[o + "wo"] = w.spec(p + "attention.output.dense.weight", quantize)
