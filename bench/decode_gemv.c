@@ -4,12 +4,13 @@
  * (compute-bound), at shapes of at most 1.3 MB that stay in a core's 2 MB L2. The kernels alternate within each
  * round: a GROUP is the decode group size (matmul_set_decode_group: 1 = one tile per call, the kernel before the
  * groups) of the ymm tile kernels, or with a leading z of the zmm pair kernels (qdecode512.c,
- * matmul_set_decode_kernels); best of the rounds, since the machine may be shared.
+ * matmul_set_decode_kernels), and a trailing p or n turns the software prefetch on or off for every tile
+ * (matmul_set_decode_prefetch; default: the CPU's rule); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
  *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
- *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4;  HOT=1 /tmp/decode_gemv 1 10 4 z4
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4 z4n;  HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,13 +34,15 @@ static uint32_t rnd(void) {
 
 /* random GGUF blocks with sane f16 scales (random bits would give infinities and NaNs) */
 static void *gguf_random(int type, int rows, int cols) {
-    size_t n = gguf_row_bytes(type, cols) * rows, bs = type == WT_Q4_K ? 144 : 210;
+    size_t n = gguf_row_bytes(type, cols) * rows;
+    size_t bs = type == WT_Q4_K ? 144 : type == WT_Q6_K ? 210 : type == WT_Q8_0 ? 34 : 22;   /* Q5_0: 22 */
     uint8_t *p = malloc(n);
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)rnd();
     for (size_t o = 0; o < n; o += bs) {
         uint16_t d = (uint16_t)(0x1c00 + (rnd() & 0xff));
         if (type == WT_Q4_K) { memcpy(p + o, &d, 2); memcpy(p + o + 2, &d, 2); }
-        else memcpy(p + o + 208, &d, 2);
+        else if (type == WT_Q6_K) memcpy(p + o + 208, &d, 2);
+        else memcpy(p + o, &d, 2);
     }
     return p;
 }
@@ -58,6 +61,10 @@ static const int streamed_shapes[NSHAPES][3] = {   /* Qwen2.5-1.5B's: q/o, k/v, 
     {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 8960, 1536}, {WT_Q4_K, 1536, 8960},
     {WT_Q6_K, 1536, 8960}, {WT_Q6_K, 151936, 1536},
 };
+static const int gemma_shapes[NSHAPES][3] = {     /* Gemma 3 270M's (GEMMA=1): output (tied, Q8_0), gate/up, down, q, o, k */
+    {WT_Q8_0, 262144, 640}, {WT_Q5_0, 2048, 640}, {WT_Q4_K, 640, 2048},
+    {WT_Q5_0, 1024, 640}, {WT_Q6_K, 640, 1024}, {WT_Q5_0, 256, 640},
+};
 static const int hot_shapes[NSHAPES][3] = {        /* the same widths, fewer rows: in L2 */
     {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 128, 8960},
     {WT_Q6_K, 1024, 1536}, {WT_Q6_K, 256, 1536}, {WT_Q6_K, 128, 8960},
@@ -66,15 +73,18 @@ static const int hot_shapes[NSHAPES][3] = {        /* the same widths, fewer row
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
     int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
-    int groups[8], zmm[8];
+    int groups[8], zmm[8], pf[8];
     ng = ng < 8 ? ng : 8;
     for (int g = 0; g < ng; g++) {
-        zmm[g] = argv[3 + g][0] == 'z';
-        groups[g] = atoi(argv[3 + g] + zmm[g]);
+        const char *a = argv[3 + g], *end = a + strlen(a) - 1;
+        zmm[g] = a[0] == 'z';
+        groups[g] = atoi(a + zmm[g]);
+        pf[g] = *end == 'p' ? 2 : *end == 'n' ? 0 : 1;
     }
-    const int (*shapes)[3] = hot ? hot_shapes : streamed_shapes;
+    const int (*shapes)[3] = getenv("GEMMA") ? gemma_shapes : hot ? hot_shapes : streamed_shapes;
+    size_t dflt = matmul_decode_prefetch();
     pool_t *pool = pool_create(threads);
-    float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)151936 * sizeof(float));
+    float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
     for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
     block_q8x *xq = malloc(8960 / QK * sizeof(block_q8x));
     quantize_act(x, 8960, xq);
@@ -99,6 +109,8 @@ int main(int argc, char **argv) {
         for (int g = 0; g < ng; g++) {
             matmul_set_decode_group(groups[g]);
             matmul_set_decode_kernels(zmm[g]);
+            if (pf[g] != 1) matmul_set_decode_prefetch(pf[g] ? SIZE_MAX : 0);
+            else matmul_set_decode_prefetch(dflt);
             for (int s = 0; s < NSHAPES; s++) {
                 double t0 = now();
                 for (int k = 0; k < reps; k++)
@@ -113,7 +125,7 @@ int main(int argc, char **argv) {
     }
     /* every kernel's y must be the first one's, bit for bit (the tests check against scalar; this checks the build) */
     int same = 1;
-    float *y0 = malloc((size_t)151936 * sizeof(float));
+    float *y0 = malloc((size_t)262144 * sizeof(float));
     for (int s = 0; s < NSHAPES; s++)
         for (int g = 0; g < ng; g++) {
             matmul_set_decode_group(groups[g]);
@@ -127,12 +139,14 @@ int main(int argc, char **argv) {
            cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
            bw / 1e9);
     printf("| type | rows x cols |");
-    for (int g = 0; g < ng; g++) printf(" %s %d GB/s |", zmm[g] ? "zmm" : "ymm", groups[g]);
+    for (int g = 0; g < ng; g++) printf(" %s %d%s GB/s |", zmm[g] ? "zmm" : "ymm", groups[g], pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");
     printf("\n");
     for (int s = 0; s < NSHAPES; s++) {
-        printf("| %s | %d x %d |", shapes[s][0] == WT_Q4_K ? "Q4_K" : "Q6_K", shapes[s][1], shapes[s][2]);
+        int t = shapes[s][0];
+        printf("| %s | %d x %d |", t == WT_Q4_K ? "Q4_K" : t == WT_Q6_K ? "Q6_K" : t == WT_Q8_0 ? "Q8_0" : "Q5_0",
+               shapes[s][1], shapes[s][2]);
         for (int g = 0; g < ng; g++) printf(" %.1f |", (double)ws[s][0].nbytes * copies[s] * reps / best[g][s] / 1e9);
         printf("\n");
     }

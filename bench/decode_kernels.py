@@ -1,8 +1,9 @@
-"""Whole decode steps with the ymm tile kernels vs the zmm pair kernels for Q4_K/Q6_K (_cpu.set_decode_kernels),
-alternating in one process (ABAB...), next to the read-bandwidth probe of the same run. Both give the same bits: the
+"""Whole decode steps with the ymm tile kernels vs the zmm pair kernels for Q4_K/Q6_K (_cpu.set_decode_kernels), or
+with --prefetch the decode kernels' software prefetch always / never / as the CPU's default (_cpu.set_decode_prefetch),
+alternating in one process (ABC CBA ...), next to the read-bandwidth probe of the same run. All give the same bits: the
 generated tokens are checked equal.
 
-    python bench/decode_kernels.py [-m MODEL] [-t 2] [--decode 64] [--rounds 3]
+    python bench/decode_kernels.py [-m MODEL] [-t 2] [--decode 64] [--rounds 3] [--prefetch]
 (MODEL: a path or name; default the Qwen2.5-Coder-1.5B Q4_K_M file of ../shared/models/fetch.sh)
 """
 
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefetch", action="store_true", help="compare the software prefetch settings instead")
     args = ap.parse_args()
     model = load_model(resolve(args.model))
     engine = Engine(
@@ -52,33 +54,41 @@ def main() -> None:
     )
     prompt = [(i * 7919) % (engine.vocab_size - 10) + 5 for i in range(16)]
     print(f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path")
-    rates: dict[str, list[float]] = {k: [] for k in _cpu.DECODE_KERNELS}
-    cpu_rates: dict[str, list[float]] = {k: [] for k in _cpu.DECODE_KERNELS}
+    default_prefetch = _cpu.decode_prefetch()
+    if args.prefetch:
+        settings = {
+            "prefetch always": lambda: _cpu.set_decode_prefetch(None),
+            "prefetch never": lambda: _cpu.set_decode_prefetch(0),
+            f"prefetch default (tiles <= {default_prefetch} B)": lambda: _cpu.set_decode_prefetch(default_prefetch),
+        }
+    else:
+        settings = {k: (lambda k=k: _cpu.set_decode_kernels(k)) for k in _cpu.DECODE_KERNELS}
+    rates: dict[str, list[float]] = {k: [] for k in settings}
+    cpu_rates: dict[str, list[float]] = {k: [] for k in settings}
     tokens: dict[str, list[int]] = {}
     probes = []
     decode(engine, prompt, 4)  # warm up
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         probes.append(_cpu.measure_read_bandwidth(256 << 20, args.threads) / 1e9)
-        for kernels in _cpu.DECODE_KERNELS:
-            _cpu.set_decode_kernels(kernels)
+        for name in list(settings) if r % 2 == 0 else list(settings)[::-1]:
+            settings[name]()
             rate, cpu_rate, out = decode(engine, prompt, args.decode)
-            rates[kernels].append(rate)
-            cpu_rates[kernels].append(cpu_rate)
-            assert tokens.setdefault(kernels, out) == out
+            rates[name].append(rate)
+            cpu_rates[name].append(cpu_rate)
+            assert tokens.setdefault(name, out) == out, f"{name} gave other tokens"
     _cpu.set_decode_kernels("avx512")
-    assert tokens["tiles"] == tokens["avx512"], "the decode kernels gave different tokens"
+    _cpu.set_decode_prefetch(default_prefetch)
+    assert len({tuple(t) for t in tokens.values()}) == 1, "the settings gave different tokens"
     print(f"read bandwidth probe ({args.threads} threads): " + " ".join(f"{b:.1f}" for b in probes) + " GB/s")
+    first = next(iter(settings))
     for what, table in (("wall", rates), ("CPU time", cpu_rates)):
-        for kernels, r in table.items():
+        for name, r in table.items():
             print(
-                f"{kernels:8s} tok/s of {what}: "
+                f"{name:40s} tok/s of {what}: "
                 + " ".join(f"{x:.1f}" for x in r)
-                + f"   median {statistics.median(r):.1f}"
+                + f"   median {statistics.median(r):.1f}   / {first}: "
+                + f"{statistics.median(r) / statistics.median(table[first]):.2f}"
             )
-        print(
-            f"ratio avx512 / tiles ({what}, medians): "
-            f"{statistics.median(table['avx512']) / statistics.median(table['tiles']):.2f}"
-        )
 
 
 if __name__ == "__main__":

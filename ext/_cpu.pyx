@@ -5,7 +5,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, SIZE_MAX
 
 from cinferd cimport *
 
@@ -87,6 +87,19 @@ def set_decode_kernels(str name):
 def decode_kernels():
     """The decode kernels in use with the active path on this CPU."""
     return DECODE_KERNELS[matmul_decode_kernels()]
+
+
+def set_decode_prefetch(max_tile_bytes):
+    """Software prefetch in a decode step's kernels for tiles of at most max_tile_bytes (0: never, None: always).
+    The default is the CPU's: always, but on AMD only tiles of up to 16 KB (its hardware prefetcher does better
+    alone on longer ones). The bits are the same either way."""
+    matmul_set_decode_prefetch(SIZE_MAX if max_tile_bytes is None else max_tile_bytes)
+
+
+def decode_prefetch():
+    """The largest tile a decode step prefetches for (None: every tile)."""
+    cdef size_t n = matmul_decode_prefetch()
+    return None if n == SIZE_MAX else n
 
 
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):

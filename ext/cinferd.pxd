@@ -61,6 +61,8 @@ cdef extern from "inferd.h" nogil:
     void matmul_set_decode_group(int tiles)
     void matmul_set_decode_kernels(int zmm)
     int matmul_decode_kernels()
+    void matmul_set_decode_prefetch(size_t max_tile_bytes)
+    size_t matmul_decode_prefetch()
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
     void swiglu(const float *g, const float *u, float *h, int n)
     void geglu(const float *g, const float *u, float *h, int n)

@@ -126,6 +126,8 @@ void matmul_set_decode_group(int tiles);
  * default), 0 = the ymm group kernels; get: whether the zmm ones are in use with the active path on this CPU */
 void matmul_set_decode_kernels(int zmm);
 int matmul_decode_kernels(void);
+void matmul_set_decode_prefetch(size_t max_tile_bytes);   /* 0: never; SIZE_MAX: always */
+size_t matmul_decode_prefetch(void);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */

@@ -157,8 +157,8 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
 #endif
 
 /* Matrices smaller than this (a few hundred KB) end before the hardware prefetcher has ramped up: the many-token
- * kernels prefetch for them (and always when several tokens share a call). A decode step's group kernel always
- * prefetches: with several streams per thread it beat leaving large matrices to the hardware (decode_q4k.md). */
+ * kernels prefetch for them (and always when several tokens share a call). A decode step's group kernel prefetches
+ * as matmul_decode_prefetch says. */
 #define SMALL_MATRIX_BYTES (2u << 20)
 
 static const qkernel_t *kernel_table(int path) {
@@ -213,6 +213,28 @@ void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles >
 static int decode_zmm_on = 1;
 void matmul_set_decode_kernels(int zmm) { decode_zmm_on = zmm; }
 int matmul_decode_kernels(void) { return zmm_vnni() && decode_zmm_on; }
+
+/* Software prefetch in a decode step's group kernels (ymm tiles and zmm pairs alike; the bits do not change), for
+ * tiles of at most decode_prefetch_bytes. On the Intel Xeons of earlier sessions it beat the hardware prefetcher
+ * alone at every shape (bench/results/decode_q4k.md). On AMD Zen 4 it still helps short tiles (a 1536-wide Q4_K tile
+ * is 7 KB: each of a group's four streams ends before the hardware has ramped up), but on long ones (an 8960-wide
+ * tile is 40 KB) the L2 stream prefetcher does better alone: with prefetch those ran 15-20% slower
+ * (bench/results/decode_prefetch.md). */
+static size_t decode_prefetch_bytes = 0;
+static int decode_prefetch_set = 0;
+void matmul_set_decode_prefetch(size_t max_tile_bytes) { decode_prefetch_bytes = max_tile_bytes; decode_prefetch_set = 1; }
+size_t matmul_decode_prefetch(void) {
+    if (!decode_prefetch_set) {
+#if defined(__x86_64__)
+        __builtin_cpu_init();
+        decode_prefetch_bytes = __builtin_cpu_is("amd") ? 16u << 10 : SIZE_MAX;
+#else
+        decode_prefetch_bytes = SIZE_MAX;
+#endif
+        decode_prefetch_set = 1;
+    }
+    return decode_prefetch_bytes;
+}
 
 static const qpair_fn *pair_table(void) {
 #if defined(__x86_64__)
@@ -269,8 +291,9 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
             n = n < decode_group ? n : decode_group;
             int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
-            group(base, (size_t)nb * tile_block_bytes(type), n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS,
-                  accumulate, 1);
+            size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+            group(base, tile_bytes, n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS, accumulate,
+                  tile_bytes <= matmul_decode_prefetch());
             tile += n - 1;
             continue;
         }

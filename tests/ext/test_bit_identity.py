@@ -131,24 +131,34 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
         y0 = rng.standard_normal((5, n)).astype(np.float32)
         _cpu.set_path("scalar")
         ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
+        prefetch = _cpu.decode_prefetch()
         try:
-            for p, group, kernels in itertools.product(PATHS, (1, 2, 3, 4), _cpu.DECODE_KERNELS):
+            for p, group, kernels, pf in itertools.product(PATHS, (1, 2, 3, 4), _cpu.DECODE_KERNELS, (None, 0)):
                 _cpu.set_path(p)
                 _cpu.set_decode_group(group)
                 _cpu.set_decode_kernels(kernels)
+                _cpu.set_decode_prefetch(pf)
                 batch = w.matmul(x)
                 for t in range(5):
-                    what = f"{p}, {kernels} groups of {group}, {n} x {k}, token {t}"
+                    what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, token {t}"
                     assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
                     assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
                     assert_bitwise(batch[t], ref[t], f"{what}, batch of 5")
         finally:
             _cpu.set_decode_group(4)
             _cpu.set_decode_kernels("avx512")
+            _cpu.set_decode_prefetch(prefetch)
     with pytest.raises(ValueError):
         _cpu.set_decode_group(5)
     with pytest.raises(ValueError):
         _cpu.set_decode_kernels("amx")
+
+
+def test_decode_prefetch_default_follows_the_cpu_vendor():
+    """Decode steps prefetch every tile, but on AMD only tiles of up to 16 KB (matmul.c says why)."""
+    with open("/proc/cpuinfo") as f:
+        amd = "AuthenticAMD" in f.read()
+    assert _cpu.decode_prefetch() == (16384 if amd else None)
 
 
 def test_decode_zmm_kernels_in_use_where_the_cpu_has_them():
