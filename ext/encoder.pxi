@@ -36,6 +36,7 @@ cdef extern from "encoder.h" nogil:
         float *wdown_p
         weight_t wqkv_f
         float *wqkv_f_p
+        uint16_t *wqkv_f_bf
     ctypedef struct encoder_t:
         encoder_config_t cfg
         weight_t tok_embd
@@ -65,6 +66,11 @@ cdef extern from "encoder.h" nogil:
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
     float *pack_panels(const weight_t *w)
+    uint16_t *pack_panels_bf16(const weight_t *w)
+    void f32_to_bf16_row(const float *x, int n, uint16_t *out)
+    void gemm_panels_bf16(const uint16_t *panels, int rows, int cols, int panel_begin, int panel_end, int ntok,
+                          const uint16_t *x, float *y, int ldy, int accumulate)
+    int c_encoder_bf16_preferred "encoder_bf16_preferred"()
     enum:
         ENC_ATTN_QBLOCK
     void attention_bidir(const float *q, const float *k, const float *v, int q_stride, int kv_stride, int n, int hd,
@@ -86,7 +92,8 @@ cdef class EncoderModel:
     per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
     'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one; 'blk.{i}.wqkv_f'
-    where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float).
+    where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float; in bf16, weights
+    and activations rounded, with config 'wqkv_f_bf16': see gemm_bf16.c).
     The matrices are taken out of `tensors` as they are copied into the engine's layout, so that the loader's
     arrays and the copies are never all in memory at once (EmbeddingGemma in F32: 1 GB each)."""
     cdef encoder_t m
@@ -137,7 +144,10 @@ cdef class EncoderModel:
                 if spec[0] not in FLOAT_WEIGHT_TYPES or not 0 < spec[1] < qkv_dim or (qkv_dim - spec[1]) % 16:
                     raise ValueError(f"{p}wqkv_f: a float weight of fewer than {qkv_dim} rows that leaves a "
                                      f"multiple of 16 to wqkv is needed, got {spec[0]} with {spec[1]}")
-                self._matrix(&L.wqkv_f, &L.wqkv_f_p, spec, spec[1], c.dim)
+                if config.get("wqkv_f_bf16"):
+                    self._bf16_matrix(&L.wqkv_f, &L.wqkv_f_bf, spec, c.dim)
+                else:
+                    self._matrix(&L.wqkv_f, &L.wqkv_f_p, spec, spec[1], c.dim)
             self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim - L.wqkv_f.rows, c.dim)
             self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
             self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
@@ -191,6 +201,18 @@ cdef class EncoderModel:
             weight_free(w)
         return 0
 
+    cdef int _bf16_matrix(self, weight_t *w, uint16_t **panels, tuple spec, int cols) except -1:
+        """A float matrix repacked into bf16 panels (gemm_bf16.c), its row-major copy freed."""
+        if spec[2] != cols:
+            raise ValueError(f"weight of {spec[2]} columns where {cols} are needed")
+        init_weight(w, spec)
+        with nogil:
+            panels[0] = pack_panels_bf16(w)
+        if panels[0] == NULL:
+            raise MemoryError(f"out of memory repacking a {spec[1]}x{cols} weight in bf16")
+        weight_free(w)
+        return 0
+
     cdef int _lookup_table(self, weight_t *w, tuple spec) except -1:
         """The token embedding, of which only rows are read: a float table is used in place (its array is a view
         of the mapped file, so only the rows of tokens seen become resident: EmbeddingGemma's is 805 MB in F32)
@@ -224,6 +246,7 @@ cdef class EncoderModel:
                 free(self.m.layers[i].wqkv_p); free(self.m.layers[i].wo_p)
                 free(self.m.layers[i].wup_p); free(self.m.layers[i].wdown_p)
                 weight_free(&self.m.layers[i].wqkv_f); free(self.m.layers[i].wqkv_f_p)
+                free(self.m.layers[i].wqkv_f_bf)
             free(self.m.layers)
         for i in range(self.m.n_dense):
             weight_free(&self.m.dense[i])
@@ -303,6 +326,39 @@ cdef class Encoder:
 
     def profile(self):
         return {name: self.c.profile[i] for i, name in enumerate(ENCODER_STAGE_NAMES)}
+
+
+def encoder_bf16_preferred():
+    """Whether a quantized encoder's float parts run faster in bf16 here (AVX-512 BF16 on an AMD CPU; gemm_bf16.c)."""
+    return bool(c_encoder_bf16_preferred())
+
+
+def gemm_bf16(cnp.ndarray w, cnp.ndarray x):
+    """y (ntok, rows) = bf16(x) @ bf16(w).T with the bf16 panel GEMM on the active path (for tests); w (rows, cols)
+    and x (ntok, cols) float32, cols a multiple of 32 (as every encoder weight's)."""
+    cdef float[:, ::1] wv = np.ascontiguousarray(w, dtype=np.float32)
+    cdef float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef int rows = wv.shape[0], cols = wv.shape[1], ntok = xv.shape[0]
+    if xv.shape[1] != cols or cols % 32 or rows < 1 or ntok < 1:
+        raise ValueError("w (rows, cols) and x (ntok, cols) with cols a multiple of 32 are needed")
+    cdef weight_t wt
+    init_weight(&wt, ("F32", rows, cols, np.asarray(wv)))
+    cdef uint16_t *panels = pack_panels_bf16(&wt)
+    weight_free(&wt)
+    if panels == NULL:
+        raise MemoryError()
+    y = np.empty((ntok, rows), np.float32)
+    cdef float[:, ::1] yv = y
+    cdef uint16_t *xb = <uint16_t *>malloc(<size_t>ntok * cols * sizeof(uint16_t))
+    if xb == NULL:
+        free(panels)
+        raise MemoryError()
+    with nogil:
+        f32_to_bf16_row(&xv[0, 0], ntok * cols, xb)
+        gemm_panels_bf16(panels, rows, cols, 0, (rows + 15) // 16, ntok, xb, &yv[0, 0], rows, 0)
+    free(xb)
+    free(panels)
+    return y
 
 
 def encoder_attention(float[:, ::1] q, float[:, ::1] k, float[:, ::1] v, float scale, int window=0):

@@ -34,6 +34,7 @@ typedef struct {
     /* a chunked matmul: y (ntok, ldy) (+)= W in + bias */
     const weight_t *w;
     const float *panels;        /* w's panels when it is a float weight */
+    const uint16_t *panels_bf;  /* or its bf16 panels, which read xbf */
     const float *in;
     const block_q8x *xq;
     float *y;
@@ -56,7 +57,12 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
         int nt = s->ntok - t0 < ENC_CHUNK ? s->ntok - t0 : ENC_CHUNK;
         int tile0 = g * TILES_PER_ITEM, tile1 = tile0 + TILES_PER_ITEM < tiles ? tile0 + TILES_PER_ITEM : tiles;
         float *y = s->y + (size_t)t0 * s->ldy;
-        if (s->panels) {
+        if (s->panels_bf) {
+            int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
+            gemm_panels_bf16(s->panels_bf, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np,
+                             nt, s->c->xbf + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy,
+                             s->accumulate);
+        } else if (s->panels) {
             int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
             gemm_panels(s->panels, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np, nt,
                         s->in + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy, s->accumulate);
@@ -69,6 +75,14 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
             add_bias(y + tile0 * TILE_ROWS, s->ldy, nt, s->bias + tile0 * TILE_ROWS, r1 - tile0 * TILE_ROWS);
         }
     }
+}
+
+/* xbf = bf16(in) for a weight in bf16 panels */
+static void to_bf16_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    estage_t *s = arg;
+    int dim = s->c->model->cfg.dim;
+    (void)thread;
+    for (int64_t t = begin; t < end; t++) f32_to_bf16_row(s->in + t * dim, dim, s->c->xbf + t * dim);
 }
 
 /* quantizes row t of `in` (n values) as the input of `reader` when that weight is quantized */
@@ -273,10 +287,21 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
 /* y (ntok, ldy) (+)= w in + bias */
 static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
                    const float *in, const block_q8x *xq, float *y, int ldy, int accumulate, const float *bias) {
-    s->w = w; s->panels = panels; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy; s->accumulate = accumulate; s->bias = bias;
+    s->w = w; s->panels = panels; s->panels_bf = NULL; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy;
+    s->accumulate = accumulate; s->bias = bias;
     s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
     int64_t chunks = (s->ntok + ENC_CHUNK - 1) / ENC_CHUNK;
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
+}
+
+/* y (ntok, ldy) = w bf16(in) + bias, w in bf16 panels */
+static void matmul_bf16(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const uint16_t *panels,
+                        const float *in, float *y, int ldy, const float *bias) {
+    s->in = in;
+    run(c, stage, s->ntok, 8, to_bf16_fn, s);
+    s->w = w; s->panels = NULL; s->panels_bf = panels; s->y = y; s->ldy = ldy; s->accumulate = 0; s->bias = bias;
+    s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
+    run(c, stage, (int64_t)(s->ntok + ENC_CHUNK - 1) / ENC_CHUNK * s->n_groups, 1, matmul_chunk_fn, s);
 }
 
 static int check_batch(const encoder_ctx_t *c, const enc_batch_t *b) {
@@ -311,7 +336,10 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
         s.layer = l;
         int qkv_dim = QKV_DIM(cfg), r0 = L->wqkv.rows;                    /* qkv = Wqkv xn + b, in one or two parts */
         matmul(c, ESTAGE_QKV, &s, &L->wqkv, L->wqkv_p, in, c->xq, c->qkv, qkv_dim, 0, L->bqkv);
-        if (L->wqkv_f_p)
+        if (L->wqkv_f_bf)
+            matmul_bf16(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_bf, in, c->qkv + r0, qkv_dim,
+                        L->bqkv ? L->bqkv + r0 : NULL);
+        else if (L->wqkv_f_p)
             matmul(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_p, in, c->xq, c->qkv + r0, qkv_dim, 0,
                    L->bqkv ? L->bqkv + r0 : NULL);
         if (!bert) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);                 /* qk norm, rope */
@@ -382,7 +410,10 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     c->kt = zalloc((size_t)threads * cfg->head_dim * ENC_PAD(T) * sizeof(float));
     c->pooled = zalloc((size_t)max_seqs * pooled * sizeof(float));
     c->pooled2 = zalloc((size_t)max_seqs * pooled * sizeof(float));
-    if (!c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores || !c->kt ||
+    int bf16 = 0;
+    for (int l = 0; l < cfg->n_layers; l++) bf16 |= m->layers[l].wqkv_f_bf != NULL;
+    c->xbf = bf16 ? zalloc(T * cfg->dim * sizeof(uint16_t)) : NULL;
+    if ((bf16 && !c->xbf) || !c->pool || !c->x || !c->xn || !c->qkv || !c->attn || !c->h || !c->xq || !c->xq_h || !c->gu || !c->seq_of || !c->scores || !c->kt ||
         !c->pooled || !c->pooled2) {
         encoder_ctx_free(c);
         return NULL;
@@ -394,6 +425,6 @@ void encoder_ctx_free(encoder_ctx_t *c) {
     if (!c) return;
     if (c->pool) pool_destroy(c->pool);
     free(c->x); free(c->xn); free(c->qkv); free(c->attn); free(c->h); free(c->xq); free(c->xq_h); free(c->gu); free(c->seq_of);
-    free(c->scores); free(c->kt); free(c->pooled); free(c->pooled2);
+    free(c->scores); free(c->kt); free(c->pooled); free(c->pooled2); free(c->xbf);
     free(c);
 }

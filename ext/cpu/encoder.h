@@ -38,6 +38,7 @@ typedef struct {
     /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q, whose 8-bit
      * rounding costs no accuracy), wqkv_f the rest (k and v) as float panels; wqkv_f_p NULL: wqkv is all of it */
     weight_t wqkv_f; float *wqkv_f_p;
+    uint16_t *wqkv_f_bf;              /* wqkv_f as bf16 panels instead of wqkv_f_p (gemm_bf16.c), or NULL */
 } enc_layer_t;
 
 typedef struct {
@@ -82,6 +83,7 @@ typedef struct {
     float *h;                         /* (max_tokens, hidden) FFN activation, for a float down projection */
     block_q8x *xq;                    /* (max_tokens, max(dim, q_dim) / 32) quantized input of a matmul */
     block_q8x *xq_h;                  /* (max_tokens, hidden / 32) */
+    uint16_t *xbf;                    /* (max_tokens, dim) a bf16 weight's input, where a layer has one; else NULL */
     float *gu;                        /* (threads, ENC_CHUNK, 64) an FFN item's gate and up */
     float *scores;                    /* (threads, ENC_ATTN_QBLOCK, ENC_PAD(max_tokens)) scores of a block of queries */
     float *kt;                        /* (threads, head_dim, ENC_PAD(max_tokens)) a sequence's keys of one head,
@@ -101,6 +103,15 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 inval
 float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NULL for a quantized w or no memory */
 void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
                  float *y, int ldy, int accumulate);
+
+/* bfloat16 GEMM over panels of column pairs (gemm_bf16.c), for the float parts of a quantized encoder where
+ * encoder_bf16_preferred(): weights and activations rounded to bf16, VDPBF16PS's sums (the file says how) */
+uint16_t f32_to_bf16(float f);
+void f32_to_bf16_row(const float *x, int n, uint16_t *out);
+uint16_t *pack_panels_bf16(const weight_t *w);   /* (ceil(rows / 16), cols / 2, 16, 2); NULL: quantized, odd cols */
+void gemm_panels_bf16(const uint16_t *panels, int rows, int cols, int panel_begin, int panel_end, int ntok,
+                      const uint16_t *x, float *y, int ldy, int accumulate);
+int encoder_bf16_preferred(void);
 
 /* kernels (encoder_kernels.c) */
 void layernorm(const float *x, const float *w, const float *b, int n, float eps, float *out);   /* n % 8 == 0 */

@@ -1,7 +1,7 @@
 """The C encoder on tiny random BERT and Gemma 3 folders against the float64 reference (tests/encoder_reference.py):
 vectors and last hidden states, every pooling mode, Dense layers with and without bias, sliding windows shorter
-than the input, Q8_0, batch invariance (bit for bit), scalar == AVX2 == the best path, every prefill kernel (AMX
-too) the same."""
+than the input, Q8_0 (BERT's Wv in f32 or bf16), batch invariance (bit for bit), scalar == AVX2 == the best path,
+every prefill kernel (AMX too) the same."""
 from __future__ import annotations
 
 import numpy as np
@@ -66,13 +66,24 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_any_batch(tiny):
     assert np.array_equal(emb.embed(ids[::-1])[::-1], together)
 
 
-def test_q8_0_stays_close(tiny):
+@pytest.mark.parametrize("bf16", [False, True], ids=["wv-f32", "wv-bf16"])
+def test_q8_0_stays_close(tiny, bf16):
     folder, ref = tiny
-    emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2)
+    emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2, float_parts_bf16=bf16)
     assert not emb.weights.table_in_place    # a quantized one is built in the encoder's own memory
+    assert emb.float_parts_bf16 == (bf16 and emb.model.config["arch"] == "bert")   # only BERT keeps a float Wv
     ids = emb.tokenize(SENTENCES)
     got = emb.embed(ids)
     assert _cos(got, np.stack([ref.embed(s) for s in ids])).min() > 0.999
+    together = emb.embed(ids)                 # and bits independent of the batch, with Wv in bf16 too
+    assert all(np.array_equal(emb.embed([s])[0], together[i]) for i, s in enumerate(ids))
+
+
+def test_bf16_float_parts_by_default_where_the_cpu_prefers_them(tmp_path):
+    folder = write_tiny_embedding(tmp_path / "b")
+    assert Embedder(load_embedding_model(folder, quantize="q8_0"), threads=1).float_parts_bf16 == \
+        _cpu.encoder_bf16_preferred()
+    assert not Embedder(load_embedding_model(folder), threads=1, float_parts_bf16=True).float_parts_bf16
 
 
 def test_scalar_and_simd_paths_give_the_same_bits(tiny):
@@ -82,13 +93,13 @@ def test_scalar_and_simd_paths_give_the_same_bits(tiny):
     try:
         for path in ["scalar", "avx2", best] if best != "scalar" else ["scalar"]:
             _cpu.set_path(path)
-            for q in (None, "q8_0"):
-                emb = Embedder(load_embedding_model(folder, quantize=q), threads=2)
-                results[path, q] = emb.embed(emb.tokenize(SENTENCES))
+            for q, bf16 in ((None, False), ("q8_0", False), ("q8_0", True)):
+                emb = Embedder(load_embedding_model(folder, quantize=q), threads=2, float_parts_bf16=bf16)
+                results[path, q, bf16] = emb.embed(emb.tokenize(SENTENCES))
     finally:
         _cpu.set_path(best)
-    for (path, q), got in results.items():
-        assert np.array_equal(results["scalar", q], got), (path, q)
+    for (path, q, bf16), got in results.items():
+        assert np.array_equal(results["scalar", q, bf16], got), (path, q, bf16)
 
 
 def test_every_prefill_kernel_gives_the_same_bits(tiny):

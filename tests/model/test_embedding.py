@@ -25,10 +25,10 @@ def test_folder_contents_become_the_config(tmp_path):
     assert is_embedding_folder(folder) and not is_embedding_folder(tmp_path)
 
 
-def test_bert_quantized_keeps_wk_wv_in_float(tmp_path):
+def test_bert_quantized_keeps_wv_in_float(tmp_path):
     m = load_embedding_model(write_tiny_embedding(tmp_path / "b"), quantize="q8_0")
-    assert m.tensors["blk.0.wqkv"][:3] == ("Q8_0", 64, 64)           # Wq alone
-    assert m.tensors["blk.0.wqkv_f"][:3] == ("F32", 128, 64)         # Wk | Wv
+    assert m.tensors["blk.0.wqkv"][:3] == ("Q8_0", 128, 64)          # Wq | Wk
+    assert m.tensors["blk.0.wqkv_f"][:3] == ("F32", 64, 64)          # Wv
     assert {m.tensors[f"blk.0.{w}"][0] for w in ("wo", "wup", "wdown")} == {"Q8_0"}
     np.testing.assert_array_equal(m.tensors["blk.0.bqkv"].shape, (3 * 64,))
     assert "blk.0.wqkv_f" not in load_embedding_model(write_tiny_embedding(tmp_path / "f")).tensors
