@@ -144,10 +144,8 @@ cdef class EncoderModel:
                 if spec[0] not in FLOAT_WEIGHT_TYPES or not 0 < spec[1] < qkv_dim or (qkv_dim - spec[1]) % 16:
                     raise ValueError(f"{p}wqkv_f: a float weight of fewer than {qkv_dim} rows that leaves a "
                                      f"multiple of 16 to wqkv is needed, got {spec[0]} with {spec[1]}")
-                if config.get("wqkv_f_bf16"):
-                    self._bf16_matrix(&L.wqkv_f, &L.wqkv_f_bf, spec, c.dim)
-                else:
-                    self._matrix(&L.wqkv_f, &L.wqkv_f_p, spec, spec[1], c.dim)
+                self._matrix(&L.wqkv_f, &L.wqkv_f_p, spec, spec[1], c.dim,
+                             &L.wqkv_f_bf if config.get("wqkv_f_bf16") else NULL)
             self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim - L.wqkv_f.rows, c.dim)
             self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
             self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
@@ -187,30 +185,22 @@ cdef class EncoderModel:
         self.m.out_dim = self.out_dim
         self.max_positions = c.max_positions
 
-    cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols) except -1:
-        """Builds a matrix; a float one is repacked into panels for the encoder's GEMM and its row-major copy freed
-        (the weight_t keeps its type and shape)."""
+    cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols,
+                     uint16_t **bf16_panels=NULL) except -1:
+        """Builds a matrix; a float one is repacked into panels for the encoder's GEMM (into bf16 panels instead where
+        bf16_panels is given: gemm_bf16.c) and its row-major copy freed (the weight_t keeps its type and shape)."""
         if spec[1] != rows or spec[2] != cols:
             raise ValueError(f"weight of shape ({spec[1]}, {spec[2]}) where ({rows}, {cols}) is needed")
         init_weight(w, spec)
         if not weight_is_quantized(w.type):
             with nogil:
-                panels[0] = pack_panels(w)
-            if panels[0] == NULL:
+                if bf16_panels != NULL:
+                    bf16_panels[0] = pack_panels_bf16(w)
+                else:
+                    panels[0] = pack_panels(w)
+            if (bf16_panels[0] == NULL) if bf16_panels != NULL else (panels[0] == NULL):
                 raise MemoryError(f"out of memory repacking a {rows}x{cols} weight")
             weight_free(w)
-        return 0
-
-    cdef int _bf16_matrix(self, weight_t *w, uint16_t **panels, tuple spec, int cols) except -1:
-        """A float matrix repacked into bf16 panels (gemm_bf16.c), its row-major copy freed."""
-        if spec[2] != cols:
-            raise ValueError(f"weight of {spec[2]} columns where {cols} are needed")
-        init_weight(w, spec)
-        with nogil:
-            panels[0] = pack_panels_bf16(w)
-        if panels[0] == NULL:
-            raise MemoryError(f"out of memory repacking a {spec[1]}x{cols} weight in bf16")
-        weight_free(w)
         return 0
 
     cdef int _lookup_table(self, weight_t *w, tuple spec) except -1:

@@ -57,15 +57,15 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
         int nt = s->ntok - t0 < ENC_CHUNK ? s->ntok - t0 : ENC_CHUNK;
         int tile0 = g * TILES_PER_ITEM, tile1 = tile0 + TILES_PER_ITEM < tiles ? tile0 + TILES_PER_ITEM : tiles;
         float *y = s->y + (size_t)t0 * s->ldy;
-        if (s->panels_bf) {
+        if (s->panels || s->panels_bf) {
             int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
-            gemm_panels_bf16(s->panels_bf, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np,
-                             nt, s->c->xbf + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy,
-                             s->accumulate);
-        } else if (s->panels) {
-            int per = TILES_PER_ITEM * TILE_ROWS / PANEL_ROWS, np = (s->w->rows + PANEL_ROWS - 1) / PANEL_ROWS;
-            gemm_panels(s->panels, s->w->rows, s->w->cols, g * per, (g + 1) * per < np ? (g + 1) * per : np, nt,
-                        s->in + (size_t)t0 * s->w->cols, y + g * per * PANEL_ROWS, s->ldy, s->accumulate);
+            int p0 = g * per, p1 = (g + 1) * per < np ? (g + 1) * per : np;
+            if (s->panels_bf)
+                gemm_panels_bf16(s->panels_bf, s->w->rows, s->w->cols, p0, p1, nt,
+                                 s->c->xbf + (size_t)t0 * s->w->cols, y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
+            else
+                gemm_panels(s->panels, s->w->rows, s->w->cols, p0, p1, nt, s->in + (size_t)t0 * s->w->cols,
+                            y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
         } else {
             matmul_tiles(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
                          y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
@@ -284,24 +284,21 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
     c->profile[stage] += now_seconds() - t0;
 }
 
-/* y (ntok, ldy) (+)= w in + bias */
-static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
-                   const float *in, const block_q8x *xq, float *y, int ldy, int accumulate, const float *bias) {
-    s->w = w; s->panels = panels; s->panels_bf = NULL; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy;
+/* y (ntok, ldy) (+)= w in + bias; w in float panels, bf16 panels (in is then rounded to bf16 first) or quantized */
+static void matmul_any(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
+                       const uint16_t *panels_bf, const float *in, const block_q8x *xq, float *y, int ldy,
+                       int accumulate, const float *bias) {
+    s->w = w; s->panels = panels; s->panels_bf = panels_bf; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy;
     s->accumulate = accumulate; s->bias = bias;
+    if (panels_bf) run(c, stage, s->ntok, 8, to_bf16_fn, s);
     s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
     int64_t chunks = (s->ntok + ENC_CHUNK - 1) / ENC_CHUNK;
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
 }
 
-/* y (ntok, ldy) = w bf16(in) + bias, w in bf16 panels */
-static void matmul_bf16(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const uint16_t *panels,
-                        const float *in, float *y, int ldy, const float *bias) {
-    s->in = in;
-    run(c, stage, s->ntok, 8, to_bf16_fn, s);
-    s->w = w; s->panels = NULL; s->panels_bf = panels; s->y = y; s->ldy = ldy; s->accumulate = 0; s->bias = bias;
-    s->n_groups = (matmul_num_tiles(w) + TILES_PER_ITEM - 1) / TILES_PER_ITEM;
-    run(c, stage, (int64_t)(s->ntok + ENC_CHUNK - 1) / ENC_CHUNK * s->n_groups, 1, matmul_chunk_fn, s);
+static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
+                   const float *in, const block_q8x *xq, float *y, int ldy, int accumulate, const float *bias) {
+    matmul_any(c, stage, s, w, panels, NULL, in, xq, y, ldy, accumulate, bias);
 }
 
 static int check_batch(const encoder_ctx_t *c, const enc_batch_t *b) {
@@ -336,12 +333,9 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
         s.layer = l;
         int qkv_dim = QKV_DIM(cfg), r0 = L->wqkv.rows;                    /* qkv = Wqkv xn + b, in one or two parts */
         matmul(c, ESTAGE_QKV, &s, &L->wqkv, L->wqkv_p, in, c->xq, c->qkv, qkv_dim, 0, L->bqkv);
-        if (L->wqkv_f_bf)
-            matmul_bf16(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_bf, in, c->qkv + r0, qkv_dim,
-                        L->bqkv ? L->bqkv + r0 : NULL);
-        else if (L->wqkv_f_p)
-            matmul(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_p, in, c->xq, c->qkv + r0, qkv_dim, 0,
-                   L->bqkv ? L->bqkv + r0 : NULL);
+        if (L->wqkv_f_p || L->wqkv_f_bf)
+            matmul_any(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_p, L->wqkv_f_bf, in, c->xq, c->qkv + r0, qkv_dim, 0,
+                       L->bqkv ? L->bqkv + r0 : NULL);
         if (!bert) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);                 /* qk norm, rope */
         run(c, ESTAGE_ATTENTION, (int64_t)b->num_seqs * cfg->n_heads, 1, attention_fn, &s);
         /* BERT: x += Wo attn + b; Gemma: xn = Wo attn */
