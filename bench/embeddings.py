@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
+from bench._common import busy_warning, command_line, llama_bin, peer_env  # noqa: E402
 from inferd.engine.embedder import Embedder  # noqa: E402
 from inferd.model.embedding import load_embedding_model  # noqa: E402
 
@@ -57,6 +58,14 @@ def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def workload_texts() -> tuple[list[str], list[str], list[tuple[str, list[str], int]]]:
+    """The short sentences, the passages and the workloads (label, inputs, batch size) of the in-process and
+    llama-server runs."""
+    short, passages = texts(256, 13, 1), texts(64, 220, 2)
+    return short, passages, [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
+                             ("64 passages x ~256 tok", passages, 64)]
 
 
 def ours_run(e: Embedder, batch: list[str], size: int) -> Callable[[], None]:
@@ -104,8 +113,6 @@ async def closed_loop(url: str, model: str, sentences: list[str], clients: int, 
 
 def serve_bench(args: argparse.Namespace) -> None:
     import subprocess
-
-    from bench._common import busy_warning, command_line
 
     warning = busy_warning()
     short = texts(512, 13, 3)
@@ -177,11 +184,7 @@ def post_embeddings(url: str, model: str, inputs: list[str]) -> np.ndarray:
 def llama_server_bench(args: argparse.Namespace) -> None:
     """inferd serve vs llama-server on the same workloads, requests alternating between the two."""
     import subprocess
-    short = texts(256, 13, 1)
-    passages = texts(64, 220, 2)
-    workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
-                 ("64 passages x ~256 tok", passages, 64)]
-    from bench._common import busy_warning, command_line, llama_bin, peer_env
+    short, passages, workloads = workload_texts()
 
     gguf_dir, bin_dir, env = Path(args.gguf), llama_bin(Path(args.bin) if args.bin else None), peer_env()
     warning = busy_warning()
@@ -234,7 +237,8 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                     p.wait(30)
     text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating)\n\n"
             f"threads {args.threads}, repeats {args.repeats} (median); llama-server from {bin_dir} (its environment "
-            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py (--sentence-transformers-dense-modules). "
+            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py "
+            "(--sentence-transformers-dense-modules). "
             f"{'**Warning**: ' + warning + '. ' if warning else ''}Command: `{command_line(sys.argv)}`. min cos: the "
             "lowest cosine between the two servers' vectors for 4 sentences and a passage.\n\n"
             "| model | weights | workload | inferd sent/s | llama-server sent/s | inferd / llama | min cos |\n"
@@ -269,12 +273,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     torch.set_num_threads(args.threads)
 
-    short = texts(256, 13, 1)
-    passages = texts(64, 220, 2)
-    workloads = [("batch 1", short[:32], 1), ("batch 32", short[:32], 32), ("batch 256", short, 256),
-                 ("64 passages x ~256 tok", passages, 64)]
-    from bench._common import busy_warning, command_line
-
+    short, _, workloads = workload_texts()
     warning = busy_warning()
     lines = [f"threads {args.threads}, repeats {args.repeats} (median), torch {torch.__version__}, the three sides "
              f"alternating. " + (f"**Warning**: {warning}." if warning else "Nothing else ran on the machine.")

@@ -93,7 +93,7 @@ cdef class EncoderModel:
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
     'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one; 'blk.{i}.wqkv_f'
     where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float; in bf16, weights
-    and activations rounded, with config 'wqkv_f_bf16': see gemm_bf16.c).
+    and activations rounded, with config 'wqkv_f_bf16': see gemm_panels.c).
     The matrices are taken out of `tensors` as they are copied into the engine's layout, so that the loader's
     arrays and the copies are never all in memory at once (EmbeddingGemma in F32: 1 GB each)."""
     cdef encoder_t m
@@ -188,17 +188,20 @@ cdef class EncoderModel:
     cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols,
                      uint16_t **bf16_panels=NULL) except -1:
         """Builds a matrix; a float one is repacked into panels for the encoder's GEMM (into bf16 panels instead where
-        bf16_panels is given: gemm_bf16.c) and its row-major copy freed (the weight_t keeps its type and shape)."""
+        bf16_panels is given: gemm_panels.c) and its row-major copy freed (the weight_t keeps its type and shape)."""
         if spec[1] != rows or spec[2] != cols:
             raise ValueError(f"weight of shape ({spec[1]}, {spec[2]}) where ({rows}, {cols}) is needed")
         init_weight(w, spec)
+        cdef void *packed
         if not weight_is_quantized(w.type):
             with nogil:
                 if bf16_panels != NULL:
                     bf16_panels[0] = pack_panels_bf16(w)
+                    packed = bf16_panels[0]
                 else:
                     panels[0] = pack_panels(w)
-            if (bf16_panels[0] == NULL) if bf16_panels != NULL else (panels[0] == NULL):
+                    packed = panels[0]
+            if packed == NULL:
                 raise MemoryError(f"out of memory repacking a {rows}x{cols} weight")
             weight_free(w)
         return 0
@@ -319,7 +322,7 @@ cdef class Encoder:
 
 
 def encoder_bf16_preferred():
-    """Whether a quantized encoder's float parts run faster in bf16 here (AVX-512 BF16 on an AMD CPU; gemm_bf16.c)."""
+    """Whether a quantized encoder's float parts run faster in bf16 here (AVX-512 BF16 on an AMD CPU; gemm_panels.c)."""
     return bool(c_encoder_bf16_preferred())
 
 

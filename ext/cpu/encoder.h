@@ -35,10 +35,11 @@ typedef struct {
     int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
     /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
     float *wqkv_p, *wo_p, *wup_p, *wdown_p;
-    /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q, whose 8-bit
-     * rounding costs no accuracy), wqkv_f the rest (k and v) as float panels; wqkv_f_p NULL: wqkv is all of it */
+    /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q and k), wqkv_f the
+     * rest (v, whose 8-bit rounding costs too much accuracy) as float panels; wqkv_f_p and wqkv_f_bf NULL: wqkv is
+     * all of it */
     weight_t wqkv_f; float *wqkv_f_p;
-    uint16_t *wqkv_f_bf;              /* wqkv_f as bf16 panels instead of wqkv_f_p (gemm_bf16.c), or NULL */
+    uint16_t *wqkv_f_bf;              /* wqkv_f as bf16 panels instead of wqkv_f_p (gemm_panels.c), or NULL */
 } enc_layer_t;
 
 typedef struct {
@@ -104,7 +105,7 @@ float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NU
 void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
                  float *y, int ldy, int accumulate);
 
-/* bfloat16 GEMM over panels of column pairs (gemm_bf16.c), for the float parts of a quantized encoder where
+/* bfloat16 GEMM over panels of column pairs (gemm_panels.c), for the float parts of a quantized encoder where
  * encoder_bf16_preferred(): weights and activations rounded to bf16, VDPBF16PS's sums (the file says how) */
 uint16_t f32_to_bf16(float f);
 void f32_to_bf16_row(const float *x, int n, uint16_t *out);

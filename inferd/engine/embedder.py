@@ -40,7 +40,7 @@ class Embedder:
         float_parts_bf16: bool | None = None,
     ):
         """float_parts_bf16: whether the float part of a quantized model's Wqkv (BERT's Wk|Wv under --quantize) runs
-        in bf16, weights and activations rounded (ext/cpu/gemm_bf16.c); None: where the CPU runs bf16 dot products
+        in bf16, weights and activations rounded (ext/cpu/gemm_panels.c); None: where the CPU runs bf16 dot products
         faster than f32 ones (on AMD Zen 4 2.2x; on the Intel Xeons measured, slower)."""
         self.model = model
         self.max_batch_tokens = max(max_batch_tokens, model.max_seq_length)

@@ -358,11 +358,10 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     for i in range(layers):
         p, o = f"encoder.layer.{i}.", f"blk.{i}."
         a = p + "attention.self."
-        # Under --quantize only Wq is quantized; Wk|Wv stay in float. 8-bit Wv (weights and activation blocks) takes
-        # MiniLM's worst of 200 sentences from cosine 0.99918 (the rest in Q8_0) to 0.99832, Wk to 0.99915, Wq to
-        # 0.99918 (no loss: a query's error shifts all of its scores alike), Wq and Wk to 0.99908 (measured with an
-        # emulation of the kernels' rounding); Wv's weights alone rounded to Q8_0 give 0.99892. Float panels run
-        # ~2.4x slower per row than int8 ones; where bf16 dot products are fast the Embedder runs Wk|Wv in bf16.
+        # Under --quantize Wq|Wk are quantized and Wv stays in float: 8-bit Wv (weights and activation blocks) takes
+        # MiniLM's worst of 200 sentences from cosine 0.99918 (the rest in Q8_0) to 0.99832, its weights alone to
+        # 0.99892; with Wq|Wk in Q8_0 the engine's worst is 0.99923 (Wv f32) or 0.99912 (Wv bf16, which the Embedder
+        # picks where bf16 dot products are fast). Float panels run ~2.4x slower per row than int8 ones.
         qkv = [a + n + ".weight" for n in ("query", "key", "value")]
         if quantize is None:
             t[o + "wqkv"] = w.fused(o + "wqkv", qkv, None)

@@ -1,4 +1,4 @@
-"""The encoder's bf16 panel GEMM (gemm_bf16.c): its rounding to bf16, and on every path the bits of a numpy emulation
+"""The encoder's bf16 panel GEMM (gemm_panels.c): its rounding to bf16, and on every path the bits of a numpy emulation
 of VDPBF16PS's definition (per output, for each column pair: acc += w_odd x_odd, then acc += w_even x_even, each
 product exact in f32 and each sum rounded to nearest, a subnormal sum flushed to zero)."""
 from __future__ import annotations
