@@ -5,17 +5,19 @@
  * round: a GROUP is the decode group size (matmul_set_decode_group: 1 = one tile per call, the kernel before the
  * groups) of the ymm tile kernels, or with a leading z of the zmm pair kernels (qdecode512.c,
  * matmul_set_decode_kernels), and a trailing p or n turns the software prefetch on or off for every tile
- * (matmul_set_decode_prefetch; default: the CPU's rule); best of the rounds, since the machine may be shared.
+ * (matmul_set_decode_prefetch; default: the CPU's rule); a leading L only reads the bytes in the group kernels'
+ * order (load_fn: the access pattern's ceiling); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
  *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
- *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4 z4n;  HOT=1 /tmp/decode_gemv 1 10 4 z4
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4 z4n L4;  HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <immintrin.h>
 #include "inferd.h"
 
 static double now(void) {
@@ -56,6 +58,38 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* 
     matmul_tiles(j->w, t0, t1, 1, NULL, j->xq, j->y + (size_t)t0 * TILE_ROWS, j->w->rows, 0);
 }
 
+/* mode L: the access pattern alone. A thread's tiles are read as the group kernels read them (up to GROUP tiles in
+ * lockstep, block after block, the same software prefetch), the bytes only xor-ed together: what the pattern gets
+ * from memory with next to no arithmetic, the ceiling of the kernels that walk it. */
+static int load_group = 4, load_prefetch = 1, load_clamp = 0, load_spread = 0;
+__attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    const job_t *j = arg;
+    const weight_t *w = j->w;
+    (void)thread;
+    int nt = matmul_num_tiles(w), t0 = 2 * (int)begin, t1 = 2 * (int)end < nt ? 2 * (int)end : nt;
+    int nb = w->cols / weight_block_cols(w->type);
+    size_t bb = weight_tile_block_bytes(w->type), tb = (size_t)nb * bb;
+    __m512i acc = _mm512_setzero_si512();
+    for (int t = t0; t < t1; t += load_group) {
+        int n = t1 - t < load_group ? t1 - t : load_group;
+        const uint8_t *base = w->data + (size_t)t * tb;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = base + (size_t)b * bb;
+            if (load_prefetch && !load_spread)
+                for (int i = 0; i < n; i++)
+                    if (!load_clamp || t + i + 8 < t1)
+                        for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)(i + 8) * tb + o, 0, 2);
+            for (int i = 0; i < n; i++)
+                for (size_t o = 0; o + 64 <= bb; o += 64) {
+                    if (load_spread && (!load_clamp || t + i + 8 < t1))
+                        __builtin_prefetch(blk + (size_t)(i + 8) * tb + o, 0, 2);
+                    acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)(blk + (size_t)i * tb + o)));
+                }
+        }
+    }
+    j->y[t0 * TILE_ROWS] = (float)_mm512_reduce_add_epi32(acc);
+}
+
 #define NSHAPES 6
 static const int streamed_shapes[NSHAPES][3] = {   /* Qwen2.5-1.5B's: q/o, k/v, gate/up, down, down, output */
     {WT_Q4_K, 1536, 1536}, {WT_Q4_K, 256, 1536}, {WT_Q4_K, 8960, 1536}, {WT_Q4_K, 1536, 8960},
@@ -73,16 +107,20 @@ static const int hot_shapes[NSHAPES][3] = {        /* the same widths, fewer row
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
     int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
-    int groups[8], zmm[8], pf[8];
+    int groups[8], zmm[8], pf[8], load[8];
     ng = ng < 8 ? ng : 8;
     for (int g = 0; g < ng; g++) {
         const char *a = argv[3 + g], *end = a + strlen(a) - 1;
         zmm[g] = a[0] == 'z';
-        groups[g] = atoi(a + zmm[g]);
+        load[g] = a[0] == 'L';
+        groups[g] = atoi(a + (zmm[g] || load[g]));
         pf[g] = *end == 'p' ? 2 : *end == 'n' ? 0 : 1;
     }
     const int (*shapes)[3] = getenv("GEMMA") ? gemma_shapes : hot ? hot_shapes : streamed_shapes;
     size_t dflt = matmul_decode_prefetch();
+    int chunk = getenv("CHUNK") ? atoi(getenv("CHUNK")) : 1;
+    load_clamp = getenv("CLAMP") != NULL;
+    load_spread = getenv("SPREAD") != NULL;
     pool_t *pool = pool_create(threads);
     float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
     for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
@@ -96,8 +134,11 @@ int main(int argc, char **argv) {
         copies[s] = hot ? 1 : (int)(400e6 / weight_layout_bytes(type, rows, cols));
         copies[s] = copies[s] < 1 ? 1 : copies[s];
         ws[s] = malloc(sizeof(weight_t) * copies[s]);
+        size_t lb = (weight_layout_bytes(type, rows, cols) + 63) & ~(size_t)63;
+        uint8_t *mem = huge_alloc(lb * copies[s]);   /* in huge pages, as the engine's weights and the probe's buffer */
         for (int c = 0; c < copies[s]; c++)
-            if (weight_init(&ws[s][c], type, rows, cols, src, gguf_row_bytes(type, cols) * rows, NULL)) return 1;
+            if (weight_init(&ws[s][c], type, rows, cols, src, gguf_row_bytes(type, cols) * rows, mem + lb * c))
+                return 1;
         free(src);
     }
     double best[8][NSHAPES], bw = 0;
@@ -116,7 +157,9 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < reps; k++)
                     for (int c = 0; c < copies[s]; c++) {
                         job_t j = {&ws[s][c], xq, y};
-                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1, matmul_fn, &j);
+                        load_group = groups[g];
+                        load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][c].nbytes / matmul_num_tiles(&ws[s][c]) <= dflt);
+                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, chunk, load[g] ? load_fn : matmul_fn, &j);
                     }
                 double t = now() - t0;
                 best[g][s] = t < best[g][s] ? t : best[g][s];
@@ -127,19 +170,21 @@ int main(int argc, char **argv) {
     int same = 1;
     float *y0 = malloc((size_t)262144 * sizeof(float));
     for (int s = 0; s < NSHAPES; s++)
-        for (int g = 0; g < ng; g++) {
+        for (int g = 0, first = 1; g < ng; g++) {
+            if (load[g]) continue;
             matmul_set_decode_group(groups[g]);
             matmul_set_decode_kernels(zmm[g]);
-            job_t j = {&ws[s][0], xq, g ? y : y0};
+            job_t j = {&ws[s][0], xq, first ? y0 : y};
             pool_run(pool, (matmul_num_tiles(&ws[s][0]) + 1) / 2, 1, matmul_fn, &j);
-            if (g && memcmp(y, y0, (size_t)shapes[s][1] * sizeof(float))) same = 0;
+            if (!first && memcmp(y, y0, (size_t)shapes[s][1] * sizeof(float))) same = 0;
+            first = 0;
         }
     if (!same) printf("THE KERNELS' RESULTS DIFFER\n");
     printf("%s path, %d threads, %s, best of %d rounds; read bandwidth probe: %.1f GB/s\n\n",
            cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
            bw / 1e9);
     printf("| type | rows x cols |");
-    for (int g = 0; g < ng; g++) printf(" %s %d%s GB/s |", zmm[g] ? "zmm" : "ymm", groups[g], pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
+    for (int g = 0; g < ng; g++) printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g], pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");
     printf("\n");

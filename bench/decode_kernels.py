@@ -61,6 +61,8 @@ def main() -> None:
             "prefetch never": lambda: _cpu.set_decode_prefetch(0),
             f"prefetch default (tiles <= {default_prefetch} B)": lambda: _cpu.set_decode_prefetch(default_prefetch),
         }
+        if default_prefetch != 16 << 10:
+            settings["prefetch tiles <= 16384 B"] = lambda: _cpu.set_decode_prefetch(16 << 10)
     else:
         settings = {k: (lambda k=k: _cpu.set_decode_kernels(k)) for k in _cpu.DECODE_KERNELS}
     rates: dict[str, list[float]] = {k: [] for k in settings}

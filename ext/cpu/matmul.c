@@ -245,6 +245,11 @@ static const qpair_fn *pair_table(void) {
 
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
                   const block_q8x *xq, float *y, int ldy, int accumulate) {
+    matmul_tiles_ahead(w, tile_begin, tile_end, tile_end, ntok, x, xq, y, ldy, accumulate);
+}
+
+void matmul_tiles_ahead(const weight_t *w, int tile_begin, int tile_end, int stretch_end, int ntok, const float *x,
+                        const block_q8x *xq, float *y, int ldy, int accumulate) {
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
     const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
@@ -292,8 +297,9 @@ void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, con
             n = n < decode_group ? n : decode_group;
             int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
             size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+            int ahead = (stretch_end < seg_end ? stretch_end : seg_end) - tile;   /* the stretch's tiles from here */
             group(base, tile_bytes, n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS, accumulate,
-                  tile_bytes <= matmul_decode_prefetch());
+                  tile_bytes <= matmul_decode_prefetch() ? ahead : 0);
             tile += n - 1;
             continue;
         }

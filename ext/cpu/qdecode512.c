@@ -147,6 +147,19 @@ DINLINE __m512i q6k_isum(const uint8_t *a, const uint8_t *b, int s, const block_
                             _mm512_mullo_epi32(hi, high_halves_i(sa, sb)));
 }
 
+/* Software prefetch of the tiles DECODE_PREFETCH_TILES ahead (only those before `limit`, the end of the caller's
+ * stretch of tiles: past it they are another thread's or none), part `part` of `parts` of each tile's block: lines
+ * part L / parts .. (part + 1) L / parts of its L. The K-quants spread a block's lines over its 8 sub-blocks; all at
+ * the block's start stalled on the line fill buffers with no arithmetic beside them (bench/results/decode_spread.md). */
+DINLINE void prefetch_part(const uint8_t *blk, size_t tile_bytes, int ntiles, int limit, size_t bb, int part,
+                           int parts) {
+    const size_t lines = (bb + 63) / 64, l0 = lines * (size_t)part / (size_t)parts;
+    const size_t l1 = lines * (size_t)(part + 1) / (size_t)parts;
+    for (int t = 0; t < ntiles && t + DECODE_PREFETCH_TILES < limit; t++)
+        for (size_t l = l0; l < l1; l++)
+            __builtin_prefetch(blk + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + 64 * l, 0, 2);
+}
+
 /* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep ---- */
 DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, size_t tile_bytes, int ntiles, int nb,
                           const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
@@ -160,11 +173,8 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
     }
     for (int bk = 0; bk < nb; bk++) {
         const size_t off = (size_t)bk * bb;
-        if (prefetch)
-            for (int t = 0; t < ntiles; t++)
-                for (size_t o = 0; o < bb; o += 64)
-                    __builtin_prefetch(base + off + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + o, 0, 2);
         if (!type_is_k(type)) {
+            prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, 0, 1);
             for (int i = 0; i < np; i++) acc[i] = small_block(type, ta[i] + off, tb[i] + off, xq + bk, acc[i]);
             continue;
         }
@@ -173,19 +183,23 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
             __m512 dmA[2], dmB[2];
             for (int i = 0; i < np; i++) { dmA[i] = q45k_dmins(ta[i] + off); dmB[i] = q45k_dmins(tb[i] + off); }
 #pragma GCC unroll 8   /* measured: ~10% more in cache than the rolled loop */
-            for (int s = 0; s < 8; s++)
+            for (int s = 0; s < 8; s++) {
+                prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
                 for (int i = 0; i < np; i++)
                     acc[i] = q45k_sub(type, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, acc[i]);
+            }
         } else {
             __m512 d[2];
             for (int i = 0; i < np; i++) d[i] = join_f16(ta[i] + off, tb[i] + off);
 #pragma GCC unroll 8
-            for (int s = 0; s < 8; s++)
+            for (int s = 0; s < 8; s++) {
+                prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
                 for (int i = 0; i < np; i++) {
                     __m512 dw = _mm512_mul_ps(d[i], _mm512_set1_ps(xb[s].d));
                     __m512i isum = q6k_isum(ta[i] + off, tb[i] + off, s, xb + s);
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[i]);
                 }
+            }
         }
     }
     for (int i = 0; i < np; i++) {

@@ -56,7 +56,8 @@ typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int n
 typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
                           int ycol, int nrows, int accumulate);
 /* group: one token against ntiles (1..QGROUP_TILES) adjacent tiles of one segment, tile_bytes apart, in lockstep;
- * y points at the first tile's row 0, the last tile stores nrows_last rows */
+ * y points at the first tile's row 0, the last tile stores nrows_last rows; prefetch: software prefetch of the
+ * tiles ahead of the group among the first `prefetch` tiles from base (the caller's stretch: 0 = none) */
 typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, float *y,
                           int nrows_last, int accumulate, int prefetch);
 #define QGROUP_TILES 4
