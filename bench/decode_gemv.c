@@ -77,12 +77,12 @@ __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin,
             const uint8_t *blk = base + (size_t)b * bb;
             if (load_prefetch && !load_spread)
                 for (int i = 0; i < n; i++)
-                    if (!load_clamp || t + i + 8 < t1)
-                        for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)(i + 8) * tb + o, 0, 2);
+                    if (!load_clamp || t + i + 4 < t1)
+                        for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)(i + 4) * tb + o, 0, 2);
             for (int i = 0; i < n; i++)
                 for (size_t o = 0; o + 64 <= bb; o += 64) {
-                    if (load_spread && (!load_clamp || t + i + 8 < t1))
-                        __builtin_prefetch(blk + (size_t)(i + 8) * tb + o, 0, 2);
+                    if (load_spread && (!load_clamp || t + i + 4 < t1))
+                        __builtin_prefetch(blk + (size_t)(i + 4) * tb + o, 0, 2);
                     acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)(blk + (size_t)i * tb + o)));
                 }
         }

@@ -32,7 +32,9 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
 #define DINLINE static inline __attribute__((always_inline))
-#define DECODE_PREFETCH_TILES 8   /* as qtile.h's PREFETCH_TILES: the same block 8 tiles ahead, into L2 */
+/* the tiles of the next group of 4: measured on the Intel Xeon against 2, 3, 5, 6, 8, 12, 16 tiles ahead (8 before
+ * the prefetch was spread; bench/results/decode_spread.md), the best or within noise of it at every shape */
+#define DECODE_PREFETCH_TILES 4
 
 DINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
