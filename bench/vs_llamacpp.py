@@ -37,7 +37,8 @@ ppN = N tokens at positions d..d+N-1 in steps of 512 (as llama.cpp's ubatches) a
 d..d+N-1, R times each.
 Rounds alternate in ABBA order (llama.cpp first, then inferd first, ...). Each side's figure is the median of its
 samples (llama-bench's samples_ts); the ratio is the ratio of medians, and its spread is the range of the
-per-round ratios. Also prints decode GB/s against the read bandwidth measured right after each model.
+per-round ratios. Also prints decode GB/s against the read bandwidth probed right before and after each round's
+inferd runs (their mean: the phase that round decoded in), the median and range over the rounds.
 """
 from __future__ import annotations
 
@@ -198,6 +199,7 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
     # per round: {(test, depth): {config: samples}} for llama.cpp, {(test, depth): samples} for inferd
     peer_rounds: list[dict[tuple[str, int], dict[str, list[float]]]] = []
     our_rounds: list[Samples] = []
+    probes: list[float] = []   # per round: read bandwidth around inferd's depth-0 runs
     for r in range(plan.rounds):
         peer_round: dict[tuple[str, int], dict[str, list[float]]] = {}
         ours_round: Samples = {}
@@ -205,7 +207,12 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
             for depth in depths:
                 t0 = time.monotonic()
                 if side == "inferd":
+                    probe = depth == 0 and any(t.startswith("tg") for t in tests)
+                    if probe:
+                        before = _cpu.measure_read_bandwidth(512 << 20, threads, 5)
                     ours_round.update(run_inferd(engine, tests, depth, plan.repeats))
+                    if probe:   # the bandwidth of the phase the decode ran in: the mean of a probe on each side
+                        probes.append((before + _cpu.measure_read_bandwidth(512 << 20, threads, 5)) / 2)
                 else:
                     for cmd in peer.commands(path, tests, depth, plan.repeats):
                         if r == 0:
@@ -232,12 +239,15 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
     note = ""
     tg = [row for row in rows if row.test.startswith("tg") and row.depth == 0]
     if tg:
-        # measured right after the runs it is compared with: a shared VM's bandwidth drifts between phases
-        bandwidth = _cpu.measure_read_bandwidth(512 << 20, threads, 5)
-        gbs = engine.weight_bytes * median(tg[0].ours) / 1e9
-        note = (f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> {gbs:.1f} GB/s = "
-                f"{gbs * 1e9 / bandwidth:.0%} of the read bandwidth measured right after ({bandwidth / 1e9:.1f} "
-                f"GB/s, {threads} threads)")
+        # a shared VM's bandwidth drifts between phases: each round's decode is compared with probes taken right
+        # before and after it (best of 5 reads of 512 MB each, with the same threads)
+        key = (tg[0].test, 0)
+        gbs = [engine.weight_bytes * median(o[key]) for o in our_rounds]
+        shares = [g / b for g, b in zip(gbs, probes)]
+        probed = fmt_range([b / 1e9 for b in probes])
+        note = (f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> "
+                f"{median(gbs) / 1e9:.1f} GB/s = {median(shares):.0%} ({min(shares):.0%}-{max(shares):.0%} per "
+                f"round) of the read bandwidth probed around each round's decode ({probed} GB/s, {threads} threads)")
     return rows, note
 
 
