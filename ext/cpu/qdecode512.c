@@ -13,8 +13,8 @@
  *     super-block's d and dmin converted together;
  *   - the fifth bit (Q5_K, Q5_0, Q5_1) and Q6_K's two high bits are merged with one ternary-logic instruction per
  *     vector.
- * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch ahead, as tiles_one does: several
- * streams in flight per thread.
+ * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch of the next group's tiles, as tiles_one
+ * does: several streams in flight per thread. The K-quants spread a block's prefetches over its 8 sub-blocks.
  *
  * Bits: per row the operations are the scalar kernel's (matmul.c): each 32-value block's int32 sum exactly (any order
  * of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, with a min,
@@ -32,9 +32,9 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
 #define DINLINE static inline __attribute__((always_inline))
-/* the tiles of the next group of 4: measured on the Intel Xeon against 2, 3, 5, 6, 8, 12, 16 tiles ahead (8 before
- * the prefetch was spread; bench/results/decode_spread.md), the best or within noise of it at every shape */
-#define DECODE_PREFETCH_TILES 4
+/* the tiles of the next group: measured on the Intel Xeon against 2, 3, 5, 6, 8, 12, 16 tiles ahead (8 before the
+ * prefetch was spread; bench/results/decode_spread.md), the best or within noise of it at every shape */
+#define DECODE_PREFETCH_TILES QGROUP_TILES
 
 DINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),

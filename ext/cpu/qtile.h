@@ -239,11 +239,14 @@ KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *bas
     for (int i = 0; i < ntiles; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk0 = base + (size_t)b * bb;
-        for (int i = 0; i < ntiles && i + PREFETCH_TILES < prefetch; i++)   /* within the caller's stretch */
-            for (size_t o = 0; o < bb; o += 64)
-                __builtin_prefetch(blk0 + i * tile_bytes + (size_t)PREFETCH_TILES * tile_bytes + o, 0, 2);
-        for (int i = 0; i < ntiles; i++)
+        for (int i = 0; i < ntiles; i++) {
+            /* tile i's block of the next group, beside tile i's arithmetic (not all of them in one burst), within
+             * the caller's stretch; as qdecode512.c, measured there and here (bench/results/decode_spread.md) */
+            if (i + QGROUP_TILES < prefetch)
+                for (size_t o = 0; o < bb; o += 64)
+                    __builtin_prefetch(blk0 + (size_t)(i + QGROUP_TILES) * tile_bytes + o, 0, 2);
             KFN(block_tokens)(type, blk0 + i * tile_bytes, nsub, 2, 1, xq + (size_t)b * nsub, 0, acc + i);
+        }
     }
     for (int i = 0; i < ntiles; i++)
         KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
