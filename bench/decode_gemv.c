@@ -59,9 +59,10 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* 
 }
 
 /* mode L: the access pattern alone. A thread's tiles are read as the group kernels read them (up to GROUP tiles in
- * lockstep, block after block, the same software prefetch), the bytes only xor-ed together: what the pattern gets
- * from memory with next to no arithmetic, the ceiling of the kernels that walk it. */
-static int load_group = 4, load_prefetch = 1, load_clamp = 0, load_spread = 0;
+ * lockstep, block after block, each tile's block of the next group prefetched beside its own loads, within the
+ * thread's claim), the bytes only xor-ed together: what the pattern gets from memory with next to no arithmetic, the
+ * ceiling of the kernels that walk it. A trailing n: without the prefetch. */
+static int load_group = 4, load_prefetch = 1;
 __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const job_t *j = arg;
     const weight_t *w = j->w;
@@ -75,16 +76,13 @@ __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin,
         const uint8_t *base = w->data + (size_t)t * tb;
         for (int b = 0; b < nb; b++) {
             const uint8_t *blk = base + (size_t)b * bb;
-            if (load_prefetch && !load_spread)
-                for (int i = 0; i < n; i++)
-                    if (!load_clamp || t + i + 4 < t1)
-                        for (size_t o = 0; o < bb; o += 64) __builtin_prefetch(blk + (size_t)(i + 4) * tb + o, 0, 2);
-            for (int i = 0; i < n; i++)
+            for (int i = 0; i < n; i++) {
+                int pf = load_prefetch && t + i + load_group < t1;
                 for (size_t o = 0; o + 64 <= bb; o += 64) {
-                    if (load_spread && (!load_clamp || t + i + 4 < t1))
-                        __builtin_prefetch(blk + (size_t)(i + 4) * tb + o, 0, 2);
+                    if (pf) __builtin_prefetch(blk + (size_t)(i + load_group) * tb + o, 0, 2);
                     acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)(blk + (size_t)i * tb + o)));
                 }
+            }
         }
     }
     j->y[t0 * TILE_ROWS] = (float)_mm512_reduce_add_epi32(acc);
@@ -118,9 +116,6 @@ int main(int argc, char **argv) {
     }
     const int (*shapes)[3] = getenv("GEMMA") ? gemma_shapes : hot ? hot_shapes : streamed_shapes;
     size_t dflt = matmul_decode_prefetch();
-    int chunk = getenv("CHUNK") ? atoi(getenv("CHUNK")) : 1;
-    load_clamp = getenv("CLAMP") != NULL;
-    load_spread = getenv("SPREAD") != NULL;
     pool_t *pool = pool_create(threads);
     float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
     for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
@@ -159,7 +154,7 @@ int main(int argc, char **argv) {
                         job_t j = {&ws[s][c], xq, y};
                         load_group = groups[g];
                         load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][c].nbytes / matmul_num_tiles(&ws[s][c]) <= dflt);
-                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, chunk, load[g] ? load_fn : matmul_fn, &j);
+                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1, load[g] ? load_fn : matmul_fn, &j);
                     }
                 double t = now() - t0;
                 best[g][s] = t < best[g][s] ? t : best[g][s];
