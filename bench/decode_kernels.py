@@ -1,7 +1,7 @@
 """Whole decode steps with the ymm tile kernels vs the zmm pair kernels for Q4_K/Q6_K (_cpu.set_decode_kernels), or
-with --prefetch the decode kernels' software prefetch always / never / as the CPU's default (_cpu.set_decode_prefetch),
-alternating in one process (ABC CBA ...), next to the read-bandwidth probe of the same run. All give the same bits: the
-generated tokens are checked equal.
+with --prefetch the decode kernels' software prefetch always / never / as the CPU's default / for tiles up to 16 KB
+(_cpu.set_decode_prefetch), alternating in one process (ABC CBA ...), next to the read-bandwidth probe of the same
+run. All give the same bits: the generated tokens are checked equal.
 
     python bench/decode_kernels.py [-m MODEL] [-t 2] [--decode 64] [--rounds 3] [--prefetch]
 (MODEL: a path or name; default the Qwen2.5-Coder-1.5B Q4_K_M file of ../shared/models/fetch.sh)
@@ -56,12 +56,13 @@ def main() -> None:
     print(f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path")
     default_prefetch = _cpu.decode_prefetch()
     if args.prefetch:
+        default_name = "every tile" if default_prefetch is None else f"tiles <= {default_prefetch} B"
         settings = {
             "prefetch always": lambda: _cpu.set_decode_prefetch(None),
             "prefetch never": lambda: _cpu.set_decode_prefetch(0),
-            f"prefetch default (tiles <= {default_prefetch} B)": lambda: _cpu.set_decode_prefetch(default_prefetch),
+            f"prefetch default ({default_name})": lambda: _cpu.set_decode_prefetch(default_prefetch),
         }
-        if default_prefetch != 16 << 10:
+        if default_prefetch != 16 << 10:  # AMD's rule, where it is not the default
             settings["prefetch tiles <= 16384 B"] = lambda: _cpu.set_decode_prefetch(16 << 10)
     else:
         settings = {k: (lambda k=k: _cpu.set_decode_kernels(k)) for k in _cpu.DECODE_KERNELS}

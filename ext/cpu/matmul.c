@@ -219,7 +219,9 @@ int matmul_decode_kernels(void) { return zmm_vnni() && decode_zmm_on; }
  * alone at every shape (bench/results/decode_q4k.md). On AMD Zen 4 it still helps short tiles (a 1536-wide Q4_K tile
  * is 7 KB: each of a group's four streams ends before the hardware has ramped up), but on long ones (an 8960-wide
  * tile is 40 KB) the L2 stream prefetcher does better alone: with prefetch those ran 15-20% slower
- * (bench/results/decode_prefetch.md). */
+ * (bench/results/decode_prefetch.md). Both measured when the kernels prefetched 8 tiles ahead in one burst per
+ * block; spread over their arithmetic, 4 tiles ahead, the Xeon's decode went up 17% (decode_spread.md), and on this
+ * Xeon prefetching only short tiles is within noise of prefetching all. */
 static size_t decode_prefetch_bytes = 0;
 static int decode_prefetch_set = 0;
 void matmul_set_decode_prefetch(size_t max_tile_bytes) { decode_prefetch_bytes = max_tile_bytes; decode_prefetch_set = 1; }
