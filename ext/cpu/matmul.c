@@ -174,9 +174,11 @@ static const qkernel_t *kernel_table(int path) {
 }
 
 /* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
- * the CPU has AVX-512 VNNI (the bits are the same); matmul_set_prefill_kernels turns them off (PREFILL_TILES) or
- * AMX off (PREFILL_AVX512) so that tests reach every kernel. */
-#define PAIR_MIN_TOKENS 16
+ * the CPU has AVX-512 VNNI (the bits are the same), and batched decode steps from 5 tokens up: on the Xeon, Qwen 1.5B
+ * Q4_K_M steps of 5 / 6 / 8 / 12 sequences took 78 / 96 / 109 / 145 ms on the ymm tile kernels and 73 / 82 / 86 / 112
+ * ms on the pairs (4: 63 vs 64 ms; bench/results/batch_decode.md). matmul_set_prefill_kernels turns them off
+ * (PREFILL_TILES) or AMX off (PREFILL_AVX512) so that tests reach every kernel. */
+#define PAIR_MIN_TOKENS 5
 static int pair_kernels_on = 1;
 void matmul_set_prefill_kernels(int kind) {
     pair_kernels_on = kind != PREFILL_TILES;

@@ -77,8 +77,8 @@ PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160),
 
 @pytest.mark.parametrize("type_name,rows,cols", PAIR_SHAPES)
 def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, cols):
-    """Prefill-sized batches (groups of 12, 4 and single tokens; pairs of tiles and a lone last tile, a last tile
-    of fewer rows) give the scalar bits with the pair kernels on and off, writing and accumulating."""
+    """Prefill-sized and batched-decode batches (groups of 12, 4 and single tokens; pairs of tiles and a lone last
+    tile, a last tile of fewer rows) give the scalar bits with the pair kernels on and off, writing and accumulating."""
     w = weight_of(type_name, rows, cols, rows * 3 + cols)
     rng = np.random.default_rng(7)
     x = probe_tokens(rng, 43, cols, small=5, zeroed=20)
@@ -92,7 +92,8 @@ def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, col
                 _cpu.set_prefill_kernels(kind)
                 assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
                 assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
-                assert_bitwise(w.matmul(x[:19]), ref[:19], f"{type_name} {p} {kind}, 19 tokens")
+                for n in (4, 5, 6, 19):   # below and at the pair kernels' threshold (5 tokens), and past 16
+                    assert_bitwise(w.matmul(x[:n]), ref[:n], f"{type_name} {p} {kind}, {n} tokens")
     finally:
         _cpu.set_prefill_kernels("amx")
 

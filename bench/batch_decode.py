@@ -1,0 +1,86 @@
+"""Batched decode steps (B sequences, one token each) on the pair kernels vs the ymm tile kernels, alternating in one
+process (ABAB ...). Below 16 tokens the pair kernels serve from matmul.c's PAIR_MIN_TOKENS up; "tiles" turns them off
+(_cpu.set_prefill_kernels), which is what every batch under 16 tokens ran before. Both give the same bits: the
+generated tokens are checked equal.
+
+    python bench/batch_decode.py [-m MODEL] [-t 2] [--batches 2,4,5,6,8,12] [--steps 24] [--rounds 3]
+(MODEL: a path or name; default the Qwen2.5-Coder-1.5B Q4_K_M file of ../shared/models/fetch.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from inferd import _cpu
+from inferd.engine.engine import Engine
+from inferd.engine.runner import blocks_needed
+from inferd.engine.types import SeqInput
+from inferd.model.loader import load_model
+from inferd.model.pull import resolve
+
+PROMPT = 100
+
+
+def steps(engine: Engine, batch: int, n: int) -> tuple[float, list[list[int]]]:
+    """ms per step of `n` decode steps of `batch` sequences after a PROMPT-token prompt each, and their tokens"""
+    per_seq = blocks_needed(PROMPT + n + 1)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
+    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(PROMPT)] for s in range(batch)]
+    last = [engine.step([SeqInput(prompts[s], 0, tables[s], 1)])[0].tokens[0] for s in range(batch)]
+    out: list[list[int]] = [[] for _ in range(batch)]
+    t0 = time.perf_counter()
+    for k in range(n):
+        res = engine.step([SeqInput([last[s]], PROMPT + k, tables[s], 1) for s in range(batch)])
+        last = [r.tokens[0] for r in res]
+        for s in range(batch):
+            out[s].append(last[s])
+    return (time.perf_counter() - t0) / n * 1e3, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "-m",
+        "--model",
+        default=os.path.expanduser("~/.cache/inferd-test-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    )
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--batches", default="2,4,5,6,8,12")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    model = load_model(resolve(args.model))
+    engine = Engine(
+        model,
+        num_kv_blocks=max(batches) * blocks_needed(PROMPT + args.steps + 1),
+        max_batch_tokens=512,
+        max_seqs=max(batches),
+        threads=args.threads,
+    )
+    default = _cpu.prefill_kernels()
+    kinds = {"pairs (default)": default, "ymm tiles": "tiles"}
+    print(f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path, prefill kernels {default}")
+    print("\n| sequences | pairs ms/step | ymm tiles ms/step | tiles / pairs |\n| ---: | ---: | ---: | ---: |")
+    try:
+        for b in batches:
+            times: dict[str, list[float]] = {k: [] for k in kinds}
+            tokens: dict[str, list[list[int]]] = {}
+            for r in range(args.rounds):
+                for name in list(kinds) if r % 2 == 0 else list(kinds)[::-1]:
+                    _cpu.set_prefill_kernels(kinds[name])
+                    ms, out = steps(engine, b, args.steps)
+                    times[name].append(ms)
+                    assert tokens.setdefault(name, out) == out, f"{name} gave other tokens"
+            assert tokens["pairs (default)"] == tokens["ymm tiles"], "the kernels gave different tokens"
+            pairs, tiles = (statistics.median(times[k]) for k in kinds)
+            print(f"| {b} | {pairs:.1f} | {tiles:.1f} | {tiles / pairs:.2f} |", flush=True)
+    finally:
+        _cpu.set_prefill_kernels(default)
+
+
+if __name__ == "__main__":
+    main()
