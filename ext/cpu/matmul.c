@@ -174,10 +174,12 @@ static const qkernel_t *kernel_table(int path) {
 }
 
 /* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
- * the CPU has AVX-512 VNNI (the bits are the same), and batched decode steps from 5 tokens up: on the Xeon, Qwen 1.5B
- * Q4_K_M steps of 5 / 6 / 8 / 12 sequences took 78 / 96 / 109 / 145 ms on the ymm tile kernels and 73 / 82 / 86 / 112
- * ms on the pairs (4: 63 vs 64 ms; bench/results/batch_decode.md). matmul_set_prefill_kernels turns them off
- * (PREFILL_TILES) or AMX off (PREFILL_AVX512) so that tests reach every kernel. */
+ * the CPU has AVX-512 VNNI (the bits are the same) from 5 tokens up, but up to 8 tokens (a decode step of a few
+ * sequences) the zmm decode kernels come first where they have the type: they unpack each block once for all the
+ * tokens. On the Xeon, Qwen 1.5B Q4_K_M steps of 5 / 8 / 12 sequences took 78 / 109 / 145 ms on the ymm tile kernels
+ * (the default below 16 tokens before), 73 / 86 / 112 ms on the pairs and 48 / 62 ms on the decode kernels
+ * (bench/results/batch_decode.md). matmul_set_prefill_kernels turns them off (PREFILL_TILES) or AMX off
+ * (PREFILL_AVX512) so that tests reach every kernel. */
 #define PAIR_MIN_TOKENS 5
 static int pair_kernels_on = 1;
 void matmul_set_prefill_kernels(int kind) {
@@ -257,9 +259,9 @@ void matmul_tiles_ahead(const weight_t *w, int tile_begin, int tile_end, int str
     int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
     const qkernel_t *table = kernel_table(path);
     const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
-    const qgroup_fn *decode_zmm = NULL;
+    const qdecode_fn *decode_zmm = NULL;
 #if defined(__x86_64__)
-    if (ntok == 1 && matmul_decode_kernels()) decode_zmm = qdecode_kernels_avx512;
+    if (ntok <= QDECODE_TOKENS && matmul_decode_kernels()) decode_zmm = qdecode_kernels_avx512;
 #endif
     int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int tile = tile_begin; tile < tile_end; tile++) {
@@ -280,6 +282,22 @@ void matmul_tiles_ahead(const weight_t *w, int tile_begin, int tile_end, int str
             quant_tile_scalar(type, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
             continue;
         }
+        const qkernel_t *k = &table[type];
+        qdecode_fn zmm = decode_zmm ? decode_zmm[type] : NULL;
+        if (zmm || (ntok == 1 && decode_group > 1)) {   /* a decode step (1 to 8 tokens): 4 tiles in lockstep */
+            int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
+            int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
+            n = n < decode_group ? n : decode_group;
+            int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
+            size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+            int ahead = (stretch_end < seg_end ? stretch_end : seg_end) - tile;   /* the stretch's tiles from here */
+            int prefetch = tile_bytes <= matmul_decode_prefetch() ? ahead : 0;
+            last = last < TILE_ROWS ? last : TILE_ROWS;
+            if (zmm) zmm(base, tile_bytes, n, nb, xq, nb32, ntok, y + ycol, ldy, last, accumulate, prefetch);
+            else k->group(base, tile_bytes, n, nb, xq, y + ycol, last, accumulate, prefetch);
+            tile += n - 1;
+            continue;
+        }
         /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer; a lone tile
          * (the end of a thread's claim or of a segment) goes through the same kernel as the pair (tile, tile) with
          * the copy's rows left unstored: half its work is wasted, and still it beats the ymm kernel */
@@ -291,20 +309,6 @@ void matmul_tiles_ahead(const weight_t *w, int tile_begin, int tile_end, int str
             pairs[type](base, pair ? base + (size_t)nb * tile_block_bytes(type) : base, nb, xq, ntok, y + ycol, ldy,
                         rows, accumulate);
             tile += pair;
-            continue;
-        }
-        const qkernel_t *k = &table[type];
-        qgroup_fn group = ntok == 1 && decode_zmm && decode_zmm[type] ? decode_zmm[type] : k->group;
-        if (ntok == 1 && (decode_group > 1 || group != k->group)) {   /* a decode step: up to 4 tiles in lockstep */
-            int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
-            int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
-            n = n < decode_group ? n : decode_group;
-            int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
-            size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
-            int ahead = (stretch_end < seg_end ? stretch_end : seg_end) - tile;   /* the stretch's tiles from here */
-            group(base, tile_bytes, n, nb, xq, y + ycol, last < TILE_ROWS ? last : TILE_ROWS, accumulate,
-                  tile_bytes <= matmul_decode_prefetch() ? ahead : 0);
-            tile += n - 1;
             continue;
         }
         if (k->batch && ntok >= 2 * k->ntok && nb32 <= BATCH_MAX_BLOCKS) {

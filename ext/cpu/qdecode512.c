@@ -1,5 +1,6 @@
-/* Decode (one token) of the quantized types over pairs of tiles in AVX-512 registers: the K-quants Q4_K, Q5_K and Q6_K
- * (what the Q4_K_M files people download are made of), and Q4_0, Q4_1, Q5_0, Q5_1 (Q8_0 stays on the ymm tiles).
+/* Decode (one token, or up to QDECODE_TOKENS) of the quantized types over pairs of tiles in AVX-512 registers: the
+ * K-quants Q4_K, Q5_K and Q6_K (what the Q4_K_M files people download are made of), and Q4_0, Q4_1, Q5_0, Q5_1 (Q8_0
+ * stays on the ymm tiles).
  *
  * Why: a decode step reads every weight byte once, and with the matrix in cache one thread of the ymm tile kernel
  * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
@@ -15,6 +16,10 @@
  *     vector.
  * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch of the next group's tiles, as tiles_one
  * does: several streams in flight per thread. The K-quants spread a block's prefetches over its 8 sub-blocks.
+ *
+ * A decode step of a few sequences (or a speculative draft) has 2 to 8 tokens: each sub-block's weights are unpacked
+ * once into 8 vectors and every token's dpbusd and float steps read them, so a step of 4 sequences costs about what
+ * 1.2 of one do while the weights stream (bench/results/batch_decode.md); the pair kernels take over from 9 tokens.
  *
  * Bits: per row the operations are the scalar kernel's (matmul.c): each 32-value block's int32 sum exactly (any order
  * of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, with a min,
@@ -66,93 +71,123 @@ DINLINE __m512 q45k_dmins(const uint8_t *blk) {
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign_high));
 }
 
-/* The int32 sum over a pair's 32 values stored as a group of nibbles (tile.h), starting from lo: 4-bit values, or
- * 5-bit ones whose fifth bits are the hbit piece h (byte 4r + e: bit p -> value 4p+e, bit 4+p -> value 16+4p+e) */
-DINLINE __m512i nibble_isum(const int five, const uint8_t *ga, const uint8_t *gb, __m512i h, const int8_t *x,
-                            __m512i lo) {
+/* A pair's 32 values stored as a group of nibbles (tile.h) as 8 vectors of bytes, w[p] values 4p..4p+3 and w[4 + p]
+ * values 16+4p..: 4-bit values, or 5-bit ones whose fifth bits are the hbit piece h (byte 4r + e: bit p -> value
+ * 4p+e, bit 4+p -> value 16+4p+e). Unpacked once for all the tokens of a call. */
+DINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb, __m512i h, __m512i w[8]) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
-    __m512i hi = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         __m512i v = join256(ga + 32 * p, gb + 32 * p);
-        if (!five) {   /* the high nibbles in place: 16 q, the chain's sum shifted back once */
-            lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), bcast4(x + 4 * p));
-            hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), bcast4(x + 16 + 4 * p));
+        if (!five) {   /* the high nibbles in place: 16 q, the chain's sum shifted back once (nibble_dot) */
+            w[p] = _mm512_and_si512(v, m4);
+            w[4 + p] = _mm512_andnot_si512(m4, v);
             continue;
         }
         /* the fifth bits to bit 4 (16-bit shifts: what crosses bytes is masked off) */
         __m512i hl = shift16(h, 4 - p), hh = shift16(h, -p);
-        __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), hl, m10, 0xf8);   /* A | (B & C) */
-        __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh, m10, 0xf8);
-        lo = _mm512_dpbusd_epi32(lo, wl, bcast4(x + 4 * p));
-        hi = _mm512_dpbusd_epi32(hi, wh, bcast4(x + 16 + 4 * p));
+        w[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), hl, m10, 0xf8);   /* A | (B & C) */
+        w[4 + p] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), hh, m10, 0xf8);
+    }
+}
+
+/* the int32 sum of those values times one token's 32 activation bytes x, starting from lo */
+DINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
+    __m512i hi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++) {
+        lo = _mm512_dpbusd_epi32(lo, w[p], bcast4(x + 4 * p));
+        hi = _mm512_dpbusd_epi32(hi, w[4 + p], bcast4(x + 16 + 4 * p));
     }
     return _mm512_add_epi32(lo, five ? hi : _mm512_srai_epi32(hi, 4));
 }
 
-/* sub-block s of a pair (Q4_K, or Q5_K): acc = fma(float(isum), dw * dx, acc), acc = fma(mw, dsum, acc) */
-DINLINE __m512 q45k_sub(const int type, const uint8_t *a, const uint8_t *b, __m512 dmA, __m512 dmB, int s,
-                        const block_q8x *xb, __m512 acc) {
+/* sub-block s of a pair (Q4_K, or Q5_K) for nt tokens (token t's activation blocks xb + t * nb32):
+ * acc[t] = fma(float(isum), dw * dx, acc[t]), acc[t] = fma(mw, dsum, acc[t]) */
+DINLINE void q45k_sub(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 dmA,
+                      __m512 dmB, int s, const block_q8x *xb, int nb32, __m512 *acc) {
     const size_t g = tile_group_off(type, s), so = tile_scales_off(type, s), ho = tile_hbits_off(type, s);
     const int five = type == WT_Q5_K;
-    __m512i h = five ? join256(a + ho, b + ho) : _mm512_setzero_si512();
-    __m512i isum = nibble_isum(five, a + g, b + g, h, xb->qs, _mm512_setzero_si512());
+    __m512i w[8];
+    nibble_vectors(five, a + g, b + g, five ? join256(a + ho, b + ho) : _mm512_setzero_si512(), w);
     /* [sc | mn] of each tile as floats, times [d | -dmin]: [dw | mw] per tile, then regrouped by pair lanes */
     __m512 fa = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(a + so)))),
                               dmA);
     __m512 fb = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + so)))),
                               dmB);
     __m512 dw = low_halves(fa, fb), mw = high_halves(fa, fb);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc);
-    return _mm512_fmadd_ps(mw, _mm512_set1_ps(xb->dsum), acc);
+#pragma GCC unroll 8
+    for (int t = 0; t < ntmax && t < nt; t++) {
+        const block_q8x *x = xb + (size_t)t * nb32;
+        __m512i isum = nibble_dot(five, w, x->qs, _mm512_setzero_si512());
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(x->d)), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->dsum), acc[t]);
+    }
 }
 
 /* ---- the 32-value types: Q4_0 d | group, Q4_1 d | m | group, Q5_0 d | hbit | group, Q5_1 d | m | hbit | group
  * (tile.h; not Q8_0, whose ymm kernel only loads its vectors: the pair's inserts made it no faster). One block of a
  * pair: acc = fma(float(isum), d * dx, acc) (+ fma(float(sum x), m * dx, acc) for Q4_1 and Q5_1), the sum starting
  * from the activation's correction of the types stored with an offset ---- */
-DINLINE __m512 small_block(const int type, const uint8_t *a, const uint8_t *b, const block_q8x *xb, __m512 acc) {
-    const int32_t start = type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : 0;
+DINLINE void small_block(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b,
+                         const block_q8x *xb, int nb32, __m512 *acc) {
     const int five = type == WT_Q5_0 || type == WT_Q5_1;
     const size_t g = tile_group_off(type, 0), ho = tile_hbits_off(type, 0);
-    __m512i h = five ? join256(a + ho, b + ho) : _mm512_setzero_si512();
-    __m512i isum = nibble_isum(five, a + g, b + g, h, xb->qs, _mm512_set1_epi32(start));
-    __m512 dx = _mm512_set1_ps(xb->d);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(join_f16(a, b), dx), acc);
-    if (type == WT_Q4_1 || type == WT_Q5_1)
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)),
-                              _mm512_mul_ps(join_f16(a + 16, b + 16), dx), acc);
-    return acc;
+    __m512i w[8];
+    nibble_vectors(five, a + g, b + g, five ? join256(a + ho, b + ho) : _mm512_setzero_si512(), w);
+    __m512 d = join_f16(a, b), m = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, b + 16) : d;
+#pragma GCC unroll 8
+    for (int t = 0; t < ntmax && t < nt; t++) {
+        const block_q8x *x = xb + (size_t)t * nb32;
+        const int32_t start = type == WT_Q4_0 ? x->q4_corr : type == WT_Q5_0 ? -16 * x->isum : 0;
+        __m512i isum = nibble_dot(five, w, x->qs, _mm512_set1_epi32(start));
+        __m512 dx = _mm512_set1_ps(x->d);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc[t]);
+        if (type == WT_Q4_1 || type == WT_Q5_1)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(x->isum)), _mm512_mul_ps(m, dx), acc[t]);
+    }
 }
 
 /* ---- Q6_K: d | 16 x sc[8] (int8) | 8 x (h2bit | group) (tile.h) ---- */
 
-/* the int32 sum of sub-block s of a pair: sc0 (sum_0..15 q x - 32 hsum0) + sc1 (sum_16..31 q x - 32 hsum1) */
-DINLINE __m512i q6k_isum(const uint8_t *a, const uint8_t *b, int s, const block_q8x *xb) {
+/* sub-block s of a pair for nt tokens: acc[t] = fma(float(isum), d * dx, acc[t]) with isum = sc0 (sum_0..15 q x -
+ * 32 hsum0) + sc1 (sum_16..31 q x - 32 hsum1), the values unpacked once */
+DINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 d, int s,
+                     const block_q8x *xb, int nb32, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const size_t g = tile_group_off(WT_Q6_K, s), h = tile_hbits_off(WT_Q6_K, s), so = tile_scales_off(WT_Q6_K, s);
     const __m512i hl = join256(a + h, b + h), hh = join256(a + h + 32, b + h + 32);
-    __m512i lo = _mm512_set1_epi32(xb->q6_corr[0]), hi = _mm512_set1_epi32(xb->q6_corr[1]);
+    __m512i w[8];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         /* bits 2p..2p+1 of the h2bit bytes become bits 4-5 (16-bit shifts: what crosses bytes is masked off) */
         __m512i sl = shift16(hl, 4 - 2 * p), sh = shift16(hh, 4 - 2 * p);
         __m512i v = join256(a + g + 32 * p, b + g + 32 * p);
-        __m512i wl = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), sl, m30, 0xf8);   /* A | (B & C) */
-        __m512i wh = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), sh, m30, 0xf8);
-        lo = _mm512_dpbusd_epi32(lo, wl, bcast4(xb->qs + 4 * p));
-        hi = _mm512_dpbusd_epi32(hi, wh, bcast4(xb->qs + 16 + 4 * p));
+        w[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), sl, m30, 0xf8);   /* A | (B & C) */
+        w[4 + p] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), sh, m30, 0xf8);
     }
     __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + so)));   /* [sc0 | sc1] of tile a */
     __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + so)));
-    return _mm512_add_epi32(_mm512_mullo_epi32(lo, low_halves_i(sa, sb)),
-                            _mm512_mullo_epi32(hi, high_halves_i(sa, sb)));
+    __m512i sc0 = low_halves_i(sa, sb), sc1 = high_halves_i(sa, sb);
+#pragma GCC unroll 8
+    for (int t = 0; t < ntmax && t < nt; t++) {
+        const block_q8x *x = xb + (size_t)t * nb32;
+        __m512i lo = _mm512_set1_epi32(x->q6_corr[0]), hi = _mm512_set1_epi32(x->q6_corr[1]);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            lo = _mm512_dpbusd_epi32(lo, w[p], bcast4(x->qs + 4 * p));
+            hi = _mm512_dpbusd_epi32(hi, w[4 + p], bcast4(x->qs + 16 + 4 * p));
+        }
+        __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc0), _mm512_mullo_epi32(hi, sc1));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[t]);
+    }
 }
 
 /* Software prefetch of the tiles DECODE_PREFETCH_TILES ahead (only those before `limit`, the end of the caller's
  * stretch of tiles: past it they are another thread's or none), part `part` of `parts` of each tile's block: lines
- * part L / parts .. (part + 1) L / parts of its L. The K-quants spread a block's lines over its 8 sub-blocks; all at
- * the block's start stalled on the line fill buffers with no arithmetic beside them (bench/results/decode_spread.md). */
+ * part L / parts .. (part + 1) L / parts of its L. The K-quants spread a block's lines over its 8 sub-blocks; all
+ * at the block's start stalled on the line fill buffers with no arithmetic beside them
+ * (bench/results/decode_spread.md). */
 DINLINE void prefetch_part(const uint8_t *blk, size_t tile_bytes, int ntiles, int limit, size_t bb, int part,
                            int parts) {
     const size_t lines = (bb + 63) / 64, l0 = lines * (size_t)part / (size_t)parts;
@@ -162,22 +197,25 @@ DINLINE void prefetch_part(const uint8_t *blk, size_t tile_bytes, int ntiles, in
             __builtin_prefetch(blk + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + 64 * l, 0, 2);
 }
 
-/* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep ---- */
-DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, size_t tile_bytes, int ntiles, int nb,
-                          const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
+/* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep, for nt tokens (token t's
+ * activation blocks at xq + t * nb32, its rows at y + t * ldy) ---- */
+DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt, const uint8_t *base,
+                          size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, int nb32, float *y, int ldy,
+                          int nrows_last, int accumulate, int prefetch) {
     const size_t bb = tile_block_bytes(type);
     const uint8_t *ta[2], *tb[2];
-    __m512 acc[2];
+    __m512 acc[2][QDECODE_TOKENS];
     for (int i = 0; i < np; i++) {
         ta[i] = base + (size_t)(2 * i) * tile_bytes;
         tb[i] = 2 * i + 1 < ntiles ? ta[i] + tile_bytes : ta[i];
-        acc[i] = _mm512_setzero_ps();
+        for (int t = 0; t < ntmax; t++) acc[i][t] = _mm512_setzero_ps();
     }
     for (int bk = 0; bk < nb; bk++) {
         const size_t off = (size_t)bk * bb;
         if (!type_is_k(type)) {
             prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, 0, 1);
-            for (int i = 0; i < np; i++) acc[i] = small_block(type, ta[i] + off, tb[i] + off, xq + bk, acc[i]);
+            for (int i = 0; i < np; i++)
+                small_block(type, ntmax, nt, ta[i] + off, tb[i] + off, xq + bk, nb32, acc[i]);
             continue;
         }
         const block_q8x *xb = xq + (size_t)bk * 8;
@@ -188,7 +226,7 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
             for (int s = 0; s < 8; s++) {
                 prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
                 for (int i = 0; i < np; i++)
-                    acc[i] = q45k_sub(type, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, acc[i]);
+                    q45k_sub(type, ntmax, nt, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, nb32, acc[i]);
             }
         } else {
             __m512 d[2];
@@ -196,11 +234,8 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
                 prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
-                for (int i = 0; i < np; i++) {
-                    __m512 dw = _mm512_mul_ps(d[i], _mm512_set1_ps(xb[s].d));
-                    __m512i isum = q6k_isum(ta[i] + off, tb[i] + off, s, xb + s);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dw, acc[i]);
-                }
+                for (int i = 0; i < np; i++)
+                    q6k_sub(ntmax, nt, ta[i] + off, tb[i] + off, d[i], s, xb + s, nb32, acc[i]);
             }
         }
     }
@@ -208,16 +243,25 @@ DINLINE void decode_pairs(const int type, const int np, const uint8_t *base, siz
         int rows = 2 * i + 1 < ntiles ? TILE_ROWS + (2 * i + 2 == ntiles ? nrows_last : TILE_ROWS)
                                       : nrows_last;
         __mmask16 m = (__mmask16)((1u << rows) - 1);
-        float *o = y + (size_t)16 * i;
-        _mm512_mask_storeu_ps(o, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[i]) : acc[i]);
+        for (int t = 0; t < ntmax && t < nt; t++) {
+            float *o = y + (size_t)t * ldy + (size_t)16 * i;
+            _mm512_mask_storeu_ps(o, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[i][t])
+                                                   : acc[i][t]);
+        }
     }
 }
 
+/* two instances per pair count: one token (a decode step's hot path, every bound a constant) and up to
+ * QDECODE_TOKENS (loops unrolled to that bound, cut at ntok: the accumulators stay in registers) */
+#define DTOKENS(TYPE, NP)                                                                                         \
+    if (ntok == 1) decode_pairs(TYPE, NP, 1, 1, base, tile_bytes, ntiles, nb, xq, nb32, y, ldy, nrows_last,        \
+                                accumulate, prefetch);                                                             \
+    else decode_pairs(TYPE, NP, QDECODE_TOKENS, ntok, base, tile_bytes, ntiles, nb, xq, nb32, y, ldy, nrows_last,  \
+                      accumulate, prefetch);
 #define DDEFINE(name, TYPE)                                                                                       \
     static void decode_##name(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,    \
-                              float *y, int nrows_last, int accumulate, int prefetch) {                           \
-        if (ntiles > 2) decode_pairs(TYPE, 2, base, tile_bytes, ntiles, nb, xq, y, nrows_last, accumulate, prefetch); \
-        else decode_pairs(TYPE, 1, base, tile_bytes, ntiles, nb, xq, y, nrows_last, accumulate, prefetch);         \
+                              int nb32, int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch) { \
+        if (ntiles > 2) { DTOKENS(TYPE, 2) } else { DTOKENS(TYPE, 1) }                                          \
     }
 DDEFINE(q4_0, WT_Q4_0)
 DDEFINE(q4_1, WT_Q4_1)
@@ -227,10 +271,11 @@ DDEFINE(q4_k, WT_Q4_K)
 DDEFINE(q5_k, WT_Q5_K)
 DDEFINE(q6_k, WT_Q6_K)
 #undef DDEFINE
+#undef DTOKENS
 
 #pragma GCC pop_options
 
-const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {
+const qdecode_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {
     [WT_Q4_0] = decode_q4_0, [WT_Q4_1] = decode_q4_1, [WT_Q5_0] = decode_q5_0, [WT_Q5_1] = decode_q5_1,
     [WT_Q4_K] = decode_q4_k, [WT_Q5_K] = decode_q5_k, [WT_Q6_K] = decode_q6_k,
 };

@@ -71,8 +71,13 @@ typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const blo
                          int ldy, int nrows, int accumulate);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
 extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
-/* decode over pairs of tiles in AVX-512 registers (qdecode512.c): NULL for Q8_0 */
-extern const qgroup_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES];
+/* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0): the group kernel's work for ntok
+ * (1..QDECODE_TOKENS) tokens, token t's activation blocks at xq + t * nb32 and its rows at y + t * ldy: the tiles are
+ * unpacked once for all of them (a decode step of a few sequences, speculative drafts) */
+#define QDECODE_TOKENS 8
+typedef void (*qdecode_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, int nb32,
+                           int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch);
+extern const qdecode_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES];
 int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
 void qpair_allow_amx(int on);
 

@@ -116,9 +116,9 @@ def test_matmul_row_independent_of_batch_size(type_name):
 @pytest.mark.parametrize("rows", [8, 24, 45, 203])
 def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     """A single token runs the decode kernel over groups of up to 4 tiles in lockstep, the ymm tile kernels or (on a CPU
-    with AVX-512 VNNI) the zmm kernels over pairs of tiles, for every quantized type: groups of every size, pairs and
-    lone tiles, cut at a fused weight's segment boundaries and at its last tile of fewer rows, writing and
-    accumulating, give the scalar bits and the token's rows of a batch."""
+    with AVX-512 VNNI) the zmm kernels over pairs of tiles, which also take 2 to 8 tokens at once, for every quantized
+    type: groups of every size, pairs and lone tiles, cut at a fused weight's segment boundaries and at its last tile
+    of fewer rows, writing and accumulating, give the scalar bits and the token's rows of a batch."""
     cols, rng = 512, np.random.default_rng(rows)
     specs = [("Q4_K", 24), ("Q4_K", 16), ("Q6_K", -(-rows // 8) * 8), ("Q8_0", 13)]   # tiles 3 | 2 | 1 to 26 | 2
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
@@ -128,8 +128,8 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
         n, k = w.dequantize().shape
-        x = probe_tokens(rng, 5, k, small=2, zeroed=3)
-        y0 = rng.standard_normal((5, n)).astype(np.float32)
+        x = probe_tokens(rng, 8, k, small=2, zeroed=3)
+        y0 = rng.standard_normal((8, n)).astype(np.float32)
         _cpu.set_path("scalar")
         ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
         prefetch = _cpu.decode_prefetch()
@@ -140,11 +140,15 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
                 _cpu.set_decode_kernels(kernels)
                 _cpu.set_decode_prefetch(pf)
                 batch = w.matmul(x)
-                for t in range(5):
+                for m in (2, 3, 4, 5, 8):   # a few tokens share the decode kernels' unpacked tiles (zmm)
+                    what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, {m} tokens"
+                    assert_bitwise(w.matmul(x[:m]), ref[:m], what)
+                    assert_bitwise(w.matmul(x[:m], y0[:m].copy()), ref_acc[:m], f"{what}, accumulating")
+                for t in range(8):
                     what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, token {t}"
                     assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
                     assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
-                    assert_bitwise(batch[t], ref[t], f"{what}, batch of 5")
+                    assert_bitwise(batch[t], ref[t], f"{what}, batch of 8")
         finally:
             _cpu.set_decode_group(4)
             _cpu.set_decode_kernels("avx512")
