@@ -197,8 +197,9 @@ DINLINE void prefetch_part(const uint8_t *blk, size_t tile_bytes, int ntiles, in
             __builtin_prefetch(blk + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + 64 * l, 0, 2);
 }
 
-/* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep, for nt tokens (token t's
- * activation blocks at xq + t * nb32, its rows at y + t * ldy) ---- */
+/* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep, for nt <= ntmax tokens
+ * (token t's activation blocks at xq + t * nb32, its rows at y + t * ldy; ntmax a constant, the per-token loops'
+ * unroll bound, so that the accumulators stay in registers) ---- */
 DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt, const uint8_t *base,
                           size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, int nb32, float *y, int ldy,
                           int nrows_last, int accumulate, int prefetch) {
