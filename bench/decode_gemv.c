@@ -148,12 +148,12 @@ int main(int argc, char **argv) {
             if (pf[g] != 1) matmul_set_decode_prefetch(pf[g] ? SIZE_MAX : 0);
             else matmul_set_decode_prefetch(dflt);
             for (int s = 0; s < NSHAPES; s++) {
+                load_group = groups[g];   /* mode L's settings, by matmul.c's rule: tile bytes <= the default */
+                load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][0].nbytes / matmul_num_tiles(&ws[s][0]) <= dflt);
                 double t0 = now();
                 for (int k = 0; k < reps; k++)
                     for (int c = 0; c < copies[s]; c++) {
                         job_t j = {&ws[s][c], xq, y};
-                        load_group = groups[g];
-                        load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][c].nbytes / matmul_num_tiles(&ws[s][c]) <= dflt);
                         pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1, load[g] ? load_fn : matmul_fn, &j);
                     }
                 double t = now() - t0;
@@ -179,7 +179,9 @@ int main(int argc, char **argv) {
            cpu_path_name(cpu_path()), threads, hot ? "hot (one copy, cached)" : "streamed from memory", rounds,
            bw / 1e9);
     printf("| type | rows x cols |");
-    for (int g = 0; g < ng; g++) printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g], pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
+    for (int g = 0; g < ng; g++)
+        printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g],
+               pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");
     printf("\n");

@@ -91,14 +91,19 @@ DINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb
     }
 }
 
-/* the int32 sum of those values times one token's 32 activation bytes x, starting from lo */
-DINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
-    __m512i hi = _mm512_setzero_si512();
+/* 8 unpacked vectors times one token's 32 activation bytes x: values 0-15 added to *lo, 16-31 to *hi */
+DINLINE void dot_halves(const __m512i w[8], const int8_t *x, __m512i *lo, __m512i *hi) {
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
-        lo = _mm512_dpbusd_epi32(lo, w[p], bcast4(x + 4 * p));
-        hi = _mm512_dpbusd_epi32(hi, w[4 + p], bcast4(x + 16 + 4 * p));
+        *lo = _mm512_dpbusd_epi32(*lo, w[p], bcast4(x + 4 * p));
+        *hi = _mm512_dpbusd_epi32(*hi, w[4 + p], bcast4(x + 16 + 4 * p));
     }
+}
+
+/* the int32 sum of nibble_vectors' values times one token's 32 activation bytes x, starting from lo */
+DINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
+    __m512i hi = _mm512_setzero_si512();
+    dot_halves(w, x, &lo, &hi);
     return _mm512_add_epi32(lo, five ? hi : _mm512_srai_epi32(hi, 4));
 }
 
@@ -173,11 +178,7 @@ DINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b
     for (int t = 0; t < ntmax && t < nt; t++) {
         const block_q8x *x = xb + (size_t)t * nb32;
         __m512i lo = _mm512_set1_epi32(x->q6_corr[0]), hi = _mm512_set1_epi32(x->q6_corr[1]);
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
-            lo = _mm512_dpbusd_epi32(lo, w[p], bcast4(x->qs + 4 * p));
-            hi = _mm512_dpbusd_epi32(hi, w[4 + p], bcast4(x->qs + 16 + 4 * p));
-        }
+        dot_halves(w, x->qs, &lo, &hi);
         __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc0), _mm512_mullo_epi32(hi, sc1));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[t]);
     }
