@@ -3,6 +3,7 @@ run in, the ABBA order of interleaved rounds, the spread of a set of measurement
 is quiet. Importing this module needs no compiled extension (tests/bench imports it in CI)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -111,6 +112,30 @@ REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.g
               "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
 
 
+def real_file(name: str) -> Path:
+    """One of the REAL_FILES, where ../shared/models/fetch.sh put it ($INFERD_TEST_MODELS or
+    ~/.cache/inferd-test-models)."""
+    folder = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
+    path = folder / REAL_FILES[name]
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run ../shared/models/fetch.sh first")
+    return path
+
+
+def decode_bench_args(ap: argparse.ArgumentParser) -> None:
+    """-m MODEL and -t THREADS of the in-process decode benches (decode_kernels.py, batch_decode.py): MODEL a name of
+    REAL_FILES (default: the Qwen2.5-Coder-1.5B Q4_K_M file) or a path or name `inferd pull` resolves"""
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+
+
+def bench_model_path(spec: str) -> Path:
+    """decode_bench_args' MODEL as a file"""
+    from inferd.model.pull import resolve
+
+    return real_file(spec) if spec in REAL_FILES else resolve(spec)
+
+
 def model_file(name: str, bin_dir: Path) -> Path:
     """The GGUF a bench model name stands for, made on first use: smollm2-q4_1 is the PyPI download, its Q4_0/Q8_0
     are requantized from it with llama-quantize, tinyllama-<type> is random (make_random_model.py); the REAL_FILES
@@ -118,11 +143,7 @@ def model_file(name: str, bin_dir: Path) -> Path:
     from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve
 
     if name in REAL_FILES:
-        folder = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
-        path = folder / REAL_FILES[name]
-        if not path.exists():
-            raise SystemExit(f"{path} is missing: run ../shared/models/fetch.sh first")
-        return path
+        return real_file(name)
     family, _, qtype = name.partition("-")
     if family not in ("smollm2", "tinyllama") or qtype not in ("q4_0", "q4_1", "q8_0"):
         raise SystemExit(f"unknown model {name!r}: smollm2-q4_0|q4_1|q8_0, tinyllama-q4_0|q4_1|q8_0, "

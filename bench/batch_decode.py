@@ -1,26 +1,25 @@
 """Batched decode steps (B sequences, one token each) on the default kernels vs the ymm tile kernels, alternating in
-one process (ABAB ...). By default 2 to 4 tokens run the zmm decode kernels (qdecode512.c, tiles unpacked once for
-all of them) and from matmul.c's PAIR_MIN_TOKENS up the pair kernels; "ymm tiles" turns both off
+one process (ABAB ...). By default up to QDECODE_TOKENS (8) tokens run the zmm decode kernels (qdecode512.c, tiles
+unpacked once for all of them; Q8_0 has none) and more the pair kernels; "ymm tiles" turns both off
 (_cpu.set_prefill_kernels, _cpu.set_decode_kernels), which is what every batch under 16 tokens ran before. Both give
 the same bits: the generated tokens are checked equal.
 
     python bench/batch_decode.py [-m MODEL] [-t 2] [--batches 1,2,3,4,5,6,8,12] [--steps 24] [--rounds 3]
-(MODEL: a path or name; default the Qwen2.5-Coder-1.5B Q4_K_M file of ../shared/models/fetch.sh)
+(MODEL: qwen2.5-coder-1.5b-q4_k_m (the default) or gemma-3-270m-q4_k_m of ../shared/models/fetch.sh, or a path)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
+from _common import bench_model_path, decode_bench_args
 from inferd import _cpu
 from inferd.engine.engine import Engine
 from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
-from inferd.model.pull import resolve
 
 PROMPT = 100
 
@@ -43,18 +42,13 @@ def steps(engine: Engine, batch: int, n: int) -> tuple[float, list[list[int]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "-m",
-        "--model",
-        default=os.path.expanduser("~/.cache/inferd-test-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-    )
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    decode_bench_args(ap)
     ap.add_argument("--batches", default="1,2,3,4,5,6,8,12")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    model = load_model(resolve(args.model))
+    model = load_model(bench_model_path(args.model))
     engine = Engine(
         model,
         num_kv_blocks=max(batches) * blocks_needed(PROMPT + args.steps + 1),

@@ -4,22 +4,21 @@ with --prefetch the decode kernels' software prefetch always / never / as the CP
 run. All give the same bits: the generated tokens are checked equal.
 
     python bench/decode_kernels.py [-m MODEL] [-t 2] [--decode 64] [--rounds 3] [--prefetch]
-(MODEL: a path or name; default the Qwen2.5-Coder-1.5B Q4_K_M file of ../shared/models/fetch.sh)
+(MODEL: qwen2.5-coder-1.5b-q4_k_m (the default) or gemma-3-270m-q4_k_m of ../shared/models/fetch.sh, or a path)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
+from _common import bench_model_path, decode_bench_args
 from inferd import _cpu
 from inferd.engine.engine import Engine
 from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
-from inferd.model.pull import resolve
 
 
 def decode(engine: Engine, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
@@ -38,17 +37,12 @@ def decode(engine: Engine, prompt: list[int], n: int) -> tuple[float, float, lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "-m",
-        "--model",
-        default=os.path.expanduser("~/.cache/inferd-test-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
-    )
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    decode_bench_args(ap)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prefetch", action="store_true", help="compare the software prefetch settings instead")
     args = ap.parse_args()
-    model = load_model(resolve(args.model))
+    model = load_model(bench_model_path(args.model))
     engine = Engine(
         model, num_kv_blocks=blocks_needed(args.decode + 32), max_batch_tokens=64, max_seqs=1, threads=args.threads
     )
