@@ -6,12 +6,13 @@
  * groups) of the ymm tile kernels, or with a leading z of the zmm pair kernels (qdecode512.c,
  * matmul_set_decode_kernels), and a trailing p or n turns the software prefetch on or off for every tile
  * (matmul_set_decode_prefetch; default: the CPU's rule); a leading L only reads the bytes in the group kernels'
- * order (load_fn: the access pattern's ceiling); best of the rounds, since the machine may be shared.
+ * order (load_fn: the access pattern's ceiling), a leading S followed by a distance reads the same bytes as one
+ * stream per thread (stream_fn: a plain read loop's ceiling); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
  *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
- *   /tmp/decode_gemv THREADS ROUNDS GROUP...      e.g. /tmp/decode_gemv 1 10 4 z4 z4n L4;  HOT=1 /tmp/decode_gemv 1 10 4 z4
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024;  HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include <time.h>
 #include <immintrin.h>
 #include "inferd.h"
+#include "tile.h"
 
 static double now(void) {
     struct timespec t;
@@ -59,9 +61,9 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* 
 }
 
 /* mode L: the access pattern alone. A thread's tiles are read as the group kernels read them (up to GROUP tiles in
- * lockstep, block after block, each tile's block of the next group prefetched beside its own loads, within the
- * thread's claim), the bytes only xor-ed together: what the pattern gets from memory with next to no arithmetic, the
- * ceiling of the kernels that walk it. A trailing n: without the prefetch. */
+ * lockstep, block after block, with tile.h's decode prefetch beside each tile's loads, within the thread's claim),
+ * the bytes only xor-ed together: what the pattern gets from memory with next to no arithmetic, the ceiling of the
+ * kernels that walk it. A trailing n: without the prefetch. */
 static int load_group = 4, load_prefetch = 1;
 __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const job_t *j = arg;
@@ -74,16 +76,31 @@ __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin,
     for (int t = t0; t < t1; t += load_group) {
         int n = t1 - t < load_group ? t1 - t : load_group;
         const uint8_t *base = w->data + (size_t)t * tb;
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = base + (size_t)b * bb;
+        decode_prefetch_t pf = decode_prefetch_plan(base, tb, n, bb, load_prefetch ? t1 - t : 0);
+        for (int b = 0; b < nb; b++)
             for (int i = 0; i < n; i++) {
-                int pf = load_prefetch && t + i + load_group < t1;
-                for (size_t o = 0; o + 64 <= bb; o += 64) {
-                    if (pf) __builtin_prefetch(blk + (size_t)(i + load_group) * tb + o, 0, 2);
-                    acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)(blk + (size_t)i * tb + o)));
-                }
+                decode_prefetch_tile(&pf, b, i, (int)((bb + 63) / 64));
+                for (size_t o = 0; o + 64 <= bb; o += 64)
+                    acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)(base + (size_t)i * tb + b * bb + o)));
             }
-        }
+    }
+    j->y[t0 * TILE_ROWS] = (float)_mm512_reduce_add_epi32(acc);
+}
+
+/* mode S (S followed by a distance in bytes, S0: none): a thread's tiles read as one sequential stream, each line
+ * with a prefetch that distance ahead: a plain read loop's ceiling for the same bytes */
+static size_t sdist = 512;
+__attribute__((target("avx512f"))) static void stream_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    const job_t *j = arg;
+    const weight_t *w = j->w;
+    (void)thread;
+    int nt = matmul_num_tiles(w), t0 = 2 * (int)begin, t1 = 2 * (int)end < nt ? 2 * (int)end : nt;
+    size_t tb = (size_t)(w->cols / weight_block_cols(w->type)) * weight_tile_block_bytes(w->type);
+    const uint8_t *p = w->data + (size_t)t0 * tb, *e = w->data + (size_t)t1 * tb;
+    __m512i acc = _mm512_setzero_si512();
+    for (; p + 64 <= e; p += 64) {
+        if (sdist && p + sdist < e) __builtin_prefetch(p + sdist, 0, 1);
+        acc = _mm512_xor_si512(acc, _mm512_loadu_si512((const void *)p));
     }
     j->y[t0 * TILE_ROWS] = (float)_mm512_reduce_add_epi32(acc);
 }
@@ -106,11 +123,13 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
     int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
     int groups[8], zmm[8], pf[8], load[8];
+    size_t sdists[8] = {0};
     ng = ng < 8 ? ng : 8;
     for (int g = 0; g < ng; g++) {
         const char *a = argv[3 + g], *end = a + strlen(a) - 1;
         zmm[g] = a[0] == 'z';
-        load[g] = a[0] == 'L';
+        load[g] = a[0] == 'L' ? 1 : a[0] == 'S' ? 2 : 0;
+        if (load[g] == 2) { sdists[g] = (size_t)atoi(a + 1); pf[g] = 1; groups[g] = 4; continue; }
         groups[g] = atoi(a + (zmm[g] || load[g]));
         pf[g] = *end == 'p' ? 2 : *end == 'n' ? 0 : 1;
     }
@@ -148,13 +167,15 @@ int main(int argc, char **argv) {
             if (pf[g] != 1) matmul_set_decode_prefetch(pf[g] ? SIZE_MAX : 0);
             else matmul_set_decode_prefetch(dflt);
             for (int s = 0; s < NSHAPES; s++) {
-                load_group = groups[g];   /* mode L's settings, by matmul.c's rule: tile bytes <= the default */
+                load_group = groups[g];   /* modes L and S; L's prefetch by matmul.c's rule: tile bytes <= the default */
+                sdist = sdists[g];
                 load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][0].nbytes / matmul_num_tiles(&ws[s][0]) <= dflt);
                 double t0 = now();
                 for (int k = 0; k < reps; k++)
                     for (int c = 0; c < copies[s]; c++) {
                         job_t j = {&ws[s][c], xq, y};
-                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1, load[g] ? load_fn : matmul_fn, &j);
+                        pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1,
+                                 load[g] == 2 ? stream_fn : load[g] ? load_fn : matmul_fn, &j);
                     }
                 double t = now() - t0;
                 best[g][s] = t < best[g][s] ? t : best[g][s];
@@ -180,8 +201,9 @@ int main(int argc, char **argv) {
            bw / 1e9);
     printf("| type | rows x cols |");
     for (int g = 0; g < ng; g++)
-        printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g],
-               pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
+        if (load[g] == 2) printf(" one stream, prefetch %zu B ahead GB/s |", sdists[g]);
+        else printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g],
+                    pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");
     printf("\n");

@@ -37,9 +37,6 @@
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
 #define DINLINE static inline __attribute__((always_inline))
-/* the tiles of the next group: measured on the Intel Xeon against 2, 3, 5, 6, 8, 12, 16 tiles ahead (8 before the
- * prefetch was spread; bench/results/decode_spread.md), the best or within noise of it at every shape */
-#define DECODE_PREFETCH_TILES QGROUP_TILES
 
 DINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
@@ -184,20 +181,6 @@ DINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b
     }
 }
 
-/* Software prefetch of the tiles DECODE_PREFETCH_TILES ahead (only those before `limit`, the end of the caller's
- * stretch of tiles: past it they are another thread's or none), part `part` of `parts` of each tile's block: lines
- * part L / parts .. (part + 1) L / parts of its L. The K-quants spread a block's lines over its 8 sub-blocks; all
- * at the block's start stalled on the line fill buffers with no arithmetic beside them
- * (bench/results/decode_spread.md). */
-DINLINE void prefetch_part(const uint8_t *blk, size_t tile_bytes, int ntiles, int limit, size_t bb, int part,
-                           int parts) {
-    const size_t lines = (bb + 63) / 64, l0 = lines * (size_t)part / (size_t)parts;
-    const size_t l1 = lines * (size_t)(part + 1) / (size_t)parts;
-    for (int t = 0; t < ntiles && t + DECODE_PREFETCH_TILES < limit; t++)
-        for (size_t l = l0; l < l1; l++)
-            __builtin_prefetch(blk + (size_t)(t + DECODE_PREFETCH_TILES) * tile_bytes + 64 * l, 0, 2);
-}
-
 /* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep, for nt <= ntmax tokens
  * (token t's activation blocks at xq + t * nb32, its rows at y + t * ldy; ntmax a constant, the per-token loops'
  * unroll bound, so that the accumulators stay in registers) ---- */
@@ -212,10 +195,14 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
         tb[i] = 2 * i + 1 < ntiles ? ta[i] + tile_bytes : ta[i];
         for (int t = 0; t < ntmax; t++) acc[i][t] = _mm512_setzero_ps();
     }
+    /* a step per block, or per K-quant sub-block: its lines of the pairs' tiles (linear), of one tile (near) */
+    const size_t step_bytes = bb / (type_is_k(type) ? 8 : 1);
+    const int lines_group = (int)((2 * np * step_bytes + 63) / 64), lines_tile = (int)((step_bytes + 63) / 64);
+    const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, step_bytes, prefetch);
     for (int bk = 0; bk < nb; bk++) {
         const size_t off = (size_t)bk * bb;
         if (!type_is_k(type)) {
-            prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, 0, 1);
+            decode_prefetch_step(&pf, bk, lines_group, lines_tile);
             for (int i = 0; i < np; i++)
                 small_block(type, ntmax, nt, ta[i] + off, tb[i] + off, xq + bk, nb32, acc[i]);
             continue;
@@ -226,7 +213,7 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
             for (int i = 0; i < np; i++) { dmA[i] = q45k_dmins(ta[i] + off); dmB[i] = q45k_dmins(tb[i] + off); }
 #pragma GCC unroll 8   /* measured: ~10% more in cache than the rolled loop */
             for (int s = 0; s < 8; s++) {
-                prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
+                decode_prefetch_step(&pf, bk * 8 + s, lines_group, lines_tile);
                 for (int i = 0; i < np; i++)
                     q45k_sub(type, ntmax, nt, ta[i] + off, tb[i] + off, dmA[i], dmB[i], s, xb + s, nb32, acc[i]);
             }
@@ -235,7 +222,7 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
             for (int i = 0; i < np; i++) d[i] = join_f16(ta[i] + off, tb[i] + off);
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
-                prefetch_part(base + off, tile_bytes, ntiles, prefetch, bb, s, 8);
+                decode_prefetch_step(&pf, bk * 8 + s, lines_group, lines_tile);
                 for (int i = 0; i < np; i++)
                     q6k_sub(ntmax, nt, ta[i] + off, tb[i] + off, d[i], s, xb + s, nb32, acc[i]);
             }

@@ -236,15 +236,13 @@ KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *bas
     const int nsub = type_is_k(type) ? 8 : 1;
     const size_t bb = tile_block_bytes(type);
     __m256 acc[4];
+    /* tile.h's decode prefetch, a step per block, each tile's piece beside its arithmetic (not all in one burst) */
+    const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, bb, prefetch);
     for (int i = 0; i < ntiles; i++) acc[i] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk0 = base + (size_t)b * bb;
         for (int i = 0; i < ntiles; i++) {
-            /* tile i's block of the next group, beside tile i's arithmetic (not all of them in one burst), within
-             * the caller's stretch; as qdecode512.c, measured there and here (bench/results/decode_spread.md) */
-            if (i + QGROUP_TILES < prefetch)
-                for (size_t o = 0; o < bb; o += 64)
-                    __builtin_prefetch(blk0 + (size_t)(i + QGROUP_TILES) * tile_bytes + o, 0, 2);
+            decode_prefetch_tile(&pf, b, i, (int)((bb + 63) / 64));
             KFN(block_tokens)(type, blk0 + i * tile_bytes, nsub, 2, 1, xq + (size_t)b * nsub, 0, acc + i);
         }
     }

@@ -61,6 +61,69 @@ typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int 
 typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, float *y,
                           int nrows_last, int accumulate, int prefetch);
 #define QGROUP_TILES 4
+
+/* A decode group's software prefetch, issued one piece per step of its walk (a block, or a K-quant block's
+ * sub-block), only within the caller's stretch (`limit` tiles from base; 0 = none). Which bytes, measured on the
+ * Intel Xeon with the zmm kernels (bench/results/decode_linear.md):
+ *   - short tiles (a row of 1536 Q4_K values is 6.9 KB): the next group's bytes in memory order, an equal piece per
+ *     step, so that the prefetches walk memory as one stream a group ahead (+10-14% over each tile's block of the
+ *     next group: four streams, which the hardware prefetcher followed worse);
+ *   - long tiles (the 8960-wide down projection, 40 KB and more, where a group ahead is too far to stay in cache):
+ *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end (+20-30%).
+ * The lines of a piece are a constant count (a piece of lines_linear or lines_near lines, constants where the
+ * kernel inlines this), their addresses clamped to the stretch's last line: no branch per line. The same addresses
+ * behind a loop with a bound check per line ran 10-15% slower at the short shapes, and how much depended on the
+ * code the compiler laid out around it. */
+#define DECODE_LINEAR_TILE_BYTES (16u << 10)
+#define DECODE_NEAR_BYTES 2048u
+typedef struct {
+    const uint8_t *base, *last;   /* the group's first tile; the stretch's last line (nothing is fetched past it) */
+    size_t tile_bytes, piece;     /* piece: a step's bytes of one tile (its block, or a K-quant sub-block's share) */
+    int ntiles, linear, on;
+} decode_prefetch_t;
+
+static inline decode_prefetch_t decode_prefetch_plan(const uint8_t *base, size_t tile_bytes, int ntiles,
+                                                     size_t step_bytes, int limit) {
+    decode_prefetch_t p = {base, base + (size_t)(limit > 0 ? limit : 0) * tile_bytes - 64, tile_bytes, step_bytes,
+                           ntiles, tile_bytes <= DECODE_LINEAR_TILE_BYTES, limit > 0};
+    return p;
+}
+
+/* n lines from a (n a constant where inlined: unrolled, no branches), those past last fetched as last */
+static inline __attribute__((always_inline)) void prefetch_run(const uint8_t *a, const int n, const uint8_t *last) {
+#pragma GCC unroll 16
+    for (int k = 0; k < n; k++) {
+        const uint8_t *q = a + 64 * k;
+        __builtin_prefetch(q < last ? q : last, 0, 1);
+    }
+}
+
+/* tile i's own bytes DECODE_NEAR_BYTES past step's, or past its end those of the tile a group further */
+static inline const uint8_t *prefetch_near_at(const decode_prefetch_t *p, int step, int i) {
+    const size_t at = (size_t)step * p->piece + DECODE_NEAR_BYTES;
+    return p->base + (size_t)i * p->tile_bytes + at + (at < p->tile_bytes ? 0 : (size_t)(p->ntiles - 1) * p->tile_bytes);
+}
+
+/* one step's pieces of all the group's tiles: lines_group lines (linear), lines_tile per tile (near) */
+static inline __attribute__((always_inline)) void decode_prefetch_step(const decode_prefetch_t *p, int step,
+                                                                       const int lines_group,
+                                                                       const int lines_tile) {
+    if (!p->on) return;
+    if (p->linear) {
+        prefetch_run(p->base + (size_t)p->ntiles * (p->tile_bytes + (size_t)step * p->piece), lines_group, p->last);
+        return;
+    }
+    for (int i = 0; i < p->ntiles; i++) prefetch_run(prefetch_near_at(p, step, i), lines_tile, p->last);
+}
+
+/* one step's piece of tile i alone (a kernel that spreads a step over its tiles) */
+static inline __attribute__((always_inline)) void decode_prefetch_tile(const decode_prefetch_t *p, int step, int i,
+                                                                       const int lines_tile) {
+    if (!p->on) return;
+    prefetch_run(p->linear ? p->base + (size_t)p->ntiles * p->tile_bytes + ((size_t)step * p->ntiles + i) * p->piece
+                           : prefetch_near_at(p, step, i),
+                 lines_tile, p->last);
+}
 typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
