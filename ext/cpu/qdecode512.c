@@ -14,8 +14,8 @@
  *     super-block's d and dmin converted together;
  *   - the fifth bit (Q5_K, Q5_0, Q5_1) and Q6_K's two high bits are merged with one ternary-logic instruction per
  *     vector.
- * Up to QGROUP_TILES tiles (two pairs) go in lockstep with software prefetch of the next group's tiles, as tiles_one
- * does: several streams in flight per thread. The K-quants spread a block's prefetches over its 8 sub-blocks.
+ * Up to QGROUP_TILES tiles (two pairs) go in lockstep: several streams in flight per thread, with tile.h's decode
+ * prefetch (as tiles_one) a piece per block, or per sub-block of a K-quant block, beside the arithmetic.
  *
  * A decode step of a few sequences (or a speculative draft) has 2 to 8 tokens: each sub-block's weights are unpacked
  * once into 8 vectors and every token's dpbusd and float steps read them, so a step of 4 sequences costs about what
@@ -195,7 +195,8 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
         tb[i] = 2 * i + 1 < ntiles ? ta[i] + tile_bytes : ta[i];
         for (int t = 0; t < ntmax; t++) acc[i][t] = _mm512_setzero_ps();
     }
-    /* a step per block, or per K-quant sub-block: its lines of the pairs' tiles (linear), of one tile (near) */
+    /* a step per block, or per K-quant sub-block: its lines of the pairs' tiles (linear; a group of 3 fetches a 4th
+     * tile's share more, within the stretch), of one tile (near) */
     const size_t step_bytes = bb / (type_is_k(type) ? 8 : 1);
     const int lines_group = (int)((2 * np * step_bytes + 63) / 64), lines_tile = (int)((step_bytes + 63) / 64);
     const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, step_bytes, prefetch);
