@@ -12,7 +12,8 @@
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
  *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
- *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024;  HOT=1 /tmp/decode_gemv 1 10 4 z4
+ *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024
+ *   HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,7 +168,7 @@ int main(int argc, char **argv) {
             if (pf[g] != 1) matmul_set_decode_prefetch(pf[g] ? SIZE_MAX : 0);
             else matmul_set_decode_prefetch(dflt);
             for (int s = 0; s < NSHAPES; s++) {
-                load_group = groups[g];   /* modes L and S; L's prefetch by matmul.c's rule: tile bytes <= the default */
+                load_group = groups[g];   /* mode L's prefetch by matmul.c's rule: tile bytes <= the default */
                 sdist = sdists[g];
                 load_prefetch = pf[g] == 2 || (pf[g] == 1 && ws[s][0].nbytes / matmul_num_tiles(&ws[s][0]) <= dflt);
                 double t0 = now();

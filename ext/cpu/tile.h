@@ -84,7 +84,7 @@ typedef struct {
 
 static inline decode_prefetch_t decode_prefetch_plan(const uint8_t *base, size_t tile_bytes, int ntiles,
                                                      size_t step_bytes, int limit) {
-    decode_prefetch_t p = {base, base + (size_t)(limit > 0 ? limit : 0) * tile_bytes - 64, tile_bytes, step_bytes,
+    decode_prefetch_t p = {base, limit > 0 ? base + (size_t)limit * tile_bytes - 64 : base, tile_bytes, step_bytes,
                            ntiles, tile_bytes <= DECODE_LINEAR_TILE_BYTES, limit > 0};
     return p;
 }
@@ -101,7 +101,8 @@ static inline __attribute__((always_inline)) void prefetch_run(const uint8_t *a,
 /* tile i's own bytes DECODE_NEAR_BYTES past step's, or past its end those of the tile a group further */
 static inline const uint8_t *prefetch_near_at(const decode_prefetch_t *p, int step, int i) {
     const size_t at = (size_t)step * p->piece + DECODE_NEAR_BYTES;
-    return p->base + (size_t)i * p->tile_bytes + at + (at < p->tile_bytes ? 0 : (size_t)(p->ntiles - 1) * p->tile_bytes);
+    return p->base + (size_t)i * p->tile_bytes + at +
+           (at < p->tile_bytes ? 0 : (size_t)(p->ntiles - 1) * p->tile_bytes);
 }
 
 /* one step's pieces of all the group's tiles: lines_group lines (linear), lines_tile per tile (near) */
@@ -124,6 +125,7 @@ static inline __attribute__((always_inline)) void decode_prefetch_tile(const dec
                            : prefetch_near_at(p, step, i),
                  lines_tile, p->last);
 }
+
 typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
