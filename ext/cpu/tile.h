@@ -73,7 +73,7 @@ typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, in
  * The lines of a piece are a constant count (lines_group, lines_tile: constants where the kernel inlines this),
  * their addresses clamped to the stretch's last line: no branch per line. The same addresses behind a loop with a
  * bound check per line ran up to 15% slower, by how the compiler laid out the code around it. Swept: 16 KB
- * against 8 and 64 KB, 2 KB ahead against 1 and 4. */
+ * against 8 and 64 KB, 2 KB ahead against 1 and 4, one group ahead against 1/2, 3/2 and 2. */
 #define DECODE_LINEAR_TILE_BYTES (16u << 10)
 #define DECODE_NEAR_BYTES 2048u
 typedef struct {
