@@ -90,7 +90,7 @@ __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin,
 
 /* mode S (S followed by a distance in bytes, S0: none): a thread's tiles read as one sequential stream, each line
  * with a prefetch that distance ahead: a plain read loop's ceiling for the same bytes */
-static size_t sdist = 512;
+static size_t sdist;
 __attribute__((target("avx512f"))) static void stream_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const job_t *j = arg;
     const weight_t *w = j->w;
@@ -123,15 +123,16 @@ static const int hot_shapes[NSHAPES][3] = {        /* the same widths, fewer row
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: %s THREADS ROUNDS GROUP...\n", argv[0]); return 2; }
     int threads = atoi(argv[1]), rounds = atoi(argv[2]), ng = argc - 3, hot = getenv("HOT") != NULL;
+    enum { KERNEL, LOADS, STREAM };   /* what a configuration runs: matmul_fn, load_fn (mode L), stream_fn (mode S) */
     int groups[8], zmm[8], pf[8], load[8];
     size_t sdists[8] = {0};
     ng = ng < 8 ? ng : 8;
     for (int g = 0; g < ng; g++) {
         const char *a = argv[3 + g], *end = a + strlen(a) - 1;
         zmm[g] = a[0] == 'z';
-        load[g] = a[0] == 'L' ? 1 : a[0] == 'S' ? 2 : 0;
-        if (load[g] == 2) { sdists[g] = (size_t)atoi(a + 1); pf[g] = 1; groups[g] = 4; continue; }
-        groups[g] = atoi(a + (zmm[g] || load[g]));
+        load[g] = a[0] == 'L' ? LOADS : a[0] == 'S' ? STREAM : KERNEL;
+        if (load[g] == STREAM) sdists[g] = (size_t)atoi(a + 1);
+        groups[g] = load[g] == STREAM ? 1 : atoi(a + (zmm[g] || load[g]));
         pf[g] = *end == 'p' ? 2 : *end == 'n' ? 0 : 1;
     }
     const int (*shapes)[3] = getenv("GEMMA") ? gemma_shapes : hot ? hot_shapes : streamed_shapes;
@@ -176,7 +177,7 @@ int main(int argc, char **argv) {
                     for (int c = 0; c < copies[s]; c++) {
                         job_t j = {&ws[s][c], xq, y};
                         pool_run(pool, (matmul_num_tiles(&ws[s][c]) + 1) / 2, 1,
-                                 load[g] == 2 ? stream_fn : load[g] ? load_fn : matmul_fn, &j);
+                                 load[g] == STREAM ? stream_fn : load[g] == LOADS ? load_fn : matmul_fn, &j);
                     }
                 double t = now() - t0;
                 best[g][s] = t < best[g][s] ? t : best[g][s];
@@ -188,7 +189,7 @@ int main(int argc, char **argv) {
     float *y0 = malloc((size_t)262144 * sizeof(float));
     for (int s = 0; s < NSHAPES; s++)
         for (int g = 0, first = 1; g < ng; g++) {
-            if (load[g]) continue;
+            if (load[g] != KERNEL) continue;
             matmul_set_decode_group(groups[g]);
             matmul_set_decode_kernels(zmm[g]);
             job_t j = {&ws[s][0], xq, first ? y0 : y};
@@ -202,8 +203,8 @@ int main(int argc, char **argv) {
            bw / 1e9);
     printf("| type | rows x cols |");
     for (int g = 0; g < ng; g++)
-        if (load[g] == 2) printf(" one stream, prefetch %zu B ahead GB/s |", sdists[g]);
-        else printf(" %s %d%s GB/s |", load[g] ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g],
+        if (load[g] == STREAM) printf(" one stream, prefetch %zu B ahead GB/s |", sdists[g]);
+        else printf(" %s %d%s GB/s |", load[g] == LOADS ? "loads only" : zmm[g] ? "zmm" : "ymm", groups[g],
                     pf[g] == 2 ? " prefetch" : pf[g] ? "" : " no prefetch");
     printf("\n| --- | --- |");
     for (int g = 0; g < ng; g++) printf(" ---: |");

@@ -56,8 +56,8 @@ typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int n
 typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
                           int ycol, int nrows, int accumulate);
 /* group: one token against ntiles (1..QGROUP_TILES) adjacent tiles of one segment, tile_bytes apart, in lockstep;
- * y points at the first tile's row 0, the last tile stores nrows_last rows; prefetch: software prefetch of the
- * tiles ahead of the group among the first `prefetch` tiles from base (the caller's stretch: 0 = none) */
+ * y points at the first tile's row 0, the last tile stores nrows_last rows; prefetch: the first `prefetch` tiles from
+ * base are the caller's stretch, which the decode prefetch below stays within (0 = none) */
 typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, float *y,
                           int nrows_last, int accumulate, int prefetch);
 #define QGROUP_TILES 4
@@ -98,6 +98,11 @@ static inline __attribute__((always_inline)) void prefetch_run(const uint8_t *a,
     }
 }
 
+/* tile i's piece of step in the next group's bytes, in memory order (a step's pieces of the group follow each other) */
+static inline const uint8_t *prefetch_linear_at(const decode_prefetch_t *p, int step, int i) {
+    return p->base + (size_t)p->ntiles * p->tile_bytes + ((size_t)step * p->ntiles + i) * p->piece;
+}
+
 /* tile i's own bytes DECODE_NEAR_BYTES past step's, or past its end those of the tile a group further */
 static inline const uint8_t *prefetch_near_at(const decode_prefetch_t *p, int step, int i) {
     const size_t at = (size_t)step * p->piece + DECODE_NEAR_BYTES;
@@ -111,7 +116,7 @@ static inline __attribute__((always_inline)) void decode_prefetch_step(const dec
                                                                        const int lines_tile) {
     if (!p->on) return;
     if (p->linear) {
-        prefetch_run(p->base + (size_t)p->ntiles * (p->tile_bytes + (size_t)step * p->piece), lines_group, p->last);
+        prefetch_run(prefetch_linear_at(p, step, 0), lines_group, p->last);
         return;
     }
     for (int i = 0; i < p->ntiles; i++) prefetch_run(prefetch_near_at(p, step, i), lines_tile, p->last);
@@ -121,9 +126,7 @@ static inline __attribute__((always_inline)) void decode_prefetch_step(const dec
 static inline __attribute__((always_inline)) void decode_prefetch_tile(const decode_prefetch_t *p, int step, int i,
                                                                        const int lines_tile) {
     if (!p->on) return;
-    prefetch_run(p->linear ? p->base + (size_t)p->ntiles * p->tile_bytes + ((size_t)step * p->ntiles + i) * p->piece
-                           : prefetch_near_at(p, step, i),
-                 lines_tile, p->last);
+    prefetch_run(p->linear ? prefetch_linear_at(p, step, i) : prefetch_near_at(p, step, i), lines_tile, p->last);
 }
 
 typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
