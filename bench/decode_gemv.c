@@ -62,9 +62,9 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* 
 }
 
 /* mode L: the access pattern alone. A thread's tiles are read as the group kernels read them (up to GROUP tiles in
- * lockstep, block after block, with tile.h's decode prefetch beside each tile's loads, within the thread's claim),
- * the bytes only xor-ed together: what the pattern gets from memory with next to no arithmetic, the ceiling of the
- * kernels that walk it. A trailing n: without the prefetch. */
+ * lockstep, block after block, with tile.h's decode prefetch beside each tile's loads, on past the claim up to the
+ * matrix's end as theirs), the bytes only xor-ed together: what the pattern gets from memory with next to no
+ * arithmetic, the ceiling of the kernels that walk it. A trailing n: without the prefetch. */
 static int load_group = 4, load_prefetch = 1;
 __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const job_t *j = arg;
@@ -77,7 +77,7 @@ __attribute__((target("avx512f"))) static void load_fn(void *arg, int64_t begin,
     for (int t = t0; t < t1; t += load_group) {
         int n = t1 - t < load_group ? t1 - t : load_group;
         const uint8_t *base = w->data + (size_t)t * tb;
-        decode_prefetch_t pf = decode_prefetch_plan(base, tb, n, bb, load_prefetch ? t1 - t : 0);
+        decode_prefetch_t pf = decode_prefetch_plan(base, tb, n, bb, load_prefetch ? nt - t : 0);
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < n; i++) {
                 decode_prefetch_tile(&pf, b, i, (int)((bb + 63) / 64));

@@ -73,11 +73,10 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
     int hidden = c->model->cfg.hidden, nb = hidden / QK, half = QK / TILE_ROWS, T = s->ntok;
     int float_down = !weight_is_quantized(c->model->layers[s->layer].wdown.type);
     float *g = c->gu + (size_t)thread * c->max_tokens * 2 * QK, *u = g + (size_t)c->max_tokens * QK;  /* (T, 32) */
-    int stretch_end = (int)end * 2 * half;                                   /* this claim's tiles: prefetched */
     for (int64_t j = begin; j < end; j++) {
         int tile = (int)j * 2 * half;
-        matmul_tiles_ahead(s->w, tile, tile + half, stretch_end, T, s->out, s->xq, g, QK, 0);
-        matmul_tiles_ahead(s->w, tile + half, tile + 2 * half, stretch_end, T, s->out, s->xq, u, QK, 0);
+        matmul_tiles(s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
+        matmul_tiles(s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
         if (c->model->cfg.ffn_gelu) geglu(g, u, g, T * QK);                  /* h, in place of gate */
         else swiglu(g, u, g, T * QK);
         quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */

@@ -114,10 +114,6 @@ void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride);
  * xq: (ntok, cols/32); y's first column is tile_begin's first row (matmul.c; the SIMD kernels in matmul_simd.c) */
 void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
-/* the same, for tiles [tile_begin, tile_end) of a longer stretch [tile_begin, stretch_end) that this thread walks
- * in order: a decode step's kernels prefetch the tiles ahead of them up to its end */
-void matmul_tiles_ahead(const weight_t *w, int tile_begin, int tile_end, int stretch_end, int ntok, const float *x,
-                        const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
 /* the VNNI paths' prefill kernels: 8-row ymm tiles, pairs of tiles in zmm, or those with AMX for 16 tokens at a
  * time; set: the best allowed (tests force each), get: the one in use on this CPU */

@@ -57,13 +57,13 @@ typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int 
                           int ycol, int nrows, int accumulate);
 /* group: one token against ntiles (1..QGROUP_TILES) adjacent tiles of one segment, tile_bytes apart, in lockstep;
  * y points at the first tile's row 0, the last tile stores nrows_last rows; prefetch: the first `prefetch` tiles from
- * base are the caller's stretch, which the decode prefetch below stays within (0 = none) */
+ * base are the rest of the segment, which the decode prefetch below stays within (0 = none) */
 typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, float *y,
                           int nrows_last, int accumulate, int prefetch);
 #define QGROUP_TILES 4
 
 /* A decode group's software prefetch, issued one piece per step of its walk (a block, or a K-quant block's
- * sub-block), only within the caller's stretch (`limit` tiles from base; 0 = none). Which bytes, measured on the
+ * sub-block), only within the caller's stretch (`limit` tiles from base, the rest of the segment; 0 = none). Which bytes, measured on the
  * Intel Xeon with the zmm kernels (bench/results/decode_linear.md):
  *   - short tiles (a row of 1536 Q4_K values is 6.9 KB): the next group's bytes in memory order, an equal piece per
  *     step, so that the prefetches walk memory as one stream a group ahead (+3-11% at 1536-wide shapes over each
