@@ -196,7 +196,7 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
         for (int t = 0; t < ntmax; t++) acc[i][t] = _mm512_setzero_ps();
     }
     /* a step per block, or per K-quant sub-block: its lines of the pairs' tiles (linear; a group of 3 fetches a 4th
-     * tile's share more, within the stretch), of one tile (near) */
+     * tile's share more, within the limit), of one tile (near) */
     const size_t step_bytes = bb / (type_is_k(type) ? 8 : 1);
     const int lines_group = (int)((2 * np * step_bytes + 63) / 64), lines_tile = (int)((step_bytes + 63) / 64);
     const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, step_bytes, prefetch);

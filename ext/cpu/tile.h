@@ -63,7 +63,7 @@ typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, in
 #define QGROUP_TILES 4
 
 /* A decode group's software prefetch, issued one piece per step of its walk (a block, or a K-quant block's
- * sub-block), only within the caller's stretch (`limit` tiles from base, the rest of the segment; 0 = none). Which bytes, measured on the
+ * sub-block), only within `limit` tiles from base (the rest of the segment; 0 = none). Which bytes, measured on the
  * Intel Xeon with the zmm kernels (bench/results/decode_linear.md):
  *   - short tiles (a row of 1536 Q4_K values is 6.9 KB): the next group's bytes in memory order, an equal piece per
  *     step, so that the prefetches walk memory as one stream a group ahead (+3-11% at 1536-wide shapes over each
@@ -71,13 +71,13 @@ typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, in
  *   - long tiles (the 8960-wide down projection, 40 KB and more, where a group ahead is too far to stay in cache):
  *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end (+20-30%).
  * The lines of a piece are a constant count (lines_group, lines_tile: constants where the kernel inlines this),
- * their addresses clamped to the stretch's last line: no branch per line. The same addresses behind a loop with a
+ * their addresses clamped to the limit's last line: no branch per line. The same addresses behind a loop with a
  * bound check per line ran up to 15% slower, by how the compiler laid out the code around it. Swept: 16 KB
  * against 8 and 64 KB, 2 KB ahead against 1 and 4, one group ahead against 1/2, 3/2 and 2. */
 #define DECODE_LINEAR_TILE_BYTES (16u << 10)
 #define DECODE_NEAR_BYTES 2048u
 typedef struct {
-    const uint8_t *base, *last;   /* the group's first tile; the stretch's last line (nothing is fetched past it) */
+    const uint8_t *base, *last;   /* the group's first tile; the limit's last line (nothing is fetched past it) */
     size_t tile_bytes, piece;     /* piece: a step's bytes of one tile (its block, or a K-quant sub-block's share) */
     int ntiles, linear, on;
 } decode_prefetch_t;
