@@ -9,8 +9,9 @@ tg64@d4096 (64 single-token decode steps after a 4096-token context). llama-benc
 `--repack 0`: on this AMX CPU llama.cpp's repacked Q4_0 path dies with SIGILL.
 Each `--inferd NAME=DIR` is a build of the package imported from DIR (e.g. the code before and after a change),
 run in a subprocess of its own; the rounds go builds then llama.cpp, then llama.cpp then the builds reversed, so
-that a shared machine's slow phases fall on every side; each side's samples are logged to stderr as they come. Each inferd run also reports the forward pass's attention stage
-share (ctx.set_profiling) for the prefill and the decode.
+that a shared machine's slow phases fall on every side; each side's samples are logged to stderr as they come.
+Each inferd run also reports the forward pass's attention stage share (ctx.set_profiling) for the prefill and the
+decode.
 """
 from __future__ import annotations
 

@@ -146,7 +146,8 @@ def bench_gemv(cu, out, bw, quick):
     print("\ndecode GEMV (Llama-3.2-1B shapes)")
     print(f"{'format':7} {'matrix':15} {'B':>3} {'us':>9} {'GB/s':>8} {'% copy':>7}")
     for r in rows:
-        print(f"{r['format']:7} {r['matrix']:15} {r['batch']:>3} {r['us']:9.1f} {r['GBps']:8.0f} {r['pct_of_copy']:7.1f}")
+        print(f"{r['format']:7} {r['matrix']:15} {r['batch']:>3} {r['us']:9.1f} {r['GBps']:8.0f} "
+              f"{r['pct_of_copy']:7.1f}")
 
 
 def bench_decode(cu, out, bw, quick):
@@ -208,7 +209,7 @@ def bench_prefill(cu, out, quick):
         params["top_p"] = 1
         params["repetition_penalty"] = 1
 
-        def step():
+        def step(tokens=tokens, T=T, table=table, params=params):
             m.step(tokens, np.arange(T, dtype=np.int32), np.zeros(T, np.int32), table,
                    np.array([T - 1], np.int32), params, np.zeros(2, np.int32), np.zeros(0, cu.ADJ_DTYPE))
 
@@ -218,7 +219,7 @@ def bench_prefill(cu, out, quick):
         X.fill(0x3C)
         C = cu.DeviceBuffer(T * 2 * h * 4)
 
-        def gemms_only():
+        def gemms_only(X=X, C=C, T=T):
             for _ in range(L):
                 for (N, K) in gemms:
                     cu.gemm_bf16(X, W[(N, K)], C, T, N, K, 0.0, 0)

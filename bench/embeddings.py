@@ -225,7 +225,7 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                     times: dict[str, list[float]] = {k: [] for k in servers}
                     for _ in range(args.repeats):                           # alternating
                         for k, (url, model) in servers.items():
-                            times[k].append(timed(lambda: run(url, model)))
+                            times[k].append(timed(lambda url=url, model=model: run(url, model)))
                     rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
                     lines.append(f"| {name} | {quant} | {label} | {rate['inferd']:.3g} | {rate['llama']:.3g} "
                                  f"| {rate['inferd'] / rate['llama']:.2f}x | {cos:.4f} |")

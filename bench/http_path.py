@@ -243,10 +243,11 @@ async def main_async(args) -> None:
                 print(f"c={c:<3} {name:<8} loop {run.per_token_us('loop'):6.1f} us/tok  sched "
                       f"{run.per_token_us('sched'):7.1f} us/tok  all {run.per_token_us('all'):7.1f} us/tok  "
                       f"{run.tokens / run.wall_s:6.1f} tok/s  ITL p50 {pct(run.itls, .5) * 1e3:5.1f} ms  "
-                      f"p99 {pct(run.itls, .99) * 1e3:6.1f} ms{'  ERRORS ' + str(run.errors[:3]) if run.errors else ''}",
+                      f"p99 {pct(run.itls, .99) * 1e3:6.1f} ms"
+                      f"{'  ERRORS ' + str(run.errors[:3]) if run.errors else ''}",
                       flush=True)
     print()
-    print(f"| c | tree | loop µs/token (median, runs) | process CPU µs/token | tok/s | ITL p50 ms | ITL p99 ms |")
+    print("| c | tree | loop µs/token (median, runs) | process CPU µs/token | tok/s | ITL p50 ms | ITL p99 ms |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: |")
     for (name, c), runs in results.items():
         loops = [r.per_token_us("loop") for r in runs]

@@ -1,5 +1,6 @@
 """Python's share of a decode step at batch 1: the C forward call alone vs the same step through Engine.step
-(building the batch, sampling arrays, outputs) vs `inferd generate`'s loop (runner.generate: the scheduler and its detokenizer).
+(building the batch, sampling arrays, outputs) vs `inferd generate`'s loop (runner.generate: the scheduler and its
+detokenizer).
 
     python bench/overhead.py [-m MODEL] [-t THREADS] [-n 128]
 """

@@ -25,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.ops.load import rolling_restart, summary_rows, wait_up
-from tests.ops.procs import (
+# after the sys.path line above: tests/ is imported from the repository root
+from tests.ops.load import rolling_restart, summary_rows, wait_up  # noqa: E402
+from tests.ops.procs import (  # noqa: E402
     APT_HINT,
     HAProxy,
     Replica,

@@ -94,7 +94,8 @@ class Reference:
             att = _attention(q.reshape(n, heads, hd), k.reshape(n, heads, hd), v.reshape(n, heads, hd),
                              1 / math.sqrt(hd), mask).reshape(n, -1)
             o = att @ w[p + "attention.output.dense.weight"].T + w[p + "attention.output.dense.bias"]
-            x = _layernorm(x + o, w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"], eps)
+            x = _layernorm(x + o, w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"],
+                           eps)
             h = _gelu_erf(x @ w[p + "intermediate.dense.weight"].T + w[p + "intermediate.dense.bias"])
             o = h @ w[p + "output.dense.weight"].T + w[p + "output.dense.bias"]
             x = _layernorm(x + o, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)

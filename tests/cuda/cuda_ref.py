@@ -34,7 +34,8 @@ def roundf(v: np.ndarray) -> np.ndarray:
 
 def _safe_inv(d: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
-        return np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)), np.float32(0.0)).astype(np.float32)
+        return np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)),
+                        np.float32(0.0)).astype(np.float32)
 
 
 def quantize(fmt: int, w: np.ndarray):

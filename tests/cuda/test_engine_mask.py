@@ -94,6 +94,6 @@ def test_mask_bits_line_up_with_token_ids(engine_mod, model):
         ok[ids] = True
         words = pack_mask(ok)
         assert np.array_equal(np.flatnonzero(unpack_mask(words, V)), ids)
-        out, _, _ = _run(engine_mod, make_engine(engine_mod, model), [[1, 2, 3]], lambda s, i: words,
+        out, _, _ = _run(engine_mod, make_engine(engine_mod, model), [[1, 2, 3]], lambda s, i, words=words: words,
                          SamplingParams(temperature=0.0), steps=2)
         assert all(t in ids for t in out[0])

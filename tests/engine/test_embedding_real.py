@@ -22,7 +22,8 @@ BASE = ["The quick brown fox jumps over the lazy dog.", "What is the capital of 
         "Stocks fell sharply on Monday after the central bank raised interest rates by half a point.",
         "A man is playing a guitar on stage.", "Il pleut des cordes aujourd'hui à Paris.", "東京は日本の首都です。",
         "def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2)", "Email me at someone@example.com!!!",
-        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10", "How do I reset my password?", "The mitochondria is the powerhouse of the cell.",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10", "How do I reset my password?",
+        "The mitochondria is the powerhouse of the cell.",
         "¿Dónde está la biblioteca?", "Transformers use attention to mix information across positions.",
         "I loved this movie; the acting was superb and the ending surprised me.", "🙂 emoji test 🚀",
         "Water boils at 100 degrees Celsius at sea level.", "SELECT * FROM users WHERE id = 42;", "  spaces   around  "]

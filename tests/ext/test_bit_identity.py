@@ -54,7 +54,8 @@ def probe_tokens(rng, ntok, cols, small, zeroed):
     return x
 
 
-@pytest.mark.parametrize("type_name,rows,cols", [(t, r, c) for t in TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]]
+@pytest.mark.parametrize("type_name,rows,cols",
+                         [(t, r, c) for t in TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]]
                          + [(t, r, c) for t in K_TYPES for r, c in [(37, 256), (203, 512), (64, 1536)]])
 def test_matmul_identical_on_every_path(type_name, rows, cols):
     w = weight_of(type_name, rows, cols, rows + cols)
@@ -311,7 +312,7 @@ DECODE = 4
 def sequence_alone(eng, prompt, params):
     out = eng.step([SeqInput(prompt, 0, [1, 3], want_logits=True, params=params, history=prompt)])[0]
     logits, tokens = [out.logits], list(out.tokens)
-    for k in range(DECODE):
+    for _ in range(DECODE):
         hist = prompt + tokens
         out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
                                  history=hist, num_prompt=len(prompt))])[0]
@@ -329,7 +330,7 @@ def sequence_chunked(eng, prompt, params, chunks=(17, 30, 28)):
         logits.append(out.logits)
         start += n
     tokens = list(out.tokens)
-    for k in range(DECODE):
+    for _ in range(DECODE):
         hist = prompt + tokens
         out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
                                  history=hist, num_prompt=len(prompt))])[0]
@@ -397,7 +398,7 @@ def sequence_token_by_token(eng, prompt, params):
                                  history=prompt)])[0]
         logits.append(out.logits)
     tokens = list(out.tokens)
-    for k in range(DECODE):
+    for _ in range(DECODE):
         hist = prompt + tokens
         out = eng.step([SeqInput([tokens[-1]], len(hist) - 1, [1, 3], want_logits=True, params=params,
                                  history=hist, num_prompt=len(prompt))])[0]

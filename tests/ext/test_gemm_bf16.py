@@ -35,7 +35,8 @@ def emulate(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 def test_rounding_to_bf16():
     f = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-9, 1 + 2**-8 + 2**-20, -2.5, 1e-40, -1e-40, 3e38],
                  np.float32)
-    want = np.array([1.0, 1.0, 1 + 2**-6, 1.0, 1 + 2**-7, -2.5, 0.0, -0.0, float(to_bf16(np.array([3e38], np.float32))[0])], np.float32)
+    want = np.array([1.0, 1.0, 1 + 2**-6, 1.0, 1 + 2**-7, -2.5, 0.0, -0.0,
+                     float(to_bf16(np.array([3e38], np.float32))[0])], np.float32)
     np.testing.assert_array_equal(to_bf16(f).view(np.uint32), want.view(np.uint32))
     # through the kernel: y = 1 * x (+ 0 * 0), so the rounded x itself (a signed zero may come back as +0)
     w, x = np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32)

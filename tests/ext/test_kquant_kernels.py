@@ -121,7 +121,8 @@ def test_bad_fusions_are_refused():
         _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8)),
                                                 ("Q4_K", 8, 256, z), ("Q8_0", 8, 256, np.zeros((8, 272), np.uint8))])
     with pytest.raises(ValueError):                               # a part of 5 rows before another: tiles straddle
-        _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 5, 256, z[:5]), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8))])
+        _cpu.Weight("parts", 0, 0, None,
+                    parts=[("Q4_K", 5, 256, z[:5]), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8))])
     with pytest.raises(ValueError, match="not supported"):        # input widths differ
         _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q4_K", 8, 512, np.zeros((8, 288), np.uint8))])
     with pytest.raises(ValueError, match="not supported"):        # interleaved parts of two types

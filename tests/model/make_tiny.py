@@ -18,7 +18,7 @@ import random
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,8 @@ from tokenizers import Tokenizer as HFTokenizer
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
-                   "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + eos_token }}"
+                   "{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+                   "{% else %}{{ ' ' + message['content'] + eos_token }}"
                    "{% endif %}{% endfor %}")
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
@@ -98,7 +99,7 @@ def _corpus(seed: int = 1234) -> list[str]:
     return lines
 
 
-@lru_cache(maxsize=None)
+@cache
 def _trained(kind: str, vocab_size: int) -> str:
     """A trained tokenizer as tokenizer.json text.
 

@@ -30,7 +30,8 @@ def _rand(seed: int, name: str, shape: tuple[int, ...], scale: float) -> np.ndar
 def write_tokenizer(path: Path, arch: str) -> int:
     """A WordPiece tokenizer over WORDS (lower-cased, BERT pre-tokenization); BERT wraps inputs in [CLS] .. [SEP],
     Gemma in <bos> .. <eos>. Returns the vocabulary size."""
-    tokens = SPECIALS + list(WORDS) + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + list("abcdefghijklmnopqrstuvwxyz.,?!")
+    tokens = (SPECIALS + list(WORDS) + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+              + list("abcdefghijklmnopqrstuvwxyz.,?!"))
     vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
@@ -53,8 +54,9 @@ def write_tiny_embedding(folder: Path, arch: str = "bert", *, dim: int = 64, n_l
     s = 1.0 / np.sqrt(dim)
     if arch == "bert":
         n_kv_heads, head_dim = n_heads, dim // n_heads
-        config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": dim, "num_hidden_layers": n_layers,
-                  "num_attention_heads": n_heads, "intermediate_size": hidden, "hidden_act": "gelu",
+        config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": dim,
+                  "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "intermediate_size": hidden,
+                  "hidden_act": "gelu",
                   "max_position_embeddings": 64, "type_vocab_size": 2, "vocab_size": vocab, "layer_norm_eps": 1e-12,
                   "position_embedding_type": "absolute"}
         t["embeddings.word_embeddings.weight"] = _rand(seed, "word", (vocab, dim), 0.5)
@@ -92,7 +94,8 @@ def write_tiny_embedding(folder: Path, arch: str = "bert", *, dim: int = 64, n_l
             t[p + "self_attn.q_proj.weight"] = _rand(seed, p + "q", (n_heads * head_dim, dim), s)
             t[p + "self_attn.k_proj.weight"] = _rand(seed, p + "k", (n_kv_heads * head_dim, dim), s)
             t[p + "self_attn.v_proj.weight"] = _rand(seed, p + "v", (n_kv_heads * head_dim, dim), s)
-            t[p + "self_attn.o_proj.weight"] = _rand(seed, p + "o", (dim, n_heads * head_dim), 1 / np.sqrt(n_heads * head_dim))
+            t[p + "self_attn.o_proj.weight"] = _rand(seed, p + "o", (dim, n_heads * head_dim),
+                                                     1 / np.sqrt(n_heads * head_dim))
             t[p + "self_attn.q_norm.weight"] = _rand(seed, p + "qn", (head_dim,), 0.1)
             t[p + "self_attn.k_norm.weight"] = _rand(seed, p + "kn", (head_dim,), 0.1)
             t[p + "mlp.gate_proj.weight"] = _rand(seed, p + "gate", (hidden, dim), s)

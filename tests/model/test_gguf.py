@@ -2,7 +2,6 @@
 ModelLoadError naming the file and the problem, quickly, without allocating what the file merely claims)."""
 from __future__ import annotations
 
-import importlib.util
 import struct
 import tracemalloc
 from pathlib import Path
@@ -17,7 +16,6 @@ from inferd.model.gguf import load_gguf, validate_gguf
 from inferd.model.loader import load_model
 from tests.model.make_tiny import (TinySpec, make_variant, permute_for_gguf, tiny_weights, variant_spec,
                                    write_tiny_gguf)
-from tests.model.quant_ref import quantize_reference
 
 
 # ---- the real model ------------------------------------------------------------------------------------------

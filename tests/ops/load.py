@@ -97,7 +97,7 @@ async def stream_once(session: aiohttp.ClientSession, url: str, body: dict, resu
                     out.finish_reason = choice.get("finish_reason") or out.finish_reason
                 if event.get("usage"):
                     out.completion_tokens = event["usage"]["completion_tokens"]
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         if out.status == 0:
             out.error = f"{type(e).__name__}: {e}"
     return out

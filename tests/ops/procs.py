@@ -154,7 +154,8 @@ class HAProxy(Process):
         self.cfg, self.stats_socket = cfg, stats_socket
 
     def start(self) -> None:
-        check = subprocess.run([self.exe, "-c", "-f", str(self.cfg)], check=False, capture_output=True, text=True, timeout=30)
+        check = subprocess.run([self.exe, "-c", "-f", str(self.cfg)], check=False, capture_output=True, text=True,
+                               timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c rejected the config:\n{check.stdout}{check.stderr}")
         super().start()

@@ -33,7 +33,8 @@ RATE_INTERVAL = "30s"   # what Grafana puts in $__rate_interval: longer than the
 
 def test_board_is_importable_with_a_datasource_input_and_a_model_variable():
     b = board()
-    assert [(i["name"], i["type"], i["pluginId"]) for i in b["__inputs"]] == [("DS_PROMETHEUS", "datasource", "prometheus")]
+    assert ([(i["name"], i["type"], i["pluginId"]) for i in b["__inputs"]]
+            == [("DS_PROMETHEUS", "datasource", "prometheus")])
     variables = {v["name"]: v for v in b["templating"]["list"]}
     assert variables["model_name"]["type"] == "query"
     assert "label_values(inferd:num_requests_running, model_name)" == variables["model_name"]["definition"]
@@ -48,9 +49,10 @@ def test_board_is_importable_with_a_datasource_input_and_a_model_variable():
 
 def test_board_covers_what_operators_watch():
     used = set().union(*(metric_names(e) for e in board_expressions()))
-    for name in ("inferd:generation_tokens_total", "inferd:prompt_tokens_total", "inferd:time_to_first_token_seconds_bucket",
-                 "inferd:inter_token_latency_seconds_bucket", "inferd:num_requests_running", "inferd:num_requests_waiting",
-                 "inferd:kv_cache_usage_perc", "inferd:prefix_cache_hits_total", "inferd:prefix_cache_queries_total",
+    for name in ("inferd:generation_tokens_total", "inferd:prompt_tokens_total",
+                 "inferd:time_to_first_token_seconds_bucket", "inferd:inter_token_latency_seconds_bucket",
+                 "inferd:num_requests_running", "inferd:num_requests_waiting", "inferd:kv_cache_usage_perc",
+                 "inferd:prefix_cache_hits_total", "inferd:prefix_cache_queries_total",
                  "inferd:memory_bandwidth_bytes_per_second", "inferd:measured_read_bandwidth_bytes_per_second",
                  "inferd:request_success_total", "inferd:http_requests_client_disconnected_total"):
         assert name in used, name
@@ -117,7 +119,8 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(monitored):
                 not_finite.append((panel["title"], t["expr"], values))
     assert empty == [] and not_finite == []
     # the load moved the counters the board plots
-    generated = prometheus.query(fill('sum(rate(inferd:generation_tokens_total{model_name=~"$model_name"}[$__rate_interval]))'))
+    generated = prometheus.query(
+        fill('sum(rate(inferd:generation_tokens_total{model_name=~"$model_name"}[$__rate_interval]))'))
     assert float(generated[0]["value"][1]) > 0
     hit_ratio = prometheus.query(fill(next(t["expr"] for p in board_panels() if p["title"] == "Prefix cache hit ratio"
                                            for t in p["targets"])))
@@ -128,7 +131,8 @@ def test_variable_queries_find_the_model_and_replica(monitored):
     replica, prometheus = monitored
     names = prometheus.api("label/model_name/values", **{"match[]": "inferd:num_requests_running"})
     assert names == ["tiny"]
-    instances = prometheus.api("label/instance/values", **{"match[]": 'inferd:num_requests_running{model_name=~"tiny"}'})
+    instances = prometheus.api("label/instance/values",
+                               **{"match[]": 'inferd:num_requests_running{model_name=~"tiny"}'})
     assert instances == [f"127.0.0.1:{replica.port}"]
 
 
@@ -151,5 +155,6 @@ def test_every_name_the_board_and_rules_use_is_exported_by_the_live_server(monit
         live = exported_names(r.read().decode())
     assert live == exported_names(rendered_metrics())   # the static checks read the same names
     used = set().union(*(metric_names(e) for e in board_expressions()))
-    used |= set().union(*(metric_names(r["expr"]) for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]))
+    used |= set().union(*(metric_names(r["expr"])
+                          for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]))
     assert used - live - recorded_names() - SYNTHETIC == set()

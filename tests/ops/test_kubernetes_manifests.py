@@ -17,7 +17,8 @@ from tests.ops.promql import ROOT, RULES, exported_names, rendered_metrics
 K8S = ROOT / "config" / "kubernetes"
 # SmolLM2-135M-Instruct Q4_1 (the default model) is a 98 MB file; its weights are held once, repacked.
 DEFAULT_MODEL_WEIGHTS_MIB = 100
-RUNTIME_MIB = 300   # Python, tokenizer, scratch buffers (360 MiB measured serving with the KV cache idle, weights included)
+# Python, tokenizer, scratch buffers (360 MiB measured serving with the KV cache idle, weights included)
+RUNTIME_MIB = 300
 
 
 def quantity_mib(q: str) -> float:

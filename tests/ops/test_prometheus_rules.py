@@ -29,7 +29,8 @@ def test_rules_read_only_metrics_that_inferd_exports():
     exported = exported_names(rendered_metrics())
     for rule in rules():
         unknown = metric_names(rule["expr"]) - exported - recorded_names() - SYNTHETIC
-        assert not unknown, f"{rule.get('record') or rule['alert']} reads {sorted(unknown)}, which /metrics does not export"
+        assert not unknown, (f"{rule.get('record') or rule['alert']} reads {sorted(unknown)}, "
+                             "which /metrics does not export")
 
 
 def test_recorded_names_follow_level_metric_operations():

@@ -143,7 +143,7 @@ async def test_a_crash_in_the_scheduler_loop_fails_in_flight_requests_and_health
         try:
             while True:
                 sock.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             pass
         time.sleep(1.0)
         sock.setblocking(False)

@@ -295,7 +295,7 @@ async def run_plan(base: str, plan: list[Item], concurrency: int, timeout_s: flo
                 item = queue.popleft()
                 try:
                     outcomes.append(await run_item(session, base, item))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     outcomes.append(Outcome(item, f"no answer within {timeout_s} s"))
                 except aiohttp.ClientError as e:
                     outcomes.append(Outcome(item, f"{type(e).__name__}: {e}"))
@@ -383,7 +383,8 @@ def test_soak(loaded_model, soak_mode):
         lines += [f"  {kind:28s} " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
                   for kind, c in sorted(table.items())]
         lines.append(f"  RSS: after warm-up {rss_warm >> 20} MiB, middle {rss_mid >> 20} MiB, end {rss_end >> 20} MiB; "
-                     f"{srv.state.engine_loop.scheduler.num_preemptions} preemptions, {srv.state.engine_loop.num_steps} steps")
+                     f"{srv.state.engine_loop.scheduler.num_preemptions} preemptions, "
+                     f"{srv.state.engine_loop.num_steps} steps")
         print("\n".join(lines))
         problems = [f"{o.item.kind} {o.item.path} {json.dumps(o.item.body)[:160] if o.item.body else o.item.raw!r}"
                     f" -> {o.problem}" for o in warm + outcomes if o.problem]

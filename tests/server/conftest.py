@@ -67,7 +67,7 @@ class ServerThread:
         await self._stop.wait()
         await self.runner.cleanup()
 
-    def start(self, wait_ready: bool = True) -> "ServerThread":
+    def start(self, wait_ready: bool = True) -> ServerThread:
         self.thread.start()
         self._started.wait(30)
         if self._error:

@@ -80,7 +80,8 @@ def test_single_string_token_ids_and_lists_of_ids(client, reference):
 def test_input_type_prompts_and_matryoshka_dimensions(emb_server, client, reference):
     status, body = post(emb_server.url, {"input": ["hello"], "input_type": "query", "encoding_format": "float"})
     assert status == 200
-    np.testing.assert_array_equal(body["data"][0]["embedding"], reference.embed(reference.tokenize(["query: hello"]))[0])
+    np.testing.assert_array_equal(body["data"][0]["embedding"],
+                                  reference.embed(reference.tokenize(["query: hello"]))[0])
     r = client.embeddings.create(model="tiny-bert", input=TEXTS, dimensions=16, encoding_format="float")
     v = np.array([d.embedding for d in r.data])
     full = reference.embed(reference.tokenize(TEXTS))
@@ -175,7 +176,8 @@ def test_embedding_model_beside_a_chat_model(make_server, folder, reference):
     assert m[("inferd:prompt_tokens_total", (("model_name", "tiny-bert"),))] > 0
     with urllib.request.urlopen(srv.url + "/metrics") as r:
         text = r.read().decode()
-    assert text.count("# TYPE inferd:prompt_tokens_total counter") + text.count("# TYPE inferd:prompt_tokens counter") == 1
+    assert (text.count("# TYPE inferd:prompt_tokens_total counter")
+            + text.count("# TYPE inferd:prompt_tokens counter")) == 1
     # one thread for both models: the chat model's engine loop runs the embedding steps between its own
     service = srv.state.embeddings[0]
     assert service.worker is None and service.queue in srv.state.engine_loop.side_queues

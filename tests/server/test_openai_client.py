@@ -70,13 +70,15 @@ def test_completion_non_streaming_and_streaming(client, model_name):
 
 
 def test_completion_default_max_tokens_is_16(client, model_name):
-    r = client.completions.create(model=model_name, prompt="Count: 1, 2, 3,", temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(model=model_name, prompt="Count: 1, 2, 3,", temperature=0,
+                                  extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 16
 
 
 def test_zero_max_tokens_echo_returns_the_prompt(client, model_name):
     r = client.completions.create(model=model_name, prompt="Just the prompt", max_tokens=0, echo=True)
-    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == ("Just the prompt", "length", 0)
+    assert ((r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens)
+            == ("Just the prompt", "length", 0))
     stream = client.completions.create(model=model_name, prompt="Just the prompt", max_tokens=0, echo=True,
                                        stream=True)
     assert "".join(c.choices[0].text for c in stream) == "Just the prompt"

@@ -27,7 +27,7 @@ def read_messages(sock, seconds):
         sock.settimeout(left)
         try:
             out.append((time.monotonic(), sock.recv(4096).decode()))
-        except socket.timeout:
+        except TimeoutError:
             break
     return out
 

@@ -26,7 +26,7 @@ def recv_all(sock):
     try:
         while True:
             msgs.append(sock.recv(4096).decode())
-    except (socket.timeout, BlockingIOError):
+    except (TimeoutError, BlockingIOError):
         pass
     return msgs
 

@@ -112,10 +112,21 @@ MISTRAL_SMALL_32 = r'''{%- set today = strftime_now("%Y-%m-%d") %}
         {{- raise_exception('Only system, user, assistant, and tool roles are supported!') }}
     {%- endif %}
 {%- endfor %}
-'''
+'''  # noqa: E501 (the published template verbatim: two of its lines are longer than 120)
 
-MISTRAL_V11_NO_IDS = MISTRAL_SMALL_32.replace('                {%- if not tool_call.id is defined or tool_call.id is not string or tool_call.id|length != 9 %}\n                    {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n                {%- endif %}\n                {{- \'[CALL_ID]\' + tool_call.id }}\n', "").replace(
-    '        {%- if not message.tool_call_id is defined or message.tool_call_id is not string or message[\'tool_call_id\']|length != 9 %}\n            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n        {%- endif %}\n        {{- \'[TOOL_RESULTS]\' + message.tool_call_id + \'[TOOL_CONTENT]\' + content|string + \'[/TOOL_RESULTS]\' }}\n',
+MISTRAL_V11_NO_IDS = MISTRAL_SMALL_32.replace(
+    '                {%- if not tool_call.id is defined or tool_call.id is not string or tool_call.id|length != 9 %}\n'
+    '                    {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n'
+    '                {%- endif %}\n'
+    '                {{- \'[CALL_ID]\' + tool_call.id }}\n',
+    "",
+).replace(
+    '        {%- if not message.tool_call_id is defined or message.tool_call_id is not string'
+    ' or message[\'tool_call_id\']|length != 9 %}\n'
+    '            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}\n'
+    '        {%- endif %}\n'
+    '        {{- \'[TOOL_RESULTS]\' + message.tool_call_id + \'[TOOL_CONTENT]\' + content|string'
+    ' + \'[/TOOL_RESULTS]\' }}\n',
     "        {{- '[TOOL_RESULTS]' + content|string + '[/TOOL_RESULTS]' }}\n",
 )
 
