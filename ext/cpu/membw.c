@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 #include "inferd.h"
+#include "tile.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -30,14 +31,14 @@ __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_
     return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
-/* one stream, each line's prefetch PREFETCH_AHEAD bytes ahead (clamped to the chunk's last line: no branch) */
+/* one stream, each line's prefetch PREFETCH_AHEAD bytes ahead (tile.h's prefetch_run, as the decode kernels': clamped
+ * to the chunk's last line, no branch) */
 #define PREFETCH_AHEAD 4096
 __attribute__((target("avx2"))) static uint64_t sum_one_stream(const uint8_t *p, size_t n) {
     __m256i a = _mm256_setzero_si256(), b = a;
     const uint8_t *last = p + n - 64;
     for (size_t i = 0; i < n; i += 64) {
-        const uint8_t *q = p + i + PREFETCH_AHEAD;
-        __builtin_prefetch(q < last ? q : last, 0, 1);
+        prefetch_run(p + i + PREFETCH_AHEAD, 1, last);
         a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
         b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
     }
@@ -69,10 +70,10 @@ static void membw_fn(void *varg, int64_t begin, int64_t end, int thread) {
 }
 
 /* Best-of-`repeats` read bandwidth in bytes per second over `nbytes` with `threads` threads, each repeat timing
- * both read loops (the one stream in 4 MB chunks, the eight in 1 MB chunks). */
+ * both read loops (the one stream in 4 MB chunks, the eight in 1 MB chunks claimed 4 at a time). */
 double read_bandwidth(size_t nbytes, int threads, int repeats) {
-    size_t chunk = 4 << 20;
-    nbytes = (nbytes + chunk - 1) / chunk * chunk;
+    const size_t one_chunk = 4 << 20, eight_chunk = 1 << 20;
+    nbytes = (nbytes + one_chunk - 1) / one_chunk * one_chunk;
     uint8_t *buf = huge_alloc(nbytes);            /* in the pages the engine's weights use */
     if (!buf) return -1.0;
     memset(buf, 1, nbytes);                       /* touch every page before timing */
@@ -80,7 +81,7 @@ double read_bandwidth(size_t nbytes, int threads, int repeats) {
     double best = 0.0;
     for (int r = 0; r < repeats; r++)
         for (int one = 0; one < 2; one++) {
-            membw_arg arg = {.buf = buf, .chunk_bytes = one ? chunk : 1 << 20, .one_stream = one};
+            membw_arg arg = {.buf = buf, .chunk_bytes = one ? one_chunk : eight_chunk, .one_stream = one};
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             pool_run(pool, (int64_t)(nbytes / arg.chunk_bytes), one ? 1 : 4, membw_fn, &arg);
