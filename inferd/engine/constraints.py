@@ -4,8 +4,9 @@ and what a sampled token does to the matcher.
 A request carries a `Constraint` (a grammar compiled on the HTTP side, and whether it is lazy: tool calls under
 tool_choice "auto" start at a trigger token). Each of its choices gets its own matcher at admission. Before a step,
 `StepMasks.build` fills one mask row per constrained sampled row (llguidance's executor, several matchers in
-parallel with the GIL released) and says which row each sequence uses; after it, `advance` feeds the sampled
-token and reports whether the choice goes on, is complete (the grammar accepts and nothing can follow) or failed.
+parallel with the GIL released) and says which row each sequence uses; after it, `Constraint.advance` feeds the
+sampled token and reports whether the choice goes on, is complete (the grammar accepts and nothing can follow)
+or failed.
 """
 
 from __future__ import annotations
@@ -36,23 +37,23 @@ class Constraint:
         """A mask row for one sequence: (vocab + 31) // 32 uint32 words."""
         return np.zeros(mask_words(self.grammar.vocab_size), np.uint32)
 
+    @staticmethod
+    def advance(matcher: Matcher, token: int, eos_ids: frozenset[int]) -> Advance:
+        """Feeds one sampled token. An end-of-sequence token is accepted only where the grammar may end."""
+        if token < 0:
+            return Advance(False, False, "the grammar allows no token here")
+        if token in eos_ids and isinstance(matcher, LazyMatcher) and matcher.active is None:
+            return Advance(True, True)
+        if not matcher.advance(token):
+            return Advance(False, False, matcher.error or "the sampled token is outside the grammar")
+        return Advance(True, matcher.is_done)
+
 
 @dataclass(frozen=True)
 class Advance:
     ok: bool  # the token was allowed
     done: bool  # the grammar is complete: end the choice here ("stop")
     error: str | None = None  # why the matcher failed (a token outside the grammar, a limit)
-
-
-def advance(matcher: Matcher, token: int, eos_ids: frozenset[int]) -> Advance:
-    """Feeds one sampled token. An end-of-sequence token is accepted only where the grammar may end."""
-    if token < 0:
-        return Advance(False, False, "the grammar allows no token here")
-    if token in eos_ids and isinstance(matcher, LazyMatcher) and matcher.active is None:
-        return Advance(True, True)
-    if not matcher.advance(token):
-        return Advance(False, False, matcher.error or "the sampled token is outside the grammar")
-    return Advance(True, matcher.is_done)
 
 
 class StepMasks:

@@ -2,8 +2,9 @@
 
 Each iteration takes new requests and aborts from the HTTP side (a lock-guarded inbox), expires timeouts, then
 runs one step: the policy schedules a batch (inferd/engine/scheduler.py), the engine runs it, the policy
-postprocesses the outputs, and the outputs go to each request's event loop through that loop's LoopWaker (one
-wake-up per loop per step). Detokenization and stop strings run here, in the policy's postprocess.
+postprocesses the token-level outputs, the output processor (inferd/engine/output.py) turns them into text and
+stop strings, and the outputs go to each request's mailbox through its event loop's LoopWaker (one wake-up per
+loop per step). The loop keeps request id -> (waker, mailbox); the scheduler never sees where outputs go.
 
 Everything except `submit`/`abort`/`stop` (and `RequestHandle`) runs in the scheduler thread.
 """
@@ -14,11 +15,12 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from typing import Protocol
 from collections.abc import Callable, Sequence
 
 from inferd.engine.loop_waker import LoopWaker
+from inferd.engine.mailbox import Mailbox, RequestHandle
+from inferd.engine.output import OutputProcessor
 from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
 from inferd.engine.scheduler import ScheduledBatch, Scheduler, StepStats
 from inferd.engine.types import SeqInput, SeqOutput
@@ -88,6 +90,7 @@ class EngineLoop:
         engine: StepRunner,
         scheduler: Scheduler,
         *,
+        tokenizer=None,
         max_waiting: int = 256,
         observer: Observer | None = None,
         watchdog: Callable[[], None] | None = None,
@@ -96,6 +99,7 @@ class EngineLoop:
     ):
         self.engine = engine
         self.scheduler = scheduler
+        self.output = OutputProcessor(tokenizer, scheduler)  # None: token ids only, no text
         self.max_waiting = max_waiting
         self.observer = observer
         self.watchdog = watchdog
@@ -116,6 +120,7 @@ class EngineLoop:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._wakers: dict[asyncio.AbstractEventLoop, LoopWaker] = {}
+        self._deliveries: dict[str, tuple[LoopWaker, Mailbox]] = {}  # request id -> where its outputs go
 
     # ---- the HTTP side (event loop threads) ------------------------------------------------------------
 
@@ -155,13 +160,15 @@ class EngineLoop:
         waker = self._wakers.get(loop)
         if waker is None or waker.closed:
             waker = self._wakers[loop] = LoopWaker(loop)
-        state = RequestState(request=request, arrival_time=self.clock(), waker=waker, queue=Mailbox(loop))
+        state = RequestState(request=request, arrival_time=self.clock())
+        box = Mailbox(loop)
         with self._lock:
             if self.num_waiting >= self.max_waiting:
                 raise QueueFull(f"{self.num_waiting} requests are already waiting")
+            self._deliveries[request.request_id] = (waker, box)
             self._inbox.append(state)
         self._wake.set()
-        return RequestHandle(self, state)
+        return RequestHandle(state, box, self.abort)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -207,20 +214,16 @@ class EngineLoop:
             except BaseException:  # the policy itself is what broke: tell each request directly
                 log.exception("could not fail the requests through the scheduler")
                 for st in list(self.scheduler.requests.values()) + new:
-                    if st.waker is not None and st.queue is not None and not st.finished:
-                        st.waker.push(
-                            [
-                                (
-                                    st.queue,
-                                    RequestOutput(
-                                        st.request.request_id,
-                                        finish_reason=FinishReason.ERROR,
-                                        error_status=500,
-                                        error_message=message,
-                                    ),
-                                )
-                            ]
+                    delivery = self._deliveries.pop(st.request.request_id, None)
+                    if delivery is not None and not st.finished:
+                        waker, box = delivery
+                        out = RequestOutput(
+                            st.request.request_id,
+                            finish_reason=FinishReason.ERROR,
+                            error_status=500,
+                            error_message=message,
                         )
+                        waker.push([(box, out)])
                 return
             self._flush()
 
@@ -252,7 +255,7 @@ class EngineLoop:
             stats.duration_s = duration
             stats.bytes_read = self.engine.weight_bytes + self.engine.kv_bytes_per_token * batch.num_positions_read
         self.num_steps += 1
-        self._flush()
+        self._flush(stats)
         if observer is not None:
             observer.on_step(stats)
             if stats.finished:
@@ -265,12 +268,19 @@ class EngineLoop:
         if states and self.observer is not None:
             self.observer.on_finished(states)
 
-    def _flush(self) -> None:
-        """Hand the policy's outputs to their event loops: one wake-up per loop, not one per output."""
+    def _flush(self, stats: StepStats | None = None) -> None:
+        """Turn the policy's outputs into text and hand them to their event loops: one wake-up per loop, not one
+        per output. Sequences that a stop string finished join the step's finished ones."""
+        outputs = self.output.process(self.scheduler.take_outputs())
         by_waker: dict[LoopWaker, list[tuple[Mailbox, RequestOutput]]] = {}
-        for st, out in self.scheduler.take_outputs():
-            if st.waker is not None and st.queue is not None:
-                by_waker.setdefault(st.waker, []).append((st.queue, out))
+        for st, out in outputs:
+            rid = st.request.request_id
+            delivery = self._deliveries.pop(rid, None) if out.finish_reason else self._deliveries.get(rid)
+            if out.finish_reason is not None and stats is not None and st not in stats.finished:
+                stats.finished.append(st)
+            if delivery is not None:
+                waker, box = delivery
+                by_waker.setdefault(waker, []).append((box, out))
         for waker, items in by_waker.items():
             if waker.loop.is_closed():  # nobody is listening any more; this thread is its only pusher
                 waker.close()
@@ -278,145 +288,3 @@ class EngineLoop:
                     del self._wakers[waker.loop]
             else:
                 waker.push(items)
-
-
-class Mailbox:
-    """One request's outputs on its event loop: the LoopWaker puts them, the RequestHandle takes them, all that
-    arrived so far at once. Lighter than an asyncio.Queue (one waiter, no getter/putter queues), and the reader's
-    keep-alive deadline is one timer per silent interval instead of an `asyncio.timeout` around every token."""
-
-    __slots__ = ("_loop", "_items", "_waiter", "_silence", "_last_event", "_timer")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self._items: deque[RequestOutput] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._silence: float | None = None  # of the wait in progress
-        self._last_event = loop.time()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def put_nowait(self, item: RequestOutput) -> None:
-        """On the loop (LoopWaker._deliver)."""
-        self._items.append(item)
-        self._last_event = self._loop.time()
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def empty(self) -> bool:
-        return not self._items
-
-    def take_all(self) -> list[RequestOutput]:
-        items = list(self._items)
-        self._items.clear()
-        return items
-
-    async def wait(self, silence: float | None) -> bool:
-        """Until something is in the box (True), or `silence` seconds passed since the last put or the last
-        silence (False)."""
-        if self._items:
-            return True
-        waiter = self._waiter = self._loop.create_future()
-        self._silence = silence
-        if silence is not None and self._timer is None:
-            self._timer = self._loop.call_at(self._last_event + silence, self._check_silence)
-        try:
-            await waiter
-        finally:
-            if self._waiter is waiter:
-                self._waiter = None
-        return bool(self._items)
-
-    def _check_silence(self) -> None:
-        # Puts move the deadline without touching the timer; it fires at the first deadline, and re-arms at the
-        # current one if anything came meanwhile.
-        self._timer = None
-        waiter, silence = self._waiter, self._silence
-        if waiter is None or waiter.done() or silence is None:
-            return
-        due = self._last_event + silence
-        now = self._loop.time()
-        if now >= due - 1e-3:
-            self._last_event = now  # the next silence is counted from this one
-            self._waiter = None
-            waiter.set_result(None)
-        else:
-            self._timer = self._loop.call_at(due, self._check_silence)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-class RequestHandle:
-    """The HTTP side's view of one request: its outputs (an async iterator, `get()` with a timeout, or
-    `get_all()`: everything that arrived together), its timings, and abort(). The request's state itself
-    belongs to the scheduler thread."""
-
-    def __init__(self, loop: EngineLoop, state: RequestState):
-        assert state.queue is not None
-        self._loop = loop
-        self._state = state
-        self._box: Mailbox = state.queue
-        self.request_id = state.request.request_id
-        self.done = False
-
-    def __aiter__(self) -> RequestHandle:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.done:
-            raise StopAsyncIteration
-        out = await self.get()
-        assert out is not None
-        return out
-
-    async def get(self, timeout: float | None = None) -> RequestOutput | None:
-        """The next output; None if `timeout` seconds pass without one (counted from the last output)."""
-        box = self._box
-        if not box._items and not await box.wait(timeout):
-            return None
-        out = box._items.popleft()
-        if out.finish_reason is not None:
-            self._finished()
-        return out
-
-    async def get_all(self, timeout: float | None = None) -> list[RequestOutput]:
-        """Every output that has arrived, at least one; [] if `timeout` seconds pass without one (counted from
-        the last output). Waits on the mailbox directly: no task per token."""
-        box = self._box
-        if not box._items and not await box.wait(timeout):
-            return []
-        outs = box.take_all()
-        if outs[-1].finish_reason is not None:  # nothing follows a finished output
-            self._finished()
-        return outs
-
-    def _finished(self) -> None:
-        self.done = True
-        self._box.close()
-
-    @property
-    def request(self) -> Request:
-        return self._state.request
-
-    @property
-    def arrival_time(self) -> float:
-        return self._state.arrival_time
-
-    @property
-    def first_token_time(self) -> float | None:
-        return self._state.first_token_time
-
-    @property
-    def finish_time(self) -> float | None:
-        return self._state.finish_time
-
-    def abort(self) -> None:
-        self._box.close()
-        if not self.done:
-            self.done = True
-            self._loop.abort(self.request_id)

@@ -16,8 +16,6 @@ import numpy as np
 from inferd.engine.types import RequestStatus, SamplingParams
 
 if TYPE_CHECKING:
-    from inferd.engine.loop import Mailbox
-    from inferd.engine.loop_waker import LoopWaker
     from inferd.engine.speculative import AcceptanceGate, PromptLookup
 
 
@@ -73,16 +71,12 @@ class RequestOutput:
 class RequestState:
     request: Request
     arrival_time: float
-    # where outputs go: the engine loop hands them to `waker`'s event loop, which puts them in `queue`
-    waker: LoopWaker | None = None
-    queue: Mailbox | None = None
     status: RequestStatus = RequestStatus.WAITING
     params: SamplingParams | None = None  # the request's, with a seed drawn if it had none
     token_ids: list[int] = field(default_factory=list)  # prompt + generated
     num_prompt: int = 0
     num_computed: int = 0  # positions whose K/V is in the cache
     output_ids: list[int] = field(default_factory=list)
-    text: TextState | None = None  # when detokenizing
     warm_target: int = 0  # warm requests: positions to get cached
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission
     num_preemptions: int = 0
@@ -137,30 +131,3 @@ def log_softmax_top(logits: np.ndarray, targets: Sequence[int], k: int) -> list[
             top = [(int(i), float(lp[row, i])) for i in idx]
         out.append((float(lp[row, target]), top))
     return out
-
-
-class TextState:
-    """Incremental detokenization plus stop-string matching for one request's generated tokens."""
-
-    def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str], shown: frozenset[int] = frozenset()):
-        from inferd.text.chat import StopChecker
-        from inferd.text.tokenizer import IncrementalDetokenizer
-
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, shown=shown)
-        self.stops = StopChecker(list(stop)) if stop else None
-
-    def add(self, token_id: int) -> tuple[str, bool]:
-        """Text that is now safe to show, and whether a stop string was hit (text then ends before it)."""
-        text = self.detok.add(token_id)
-        if self.stops is None:
-            return text, False
-        text, matched = self.stops.feed(text)
-        return text, matched is not None
-
-    def flush(self) -> str:
-        # the detokenizer's incomplete UTF-8 tail goes through the stop checker like any other text
-        tail = self.detok.flush()
-        if self.stops is None:
-            return tail
-        text, matched = self.stops.feed(tail) if tail else ("", None)
-        return text + (self.stops.flush() if matched is None else "")

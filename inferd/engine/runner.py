@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from inferd.engine.loop import StepRunner, run_batch
+from inferd.engine.output import OutputProcessor
 from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
 from inferd.engine.scheduler import EngineSizes, Scheduler
 from inferd.engine.types import BLOCK_SIZE, SeqInput
@@ -62,15 +63,15 @@ def generate(
         max_model_len=engine.context_length,
         max_running=1,
         enable_prefix_caching=False,
-        tokenizer=tokenizer,
         speculative=speculative,
     )
+    output = OutputProcessor(tokenizer, scheduler)
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(request.prompt_ids)
     scheduler.add(RequestState(request, arrival_time=time.monotonic()))
     first_token_seen = False
     while True:
-        for _, out in scheduler.take_outputs():
+        for _, out in output.process(scheduler.take_outputs()):
             if out.finish_reason is FinishReason.ERROR:
                 raise ValueError(out.error_message)
             stats.generated_tokens += len(out.token_ids)

@@ -26,9 +26,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from inferd.engine.constraints import advance
 from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState, TextState, log_softmax_top
+from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState, log_softmax_top
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 from inferd.engine.types import RequestStatus, SeqInput, SeqOutput
 
@@ -94,7 +93,6 @@ class Scheduler:
         max_model_len: int,
         max_running: int | None = None,
         enable_prefix_caching: bool = True,
-        tokenizer=None,
         speculative: bool = False,
         max_prefill_while_decoding: int | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -109,7 +107,6 @@ class Scheduler:
         self.max_logits_rows = engine.max_logits_rows
         # A sequence must fit in the cache alone, otherwise preemption could never make room for it.
         self.max_model_len = min(max_model_len, engine.num_kv_blocks * engine.block_size)
-        self.tokenizer = tokenizer
         # prompt-lookup speculative decoding for requests that do not say (Request.speculative is None)
         self.speculative = speculative
         self.clock = clock
@@ -149,8 +146,6 @@ class Scheduler:
             st.matcher = req.constraint.new_matcher()
             st.mask = req.constraint.new_mask()
         st.warm_target = len(req.prompt_ids) // self.block_size * self.block_size
-        if not req.warm and self.tokenizer is not None and req.detokenize:
-            st.text = TextState(self.tokenizer, req.prompt_ids, req.stop, req.shown_special)
         self.requests[req.request_id] = st
         error = self._check_fits(req)
         if error:
@@ -437,17 +432,16 @@ class Scheduler:
         return stats
 
     def _append_tokens(self, st: RequestState, out: SeqOutput, tokens: Sequence[int]) -> bool:
-        """Add sampled tokens in order, checking every stop condition after each (a stop discards the rest),
-        and tell the request; True if it finished."""
+        """Add sampled tokens in order, checking the token-level stops after each (a stop discards the rest),
+        and tell the request; True if it finished. Stop strings are the output processor's (output.py)."""
         req = st.request
         new_ids: list[int] = []
         reason: FinishReason | None = None
         grammar_error: str | None = None
-        text = ""
         for tok in tokens:
             grammar_done = False
             if st.matcher is not None:
-                step = advance(st.matcher, tok, req.stop_token_ids)
+                step = req.constraint.advance(st.matcher, tok, req.stop_token_ids)
                 if not step.ok:
                     grammar_error = step.error
                     break
@@ -455,16 +449,9 @@ class Scheduler:
             st.token_ids.append(tok)
             st.output_ids.append(tok)
             new_ids.append(tok)
-            if tok in req.stop_token_ids:
+            if tok in req.stop_token_ids or grammar_done:  # a complete grammar: nothing more may follow
                 reason = FinishReason.STOP
-            elif st.text is not None:
-                delta, hit_stop = st.text.add(tok)
-                text += delta
-                if hit_stop:
-                    reason = FinishReason.STOP
-            if reason is None and grammar_done:  # the grammar is complete: nothing more may follow
-                reason = FinishReason.STOP
-            if reason is None and (len(st.output_ids) >= req.max_tokens or len(st.token_ids) >= self.max_model_len):
+            elif len(st.output_ids) >= req.max_tokens or len(st.token_ids) >= self.max_model_len:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break
@@ -472,18 +459,12 @@ class Scheduler:
             if st.matcher.accepts_eos():  # what was written is complete: end there
                 reason = FinishReason.STOP
             else:
-                if st.text is not None:
-                    text += st.text.flush()
-                self._outputs.append(
-                    (st, RequestOutput(request_id=req.request_id, token_ids=new_ids, text=text, usage=st.usage()))
-                )
+                self._outputs.append((st, RequestOutput(req.request_id, token_ids=new_ids, usage=st.usage())))
                 self._finish(st, FinishReason.ERROR, f"the output could not follow its grammar: {grammar_error}")
                 return True
         n = len(new_ids)
         logprobs = list(out.logprobs[:n]) if st.params is not None and st.params.logprobs is not None else None
         top = list(out.top_logprobs[:n]) if logprobs is not None and out.top_logprobs else None
-        if reason is not None and reason != FinishReason.STOP and st.text is not None:
-            text += st.text.flush()  # release text held back for a stop string that never came
         if reason is not None:  # free the blocks before the client can see the end of its request
             self._finish(st, reason, deliver=False)
         self._outputs.append(
@@ -492,7 +473,6 @@ class Scheduler:
                 RequestOutput(
                     request_id=req.request_id,
                     token_ids=new_ids,
-                    text=text,
                     logprobs=logprobs,
                     top_logprobs=top,
                     finish_reason=reason,
@@ -502,6 +482,16 @@ class Scheduler:
             )
         )
         return reason is not None
+
+    def finish_at_stop_string(self, st: RequestState, num_output_tokens: int) -> None:
+        """The output processor found a stop string ending at generated token `num_output_tokens`: the sequence
+        ends there (it may have finished in the same step already), and tokens after it do not count."""
+        extra = len(st.output_ids) - num_output_tokens
+        if extra > 0:
+            del st.output_ids[num_output_tokens:]
+            del st.token_ids[len(st.token_ids) - extra :]
+        self._finish(st, FinishReason.STOP, deliver=False)
+        st.finish_reason = FinishReason.STOP  # also over a reason the step's later tokens gave
 
     def _collect_prompt_logprobs(self, st: RequestState, s: ScheduledSeq, logits: np.ndarray | None) -> None:
         if logits is None:
@@ -537,13 +527,11 @@ class Scheduler:
         self.kv.free(st.key)
         self.requests.pop(st.request.request_id, None)
         if deliver:
-            text = st.text.flush() if st.text is not None and reason == FinishReason.LENGTH else ""
             self._outputs.append(
                 (
                     st,
                     RequestOutput(
                         request_id=st.request.request_id,
-                        text=text,
                         finish_reason=reason,
                         error_message=message,
                         error_status=status if reason == FinishReason.ERROR else None,

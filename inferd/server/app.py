@@ -258,13 +258,13 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             max_running=s.max_running,
             max_model_len=state.max_model_len,
             enable_prefix_caching=s.enable_prefix_caching,
-            tokenizer=tok,
             speculative=s.speculative,
             max_prefill_while_decoding=s.max_prefill_while_decoding,
         )
         state.engine_loop = EngineLoop(
             engine,
             scheduler,
+            tokenizer=tok,
             max_waiting=s.max_waiting,
             watchdog=state.notifier.watchdog,
             idle_wait_s=idle_wait(state.notifier),

@@ -3,7 +3,7 @@ reader waiting with a silence limit is told once per silent interval (keep-alive
 
 import asyncio
 
-from inferd.engine.loop import Mailbox
+from inferd.engine.mailbox import Mailbox
 
 
 async def test_outputs_come_in_order_and_all_that_arrived_at_once():
@@ -31,14 +31,14 @@ async def test_silence_is_reported_once_per_interval():
     while loop.time() - t0 < 0.35:
         assert await box.wait(0.05) is False
         silences += 1
-    assert 3 <= silences <= 8          # about one per 0.05 s, never a busy loop of them
+    assert 3 <= silences <= 8  # about one per 0.05 s, never a busy loop of them
     box.close()
 
 
 async def test_puts_push_the_silence_back():
     loop = asyncio.get_running_loop()
     box = Mailbox(loop)
-    for k in range(1, 6):              # a put every 0.02 s: never 0.1 s of silence
+    for k in range(1, 6):  # a put every 0.02 s: never 0.1 s of silence
         loop.call_later(0.02 * k, box.put_nowait, k)
     got = []
     while len(got) < 5:
@@ -52,8 +52,8 @@ async def test_a_wait_without_a_limit_is_not_ended_by_an_earlier_limit():
     loop = asyncio.get_running_loop()
     box = Mailbox(loop)
     loop.call_later(0.01, box.put_nowait, 1)
-    assert await box.wait(0.03) is True    # arms a timer for 0.03 s after the put
+    assert await box.wait(0.03) is True  # arms a timer for 0.03 s after the put
     box.take_all()
     loop.call_later(0.1, box.put_nowait, 2)
-    assert await box.wait(None) is True    # the old timer fires meanwhile and must not end this wait
+    assert await box.wait(None) is True  # the old timer fires meanwhile and must not end this wait
     assert box.take_all() == [2]
