@@ -7,16 +7,15 @@ submit (the HTTP side only reads `usage()` numbers from delivered outputs).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Any
 from collections.abc import Sequence
 
 import numpy as np
 
+from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
 from inferd.engine.types import RequestStatus, SamplingParams
-
-if TYPE_CHECKING:
-    from inferd.engine.speculative import AcceptanceGate, PromptLookup
 
 
 class FinishReason(str, enum.Enum):
@@ -105,6 +104,81 @@ class RequestState:
     def target_len(self) -> int:
         """Positions that must be computed before the next sample (or, for a warm, before it is done)."""
         return self.warm_target if self.request.warm else len(self.token_ids)
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Echo logprobs: every prompt position's logits are needed, until the prompt is done."""
+        return self.request.prompt_logprobs is not None and not self.status.prompt_done
+
+    def start(self, block_size: int, speculative: bool) -> None:
+        """Set up what the scheduler tracks, at arrival; `speculative` is the server's default."""
+        req = self.request
+        # Unseeded sampling still gets a seed: the C sampler's random numbers are a function of
+        # (seed, position), and a fixed default would make every unseeded request identical.
+        params = req.params
+        self.params = (
+            replace(params, seed=secrets.randbits(63))
+            if params and params.seed is None and params.temperature > 0
+            else params
+        )
+        self.token_ids = list(req.prompt_ids)
+        self.num_prompt = len(req.prompt_ids)
+        self.speculative = (speculative if req.speculative is None else req.speculative) and not req.warm
+        if req.constraint is not None:  # drafts are not checked against the grammar: constrained does not draft
+            self.speculative = False
+            self.matcher = req.constraint.new_matcher()
+            self.mask = req.constraint.new_mask()
+        self.warm_target = len(req.prompt_ids) // block_size * block_size
+
+    def propose_draft(self, room: int) -> list[int]:
+        """Prompt-lookup draft tokens (at most `room`) to verify after this decode step's token, maybe none."""
+        if self.lookup is None or self.gate is None:
+            self.lookup = PromptLookup()
+            self.gate = AcceptanceGate()
+        self.lookup.extend(self.token_ids[len(self.lookup.tokens) :])  # generated since the last look
+        return self.lookup.propose()[:room] if self.gate.allow() else []
+
+    def accept_draft(self, draft: list[int], sampled: Sequence[int]) -> list[int]:
+        """The drafts up to the first disagreement, plus the model's own token there."""
+        assert self.gate is not None
+        tokens = accept(draft, sampled)
+        self.gate.record(len(draft), len(tokens) - 1)
+        return tokens
+
+    def append_tokens(
+        self, tokens: Sequence[int], max_model_len: int
+    ) -> tuple[list[int], FinishReason | None, str | None]:
+        """Add sampled tokens in order, advancing the grammar and checking the token-level stops after each (a
+        stop discards the rest). Returns (tokens added, why the sequence ends or None, the grammar's error)."""
+        req = self.request
+        new_ids: list[int] = []
+        for tok in tokens:
+            grammar_done = False
+            if self.matcher is not None:
+                step = req.constraint.advance(self.matcher, tok, req.stop_token_ids)
+                if not step.ok:
+                    # what was written is complete: end there
+                    return new_ids, (FinishReason.STOP if self.matcher.accepts_eos() else None), step.error
+                grammar_done = step.done
+            self.token_ids.append(tok)
+            self.output_ids.append(tok)
+            new_ids.append(tok)
+            if tok in req.stop_token_ids or grammar_done:  # a complete grammar: nothing more may follow
+                return new_ids, FinishReason.STOP, None
+            if len(self.output_ids) >= req.max_tokens or len(self.token_ids) >= max_model_len:
+                return new_ids, FinishReason.LENGTH, None
+        return new_ids, None, None
+
+    def collect_prompt_logprobs(self, num_new: int, logits: np.ndarray | None) -> None:
+        """Keep the logprobs of the prompt tokens that this step's logits rows (from num_computed) predict."""
+        if logits is None:
+            raise RuntimeError("engine returned no logits for a want_logits sequence")
+        start = self.num_computed
+        # row i predicts position start + i + 1; only rows that predict a prompt token matter here
+        rows = min(num_new, self.num_prompt - 1 - start)
+        if rows > 0:
+            targets = self.token_ids[start + 1 : start + 1 + rows]
+            self.prompt_logprobs.extend(log_softmax_top(logits[:rows], targets, self.request.prompt_logprobs or 0))
 
     def usage(self) -> Usage:
         return Usage(self.num_prompt, len(self.output_ids), self.num_cached_tokens or 0)

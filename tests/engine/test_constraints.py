@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from inferd import _cpu
-from inferd.engine.constraints import Constraint, StepMasks, advance
+from inferd.engine.constraints import Constraint, StepMasks
 from inferd.model.gguf import validate_gguf
 from inferd.text.grammar import GrammarCompiler, json_schema_grammar, regex_grammar
 from inferd.text.tokenizer import Tokenizer
 from inferd.text.tools import HERMES, LazyMatcher, parse_tool_calls, parse_tools, tool_call_grammar
+
+advance = Constraint.advance
 
 
 @pytest.fixture(scope="module")
