@@ -29,21 +29,18 @@ HUGE_PAGES = "glibc.malloc.hugetlb=1"   # with -lm none the weights live in mall
 
 
 def llama_bin(given: Path | None = None) -> Path:
-    """llama.cpp's tools: `given`, or the folder ../shared/peers/llama-cpp.sh prints (which builds them if needed);
-    on a CPU with AMX, that build's tools with a ggml-cpu built without AMX (bench/llama_cpp_noamx.sh: llama.cpp's
-    AMX path dies with SIGILL on our VMs, and -nr would also turn off its other repacked kernels)."""
+    """llama.cpp's tools: `given`, or the folder the team's peer script (../shared/peers/llama-cpp.sh, outside
+    this repository) prints, building them once if needed (on a CPU with AMX it builds them without AMX, whose
+    path in this llama.cpp release faults at its first `ldtilecfg`)."""
     if given is not None:
         if not (given / "llama-bench").exists():
             raise SystemExit(f"{given} has no llama-bench: pass the build's bin folder to --bin")
         return given
     script = ROOT.parent / "shared" / "peers" / "llama-cpp.sh"
+    if not script.exists():
+        raise SystemExit("pass --bin: the folder of llama.cpp's tools (llama-bench, llama-server)")
     out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True).stdout
-    bin_dir = out.strip().splitlines()[-1]
-    if "amx_int8" in Path("/proc/cpuinfo").read_text():
-        noamx = ROOT / "bench" / "llama_cpp_noamx.sh"
-        out = subprocess.run(["bash", str(noamx), bin_dir], check=True, capture_output=True, text=True).stdout
-        bin_dir = out.strip().splitlines()[-1]
-    return Path(bin_dir)
+    return Path(out.strip().splitlines()[-1])
 
 
 def peer_env(lib_dir: Path | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -225,3 +222,42 @@ def busy_warning() -> str | None:
         return (f"other processes kept {busy:.0%} of the cores busy just before the run; they compete with the "
                 f"benchmarked engines, so these numbers are unreliable")
     return None
+
+
+# ---- what a results file records ------------------------------------------------------------------------------
+
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+def machine() -> dict[str, object]:
+    """The machine a run measured: CPU model name, its SIMD flags that the kernels dispatch on, cores, memory."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+        mem_kb = int(Path("/proc/meminfo").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        mem_kb = 0
+    return {"cpu": model, "simd": [f for f in SIMD_FLAGS if f in flags], "cores": os.cpu_count(),
+            "memory_gib": round(mem_kb / 2**20, 1)}
+
+
+def machine_line(m: dict[str, object]) -> str:
+    simd = ", ".join(m["simd"]) or "no AVX2"   # type: ignore[arg-type]
+    return f"Machine: {m['cpu']} ({simd}), {m['cores']} cores, {m['memory_gib']} GiB."
+
+
+def peer_build(bin_dir: Path) -> str:
+    """The llama.cpp build the peer's tools come from (its folder names the release and the AMX choice)."""
+    return bin_dir.resolve().parent.parent.name if bin_dir.name == "bin" else str(bin_dir)
+
+
+def write_results(md_path: Path, markdown: str, data: dict[str, object]) -> None:
+    """A results file is written whole, with its data beside it as JSON (what bench/tables.py reads)."""
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(markdown)
+    md_path.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")

@@ -4,7 +4,7 @@
         [--model FILE] [-t 2] [-r 2] [--rounds 2] [--inferd NAME=PYTHONPATH ...]
 
 Tests: pp2048 (2048 prompt tokens from an empty cache, in steps of 512 tokens as llama.cpp's micro-batches) and
-tg64@d4096 (64 single-token decode steps after a 4096-token context). llama-bench runs tuned as issue 15 asks
+tg64@d4096 (64 single-token decode steps after a 4096-token context). llama-bench runs tuned as its experts run it
 (`-fa 0,1 -lm none`, GLIBC_TUNABLES=glibc.malloc.hugetlb=1, the better -fa per test by median of samples_ts), with
 `--repack 0`: on this AMX CPU llama.cpp's repacked Q4_0 path dies with SIGILL.
 Each `--inferd NAME=DIR` is a build of the package imported from DIR (e.g. the code before and after a change),

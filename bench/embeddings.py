@@ -201,8 +201,7 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                         "--threads", str(args.threads), "--max-batch-tokens", "16384"]
             if quant != "f32":
                 ours_cmd += ["--quantize", quant]
-            # 64 slots of 512 positions; on an AMX CPU the peer is the no-AMX build (bench/llama_cpp_noamx.sh),
-            # repacking on
+            # 64 slots of 512 positions, repacking on
             llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-m", str(gguf),
                          "-t", str(args.threads), "-tb", str(args.threads), "-c", "32768", "-np", "64",
                          "-b", "16384", "-ub", "16384", "--port", str(llama_port), "--host", "127.0.0.1"]

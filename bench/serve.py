@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import json
 import math
 import os
 import random
@@ -55,8 +54,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from _common import (abba, busy_warning, command_line, fmt_range, llama_bin, model_file, peer_env,  # noqa: E402
-                     peer_env_words, repack_works)
+from _common import (abba, busy_warning, command_line, fmt_range, llama_bin, machine, machine_line,  # noqa: E402
+                     model_file, peer_build, peer_env, peer_env_words, repack_works, write_results)
 
 TEXT = HERE / "data" / "gpl-3.txt"
 UNIFORM_PROMPT, UNIFORM_OUTPUT = 100, 64
@@ -457,7 +456,9 @@ async def main_async(args) -> int:
                 spread[c].append(this["inferd"].throughput / this["llama-server"].throughput)
 
     stamp = time.strftime("%Y-%m-%d %H:%M")
-    lines = [f"# {title} ({stamp})", ""] + table(results)
+    host = machine()
+    lines = [f"# {title} ({stamp})", "", machine_line(host) + f" llama.cpp: {peer_build(bin_dir)}.", ""]
+    lines += table(results)
     lines += ["", "Throughput ratio of each repeat (min-max): " + "; ".join(
         f"c={c}: " + (fmt_range(xs, 2) if len(xs) > 1 else f"{xs[0]:.2f}x (1 repeat)") for c, xs in spread.items()
         if xs)]
@@ -476,15 +477,14 @@ async def main_async(args) -> int:
     print("\n" + report)
     name = ("serve" + ("" if args.model == "smollm2-q4_0" else f"_{args.model}")
             + ("-mixed" if args.workload == "mixed" else "") + ("-quick" if quick else ""))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"{name}.md").write_text(report)
     raw = {str(c): {n: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens,
                         "chunks": r.chunks, "wall_s": r.wall_s, "throughput": r.throughput,
                         "ttft_p50": r.ttft(0.5), "ttft_p95": r.ttft(0.95), "itl_p50": r.itl(0.5),
                         "itl_p99": r.itl(0.99), "errors": r.errors}
                     for n, r in pair.items()} for c, pair in results.items()}
-    (args.out_dir / f"{name}.json").write_text(json.dumps({"title": title, "date": stamp, "commands": commands,
-                                                           "levels": raw}, indent=1) + "\n")
+    write_results(args.out_dir / f"{name}.md", report,
+                  {"kind": "serve", "title": title, "date": stamp, "machine": host, "peer_build": peer_build(bin_dir),
+                   "model": args.model, "workload": args.workload, "commands": commands, "levels": raw})
     if plot(results, args.out_dir / f"{name}.png", title):
         print(f"wrote {args.out_dir / f'{name}.md'}, .json and .png")
     return 1 if errors else 0

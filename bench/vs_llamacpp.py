@@ -15,11 +15,11 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
     qwen2.5-coder-1.5b-q4_k_m  pp512 tg128         depths 0, 4096         -r 1   2 rounds   ~13 min
                                                                                   all five: ~24 min
 
-The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from issue 15's
-table, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine: llama.cpp's runs at depth
-4096 on the 1.5B model dominate (each flash-attention setting fills 4096 tokens once per round). Depths past a
-model's context are skipped for both engines. The script prints the real time per model and writes it into the
-results.
+The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from
+bench/results/vs_llamacpp.md, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine:
+llama.cpp's runs at depth 4096 on the 1.5B model dominate (each flash-attention setting fills 4096 tokens once
+per round). Depths past a model's context are skipped for both engines. The script prints the real time per model
+and writes it into the results, with the data as JSON beside them (bench/tables.py builds the docs' tables from it).
 
 llama.cpp's side, per model, round and depth, one invocation per flash-attention setting (so the depth fill is
 done once and restored for the other tests, as llama-bench does within one invocation):
@@ -27,10 +27,10 @@ done once and restored for the other tests, as llama-bench does within one invoc
         -fa F -ub 256,512 -lm none -r R -o json [--repack 0] [-ctk q8_0 -ctv q8_0]
 with F in 0, 1 (1 only with a q8_0 KV cache, which needs flash attention). For each test the (fa, ub) setting with
 the highest median over all rounds is kept and named in the table. -lm none reads the weights into malloc, and
-the tunable puts malloc in huge pages as inferd's loader does. Without --bin, on a CPU with AMX the tools are
-bench/llama_cpp_noamx.sh's (ggml-cpu with every SIMD extension but AMX, whose llama.cpp path dies with SIGILL on
-our VMs), so llama.cpp keeps its repacked kernels; `--repack 0` only where a given build's repacking still dies
-(probed per model), and the results say so. inferd's side runs in this process:
+the tunable puts malloc in huge pages as inferd's loader does. On a CPU with AMX the tools are built with every SIMD
+extension but AMX (whose path in this llama.cpp release faults), so llama.cpp keeps its repacked kernels;
+`--repack 0` only where a given build's repacking still dies (probed per model), and the results say so.
+inferd's side runs in this process:
 Engine(load_model(FILE), num_kv_blocks=<depth + longest test>, max_batch_tokens=512, max_seqs=1, threads=2
 [, kv_cache_dtype="q8_0"]); the depth filled in 512-token steps (untimed), one untimed warm-up prompt, then
 ppN = N tokens at positions d..d+N-1 in steps of 512 (as llama.cpp's ubatches) and tgN = N one-token steps at
@@ -55,8 +55,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import (abba, best_config, busy_warning, command_line, fmt_range, llama_bin, median,  # noqa: E402
-                     model_file, parse_llama_bench, peer_env, peer_env_words, repack_works, test_sizes)
+from _common import (abba, best_config, busy_warning, command_line, fmt_range, llama_bin, machine,  # noqa: E402
+                     machine_line, median, model_file, parse_llama_bench, peer_build, peer_env, peer_env_words,
+                     repack_works, test_sizes, write_results)
 from inferd import _cpu  # noqa: E402
 from inferd.engine.engine import Engine  # noqa: E402
 from inferd.engine.runner import blocks_needed  # noqa: E402
@@ -122,7 +123,7 @@ def check_kv_cache(kv_cache: str) -> None:
     """Fail before any run when this checkout's Engine cannot store the KV cache as asked."""
     if kv_cache != "f16" and "kv_cache_dtype" not in inspect.signature(Engine).parameters:
         raise SystemExit(f"--kv-cache {kv_cache}: this checkout's Engine has no kv_cache_dtype keyword yet "
-                         f"(the int8 KV cache of issue 15 section 3 is not merged); run with --kv-cache f16")
+                         f"(this build has no int8 KV cache); run with --kv-cache f16")
 
 
 def make_engine(path: Path, threads: int, positions: int, kv_cache: str) -> Engine:
@@ -175,12 +176,23 @@ class Row:
     ours: list[float]
     round_ratios: list[float]
 
+    def data(self) -> dict[str, object]:
+        peer, ours = median(self.peer), median(self.ours)
+        return {"model": self.model, "test": self.test, "depth": self.depth, "peer_config": self.peer_config,
+                "peer_tok_s": {"median": peer, "min": min(self.peer), "max": max(self.peer), "samples": self.peer},
+                "inferd_tok_s": {"median": ours, "min": min(self.ours), "max": max(self.ours), "samples": self.ours},
+                "ratio": ours / peer, "round_ratios": self.round_ratios}
+
     def cells(self) -> list[str]:
         peer, ours = median(self.peer), median(self.ours)
         spread = fmt_range(self.round_ratios, 2) if len(self.round_ratios) > 1 else "1 round"
         return [self.model, self.test, str(self.depth), f"{peer:.1f} ({fmt_range(self.peer)})", self.peer_config,
                 f"{ours:.1f} ({fmt_range(self.ours)})", f"{ours / peer:.2f}x", spread]
 
+
+MEDIANS = ("Each side's figure is the median of all its samples over the rounds; the ratio is the ratio of those "
+           "medians, and its spread the range of the per-round ratios (each round's medians divided), so a median "
+           "can lie outside the range of the rounds' ratios when rounds differ in speed.")
 
 HEADER = ["model", "test", "depth", "llama.cpp tok/s (min-max)", "llama.cpp best", "inferd tok/s (min-max)",
           "ratio", "ratio per round (min-max)"]
@@ -292,6 +304,7 @@ def main() -> None:
 
     peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads, args.kv_cache)
     started = time.monotonic()
+    stamp, host = time.strftime("%Y-%m-%d %H:%M"), machine()
     warning = busy_warning()
     if warning:
         print("WARNING: " + warning, flush=True)
@@ -326,14 +339,18 @@ def main() -> None:
         notes.append(f"{name}: {(time.monotonic() - t0) / 60:.1f} min")
         for row in model_rows:
             print("  | " + " | ".join(row.cells()) + " |", flush=True)
-        header = [f"# inferd vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')}, {args.threads} threads, "
+        header = [f"# inferd vs llama.cpp ({stamp}, {args.threads} threads, "
                   f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}, medians of all samples over ABBA rounds)",
                   "", f"Run took {(time.monotonic() - started) / 60:.1f} min" + (" so far." if name != names[-1]
                                                                                  else ".")]
+        header += ["", machine_line(host) + f" llama.cpp: {peer_build(peer.bin_dir)}.", "", MEDIANS]
         if warning:
             header.append(f"**Warning**: {warning}.")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report(rows, notes, commands, header))   # after every model: a cut run keeps its part
+        data = {"kind": "vs_llamacpp", "date": stamp, "machine": host, "peer_build": peer_build(peer.bin_dir),
+                "threads": args.threads, "kernels": _cpu.get_path(), "kv_cache": args.kv_cache,
+                "complete": name == names[-1], "rows": [row.data() for row in rows], "notes": notes,
+                "commands": commands, "warning": warning}
+        write_results(out, report(rows, notes, commands, header), data)   # after every model: a cut run keeps its part
     print("\n" + out.read_text())
     print(f"wrote {out}")
 

@@ -9,7 +9,7 @@ Recorded with llama.cpp 0.3.36 (../shared/peers/llama-cpp.sh), 2 threads, `-nr` 
 GGML_NATIVE on this VM, llama.cpp picks its AMX kernels for the Q8_0 tensors and dies of SIGILL at the first
 `tilezero`; -nr keeps it on its ordinary CPU kernels):
 - `llama-perplexity -m gemma-3-270m-q4_k_m.gguf -f bench/data/gpl-3.txt -c 512 -t 2 -nr` -> "Final estimate:
-  PPL = 13.8819 +/- 0.64731" (14 chunks); inferd: 13.8425 +/- 0.64487, 0.28% lower (the issue's bar is 0.5%; with
+  PPL = 13.8819 +/- 0.64731" (14 chunks); inferd: 13.8425 +/- 0.64487, 0.28% lower (the bar is 0.5%; with
   the K-quant and Q5_0 tensors re-quantized to Q8_0, as before native kernels, it was 13.8973, 0.11% higher). The
   text tokenizes to the same 7562 ids in both (llama-server's /tokenize).
 - greedy continuations (CASES): `llama-server -m FILE -t 2 -nr`, /completion with {"prompt": ids, "n_predict": 24,
@@ -103,7 +103,7 @@ def test_gemma3_matches_reference_past_the_window(gemma3):
 
 LLAMA_CPP_PPL = 13.8819
 LLAMA_CPP_STDERR = 0.64731
-# the first two chunks alone: llama-perplexity ... --chunks 2 (bench/llama_cpp_noamx.sh's build, repacking on)
+# the first two chunks alone: llama-perplexity ... --chunks 2 (the peer built without AMX, repacking on)
 # -> 13.8935; inferd 13.9395 (+0.33%)
 LLAMA_CPP_PPL_2_CHUNKS = 13.8935
 
@@ -116,7 +116,7 @@ def test_gemma3_perplexity_of_two_chunks_matches_llama_cpp(gemma3):
     assert abs(r.ppl - LLAMA_CPP_PPL_2_CHUNKS) / LLAMA_CPP_PPL_2_CHUNKS < 0.01, (r.ppl, LLAMA_CPP_PPL_2_CHUNKS)
 
 
-@pytest.mark.slow  # the whole text: the issue's 0.5% bar on llama-perplexity's final estimate
+@pytest.mark.slow  # the whole text: the 0.5% bar on llama-perplexity's final estimate
 def test_gemma3_perplexity_matches_llama_cpp(gemma3):
     tok = gemma3.tokenizer
     tokens = tok.encode(TEXT.read_text(encoding="utf-8"), add_special=False)

@@ -1,5 +1,5 @@
 """The int8 KV cache's accuracy on the real SmolLM2-135M-Instruct Q4_1 file: `inferd perplexity` over
-bench/data/gpl-3.txt with kv_cache_dtype q8_0 is within 0.5% of the same run with f16 KV (the issue's bar), at a
+bench/data/gpl-3.txt with kv_cache_dtype q8_0 is within 0.5% of the same run with f16 KV (the bar), at a
 4096-token context (slow: the text's one chunk of 4096, run twice; measured f16 16.3438, q8_0 16.3180, -0.16%) and at
 1024 on the first two chunks (fast). bench/results/kv_cache_q8.md has the numbers."""
 from __future__ import annotations

@@ -27,7 +27,7 @@ from inferd.engine.engine import Engine
 from inferd.text.chat import render_chat
 from tests.engine.agreement import assert_greedy_agrees
 
-# logits. The largest gap seen at a disagreement: 0.246 at "france" token 15 (GEMM-shaped attention, issue 15),
+# logits. The largest gap seen at a disagreement: 0.246 at "france" token 15 (GEMM-shaped attention),
 # where the float64 reference without 8-bit activations prefers our token by 0.285 and, with them, llama.cpp's by
 # 0.39: which side a near tie falls on is the activations' rounding, not an error.
 NEAR_TIE = 0.3

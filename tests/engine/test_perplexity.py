@@ -2,7 +2,7 @@
 
 Recorded with llama.cpp 0.3.36: `llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -f bench/data/gpl-3.txt -c 512
 -t 2` -> "Final estimate: PPL = 18.3914 +/- 0.86455" (14 chunks); with `--chunks 4` "PPL = 18.3363 +/- 1.55488"
-(the fast suite's check; the whole text runs under -m slow). The issue's bar is 0.5%.
+(the fast suite's check; the whole text runs under -m slow). The bar is 0.5%.
 """
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def test_perplexity_of_the_first_chunk_is_close_to_llama_cpp(qwen):
     assert abs(r.ppl - LLAMA_CPP_PPL_1_CHUNK) / LLAMA_CPP_PPL_1_CHUNK < 0.015
 
 
-@pytest.mark.slow  # two minutes: the 0.5% bar on llama-perplexity's final estimate over the whole text
+@pytest.mark.slow  # two minutes: the 0.5% bar on llama-perplexity's final estimate over the whole text
 def test_perplexity_is_close_to_llama_cpp(qwen):
     r = qwen_perplexity(qwen, 14)
     assert r.chunks == 14
