@@ -4,7 +4,7 @@ The scheduler speaks in token ids (new ids, finished and why). This turns them i
 detokenization, stop strings (text that could start one is held back, never lost), and the finish of a sequence
 that hit one, which it asks of the scheduler before the next step is scheduled. It runs on the scheduler thread,
 between a step's postprocess and the delivery of its outputs, so a stop string ends a sequence exactly where the
-token-level stops would, and the HTTP side receives finished text as before.
+token-level stops would, and the HTTP side receives text deltas ready to write.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Policy: running sequences first, decodes before prefill chunks (a long prompt be
 everyone already generating); then waiting requests in arrival order while the step's token budget and the KV
 cache allow. While sequences are decoding, the prompt tokens of a step are capped lower than the step's budget
 (`max_prefill_while_decoding`): a decode step costs about as much as a small prefill chunk, so a full-budget chunk
-would make the streams' next token several times later than their usual cadence (bench/results/itl_mixed.md).
+would make the streams' next token several times later than their usual cadence (bench/results/step_mix.md).
 When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones stay in the
 prefix cache), and it is recomputed later from its prompt and what it generated so far.
 """
