@@ -66,6 +66,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_cache_dtype: str = "f16"
     max_batch_tokens: PosInt = 512
     max_prefill_while_decoding: NonNegInt = 256
+    max_step_latency_ms: NonNegFloat = 0.0
     max_running: PosInt = 64
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0
@@ -152,6 +153,9 @@ DOCS: dict[str, str] = {
     "max_batch_tokens": "Token budget of one engine step (decode tokens plus prefill chunks).",
     "max_prefill_while_decoding": "Most prompt tokens one step takes while other sequences are generating, so "
     "their streams keep their pace; 0 means the whole max_batch_tokens.",
+    "max_step_latency_ms": "While sequences are generating, cut prompt chunks so a step should end within this "
+    "many milliseconds (from the measured cost of recent steps; at least 16 prompt tokens a step); 0 means only "
+    "max_prefill_while_decoding bounds them.",
     "max_running": "Most sequences generating at once.",
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",

@@ -252,6 +252,7 @@ class EngineLoop:
             outputs = run_batch(self.engine, batch, self.before_step)
             duration = time.perf_counter() - t0
             stats = self.scheduler.postprocess(batch, outputs)
+            self.scheduler.observe(batch, duration)
             stats.duration_s = duration
             stats.bytes_read = self.engine.weight_bytes + self.engine.kv_bytes_per_token * batch.num_positions_read
         self.num_steps += 1

@@ -41,6 +41,18 @@ class Request:
     constraint: Any = None  # engine.constraints.Constraint: a grammar every choice must follow
     shown_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool-call markers)
 
+    def length_error(self, max_model_len: int) -> str | None:
+        """Why this request can never run in a context of `max_model_len` positions, or None."""
+        if not self.prompt_ids:
+            return "the prompt is empty"
+        total = len(self.prompt_ids) + (0 if self.warm else self.max_tokens)
+        if total > max_model_len:
+            return (
+                f"this model's maximum context length is {max_model_len} tokens; the request "
+                f"needs {len(self.prompt_ids)} prompt tokens + {self.max_tokens} max tokens = {total}"
+            )
+        return None
+
 
 @dataclass
 class Usage:

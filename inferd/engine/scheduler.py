@@ -10,6 +10,8 @@ everyone already generating); then waiting requests in arrival order while the s
 cache allow. While sequences are decoding, the prompt tokens of a step are capped lower than the step's budget
 (`max_prefill_while_decoding`): a decode step costs about as much as a small prefill chunk, so a full-budget chunk
 would make the streams' next token several times later than their usual cadence (bench/results/step_mix.md).
+With `max_step_latency_s` the chunk is also cut to what keeps such a step within that bound, from the costs of
+recent steps (step_cost.py).
 When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones stay in the
 prefix cache), and it is recomputed later from its prompt and what it generated so far.
 """
@@ -21,14 +23,17 @@ import time
 from collections.abc import Callable, Sequence
 
 from inferd.engine.kv_cache import KVCacheManager
-from inferd.engine.request import FinishReason, Request, RequestOutput, RequestState
+from inferd.engine.request import FinishReason, RequestOutput, RequestState
 from inferd.engine.sequences import Sequences
+from inferd.engine.step_cost import StepCost
 from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats
 from inferd.engine.types import RequestStatus, SeqOutput
 
 __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepStats"]
 
 log = logging.getLogger("inferd.scheduler")
+
+MIN_PREFILL_BESIDE_DECODES = 16  # a step's latency bound never stops a prompt from progressing
 
 
 class Scheduler(Sequences):
@@ -41,6 +46,7 @@ class Scheduler(Sequences):
         enable_prefix_caching: bool = True,
         speculative: bool = False,
         max_prefill_while_decoding: int | None = None,
+        max_step_latency_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
@@ -50,6 +56,9 @@ class Scheduler(Sequences):
         self.max_batch_tokens = engine.max_batch_tokens
         # prompt tokens a step may take beside decodes (None or 0: the whole budget)
         self.max_prefill_while_decoding = max_prefill_while_decoding or None
+        # while sequences decode, a step should end within this (None: only the cap above bounds the chunk)
+        self.max_step_latency_s = max_step_latency_s or None
+        self.step_cost = StepCost()
         # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
         self.max_logits_rows = engine.max_logits_rows
         # A sequence must fit in the cache alone, otherwise preemption could never make room for it.
@@ -64,22 +73,11 @@ class Scheduler(Sequences):
         req = st.request
         st.start(self.block_size, self.speculative)
         self.requests[req.request_id] = st
-        error = self._check_fits(req)
+        error = req.length_error(self.max_model_len)
         if error:
             self._finish(st, FinishReason.ERROR, error, status=400)
             return
         self.waiting.append(st)
-
-    def _check_fits(self, req: Request) -> str | None:
-        if not req.prompt_ids:
-            return "the prompt is empty"
-        total = len(req.prompt_ids) + (0 if req.warm else req.max_tokens)
-        if total > self.max_model_len:
-            return (
-                f"this model's maximum context length is {self.max_model_len} tokens; the request "
-                f"needs {len(req.prompt_ids)} prompt tokens + {req.max_tokens} max tokens = {total}"
-            )
-        return None
 
     # ---- schedule ---------------------------------------------------------------------------------------
 
@@ -91,8 +89,8 @@ class Scheduler(Sequences):
         preempted = False
 
         for want_decode in (True, False):
-            if not want_decode and scheduled and self.max_prefill_while_decoding:
-                budget = min(budget, self.max_prefill_while_decoding)  # the decodes keep their cadence
+            if not want_decode and scheduled:
+                budget = min(budget, self._prefill_beside_decodes())  # the decodes keep their cadence
             for st in list(self.running):
                 if budget <= 0 or rows_left <= 0:
                     break
@@ -143,6 +141,19 @@ class Scheduler(Sequences):
         # a sequence failed while making room for a later one is not run
         scheduled = [s for s in scheduled if s.state.status is not RequestStatus.FINISHED]
         return ScheduledBatch(scheduled, [s.engine_input(list(self.kv.block_table(s.state.key))) for s in scheduled])
+
+    def _prefill_beside_decodes(self) -> int:
+        cap = self.max_prefill_while_decoding or self.max_batch_tokens
+        if self.max_step_latency_s is not None:
+            fits = self.step_cost.prompt_tokens_within(self.max_step_latency_s, MIN_PREFILL_BESIDE_DECODES)
+            cap = min(cap, fits) if fits is not None else cap
+        return cap
+
+    def observe(self, batch: ScheduledBatch, duration_s: float) -> None:
+        """How long `batch` took to run: what sizes the next steps' prefill chunks (step_cost.py)."""
+        decode_rows = sum(1 for s in batch.seqs if s.num_sampled and s.num_new == s.num_sampled)
+        prompt_tokens = sum(s.num_new for s in batch.seqs if s.num_new != s.num_sampled)
+        self.step_cost.observe(duration_s, decode_rows, prompt_tokens)
 
     def _draft(self, st: RequestState, budget: int, rows_left: int) -> list[int]:
         """Draft tokens cut to what can still be used (max_tokens, the context), to the step's token budget and

@@ -260,6 +260,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             enable_prefix_caching=s.enable_prefix_caching,
             speculative=s.speculative,
             max_prefill_while_decoding=s.max_prefill_while_decoding,
+            max_step_latency_s=s.max_step_latency_ms / 1000 or None,
         )
         state.engine_loop = EngineLoop(
             engine,

@@ -223,3 +223,13 @@ async def test_a_stop_string_ends_the_request_and_the_observer_is_told(running):
         assert seen.finished == ["r"] and s.scheduler.kv.stats().num_used == 0
     finally:
         s.stop()
+
+
+async def test_the_loop_tells_the_policy_how_long_each_step_took(running):
+    s = running(FakeEngine(max_batch_tokens=64))
+    outs = await collect(s.submit(req("a", range(100), max_tokens=5)))
+    assert tokens_of(outs)
+    cost = s.scheduler.step_cost
+    # prefill-only steps of 64 and 36 tokens gave the per-token cost, the decodes the decode cost
+    assert cost.per_prompt_token_s is not None and cost.per_prompt_token_s > 0
+    assert cost.decode_s is not None and cost.decode_s > 0
