@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 import msgspec
 from msgspec import Meta
 
+from inferd.model.sampling_defaults import SOURCES as GENERATION_CONFIGS
+from inferd.model.sampling_defaults import parse_overrides
+
 ENV_PREFIX = "INFERD_"
 SYSTEM_CONFIG = "/etc/inferd/inferd.toml"
 
@@ -72,6 +75,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: NonNegInt = 0
     enable_prefix_caching: bool = True
     speculative: bool = False
+    generation_config: str = "model"
+    override_generation_config: str = ""
     cpu_path: str = ""
     cuda_device: NonNegInt = 0
     cuda_weights: str = "auto"
@@ -100,11 +105,14 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("cuda_kv", CUDA_KV),
             ("kv_cache_dtype", KV_CACHE_DTYPES),
             ("cuda_gemm", CUDA_GEMMS),
+            ("generation_config", GENERATION_CONFIGS),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        if self.override_generation_config.strip():
+            parse_overrides(self.override_generation_config)
 
 
 # One line per setting: shown by `inferd serve --help` and mirrored in config/inferd.toml.
@@ -156,6 +164,11 @@ DOCS: dict[str, str] = {
     "max_step_latency_ms": "While sequences are generating, cut prompt chunks so a step should end within this "
     "many milliseconds (from the measured cost of recent steps; at least 16 prompt tokens a step); 0 means only "
     "max_prefill_while_decoding bounds them.",
+    "generation_config": "Sampling for the fields a request leaves out: model (what the model file recommends, "
+    "else llama.cpp's temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), llama.cpp (those, whatever the file "
+    "says) or openai (temperature 1, nothing truncated).",
+    "override_generation_config": "A JSON object of sampling defaults over generation_config's, e.g. "
+    '{"temperature": 0.7, "top_k": 20} (fields: temperature, top_k, top_p, min_p, repetition_penalty).',
     "max_running": "Most sequences generating at once.",
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",

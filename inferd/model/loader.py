@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..text.chat import default_template
@@ -17,6 +17,7 @@ from .arch import ModelConfig
 from .errors import ModelLoadError
 from .gguf import MAGIC, load_gguf
 from .hf import load_hf_dir
+from . import sampling_defaults
 from .quant import check_quantize_arg, convert_all
 from .tensor import Tensor
 
@@ -31,6 +32,7 @@ class LoadedModel:
     _tokenizer: Tokenizer | Future[Tokenizer]
     chat_template: str | None
     model_name: str
+    sampling: dict[str, float] = field(default_factory=dict)  # what the file recommends (sampling_defaults.py)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -133,14 +135,18 @@ def _load_gguf(path: Path, quantize: str | None, background: bool) -> LoadedMode
     template = model.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):
         template = default_template(model.config.arch)  # Gemma base models ship none; their turns are known
-    return LoadedModel(str(path), model.config, tensors, tokenizer, template, path.stem)
+    sampling = sampling_defaults.from_gguf(model.metadata)
+    return LoadedModel(str(path), model.config, tensors, tokenizer, template, path.stem, sampling)
 
 
 def _load_hf(path: Path, quantize: str | None) -> LoadedModel:
     model = load_hf_dir(path)
     _check_vocab(path, model.config, model.tokenizer)
     tensors = _convert(path, model.tensors.values(), quantize)
-    return LoadedModel(str(path), model.config, tensors, model.tokenizer, model.chat_template, _folder_name(path))
+    sampling = sampling_defaults.from_hf_folder(path)
+    return LoadedModel(
+        str(path), model.config, tensors, model.tokenizer, model.chat_template, _folder_name(path), sampling
+    )
 
 
 def _folder_name(path: Path) -> str:

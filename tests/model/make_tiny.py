@@ -245,12 +245,14 @@ GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
                     embd_type: str | None = None, chat_template: str | None = CHATML,
-                    tokenizer_pre: str = "gpt-2", control_tokens: tuple[str, ...] = ()) -> Path:
+                    tokenizer_pre: str = "gpt-2", control_tokens: tuple[str, ...] = (),
+                    sampling: dict[str, float] | None = None) -> Path:
     """A GGUF file of `spec`: 2-D weights in weight_type (token_embd in embd_type, default Q8_0 for K-quants and
     weight_type otherwise), norms/biases F32; llama3 rope scaling as a rope_freqs.weight tensor like llama.cpp.
     tokenizer_pre: tokenizer.ggml.pre for byte-level vocabularies (selects llama.cpp's pre-tokenizer regexes).
     control_tokens: extra CONTROL tokens (a chat format's markers) as the vocabulary's last ids; the trained part
-    is that much smaller, so the vocabulary keeps spec.vocab_size."""
+    is that much smaller, so the vocabulary keeps spec.vocab_size. sampling: general.sampling.* keys (top_k as u32).
+    """
     if weight_type not in GGUF_WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
     path = Path(path)
@@ -290,6 +292,11 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_add_bos_token(tok["add_bos"])
     if chat_template:
         w.add_chat_template(chat_template)
+    for key, value in (sampling or {}).items():
+        if key == "top_k":
+            w.add_uint32(f"general.sampling.{key}", int(value))
+        else:
+            w.add_float32(f"general.sampling.{key}", value)
 
     weights = tiny_weights(spec)
     if spec.rope_scaling:
