@@ -4,6 +4,7 @@ is quiet. Importing this module needs no compiled extension (tests/bench imports
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -313,6 +314,8 @@ def stop_reason(error: BaseException) -> str:
     """What stopped a run early, in words for its results file."""
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(error, asyncio.CancelledError):   # how a signal reaches a coroutine that asyncio.run ran
+        return "interrupted, or stopped by SIGTERM (a timeout)"
     if isinstance(error, SystemExit) and error.code == 143:
         return "stopped by SIGTERM (a timeout)"
     text = " ".join(str(error).split())

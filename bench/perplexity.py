@@ -93,7 +93,7 @@ class PerplexityRun:
 
 def results(run: PerplexityRun) -> tuple[str, dict]:
     """The results file's markdown and its JSON data, from each model's per-round figures."""
-    chunks = f"{run.chunks} chunks" if run.chunks else "the whole text"
+    chunks = f"{run.chunks} chunk{'s' if run.chunks > 1 else ''}" if run.chunks else "the whole text"
     title = (f"Perplexity: `inferd perplexity` vs `llama-perplexity`: {TEXT.name}, {chunks} of {run.ctx}, "
              f"{run.threads} threads, {run.rounds} ABBA rounds")
     lines = results_head(title, run.stamp, run.host, f"llama.cpp: {run.peer_build}")

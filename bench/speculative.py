@@ -196,7 +196,7 @@ async def main_async(args) -> int:
                     tps, n, accepted = run_inferd(model, args.max_tokens, args.threads, side.endswith("speculative"))
                 this[side] = {"tok_s": tps, "tokens": n, "accepted": accepted}
                 print(f"round {r + 1}/{args.rounds} {side:<22} {tps:6.1f} tok/s ({n} tokens)", flush=True)
-    except (Exception, KeyboardInterrupt, SystemExit) as e:
+    except (Exception, KeyboardInterrupt, SystemExit, asyncio.CancelledError) as e:
         run.stopped = stop_reason(e)
         if not run.finished():
             raise

@@ -294,7 +294,7 @@ async def main_async(args) -> int:
             model.costs = {"compile_ms": compile_ms, "mask_p50_ms": mask_p50, "mask_p90_ms": mask_p90,
                            "new_schema_ms": compile_s * 1e3}
             write_results(args.out, *results(run))               # after every model: a cut run keeps its part
-    except (Exception, KeyboardInterrupt, SystemExit) as e:
+    except (Exception, KeyboardInterrupt, SystemExit, asyncio.CancelledError) as e:
         run.stopped = stop_reason(e)
         if not any(m.finished() for m in run.models):
             raise
