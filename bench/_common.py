@@ -4,6 +4,7 @@ is quiet. Importing this module needs no compiled extension (tests/bench imports
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -261,3 +262,67 @@ def write_results(md_path: Path, markdown: str, data: dict[str, object]) -> None
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(markdown)
     md_path.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+# ---- how a results file states its figures --------------------------------------------------------------------
+
+MEDIANS = ("Each side's figure is the median of all its samples over the rounds; the ratio is the ratio of those "
+           "medians, and its spread the range of the per-round ratios (each round's medians divided), so a median "
+           "can lie outside the range of the rounds' ratios when rounds differ in speed.")
+
+
+def results_head(title: str, stamp: str, host: dict[str, object], peer: str) -> list[str]:
+    """The first lines of a results file: its title and date, the machine and the peer's build, and how its
+    medians and ranges are computed (MEDIANS)."""
+    return [f"# {title} ({stamp})", "", f"{machine_line(host)} {peer}.", "", MEDIANS]
+
+
+def stats(values: Sequence[float]) -> dict[str, object]:
+    """A side's figures as the JSON keeps them: median, range and every sample."""
+    return {"median": median(values), "min": min(values), "max": max(values), "samples": list(values)}
+
+
+def fmt_median(values: Sequence[float], spec: str = ".1f") -> str:
+    """`median (min-max)` of `values`, each formatted with `spec`."""
+    lo, hi = spread(values)
+    return f"{median(values):{spec}} ({lo:{spec}}-{hi:{spec}})"
+
+
+def ratio_of_medians(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]]) -> tuple[float, list[float]]:
+    """Two sides' samples, one list per round -> (the ratio of the medians of all their samples, the ratio of each
+    round's medians), as MEDIANS states. Rounds missing on either side are left out of both."""
+    n = min(len(num), len(den))
+    if n == 0:
+        raise ValueError("no rounds to compare")
+    pooled_num = [x for r in num[:n] for x in r]
+    pooled_den = [x for r in den[:n] for x in r]
+    return median(pooled_num) / median(pooled_den), [median(a) / median(b) for a, b in zip(num[:n], den[:n])]
+
+
+def fmt_ratio(ratio: float, per_round: Sequence[float]) -> str:
+    """`1.23x (1.10-1.30)`: a ratio of medians and the range of its per-round ratios (or `1 round`)."""
+    return f"{ratio:.2f}x ({fmt_range(per_round, 2) if len(per_round) > 1 else '1 round'})"
+
+
+def stop_on_sigterm() -> None:
+    """`timeout` ends a run with SIGTERM: raise SystemExit instead, so that clean-ups run and the finished part of
+    the run is written, marked partial."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def stop_reason(error: BaseException) -> str:
+    """What stopped a run early, in words for its results file."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, asyncio.CancelledError):   # how a signal reaches a coroutine that asyncio.run ran
+        return "interrupted, or stopped by SIGTERM (a timeout)"
+    if isinstance(error, SystemExit) and error.code == 143:
+        return "stopped by SIGTERM (a timeout)"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
+
+
+def partial_note(done: int, planned: int, unit: str, reason: str) -> str:
+    """The line a partial run's results file carries right below its head."""
+    return (f"**Partial run**: {done} of {planned} {unit} finished before it stopped ({reason}); the figures are "
+            f"those of the finished {unit} only.")

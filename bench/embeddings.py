@@ -19,6 +19,10 @@ same weights type and threads, and times the same workloads as /v1/embeddings re
 one sentence; otherwise one request holding the whole batch), the two servers alternating, -r repeats, median;
 the vectors of the two servers are compared too (cosine). Models come from ~/.cache/inferd-test-models
 (../shared/models/fetch.sh all-minilm-l6-v2 embeddinggemma-300m).
+
+Each mode writes its own results file whole after each model (every repeat's figures, the medians and their
+ranges), its data beside it as JSON; a run cut short says so. Default files: bench/results/embeddings.md, with
+--serve embeddings_served.md, with --llama-server embeddings_llama_server.md (--out names another).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
@@ -39,9 +44,9 @@ HERE = Path(__file__).resolve().parent
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 
-from bench._common import busy_warning, command_line, llama_bin, peer_env  # noqa: E402
-from inferd.engine.embedder import Embedder  # noqa: E402
-from inferd.model.embedding import load_embedding_model  # noqa: E402
+from bench._common import (  # noqa: E402
+    busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, median, partial_note, peer_build, peer_env,
+    peer_env_words, ratio_of_medians, results_head, stats, stop_on_sigterm, stop_reason, write_results)
 
 MODELS = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
 WORDS = ("river bank money city market doctor patient music guitar quickly slowly never always because although "
@@ -68,7 +73,7 @@ def workload_texts() -> tuple[list[str], list[str], list[tuple[str, list[str], i
                              ("64 passages x ~256 tok", passages, 64)]
 
 
-def ours_run(e: Embedder, batch: list[str], size: int) -> Callable[[], None]:
+def ours_run(e: Any, batch: list[str], size: int) -> Callable[[], None]:
     def run() -> None:
         for i in range(0, len(batch), size):
             e.embed(e.tokenize(batch[i:i + size], truncate=True))
@@ -111,43 +116,6 @@ async def closed_loop(url: str, model: str, sentences: list[str], clients: int, 
         return done / (time.perf_counter() - t0)
 
 
-def serve_bench(args: argparse.Namespace) -> None:
-    import subprocess
-
-    warning = busy_warning()
-    short = texts(512, 13, 3)
-    lines = []
-    for name in args.models.split(","):
-        folder = MODELS / name
-        run = ours_run(Embedder(load_embedding_model(folder), threads=args.threads), short, 256)
-        run()
-        in_process = len(short) / statistics.median(timed(run) for _ in range(args.repeats))
-        del run
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(port),
-                                 "--threads", str(args.threads), "--max-batch-tokens", "8192"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(url, proc, "inferd serve")
-            served = asyncio.run(closed_loop(url, folder.name.lower(), short, args.clients, args.seconds))
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        lines.append(f"| {name} | {args.clients} | {served:.3g} | {in_process:.3g} | {served / in_process:.0%} |")
-        print(lines[-1], flush=True)
-    text = ("\n## served: closed-loop clients, one short sentence per request\n\n"
-            f"Weights as stored, threads {args.threads}, {args.seconds:.0f} s of clients on one aiohttp event loop; "
-            f"in-process: batches of 256 of the same sentences, median of {args.repeats}. "
-            + (f"**Warning**: {warning}. " if warning else "Nothing else ran on the machine. ")
-            + f"Command: `{command_line(sys.argv)}`\n\n"
-            "| model | clients | served sent/s | in-process batch-256 sent/s | served / in-process |\n"
-            "| --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
-    with open(args.out, "a") as f:
-        f.write(text)
-    print(text)
-
-
 def free_port() -> int:
     import socket
     with socket.socket() as sock:
@@ -181,30 +149,226 @@ def post_embeddings(url: str, model: str, inputs: list[str]) -> np.ndarray:
     return np.array([d["embedding"] for d in sorted(data, key=lambda d: d["index"])], np.float32)
 
 
-def llama_server_bench(args: argparse.Namespace) -> None:
+@dataclass
+class EmbeddingsRun:
+    """What a run of one mode measured and how: everything its results file says."""
+    mode: str                    # in_process, served or llama_server
+    title: str
+    stamp: str
+    host: dict
+    peer: str                    # the peer, in words for the file's head
+    peer_build: str | None
+    commands: list[str]
+    planned: list[str]           # model names
+    threads: int
+    repeats: int
+    warning: str | None = None
+    stopped: str | None = None   # what cut the run short
+    finished: list[str] = field(default_factory=list)    # models done
+    # one entry per measured workload: its model, labels and per-repeat seconds ("seconds": {side: [s, ...]})
+    measured: list[dict] = field(default_factory=list)
+    latency: list[dict] = field(default_factory=list)    # in-process: {"model", "ms": {side: [ms of each call]}}
+    notes: list[str] = field(default_factory=list)
+
+    def head(self) -> list[str]:
+        lines = results_head(self.title, self.stamp, self.host, self.peer)
+        if self.stopped or len(self.finished) < len(self.planned):
+            lines += ["", partial_note(len(self.finished), len(self.planned), "models", self.stopped or "the file "
+                                       "is rewritten after each model; the run had not finished when it was last "
+                                       "written")]
+        return lines
+
+    def tail(self) -> list[str]:
+        lines = [*self.notes]
+        if self.warning:
+            lines.append(f"**Warning**: {self.warning}.")
+        return ["", *lines, "", "Commands (PORT: a free port):", "", "```", *self.commands, "```", ""]
+
+    def data(self, summary: list[dict]) -> dict:
+        return {"kind": "embeddings", "mode": self.mode, "date": self.stamp, "machine": self.host,
+                "peer_build": self.peer_build, "commands": self.commands, "threads": self.threads,
+                "repeats": self.repeats, "models_planned": self.planned,
+                "complete": self.stopped is None and self.finished == self.planned, "stopped": self.stopped,
+                "warning": self.warning, "measured": self.measured, "latency": self.latency, "rows": summary}
+
+
+def rates(entry: dict) -> dict[str, list[float]]:
+    """An entry's per-repeat seconds as inputs per second."""
+    return {side: [entry["inputs"] / s for s in seconds] for side, seconds in entry["seconds"].items()}
+
+
+def in_process_results(run: EmbeddingsRun) -> tuple[str, dict]:
+    """inferd (f32, q8_0) vs sentence-transformers in process: the markdown and the JSON."""
+    table = ["| model | workload | tokens/input | inferd f32 sent/s (min-max) | inferd q8_0 sent/s (min-max) | "
+             "sentence-transformers sent/s (min-max) | f32 / st (per repeat min-max) | q8_0 / st (per repeat "
+             "min-max) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    per_repeat = ["| model | workload | repeat | inferd f32 sent/s | inferd q8_0 sent/s | sentence-transformers "
+                  "sent/s |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    summary = []
+    for e in run.measured:
+        rate = rates(e)
+        ratios = {q: ratio_of_medians([[x] for x in rate[q]], [[x] for x in rate["st"]]) for q in ("f32", "q8_0")}
+        table.append(f"| {e['model']} | {e['workload']} | {e['tokens_per_input']:.0f} | "
+                     + " | ".join(fmt_median(rate[k], ".3g") for k in ("f32", "q8_0", "st")) + " | "
+                     + " | ".join(fmt_ratio(*ratios[q]) for q in ("f32", "q8_0")) + " |")
+        for i, values in enumerate(zip(rate["f32"], rate["q8_0"], rate["st"])):
+            per_repeat.append(f"| {e['model']} | {e['workload']} | {i + 1} | "
+                              + " | ".join(f"{v:.3g}" for v in values) + " |")
+        summary.append({"model": e["model"], "workload": e["workload"],
+                        "sent_s": {k: stats(v) for k, v in rate.items()},
+                        **{f"{q}_over_st": {"ratio": r, "per_repeat": per} for q, (r, per) in ratios.items()}})
+    lines = run.head() + ["", *table, ""]
+    lines += [f"single short query on {x['model']} (median of {len(x['ms']['st'])} calls): inferd f32 "
+              f"{median(x['ms']['f32']):.2f} ms, q8_0 {median(x['ms']['q8_0']):.2f} ms, sentence-transformers "
+              f"{median(x['ms']['st']):.2f} ms" for x in run.latency]
+    lines += ["", "Per repeat (the three sides alternate within each):", "", *per_repeat] + run.tail()
+    return "\n".join(lines), run.data(summary)
+
+
+def served_results(run: EmbeddingsRun) -> tuple[str, dict]:
+    """inferd served to closed-loop clients vs inferd in process on the same sentences: the markdown and the JSON."""
+    table = ["| model | clients | served sent/s | in-process batch-256 sent/s (min-max) | served / in-process |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    summary = []
+    for e in run.measured:
+        in_process = rates(e)["in_process"]
+        ratio, _ = ratio_of_medians([[e["served_sent_s"]]], [in_process])
+        table.append(f"| {e['model']} | {e['clients']} | {e['served_sent_s']:.3g} | {fmt_median(in_process, '.3g')} "
+                     f"| {ratio:.0%} |")
+        summary.append({"model": e["model"], "clients": e["clients"], "served_sent_s": e["served_sent_s"],
+                        "in_process_sent_s": stats(in_process), "served_over_in_process": ratio})
+    lines = run.head() + ["", *table, "", "The served figure is one run of the clients; in-process: every repeat "
+                          "of the same sentences in batches of 256 is in the JSON."] + run.tail()
+    return "\n".join(lines), run.data(summary)
+
+
+def llama_server_results(run: EmbeddingsRun) -> tuple[str, dict]:
+    """inferd serve vs llama-server --embedding, requests alternating: the markdown and the JSON."""
+    table = ["| model | weights | workload | inferd sent/s (min-max) | llama-server sent/s (min-max) | inferd / llama "
+             "(per repeat min-max) | min cos |", "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    per_repeat = ["| model | weights | workload | repeat | inferd sent/s | llama-server sent/s |",
+                  "| --- | --- | --- | ---: | ---: | ---: |"]
+    summary = []
+    for e in run.measured:
+        rate = rates(e)
+        ratio, per = ratio_of_medians([[x] for x in rate["inferd"]], [[x] for x in rate["llama"]])
+        table.append(f"| {e['model']} | {e['weights']} | {e['workload']} | {fmt_median(rate['inferd'], '.3g')} | "
+                     f"{fmt_median(rate['llama'], '.3g')} | {fmt_ratio(ratio, per)} | {e['min_cos']:.4f} |")
+        for i, (a, b) in enumerate(zip(rate["inferd"], rate["llama"])):
+            per_repeat.append(f"| {e['model']} | {e['weights']} | {e['workload']} | {i + 1} | {a:.3g} | {b:.3g} |")
+        summary.append({"model": e["model"], "weights": e["weights"], "workload": e["workload"],
+                        "sent_s": {k: stats(v) for k, v in rate.items()}, "ratio": ratio, "per_repeat": per,
+                        "min_cos": e["min_cos"]})
+    lines = run.head() + ["", *table, "", "min cos: the lowest cosine between the two servers' vectors for 4 "
+                          "sentences and a passage.", "", "Per repeat (the two servers alternate within each):", "",
+                          *per_repeat] + run.tail()
+    return "\n".join(lines), run.data(summary)
+
+
+def measured_run(run: EmbeddingsRun, out: Path, build: Callable[[EmbeddingsRun], tuple[str, dict]],
+                 measure: Callable[[str], None]) -> int:
+    """measure(model) for each planned model, the results file rewritten after each; a run cut short writes the
+    models it finished, marked partial, and exits non-zero."""
+    try:
+        for name in run.planned:
+            measure(name)
+            run.finished.append(name)
+            write_results(out, *build(run))
+    except (Exception, KeyboardInterrupt, SystemExit) as e:
+        run.stopped = stop_reason(e)
+        if not run.measured:
+            raise
+    report, data = build(run)
+    write_results(out, report, data)
+    print("\n" + report)
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
+    return 1 if run.stopped else 0
+
+
+def new_run(mode: str, title: str, args: argparse.Namespace, peer: str, build: str | None,
+            commands: list[str]) -> EmbeddingsRun:
+    return EmbeddingsRun(mode, title, time.strftime("%Y-%m-%d %H:%M"), machine(), peer, build,
+                         [command_line(["python", *sys.argv]), *commands], args.models.split(","), args.threads,
+                         args.repeats, busy_warning())
+
+
+def serve_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from inferd.engine.embedder import Embedder
+    from inferd.model.embedding import load_embedding_model
+
+    short = texts(512, 13, 3)
+    serve_cmd = [sys.executable, "-m", "inferd.cli", "serve", "FOLDER", "--port", "PORT", "--threads",
+                 str(args.threads), "--max-batch-tokens", "8192"]
+    run = new_run("served", f"/v1/embeddings served: closed-loop clients, one short sentence per request, "
+                  f"weights as stored, {args.threads} threads", args,
+                  "Peer: none (inferd served, against inferd in process on the same sentences in the same run)", None,
+                  [f"{command_line(serve_cmd)}   # FOLDER: {MODELS}/MODEL",
+                   f"# {args.clients} clients on one aiohttp event loop for {args.seconds:.0f} s, each POSTing one "
+                   f"sentence per request to /v1/embeddings",
+                   f"# in process: Embedder(load_embedding_model(FOLDER), threads={args.threads}), the same "
+                   f"{len(short)} sentences in batches of 256, {args.repeats} repeats"])
+
+    def measure(name: str) -> None:
+        folder = MODELS / name
+        run_in_process = ours_run(Embedder(load_embedding_model(folder), threads=args.threads), short, 256)
+        run_in_process()
+        seconds = [timed(run_in_process) for _ in range(args.repeats)]
+        del run_in_process
+        port = free_port()
+        cmd = [str(folder) if a == "FOLDER" else str(port) if a == "PORT" else a for a in serve_cmd]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, "inferd serve")
+            served = asyncio.run(closed_loop(url, folder.name.lower(), short, args.clients, args.seconds))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        run.measured.append({"model": name, "clients": args.clients, "inputs": len(short),
+                             "seconds": {"in_process": seconds}, "served_sent_s": served})
+        print(f"{name}: served {served:.3g} sent/s, in process {len(short) / median(seconds):.3g}", flush=True)
+
+    return measured_run(run, args.out or HERE / "results" / "embeddings_served.md", served_results, measure)
+
+
+def llama_server_bench(args: argparse.Namespace) -> int:
     """inferd serve vs llama-server on the same workloads, requests alternating between the two."""
     import subprocess
     short, passages, workloads = workload_texts()
 
     gguf_dir, bin_dir, env = Path(args.gguf), llama_bin(Path(args.bin) if args.bin else None), peer_env()
-    warning = busy_warning()
-    lines = []
-    for name in args.models.split(","):
+
+    def commands(folder: Path, gguf: Path, quant: str, ours_port: object, llama_port: object) -> list[list[str]]:
+        ours_cmd = [sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(ours_port),
+                    "--threads", str(args.threads), "--max-batch-tokens", "16384"]
+        if quant != "f32":
+            ours_cmd += ["--quantize", quant]
+        # 64 slots of 512 positions, repacking on
+        llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-m", str(gguf),
+                     "-t", str(args.threads), "-tb", str(args.threads), "-c", "32768", "-np", "64",
+                     "-b", "16384", "-ub", "16384", "--port", str(llama_port), "--host", "127.0.0.1"]
+        return [ours_cmd, llama_cmd]
+
+    run = new_run("llama_server", f"/v1/embeddings: inferd serve vs llama-server --embedding, same "
+                  f"threads ({args.threads}), requests alternating, {args.repeats} repeats", args,
+                  f"llama.cpp: {peer_build(bin_dir)}, GGUF files from its convert_hf_to_gguf.py "
+                  "(--sentence-transformers-dense-modules)", peer_build(bin_dir), [])
+    run.notes.append("Batch 1: 32 requests of one sentence; otherwise one request holding the whole batch.")
+
+    def measure(name: str) -> None:
         folder = MODELS / name
         for quant in ("f32", "q8_0"):
             gguf = gguf_dir / f"{name}-{quant}.gguf"
             if not gguf.exists():
                 print(f"skipping {name} {quant}: no {gguf}", flush=True)
+                run.notes.append(f"{name} {quant}: skipped, no {gguf}.")
                 continue
             ours_port, llama_port = free_port(), free_port()
-            ours_cmd = [sys.executable, "-m", "inferd.cli", "serve", str(folder), "--port", str(ours_port),
-                        "--threads", str(args.threads), "--max-batch-tokens", "16384"]
-            if quant != "f32":
-                ours_cmd += ["--quantize", quant]
-            # 64 slots of 512 positions, repacking on
-            llama_cmd = [str(bin_dir / "llama-server"), "--embedding", "--pooling", "mean", "-m", str(gguf),
-                         "-t", str(args.threads), "-tb", str(args.threads), "-c", "32768", "-np", "64",
-                         "-b", "16384", "-ub", "16384", "--port", str(llama_port), "--host", "127.0.0.1"]
+            ours_cmd, llama_cmd = commands(folder, gguf, quant, ours_port, llama_port)
+            shown_ours, shown_llama = commands(folder, gguf, quant, "PORT", "PORT")
+            run.commands += [command_line(shown_ours), f"{peer_env_words(env)} {command_line(shown_llama)}"]
             procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent,
                                       env=e) for cmd, e in ((ours_cmd, None), (llama_cmd, env))]
             ours_url, llama_url = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{llama_port}"
@@ -216,72 +380,51 @@ def llama_server_bench(args: argparse.Namespace) -> None:
                 a, b = (post_embeddings(u, m, probe) for u, m in servers.values())
                 cos = float(np.min((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)))
                 for label, batch, size in workloads:
-                    def run(url: str, model: str, batch: list[str] = batch, size: int = size) -> None:
+                    def one_pass(url: str, model: str, batch: list[str] = batch, size: int = size) -> None:
                         for i in range(0, len(batch), size):
                             post_embeddings(url, model, batch[i:i + size])
                     for url, model in servers.values():                     # warm-up
-                        run(url, model)
+                        one_pass(url, model)
                     times: dict[str, list[float]] = {k: [] for k in servers}
                     for _ in range(args.repeats):                           # alternating
                         for k, (url, model) in servers.items():
-                            times[k].append(timed(lambda url=url, model=model: run(url, model)))
-                    rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
-                    lines.append(f"| {name} | {quant} | {label} | {rate['inferd']:.3g} | {rate['llama']:.3g} "
-                                 f"| {rate['inferd'] / rate['llama']:.2f}x | {cos:.4f} |")
-                    print(lines[-1], flush=True)
+                            times[k].append(timed(lambda url=url, model=model: one_pass(url, model)))
+                    run.measured.append({"model": name, "weights": quant, "workload": label, "inputs": len(batch),
+                                         "seconds": times, "min_cos": cos})
+                    rate = {k: len(batch) / median(v) for k, v in times.items()}
+                    print(f"{name} {quant} {label}: inferd {rate['inferd']:.3g} sent/s, llama-server "
+                          f"{rate['llama']:.3g}", flush=True)
             finally:
                 for p in procs:
                     p.terminate()
                 for p in procs:
                     p.wait(30)
-    text = ("\n## served: inferd serve vs llama-server --embedding (/v1/embeddings, same threads, alternating)\n\n"
-            f"threads {args.threads}, repeats {args.repeats} (median); llama-server from {bin_dir} (its environment "
-            "without OMP_*, huge-page malloc), --pooling mean, GGUF from llama.cpp's convert_hf_to_gguf.py "
-            "(--sentence-transformers-dense-modules). "
-            f"{'**Warning**: ' + warning + '. ' if warning else ''}Command: `{command_line(sys.argv)}`. min cos: the "
-            "lowest cosine between the two servers' vectors for 4 sentences and a passage.\n\n"
-            "| model | weights | workload | inferd sent/s | llama-server sent/s | inferd / llama | min cos |\n"
-            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
-    with open(args.out, "a") as f:
-        f.write(text)
-    print(text)
+
+    return measured_run(run, args.out or HERE / "results" / "embeddings_llama_server.md", llama_server_results,
+                        measure)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-r", "--repeats", type=int, default=3)
-    ap.add_argument("--models", default="all-MiniLM-L6-v2,embeddinggemma-300m")
-    ap.add_argument("--out", default=str(HERE / "results" / "embeddings.md"))
-    ap.add_argument("--serve", action="store_true", help="served throughput instead (appended to --out)")
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--llama-server", action="store_true",
-                    help="inferd serve vs llama-server --embedding, served (appended to --out)")
-    ap.add_argument("--bin", default=None, help="llama.cpp's tools (default: bench/_common.llama_bin's choice)")
-    ap.add_argument("--gguf", default=str(MODELS / "gguf-embed"), help="MODEL-f32.gguf and MODEL-q8_0.gguf")
-    args = ap.parse_args()
-    if args.serve:
-        serve_bench(args)
-        return
-    if args.llama_server:
-        llama_server_bench(args)
-        return
-
+def in_process_bench(args: argparse.Namespace) -> int:
+    import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
+
+    from inferd.engine.embedder import Embedder
+    from inferd.model.embedding import load_embedding_model
     torch.set_num_threads(args.threads)
 
     short, _, workloads = workload_texts()
-    warning = busy_warning()
-    lines = [f"threads {args.threads}, repeats {args.repeats} (median), torch {torch.__version__}, the three sides "
-             f"alternating. " + (f"**Warning**: {warning}." if warning else "Nothing else ran on the machine.")
-             + f" Command: `{command_line(sys.argv)}`", "",
-             "| model | workload | tokens/input | inferd f32 sent/s | inferd q8_0 sent/s "
-             "| sentence-transformers sent/s | f32 / st | q8_0 / st |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    latency_lines = []
-    for name in args.models.split(","):
+    peer = f"sentence-transformers {sentence_transformers.__version__}, torch {torch.__version__}"
+    run = new_run("in_process", f"/v1/embeddings encoder vs sentence-transformers, in process, {args.threads} "
+                  f"threads, {args.repeats} repeats, the three sides alternating", args, f"Peer: {peer}", peer,
+                  [f"# inferd f32: Embedder(load_embedding_model(FOLDER), threads={args.threads}), "
+                   "embed(tokenize(batch, truncate=True)) per batch; q8_0: load_embedding_model(FOLDER, "
+                   "quantize='q8_0')",
+                   f"# sentence-transformers: torch.set_num_threads({args.threads}); SentenceTransformer(FOLDER, "
+                   "device='cpu').encode(batch, batch_size=size) under torch.inference_mode()",
+                   f"# FOLDER: {MODELS}/MODEL; one warm-up pass of each side before each workload's repeats"])
+
+    def measure(name: str) -> None:
         folder = MODELS / name
         st = SentenceTransformer(str(folder), device="cpu")
         ours = {q: Embedder(load_embedding_model(folder, quantize=q), threads=args.threads) for q in (None, "q8_0")}
@@ -292,14 +435,17 @@ def main() -> None:
             for fn in runs.values():                                         # warm-up
                 fn()
             reps = 1 if "passages" in label and "gemma" in name else args.repeats
+            if reps < args.repeats:
+                run.notes.append(f"{name}, {label}: 1 repeat (the slowest workload).")
             times: dict[str, list[float]] = {k: [] for k in runs}
             for _ in range(reps):                                            # alternating
                 for k, fn in runs.items():
                     times[k].append(timed(fn))
-            rate = {k: len(batch) / statistics.median(v) for k, v in times.items()}
-            lines.append(f"| {name} | {label} | {ntok:.0f} | {rate['f32']:.3g} | {rate['q8_0']:.3g} | {rate['st']:.3g} "
-                         f"| {rate['f32'] / rate['st']:.2f}x | {rate['q8_0'] / rate['st']:.2f}x |")
-            print(lines[-1], flush=True)
+            run.measured.append({"model": name, "workload": label, "tokens_per_input": ntok, "inputs": len(batch),
+                                 "seconds": times})
+            rate = {k: len(batch) / median(v) for k, v in times.items()}
+            print(f"{name} {label}: f32 {rate['f32']:.3g}, q8_0 {rate['q8_0']:.3g}, st {rate['st']:.3g} sent/s",
+                  flush=True)
         if "MiniLM" in name:
             query = ["How do I reset my password?"]
             lat = {}
@@ -307,14 +453,33 @@ def main() -> None:
                             ("st", st_run(st, query, 1))):
                 for _ in range(5):
                     fn()
-                lat[key] = statistics.median(timed(fn) for _ in range(50)) * 1e3
-            latency_lines.append(f"single short query on {name} (median of 50): inferd f32 {lat['f32']:.2f} ms, "
-                                 f"q8_0 {lat['q8_0']:.2f} ms, sentence-transformers {lat['st']:.2f} ms")
-            print(latency_lines[-1], flush=True)
-    text = "# /v1/embeddings encoder vs sentence-transformers\n\n" + "\n".join(lines + [""] + latency_lines) + "\n"
-    Path(args.out).write_text(text)
-    print(f"wrote {args.out}")
+                lat[key] = [timed(fn) * 1e3 for _ in range(50)]
+            run.latency.append({"model": name, "ms": lat})
+
+    return measured_run(run, args.out or HERE / "results" / "embeddings.md", in_process_results, measure)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--models", default="all-MiniLM-L6-v2,embeddinggemma-300m")
+    ap.add_argument("--out", type=Path, default=None, help="results file (default: bench/results/embeddings.md; "
+                    "with --serve embeddings_served.md, with --llama-server embeddings_llama_server.md)")
+    ap.add_argument("--serve", action="store_true", help="served throughput instead")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--llama-server", action="store_true", help="inferd serve vs llama-server --embedding, served")
+    ap.add_argument("--bin", default=None, help="llama.cpp's tools (default: bench/_common.llama_bin's choice)")
+    ap.add_argument("--gguf", default=str(MODELS / "gguf-embed"), help="MODEL-f32.gguf and MODEL-q8_0.gguf")
+    args = ap.parse_args()
+    stop_on_sigterm()
+    if args.serve:
+        return serve_bench(args)
+    if args.llama_server:
+        return llama_server_bench(args)
+    return in_process_bench(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,7 +11,8 @@ llama.cpp: llama-bench tg128 tuned as in vs_llamacpp.py (-fa 0 and 1, the better
 inferd: vs_llamacpp.py's in-process decode loop (128 one-token Engine.step calls, threads=2).
 The neighbour is `python -c "while True: pass"`: one core's worth, unpinned (the scheduler places it), started
 half a second before a condition's runs and killed after them. Rounds run in ABBA order twice over: the
-conditions (quiet, busy, then busy, quiet) and within each the engines. Writes bench/results/neighbour[-quick].md.
+conditions (quiet, busy, then busy, quiet) and within each the engines. Writes bench/results/neighbour[-quick].md
+whole, its data beside it as JSON (a run cut short writes the rounds it finished, marked partial).
 """
 from __future__ import annotations
 
@@ -21,17 +22,20 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import (abba, best_config, busy_warning, command_line, fmt_range, llama_bin, median,  # noqa: E402
-                     model_file, peer_env, peer_env_words, repack_works, test_sizes)
-from vs_llamacpp import Peer, make_engine, run_inferd  # noqa: E402
+from _common import (abba, best_config, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin,  # noqa: E402
+                     machine, median, model_file, partial_note, peer_build, peer_env, peer_env_words, ratio_of_medians,
+                     repack_works, results_head, stats, stop_on_sigterm, stop_reason, test_sizes, write_results)
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
+CONDITIONS = ("quiet", "busy")
+ENGINES = ("llama.cpp", "inferd")
 
 
 class Neighbour:
@@ -47,7 +51,122 @@ class Neighbour:
         self.proc.wait()
 
 
-def main() -> None:
+def round_order(r: int) -> list[tuple[str, list[str]]]:
+    """Round r's conditions in the order they run, each with its engines in the order they run."""
+    return [(condition, abba(r + ci, ENGINES)) for ci, condition in enumerate(abba(r, CONDITIONS))]
+
+
+@dataclass
+class NeighbourRun:
+    """What a run measured and how: everything its results file says."""
+    stamp: str
+    host: dict
+    peer_build: str
+    commands: list[str]
+    model: str
+    test: str
+    threads: int
+    cores: int
+    rounds: int                  # planned
+    repeats: int
+    repack: bool = True
+    warning: str | None = None
+    minutes: float = 0.0
+    stopped: str | None = None   # what cut the run short
+    # per round: {"llama.cpp": {condition: {config: tok/s samples}}, "inferd": {condition: tok/s samples}}
+    measured: list[dict] = field(default_factory=list)
+
+    def finished(self) -> list[dict]:
+        return [m for m in self.measured if all(c in m[e] for e in ENGINES for c in CONDITIONS)]
+
+
+def results(run: NeighbourRun) -> tuple[str, dict]:
+    """The results file's markdown and its JSON data, from the run's per-round samples."""
+    done = run.finished()
+    title = (f"Decode ({run.test}) next to a busy neighbour: {run.model}, {run.threads} threads on {run.cores} cores, "
+             f"{run.rounds} ABBA rounds of {run.repeats} samples")
+    lines = results_head(title, run.stamp, run.host, f"llama.cpp: {run.peer_build}")
+    if run.stopped:
+        lines += ["", partial_note(len(done), run.rounds, "rounds", run.stopped)]
+    # per engine and condition: the samples of each finished round (llama.cpp: of its best setting over them all)
+    per_round: dict[str, dict[str, list[list[float]]]] = {e: {} for e in ENGINES}
+    best: dict[str, str] = {}
+    for condition in CONDITIONS:
+        pooled: dict[str, list[float]] = {}
+        for m in done:
+            for config, samples in m["llama.cpp"][condition].items():
+                pooled.setdefault(config, []).extend(samples)
+        if done:
+            best[condition] = best_config(pooled)
+        per_round["llama.cpp"][condition] = [m["llama.cpp"][condition][best.get(condition, "")] for m in done]
+        per_round["inferd"][condition] = [m["inferd"][condition] for m in done]
+    summary: dict[str, dict] = {}
+    table = ["| engine | quiet tok/s (min-max) | with a busy neighbour tok/s (min-max) | kept (per round min-max) |",
+             "| --- | ---: | ---: | ---: |"]
+    for engine in ENGINES if done else ():
+        quiet, busy = per_round[engine]["quiet"], per_round[engine]["busy"]
+        kept, kept_rounds = ratio_of_medians(busy, quiet)
+        summary[engine] = {"quiet": stats([x for r in quiet for x in r]), "busy": stats([x for r in busy for x in r]),
+                           "kept": kept, "kept_per_round": kept_rounds}
+        if engine == "llama.cpp":
+            summary[engine]["best_config"] = best
+        table.append(f"| {engine} | {fmt_median([x for r in quiet for x in r])} | "
+                     f"{fmt_median([x for r in busy for x in r])} | {fmt_ratio(kept, kept_rounds)} |")
+    lines += ["", *table, "", "kept = median with the neighbour / median quiet (ideal with one of two cores taken: "
+              "0.50x); its range: the same ratio within each round."]
+    if best:
+        lines += ["", "llama.cpp's setting with the highest median over the rounds: "
+                  + "; ".join(f"{c}: {config}" for c, config in best.items()) + "."]
+    rows = ["| round | order | engine | quiet tok/s | busy tok/s | kept |", "| ---: | --- | --- | --- | --- | ---: |"]
+    for r in range(len(done)):
+        order = ", ".join(f"{c} ({' then '.join(engines)})" for c, engines in round_order(r))
+        for engine in ENGINES:
+            quiet, busy = per_round[engine]["quiet"][r], per_round[engine]["busy"][r]
+            rows.append(f"| {r + 1} | {order} | {engine} | {', '.join(f'{x:.1f}' for x in quiet)} | "
+                        f"{', '.join(f'{x:.1f}' for x in busy)} | {median(busy) / median(quiet):.2f}x |")
+    lines += ["", "Per round (tok/s of every sample; llama.cpp: its best setting's):", "", *rows, "",
+              f"Run took {run.minutes:.1f} min."]
+    if not run.repack:
+        lines.append("llama.cpp's weight repacking died with SIGILL on this CPU (AMX the VM does not grant), so "
+                     "llama-bench ran with `--repack 0`.")
+    if run.warning:
+        lines.append(f"**Warning**: {run.warning}.")
+    lines += ["", "Commands:", "", "```", *run.commands, "```", ""]
+    data = {"kind": "neighbour", "date": run.stamp, "machine": run.host, "peer_build": run.peer_build,
+            "commands": run.commands, "model": run.model, "test": run.test, "threads": run.threads,
+            "cores": run.cores, "rounds_planned": run.rounds, "repeats": run.repeats, "complete": run.stopped is None,
+            "stopped": run.stopped, "repack": run.repack, "warning": run.warning, "minutes": run.minutes,
+            "rounds": run.measured, "engines": summary}
+    return "\n".join(lines), data
+
+
+def measure(run: NeighbourRun, peer, engine, path: Path, started: float) -> None:
+    """Fill run.measured round by round, conditions and engines in ABBA order."""
+    from vs_llamacpp import run_inferd
+
+    peer_cmds = peer.commands(path, [run.test], 0, run.repeats)
+    for r in range(run.rounds):
+        this: dict = {"llama.cpp": {}, "inferd": {}}
+        run.measured.append(this)
+        for condition, engines in round_order(r):
+            with Neighbour() if condition == "busy" else nullcontext():
+                for side in engines:
+                    t0 = time.monotonic()
+                    if side == "inferd":
+                        got = run_inferd(engine, [run.test], 0, run.repeats)[(run.test, 0)]
+                        this["inferd"][condition] = got
+                    else:
+                        configs: dict[str, list[float]] = {}
+                        for cmd in peer_cmds:
+                            configs.update(peer.run(cmd)[(run.test, 0)])
+                        this["llama.cpp"][condition] = configs
+                        got = configs[best_config(configs)]
+                    print(f"round {r + 1}/{run.rounds} {condition:<5} {side:<9} {median(got):7.1f} tok/s "
+                          f"({time.monotonic() - t0:.1f} s)", flush=True)
+        run.minutes = (time.monotonic() - started) / 60
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repeats", type=int, default=3, help="tg128 samples per engine, condition and round")
@@ -70,6 +189,8 @@ def main() -> None:
     if args.quick:
         args.repeats, args.rounds = 1, 1
     out = args.out or HERE / "results" / f"neighbour{'-quick' if args.quick else ''}.md"
+    stop_on_sigterm()
+    from vs_llamacpp import Peer, make_engine
 
     bin_dir = llama_bin(args.bin)
     path = model_file(args.model, bin_dir)
@@ -80,72 +201,28 @@ def main() -> None:
     warning = busy_warning()
     if warning:
         print("WARNING: " + warning, flush=True)
-    peer_cmds = peer.commands(path, [test], 0, args.repeats)
+    commands = [f"python {command_line(sys.argv)}",
+                *(f"{peer_env_words(env)} {command_line(c)}" for c in peer.commands(path, [test], 0, args.repeats)),
+                f"# inferd: in-process Engine(load_model(FILE), max_batch_tokens=512, max_seqs=1, "
+                f"threads={args.threads}), {test_sizes(test)[1]} one-token steps", f"# FILE: {path}",
+                f"# neighbour: {command_line(BUSY_LOOP)}"]
+    run = NeighbourRun(time.strftime("%Y-%m-%d %H:%M"), machine(), peer_build(bin_dir), commands, path.name, test,
+                       args.threads, os.cpu_count() or 0, args.rounds, args.repeats, repack, warning)
     started = time.monotonic()
-
-    # samples[engine][condition] = one list per round (llama.cpp: {config: samples} per round)
-    peer_samples: dict[str, list[dict[str, list[float]]]] = {"quiet": [], "busy": []}
-    our_samples: dict[str, list[list[float]]] = {"quiet": [], "busy": []}
-    for r in range(args.rounds):
-        for ci, condition in enumerate(abba(r, ("quiet", "busy"))):
-            with Neighbour() if condition == "busy" else nullcontext():
-                for side in abba(r + ci, ("llama.cpp", "inferd")):
-                    t0 = time.monotonic()
-                    if side == "inferd":
-                        got = run_inferd(engine, [test], 0, args.repeats)[(test, 0)]
-                        our_samples[condition].append(got)
-                    else:
-                        configs: dict[str, list[float]] = {}
-                        for cmd in peer_cmds:
-                            configs.update(peer.run(cmd)[(test, 0)])
-                        peer_samples[condition].append(configs)
-                        got = configs[best_config(configs)]
-                    print(f"round {r + 1}/{args.rounds} {condition:<5} {side:<9} {median(got):7.1f} tok/s "
-                          f"({time.monotonic() - t0:.1f} s)", flush=True)
-
-    rows = ["| engine | quiet tok/s (min-max) | with a busy neighbour tok/s (min-max) | kept | kept per round |",
-            "| --- | ---: | ---: | ---: | ---: |"]
-    notes = []
-    for name in ("llama.cpp", "inferd"):
-        per_round: dict[str, list[list[float]]] = {}
-        for condition in ("quiet", "busy"):
-            if name == "inferd":
-                per_round[condition] = our_samples[condition]
-            else:
-                pooled: dict[str, list[float]] = {}
-                for configs in peer_samples[condition]:
-                    for config, samples in configs.items():
-                        pooled.setdefault(config, []).extend(samples)
-                config = best_config(pooled)
-                notes.append(f"llama.cpp {condition}: best setting {config}")
-                per_round[condition] = [configs[config] for configs in peer_samples[condition]]
-        quiet = [x for xs in per_round["quiet"] for x in xs]
-        busy = [x for xs in per_round["busy"] for x in xs]
-        kept = [median(b) / median(q) for q, b in zip(per_round["quiet"], per_round["busy"])]
-        rows.append(f"| {name} | {median(quiet):.1f} ({fmt_range(quiet)}) | {median(busy):.1f} ({fmt_range(busy)}) | "
-                    f"{median(busy) / median(quiet):.2f} | {fmt_range(kept, 2) if len(kept) > 1 else '1 round'} |")
-    lines = [f"# Decode ({test}) next to a busy neighbour ({time.strftime('%Y-%m-%d %H:%M')}, {path.name}, "
-             f"{args.threads} threads on {os.cpu_count()} cores, {args.rounds} ABBA rounds of {args.repeats} samples, "
-             f"medians)", "", *rows, "",
-             "kept = median with the neighbour / median quiet (ideal with one of two cores taken: 0.50); kept per "
-             "round: the same ratio within each round.", "", *notes,
-             f"Run took {(time.monotonic() - started) / 60:.1f} min."]
-    if not repack:
-        lines.append("llama.cpp's weight repacking died with SIGILL on this CPU (AMX the VM does not grant), so "
-                     "llama-bench ran with `--repack 0`.")
-    if warning:
-        lines.append(f"**Warning**: {warning}.")
-    lines += ["", "Commands:", "", "```", f"python {command_line(sys.argv)}",
-              *(f"{peer_env_words(env)} {command_line(c)}" for c in peer_cmds),
-              f"# inferd: in-process Engine(..., max_batch_tokens=512, max_seqs=1, threads={args.threads}), "
-              f"{test_sizes(test)[1]} one-token steps", f"# neighbour: {command_line(BUSY_LOOP)}", "```", ""]
-    report = "\n".join(lines)
+    try:
+        measure(run, peer, engine, path, started)
+    except (Exception, KeyboardInterrupt, SystemExit) as e:
+        run.stopped = stop_reason(e)
+        if not run.finished():
+            raise
+    run.minutes = (time.monotonic() - started) / 60
+    report, data = results(run)
+    write_results(out, report, data)
     print("\n" + report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
+    return 1 if run.stopped else 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # for this process (numpy); llama.cpp's tools never see it
-    main()
+    sys.exit(main())

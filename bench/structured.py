@@ -10,7 +10,8 @@ too). Each round starts each server once and measures both levels; the servers a
 rounds. llama-server runs as in bench/serve.py (`-fa on -cram 0`, quiet logs, `top_k: 1`; by default the build
 bench/_common.llama_bin picks). Throughput is output tokens over the wall time of each level. Also printed per
 model: the time to compile a 20-property schema and the per-step cost of the masks of 8 sequences (in process),
-and what a new schema adds to its first request over HTTP. Writes bench/results/structured.md.
+and what a new schema adds to its first request over HTTP. Writes bench/results/structured.md whole after each model
+(every round's figures, the medians and their ranges), its data beside it as JSON; a run cut short says so.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -29,7 +31,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from _common import (  # noqa: E402 (after the sys.path line)
-    abba, busy_warning, command_line, fmt_range, llama_bin, median, model_file, peer_env, repack_works)
+    abba, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, model_file, partial_note, peer_build,
+    peer_env, ratio_of_medians, repack_works, results_head, stats, stop_on_sigterm, stop_reason, write_results)
 from serve import Server, inferd_server, llama_server  # noqa: E402
 
 MAX_TOKENS = 96
@@ -41,6 +44,8 @@ NOTES = {"type": "object", "additionalProperties": False, "required": ["name", "
 WIDE = {"type": "object", "additionalProperties": False, "required": [f"field_{i}" for i in range(20)],
         "properties": {f"field_{i}": ({"type": "string"} if i % 3 == 0 else {"type": "integer"} if i % 3 == 1
                                       else {"enum": ["a", "b", "c"]}) for i in range(20)}}
+SIDES = ("inferd", "llama-server")
+LEVELS = ("free", "json_schema")
 PEOPLE = ["Ada Lovelace, 36, London, mathematician and writer", "Alan Turing, 41, Wilmslow, logician",
           "Grace Hopper, 85, Arlington, admiral and programmer", "Linus Torvalds, 54, Portland, kernel hacker",
           "Margaret Hamilton, 88, Boston, software engineer", "Donald Knuth, 86, Stanford, author of TAOCP"]
@@ -140,10 +145,110 @@ async def run_levels(server: Server, args, extras: list[tuple[str, dict]]) -> di
         server.stop()
 
 
-async def bench_model(name: str, args, bin_dir: Path, env: dict, repack: bool) -> tuple[list[str], list[str]]:
-    """Rounds of (inferd, llama-server) in ABBA order, each server measured free then constrained; the table
-    rows (medians and spread) and the commands."""
-    path = model_file(name, bin_dir)
+@dataclass
+class ModelRounds:
+    name: str
+    # per round: {side: {level: {"tok_s": output tok/s, "tokens": output tokens, "errors": failed requests}}}
+    rounds: list[dict[str, dict[str, dict]]] = field(default_factory=list)
+    costs: dict[str, float] = field(default_factory=dict)   # compile_ms, mask_p50_ms, mask_p90_ms, new_schema_ms
+
+    def finished(self) -> list[dict[str, dict[str, dict]]]:
+        return [m for m in self.rounds if all(level in m.get(side, {}) for side in SIDES for level in LEVELS)]
+
+
+@dataclass
+class StructuredRun:
+    """What a run measured and how: everything its results file says."""
+    stamp: str
+    host: dict
+    peer_build: str
+    commands: list[str]
+    planned: list[str]           # model names
+    concurrency: int
+    requests: int
+    threads: int
+    rounds: int                  # planned, per model
+    repack: bool = True
+    warning: str | None = None
+    log_dir: str = ""
+    stopped: str | None = None   # what cut the run short
+    models: list[ModelRounds] = field(default_factory=list)
+
+    def complete(self) -> bool:
+        return (self.stopped is None and len(self.models) == len(self.planned)
+                and all(len(m.finished()) == self.rounds and m.costs for m in self.models))
+
+
+def results(run: StructuredRun) -> tuple[str, dict]:
+    """The results file's markdown and its JSON data, from each model's per-round throughputs."""
+    title = (f"Structured output: c={run.concurrency}, {run.requests} requests per level, {run.threads} threads, "
+             f"greedy (`top_k: 1` for llama-server), max_tokens {MAX_TOKENS}, {run.rounds} ABBA rounds")
+    lines = results_head(title, run.stamp, run.host, f"llama.cpp: {run.peer_build}")
+    if not run.complete():
+        done = sum(len(m.finished()) == run.rounds and bool(m.costs) for m in run.models)
+        lines += ["", partial_note(done, len(run.planned), "models", run.stopped or "the file is rewritten after "
+                                   "each model; the run had not finished when it was last written")]
+    table = ["| model | server | free tok/s (min-max) | json_schema tok/s (min-max) | json_schema / free "
+             "(per round min-max) |", "| --- | --- | ---: | ---: | ---: |"]
+    columns = [f"{side} {level} tok/s" for side in SIDES for level in LEVELS]
+    per_round = ["| model | round | first | " + " | ".join(columns) + " |",
+                 "| --- | ---: | --- |" + " ---: |" * len(columns)]
+    notes, summary = [], []
+    for m in run.models:
+        done = m.finished()
+        if not done:
+            continue
+        tps = {(side, level): [r[side][level]["tok_s"] for r in done] for side in SIDES for level in LEVELS}
+        entry: dict = {"model": m.name, "costs": m.costs}
+        for side in SIDES:
+            free, constrained = tps[(side, "free")], tps[(side, "json_schema")]
+            ratio, ratios = ratio_of_medians([[x] for x in constrained], [[x] for x in free])
+            entry[side] = {"free": stats(free), "json_schema": stats(constrained), "json_schema_over_free": ratio,
+                           "round_ratios": ratios}
+            table.append(f"| {m.name} | {side} | {fmt_median(free)} | {fmt_median(constrained)} | "
+                         f"{fmt_ratio(ratio, ratios)} |")
+        for level in LEVELS:
+            ratio, ratios = ratio_of_medians([[x] for x in tps[("inferd", level)]],
+                                             [[x] for x in tps[("llama-server", level)]])
+            entry[f"inferd_over_llama_server_{level}"] = {"ratio": ratio, "round_ratios": ratios}
+            cells = ["", fmt_ratio(ratio, ratios)] if level == "json_schema" else [fmt_ratio(ratio, ratios), ""]
+            table.append(f"| {m.name} | inferd / llama-server, {level} | {' | '.join(cells)} | |")
+        errors = sum(r[side][level]["errors"] for r in m.rounds for side in r for level in r[side])
+        if errors:
+            table.append(f"| {m.name} | **{errors} requests failed** (see the server logs in {run.log_dir}) | | | |")
+        entry["errors"] = errors
+        for i, r in enumerate(done):
+            per_round.append(f"| {m.name} | {i + 1} | {abba(i, SIDES)[0]} | "
+                             + " | ".join(f"{r[side][level]['tok_s']:.1f}" for side in SIDES for level in LEVELS)
+                             + " |")
+        if m.costs:
+            notes.append(f"{m.name}: a 20-property schema compiles in {m.costs['compile_ms']:.1f} ms (in process); "
+                         f"the masks of 8 constrained sequences take a median {m.costs['mask_p50_ms']:.2f} ms per "
+                         f"step (p90 {m.costs['mask_p90_ms']:.2f} ms); a new 20-property schema adds "
+                         f"{m.costs['new_schema_ms']:.0f} ms to its first request over HTTP.")
+        summary.append(entry)
+    lines += ["", *table, "", "Per round:", "", *per_round, "", *notes, ""]
+    if run.warning:
+        lines += [f"**Warning**: {run.warning}", ""]
+    if not run.repack:
+        lines += ["llama.cpp's weight repacking died with SIGILL on this CPU, so llama-server ran with `-nr`.", ""]
+    lines += ["Both servers run each level with c closed-loop clients; free requests set `ignore_eos` and every "
+              "constrained one runs to max_tokens (the schema asks for at least 40 notes), so both generate "
+              "exactly max_tokens per request.", "", "Commands (PORT: a free port):", "", "```", *run.commands,
+              "```", ""]
+    data = {"kind": "structured", "date": run.stamp, "machine": run.host, "peer_build": run.peer_build,
+            "commands": run.commands, "concurrency": run.concurrency, "requests": run.requests,
+            "threads": run.threads, "max_tokens": MAX_TOKENS, "rounds_planned": run.rounds,
+            "models_planned": run.planned, "complete": run.complete(), "stopped": run.stopped,
+            "repack": run.repack, "warning": run.warning, "rounds": {m.name: m.rounds for m in run.models},
+            "models": summary}
+    return "\n".join(lines), data
+
+
+async def bench_model(model: ModelRounds, args, bin_dir: Path, env: dict, repack: bool, commands: list[str]) -> None:
+    """Rounds of (inferd, llama-server) in ABBA order, each server measured free then constrained, into
+    model.rounds; the servers' commands (of the first round) onto `commands`."""
+    path = model_file(model.name, bin_dir)
     per_slot = 1024
     rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "notes", "schema": NOTES}}}
     # llama-server takes OpenAI's response_format as well: both servers get the same request bodies
@@ -152,29 +257,17 @@ async def bench_model(name: str, args, bin_dir: Path, env: dict, repack: bool) -
                                                     repack)}
     extras = {"inferd": [("free", {"ignore_eos": True}), ("json_schema", rf)],
               "llama-server": [("free", {"ignore_eos": True, "top_k": 1}), ("json_schema", {**rf, "top_k": 1})]}
-    got: dict[tuple[str, str], list[float]] = {}
-    errors = 0
-    shown = []
     for r in range(args.rounds):
-        for side in abba(r, ["inferd", "llama-server"]):
+        this: dict[str, dict[str, dict]] = {}
+        model.rounds.append(this)
+        for side in abba(r, SIDES):
             server = servers[side]()
             if r == 0:
-                shown.append(server.shown)
-            for label, (tps, _, err) in (await run_levels(server, args, extras[side])).items():
-                got.setdefault((side, label), []).append(tps)
-                errors += err
-                print(f"{name} round {r + 1}/{args.rounds} {side:<12} {label:<11} {tps:7.1f} tok/s", flush=True)
-    rows = []
-    for side in ("inferd", "llama-server"):
-        free, constrained = got[(side, "free")], got[(side, "json_schema")]
-        per_round = [c / f for c, f in zip(constrained, free)]
-        rows.append(f"| {name} | {side} | {median(free):.1f} ({fmt_range(free)}) | {median(constrained):.1f} "
-                    f"({fmt_range(constrained)}) | {median(per_round):.2f} ({fmt_range(per_round, 2)}) |")
-    vs = [i / ll for i, ll in zip(got[("inferd", "json_schema")], got[("llama-server", "json_schema")])]
-    rows.append(f"| {name} | inferd / llama-server, json_schema | | {median(vs):.2f}x ({fmt_range(vs, 2)}) | |")
-    if errors:
-        rows.append(f"| {name} | **{errors} requests failed** (see the server logs in {args.log_dir}) | | | |")
-    return rows, shown
+                commands.append(server.shown)
+            this[side] = {}
+            for label, (tps, tokens, err) in (await run_levels(server, args, extras[side])).items():
+                this[side][label] = {"tok_s": tps, "tokens": tokens, "errors": err}
+                print(f"{model.name} round {r + 1}/{args.rounds} {side:<12} {label:<11} {tps:7.1f} tok/s", flush=True)
 
 
 async def main_async(args) -> int:
@@ -185,39 +278,32 @@ async def main_async(args) -> int:
     names = args.models.split(",")
     repack = args.repack == "on" or (args.repack == "auto" and
                                      repack_works(bin_dir, model_file(names[0], bin_dir), args.threads, env))
-    lines = [f"# Structured output ({time.strftime('%Y-%m-%d %H:%M')}): c={args.concurrency}, {args.requests} "
-             f"requests per level, {args.threads} threads, greedy (`top_k: 1` for llama-server), max_tokens "
-             f"{MAX_TOKENS}, {args.rounds} ABBA rounds, medians (min-max)", "",
-             "| model | server | free tok/s | json_schema tok/s | json_schema / free |",
-             "| --- | --- | ---: | ---: | ---: |"]
-    shown_all = []
-    for name in names:
-        rows, shown = await bench_model(name, args, bin_dir, env, repack)
-        lines += rows
-        shown_all += shown
-        compile_ms, mask_p50, mask_p90 = in_process_costs(model_file(name, bin_dir))
-        lines_after = (f"{name}: a 20-property schema compiles in {compile_ms:.1f} ms (in process); the masks of 8 "
-                       f"constrained sequences take a median {mask_p50:.2f} ms per step (p90 {mask_p90:.2f} ms)")
-        shown_all.append(f"# {lines_after}")
-        compile_s = await new_schema_cost(name, args, bin_dir)
-        shown_all.append(f"# {name}: a new 20-property schema adds {compile_s * 1e3:.0f} ms to its first request "
-                         "over HTTP")
-    notes = [line[2:] for line in shown_all if line.startswith("# ")]
-    commands = [line for line in shown_all if not line.startswith("# ")]
-    lines += ["", *notes, ""]
-    if warning:
-        lines += [f"**Warning**: {warning}", ""]
-    if not repack:
-        lines += ["llama.cpp's weight repacking died with SIGILL on this CPU, so llama-server ran with `-nr`.", ""]
-    lines += ["Both servers run each level with c closed-loop clients; free requests set `ignore_eos` and every "
-              "constrained one runs to max_tokens (the schema asks for at least 40 notes), so both generate "
-              "exactly max_tokens per request.", "", "Commands (PORT: a free port):", "", "```",
-              command_line([sys.executable, *sys.argv]), *commands, "```", ""]
-    text = "\n".join(lines)
-    print(text)
-    args.out.write_text(text)
-    print(f"written to {args.out}; server logs in {args.log_dir}")
-    return 0
+    commands = [command_line([sys.executable, *sys.argv]),
+                f"# each level: {args.requests} POST /v1/chat/completions from {args.concurrency} closed-loop clients, "
+                f"max_tokens {MAX_TOKENS}, temperature 0; free: ignore_eos; json_schema: response_format NOTES "
+                f"(bench/structured.py); llama-server's bodies add top_k 1"]
+    run = StructuredRun(time.strftime("%Y-%m-%d %H:%M"), machine(), peer_build(bin_dir), commands, names,
+                        args.concurrency, args.requests, args.threads, args.rounds, repack, warning, str(args.log_dir))
+    try:
+        for name in names:
+            model = ModelRounds(name)
+            run.models.append(model)
+            await bench_model(model, args, bin_dir, env, repack, commands)
+            compile_ms, mask_p50, mask_p90 = in_process_costs(model_file(name, bin_dir))
+            compile_s = await new_schema_cost(name, args, bin_dir)
+            model.costs = {"compile_ms": compile_ms, "mask_p50_ms": mask_p50, "mask_p90_ms": mask_p90,
+                           "new_schema_ms": compile_s * 1e3}
+            write_results(args.out, *results(run))               # after every model: a cut run keeps its part
+    except (Exception, KeyboardInterrupt, SystemExit, asyncio.CancelledError) as e:
+        run.stopped = stop_reason(e)
+        if not any(m.finished() for m in run.models):
+            raise
+    report, data = results(run)
+    write_results(args.out, report, data)
+    print(report)
+    print(f"wrote {args.out} and {args.out.with_suffix('.json').name}; server logs in {args.log_dir}")
+    errors = sum(entry["errors"] for entry in data["models"])
+    return 1 if run.stopped or errors else 0
 
 
 async def new_schema_cost(name: str, args, bin_dir: Path) -> float:
@@ -249,6 +335,7 @@ def main() -> int:
                     help="llama.cpp's weight repacking; auto: on unless a short run dies with SIGILL")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "structured.md")
     args = ap.parse_args()
+    stop_on_sigterm()
     return asyncio.run(main_async(args))
 
 

@@ -55,8 +55,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import (abba, best_config, busy_warning, command_line, fmt_range, llama_bin, machine,  # noqa: E402
-                     machine_line, median, model_file, parse_llama_bench, peer_build, peer_env, peer_env_words,
+from _common import (MEDIANS, abba, best_config, busy_warning, command_line, fmt_range, llama_bin,  # noqa: E402
+                     machine, machine_line, median, model_file, parse_llama_bench, peer_build, peer_env, peer_env_words,
                      repack_works, test_sizes, write_results)
 from inferd import _cpu  # noqa: E402
 from inferd.engine.engine import Engine  # noqa: E402
@@ -189,10 +189,6 @@ class Row:
         return [self.model, self.test, str(self.depth), f"{peer:.1f} ({fmt_range(self.peer)})", self.peer_config,
                 f"{ours:.1f} ({fmt_range(self.ours)})", f"{ours / peer:.2f}x", spread]
 
-
-MEDIANS = ("Each side's figure is the median of all its samples over the rounds; the ratio is the ratio of those "
-           "medians, and its spread the range of the per-round ratios (each round's medians divided), so a median "
-           "can lie outside the range of the rounds' ratios when rounds differ in speed.")
 
 HEADER = ["model", "test", "depth", "llama.cpp tok/s (min-max)", "llama.cpp best", "inferd tok/s (min-max)",
           "ratio", "ratio per round (min-max)"]
