@@ -14,7 +14,7 @@ from gguf import GGUFReader
 from inferd import _cpu
 from inferd.text.chat import render_chat
 from inferd.text.grammar import GrammarCompiler
-from inferd.text.mistral_tools import JsonValue, mistral_id
+from inferd.text.tools import JsonValue, mistral_id
 from inferd.text.tokenizer import Tokenizer
 from inferd.text.tools import (
     MISTRAL,
@@ -35,7 +35,7 @@ from inferd.text.tools import (
     tool_call_grammar,
     trigger_token,
 )
-from inferd.text.mistral_tools import marker_ids
+from inferd.text.tools import marker_ids
 from tests.text.mistral_v11 import MISTRAL_SMALL_32, MISTRAL_V11_NO_IDS, write_tiny_mistral
 
 WEATHER = {"type": "function", "function": {
