@@ -11,14 +11,16 @@ Every problem is a GrammarError carrying the request field it came from (`param`
 
 The vocabulary llguidance sees is the model's own (inferd's Tokenizer: token bytes, special tokens, EOS ids),
 padded with empty tokens up to the model's vocabulary size (embedding rows beyond the tokenizer's), so a mask row
-has exactly mask_words(vocab) words and lines up with the logits. It is built once per model (~2 s for 150k
-tokens), in a background thread.
+has exactly mask_words(vocab) words and lines up with the logits. It is built once per model, in a background
+thread (seconds for a large vocabulary).
 
 Bounds: a grammar's text is capped (`max_grammar_bytes`: llguidance's Lark front end is quadratic in the length of a
-rule, 300k terminals take minutes), LLParserLimits caps the lexer states, the grammar size and the work per step, so
-that a hostile schema ends in an error rather than in minutes of CPU or gigabytes of lexer; compilation runs in a
-small thread pool (llguidance releases the GIL while it validates and builds) and a request waits at most
-`compile_timeout` for it.
+rule), LLParserLimits caps the lexer states, the grammar size and the work per step, so that a hostile schema ends
+in an error rather than in minutes of CPU or gigabytes of lexer; compilation runs in a small thread pool (llguidance
+releases the GIL while it validates and builds) and a request waits at most `compile_timeout` for it.
+
+Modules: spec (request fields -> GrammarSpec), vocabulary (the model's vocabulary for llguidance), matcher (one
+sequence's matcher, the lazy one that starts at a trigger token, masks in parallel), compiler (GrammarCompiler).
 """
 
 from inferd.text.grammar.compiler import DEFAULT_LIMITS, GrammarCompiler
