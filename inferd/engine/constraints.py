@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import llguidance as llg
 import numpy as np
 
-from inferd.text.grammar import CompiledGrammar, SequenceMatcher, fill_masks, mask_words
-from inferd.text.tools import LazyMatcher
+from inferd.text.grammar import CompiledGrammar, LazyMatcher, SequenceMatcher, fill_masks, mask_words
 
 Matcher = SequenceMatcher | LazyMatcher
 

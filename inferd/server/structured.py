@@ -19,7 +19,6 @@ from inferd.server import protocol as P
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
-from inferd.text.mistral_tools import marker_ids
 from inferd.text.tools import (
     ContentDelta,
     ToolArgsDelta,
@@ -28,6 +27,7 @@ from inferd.text.tools import (
     ToolCallStart,
     ToolFormat,
     detect_format,
+    marker_ids,
     parse_tool_calls,
     parse_tool_choice,
     parse_tools,

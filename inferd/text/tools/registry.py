@@ -1,0 +1,75 @@
+"""The tool-call formats by name, and which one a model uses (from its chat template, in one place).
+
+A format is a module holding a `SYNTAX` (syntax.CallSyntax: its parser, grammar, markers, ids); FORMATS lists them.
+"generic" names a template that knows nothing of tools: the rendering teaches it the Hermes syntax in a system
+block, so it parses and constrains as Hermes does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# (imported as modules, not from the package, whose __init__ re-exports this one)
+import inferd.text.tools.hermes as hermes
+import inferd.text.tools.llama3 as llama3
+import inferd.text.tools.mistral as mistral
+import inferd.text.tools.mistral_v11 as mistral_v11
+from inferd.text.tools.mistral_tokens import ARGS, CALL_ID, TOOL_CALLS, marker_ids
+from inferd.text.tools.syntax import CallSyntax
+
+HERMES = hermes.SYNTAX.name
+LLAMA3 = llama3.SYNTAX.name
+MISTRAL = mistral.SYNTAX.name
+MISTRAL_V11 = mistral_v11.SYNTAX.name
+GENERIC = "generic"
+
+FORMATS: dict[str, CallSyntax] = {
+    HERMES: hermes.SYNTAX,
+    LLAMA3: llama3.SYNTAX,
+    MISTRAL: mistral.SYNTAX,
+    MISTRAL_V11: mistral_v11.SYNTAX,
+    GENERIC: hermes.SYNTAX,
+}
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """A model's tool calling, as detected: the format's name and what its template does with tools."""
+
+    name: str  # a key of FORMATS
+    template_renders_tools: bool  # the template takes `tools` and tool messages itself
+    call_ids: bool = False  # mistral_v11: calls carry [CALL_ID]id before [ARGS]
+
+    @property
+    def is_mistral(self) -> bool:
+        return self.name in (MISTRAL, MISTRAL_V11)
+
+
+def syntax_of(fmt: ToolFormat | str) -> CallSyntax:
+    return FORMATS[fmt.name if isinstance(fmt, ToolFormat) else fmt]
+
+
+def detect_format(template: str | None, token_id_of: Callable[[str], int | None] | None = None) -> ToolFormat:
+    """The tool-call syntax from the chat template's text (and, for Mistral, the vocabulary's control tokens).
+
+    Mistral: a v11 template writes `[ARGS]` (and `[CALL_ID]` when it wants ids); a template that mentions only
+    `[TOOL_CALLS]` is v11 when the vocabulary has an `[ARGS]` token and the template writes no JSON call list."""
+    src = template or ""
+    renders = "tools" in src
+    if TOOL_CALLS in src:
+        vocab = marker_ids(token_id_of) if token_id_of is not None else {}
+        if ARGS in src or (ARGS in vocab and "[{" not in src and '"arguments"' not in src):
+            return ToolFormat(MISTRAL_V11, renders, call_ids=CALL_ID in src)
+        return ToolFormat(MISTRAL, renders)
+    if hermes.OPEN in src:
+        return ToolFormat(HERMES, renders)
+    if llama3.PYTHON_TAG in src or ("ipython" in src and "parameters" in src):
+        return ToolFormat(LLAMA3, renders)
+    return ToolFormat(HERMES if renders else GENERIC, renders)
+
+
+def shown_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> frozenset[int]:
+    """Control tokens that the output text must keep for the parser to see the calls (Mistral's markers)."""
+    ids = (token_id_of(m) for m in syntax_of(fmt).shown_markers)
+    return frozenset(int(i) for i in ids if i is not None)
