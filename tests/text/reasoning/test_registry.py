@@ -1,0 +1,32 @@
+"""inferd/text/reasoning: which templates think aloud, and where their outputs start."""
+
+import pytest
+
+from inferd.text.parsing import ContentDelta, ReasoningDelta
+from inferd.text.reasoning import THINK, detect_reasoning, reasoning_parser
+
+QWEN3_TAIL = "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+R1_TAIL = "{% if add_generation_prompt %}{{'<｜Assistant｜><think>\\n'}}{% endif %}"
+
+
+@pytest.mark.parametrize("template, expected", [(QWEN3_TAIL, THINK), (R1_TAIL, THINK), ("{{ messages }}", None),
+                                                (None, None)])
+def test_templates_that_write_think_tags_think(template, expected):
+    assert detect_reasoning(template) == expected
+
+
+def kinds(parser, text):
+    return [(type(d).__name__, d.text) for d in parser.feed(text) + parser.finish()]
+
+
+def test_a_prompt_ending_inside_the_block_starts_the_output_there():
+    assert kinds(reasoning_parser(THINK, "<｜Assistant｜><think>\n"), "Hmm.</think>Hi") == [
+        (ReasoningDelta.__name__, "Hmm."), (ContentDelta.__name__, "Hi")]
+    # thinking switched off: the template closed the block, the output is the answer
+    assert kinds(reasoning_parser(THINK, "<|im_start|>assistant\n<think>\n\n</think>\n\n"), "Hi") == [
+        (ContentDelta.__name__, "Hi")]
+
+
+def test_unknown_formats_are_named():
+    with pytest.raises(ValueError, match="unknown reasoning format 'harmony'"):
+        reasoning_parser("harmony", "")
