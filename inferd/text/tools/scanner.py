@@ -47,7 +47,7 @@ class CallObject:
             elif ch == '"':
                 self.in_str = False
                 if self.depth == 1 and self.expect == "key":
-                    self.key = json.loads(self.raw[self.tok_start : i + 1])
+                    self.key = _string(self.raw[self.tok_start : i + 1])
                     self.expect = "colon"
                 elif self.depth == 1 and self.expect == "value":
                     self._value_end(i + 1)
@@ -171,6 +171,15 @@ class JsonValue:
                     self._depth -= 1
                     self.done = self._depth == 0
         return len(text)
+
+
+def _string(quoted: str) -> str:
+    """A JSON string as the model wrote it: raw control characters kept, a bad escape as its own text (the
+    output is not always grammar-constrained, and what it wrote must never crash the parse)."""
+    try:
+        return json.loads(quoted, strict=False)
+    except json.JSONDecodeError:
+        return quoted[1:-1]
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -41,3 +41,14 @@ def test_partial_suffix_is_the_longest_end_that_begins_the_marker():
     assert partial_suffix("text <tool_ca", "<tool_call>") == len("<tool_ca")
     assert partial_suffix("text", "<tool_call>") == 0
     assert partial_suffix("[TOOL_CALLS]", "[TOOL_CALLS]") == 0     # a whole marker is found, not held back
+
+
+def test_keys_an_unconstrained_model_wrote_badly_are_read_as_written_not_a_crash():
+    for text, key in [('{"na\nme": 1, "name": "f", "arguments": {}}', "na\nme"),
+                      ('{"na\\xme": 1, "name": "f", "arguments": {}}', "na\\xme")]:
+        obj = CallObject()
+        cut = text.index(":")
+        obj.feed(text[:cut])
+        assert obj.key == key
+        obj.feed(text[cut:])
+        assert (obj.done, obj.name, obj.arguments_so_far()) == (True, "f", "{}")
