@@ -57,6 +57,7 @@ class Generation:
     stop_token_ids: frozenset[int]  # the ids that end every choice (EOS unless ignore_eos)
     choices: list[Choice]
     created: int = field(default_factory=lambda: int(time.time()))
+    handles: list[RequestHandle] = field(init=False)  # the submitted choices' (none if answered without the engine)
 
     def __post_init__(self) -> None:
         self.handles = [c.handle for c in self.choices if c.handle is not None]

@@ -37,7 +37,8 @@ def test_completion_text_frame_is_the_encoded_chunk(text):
 
 def test_a_template_without_the_marker_is_refused():
     with pytest.raises(ValueError, match="marker"):
-        TextFrames(completions.CompletionResponse("cmpl-1", 1, "m", [completions.CompletionChoice(0, "x", None, None)], "fp"))
+        TextFrames(completions.CompletionResponse("cmpl-1", 1, "m", [completions.CompletionChoice(0, "x", None, None)],
+                                                  "fp"))
 
 
 def test_merge_keeps_every_token_once_in_order():
