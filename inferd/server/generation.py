@@ -35,7 +35,7 @@ from inferd.engine.request import Request
 from inferd.engine.types import SamplingParams
 from inferd.server.choices import Choice, Generation
 from inferd.server.protocol import Limits, ProtocolError, decode
-from inferd.server.sse import PING, json_response, sse_event, start_sse
+from inferd.server.sse import json_response, sse_event, start_stream
 from inferd.server.state import STATE, ServerState
 
 # ---- the trio's interface -------------------------------------------------------------------------------------
@@ -89,13 +89,15 @@ class ApiRequest(Protocol):
 class Encoder(Protocol):
     """A generation's outputs -> one API's answer; made per request, after the submit."""
 
+    content_type: str  # of a stream: "text/event-stream" (Server-Sent Events), "application/x-ndjson", ...
+
     def full(self) -> object:
         """The whole response (a Struct or plain JSON values), once every choice has finished."""
         ...
 
-    def stream(self) -> AsyncIterator[bytes | object | None]:
-        """The stream's events as outputs arrive (read `Generation.outputs`): encoded bytes, or a Struct sent as
-        one `data:` event; None when a keep-alive is due."""
+    def stream(self) -> AsyncIterator[bytes | object]:
+        """The stream's events as outputs arrive (read `Generation.outputs`, which says when a keep-alive is due):
+        bytes as they go out, or a Struct sent as one SSE `data:` event."""
         ...
 
     def stream_error(self, err: ProtocolError) -> bytes:
@@ -286,14 +288,14 @@ async def respond(request: web.Request, gen: Generation, encoder: Encoder, strea
 
 
 async def write_stream(request: web.Request, gen: Generation, encoder: Encoder) -> web.StreamResponse:
-    """The SSE side: each chunk (a struct, or events already encoded as bytes) as it comes, `: ping` for None, the
-    encoder's error ending if a choice fails once the stream has started. Once every choice has finished, what is
-    left comes without waiting and goes out with the stream's end in one write."""
-    resp = await start_sse(request)
+    """The stream side: each chunk (bytes, or a Struct as one SSE event) as it comes, the encoder's error ending if
+    a choice fails once the stream has started. Once every choice has finished, what is left comes without waiting
+    and goes out with the stream's end in one write."""
+    resp = await start_stream(request, encoder.content_type)
     tail: list[bytes] = []
     try:
         async for chunk in encoder.stream():
-            data = PING if chunk is None else chunk if isinstance(chunk, bytes) else sse_event(chunk)
+            data = chunk if isinstance(chunk, bytes) else sse_event(chunk)
             if gen.finished:
                 tail.append(data)
             else:

@@ -37,9 +37,13 @@ class TextFrames:
         return self.head + self._encode(text) + self.tail
 
 
-async def start_sse(request: web.Request) -> web.StreamResponse:
+SSE = "text/event-stream"
+
+
+async def start_stream(request: web.Request, content_type: str = SSE) -> web.StreamResponse:
+    """A streamed answer's headers, sent: no caching, and no buffering by a proxy in front (nginx)."""
     resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers={"Content-Type": content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
     await resp.prepare(request)
     return resp

@@ -38,6 +38,8 @@ async def render_toy(state, req: ToyRequest) -> Rendered[str]:
 
 
 class ToyEncoder:
+    content_type = "application/x-ndjson"
+
     def __init__(self, gen: Generation, req: ToyRequest, rendered: Rendered[str]):
         self.gen, self.context = gen, rendered.context
 
@@ -46,7 +48,7 @@ class ToyEncoder:
         return {"text": c.text, "finish": c.finish_reason, "context": self.context,
                 "usage": [u.prompt_tokens, u.completion_tokens]}
 
-    async def stream(self) -> AsyncIterator[bytes | None]:
+    async def stream(self) -> AsyncIterator[bytes]:
         async for item in self.gen.outputs(5.0):
             if item is not None:
                 yield json.dumps({"text": item[1].text, "done": item[0].finish_reason is not None}).encode() + b"\n"
@@ -78,16 +80,16 @@ def post(srv, path, body):
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.read()
+            return r.status, r.read(), r.headers["Content-Type"]
     except urllib.error.HTTPError as e:
-        return e.code, e.read()
+        return e.code, e.read(), e.headers["Content-Type"]
 
 
 def test_a_trio_generates_what_completions_generate(toy_server):
-    status, body = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6})
+    status, body, _ = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6})
     assert status == 200
     toy = json.loads(body)
-    _, body = post(toy_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0})
+    _, body, _ = post(toy_server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0})
     completion = json.loads(body)
     assert toy["text"] == completion["choices"][0]["text"] and toy["text"]
     assert toy["finish"] == completion["choices"][0]["finish_reason"] == "length"
@@ -96,29 +98,29 @@ def test_a_trio_generates_what_completions_generate(toy_server):
 
 
 def test_its_stream_is_its_own_format_and_carries_the_same_text(toy_server):
-    status, body = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6, "stream": True})
-    assert status == 200
+    status, body, content_type = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6, "stream": True})
+    assert status == 200 and content_type == "application/x-ndjson"
     lines = [json.loads(line) for line in body.decode().splitlines()]
-    _, full = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6})
+    _, full, _ = post(toy_server, "/toy", {"prompt": PROMPT, "length": 6})
     assert "".join(x["text"] for x in lines) == json.loads(full)["text"]
     assert [x["done"] for x in lines] == [False] * (len(lines) - 1) + [True]
 
 
 def test_nothing_to_generate_is_answered_without_the_engine(toy_server):
     prompt_tokens = len(toy_server.state.tokenizer.encode(PROMPT, add_special=True))
-    status, body = post(toy_server, "/toy", {"prompt": PROMPT, "length": 0})
+    status, body, _ = post(toy_server, "/toy", {"prompt": PROMPT, "length": 0})
     assert status == 200
     assert json.loads(body) == {"text": "", "finish": "length", "context": "toy context", "usage": [prompt_tokens, 0]}
 
 
 def test_errors_name_its_fields_in_its_envelope(toy_server):
-    status, body = post(toy_server, "/toy", {"prompt": "  "})
+    status, body, _ = post(toy_server, "/toy", {"prompt": "  "})
     assert status == 400 and json.loads(body) == {"type": "error", "error": {
         "field": "prompt", "message": "prompt must have some text"}}
-    status, body = post(toy_server, "/toy", {"prompt": PROMPT, "length": 10 ** 6})
+    status, body, _ = post(toy_server, "/toy", {"prompt": PROMPT, "length": 10 ** 6})
     assert status == 400 and json.loads(body)["error"]["field"] == "length"
     assert json.loads(body)["error"]["message"].startswith("length must be at most ")
-    status, body = post(toy_server, "/toy", {"prompt": PROMPT, "model": "nope"})
+    status, body, _ = post(toy_server, "/toy", {"prompt": PROMPT, "model": "nope"})
     assert status == 404 and json.loads(body)["error"]["field"] == "model"
-    status, body = post(toy_server, "/toy", {"prompt": 5})
+    status, body, _ = post(toy_server, "/toy", {"prompt": 5})
     assert status == 400 and json.loads(body)["error"]["field"] == "prompt"

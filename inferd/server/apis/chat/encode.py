@@ -12,7 +12,7 @@ from inferd.server.apis.openai_fields import UsageInfo, stream_error, token_str,
 from inferd.server.choices import Choice, Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
-from inferd.server.sse import DONE, TextFrames, sse_event
+from inferd.server.sse import DONE, PING, SSE, TextFrames, sse_event
 from inferd.server.structured import ChatPrep
 from inferd.text.tokenizer import Tokenizer
 from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart, parse_tool_calls
@@ -181,6 +181,8 @@ def finish_reason(reason: str | None, has_calls: bool) -> str | None:
 
 
 class ChatEncoder:
+    content_type = SSE
+
     def __init__(self, gen: Generation, req: ChatCompletionRequest, rendered: Rendered[ChatPrep]):
         self.gen, self.req, self.prep = gen, req, rendered.context
         self.tokenizer = gen.state.tokenizer
@@ -208,7 +210,7 @@ class ChatEncoder:
         gen = self.gen
         return ChatCompletionChunk(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
-    async def stream(self) -> AsyncIterator[bytes | None]:
+    async def stream(self) -> AsyncIterator[bytes]:
         """The stream's events, encoded: those of one output (its text, then its finish) in one piece."""
         gen, chunk = self.gen, self.chunk
         choices: list[Choice] = gen.choices
@@ -223,7 +225,7 @@ class ChatEncoder:
         )
         async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
             if item is None:
-                yield None
+                yield PING
                 continue
             c, out = item
             events = b""

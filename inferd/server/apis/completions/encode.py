@@ -12,7 +12,7 @@ from inferd.server.apis.openai_fields import UsageInfo, stream_error, token_str,
 from inferd.server.choices import Choice, Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
-from inferd.server.sse import DONE, TextFrames
+from inferd.server.sse import DONE, PING, SSE, TextFrames
 from inferd.text.tokenizer import Tokenizer
 
 # (token, logprob, top) of one position; the first prompt token has neither (nothing predicts it)
@@ -73,6 +73,8 @@ def generated_entries(ids: list[int], lps: list[float], tops: list[list[tuple[in
 
 
 class CompletionsEncoder:
+    content_type = SSE
+
     def __init__(self, gen: Generation, req: CompletionRequest, rendered: Rendered[list[str]]):
         self.gen, self.req, self.texts = gen, req, rendered.context
         self.want_lp = req.logprobs is not None
@@ -100,7 +102,7 @@ class CompletionsEncoder:
             out.append(CompletionChoice(c.index, text + c.text, lp, c.finish_reason))
         return self.response(out, usage_info(self.gen.usage()))
 
-    async def stream(self) -> AsyncIterator[bytes | CompletionResponse | None]:
+    async def stream(self) -> AsyncIterator[bytes | CompletionResponse]:
         gen, want_lp = self.gen, self.want_lp
         builders = {c.index: LegacyLogprobs(gen.state.tokenizer) for c in gen.choices}
         text_frames = {
@@ -110,7 +112,7 @@ class CompletionsEncoder:
         echoed: set[int] = set()
         async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
             if item is None:
-                yield None
+                yield PING
                 continue
             c, out = item
             text, entries = "", list[Entry]()

@@ -15,7 +15,7 @@ from inferd.server.apis.responses.request import ResponsesRequest
 from inferd.server.choices import Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
-from inferd.server.sse import sse_event
+from inferd.server.sse import PING, SSE, sse_event
 from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart
 
 
@@ -210,6 +210,8 @@ class ResponseBuilder:
 
 
 class ResponsesEncoder:
+    content_type = SSE
+
     def __init__(self, gen: Generation, req: ResponsesRequest, rendered: Rendered[ResponsesContext]):
         self.gen, self.context = gen, rendered.context
         self.builder = ResponseBuilder(gen.model, self.context.plan)
@@ -246,11 +248,11 @@ class ResponsesEncoder:
         self.feed(self.gen.choices[0].text, final=True)
         return self.finish()
 
-    async def stream(self) -> AsyncIterator[bytes | None]:
+    async def stream(self) -> AsyncIterator[bytes]:
         yield self.events()  # response.created, response.in_progress
         async for item in self.gen.outputs(self.gen.state.settings.sse_keepalive_s):
             if item is None:
-                yield None
+                yield PING
                 continue
             self.feed(item[1].text, item[1].finish_reason is not None)
             events = self.events()
