@@ -25,8 +25,8 @@ def new_id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    """Turns the chat pipeline's deltas into Responses output items; `events` collects the typed stream events
-    (take them with drain()). The final object is response()."""
+    """Turns the answer's deltas (text, tool-call starts, argument fragments) into output items, collecting the
+    typed stream events they make (take them with drain()). The final object is response()."""
 
     def __init__(self, model: str, p: ChatPlan, response_id: str | None = None):
         self.id = response_id or new_id("resp")
