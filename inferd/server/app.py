@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -19,12 +19,14 @@ from aiohttp import web
 
 from inferd.config import Settings
 from inferd.engine.request import Request
-from inferd.server import embeddings, openai, responses
-from inferd.server import protocol as P
+from inferd.server import embeddings, openai, routes
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
+
+if TYPE_CHECKING:
+    from inferd.model.loader import LoadedModel
 
 log = logging.getLogger("inferd.server")
 
@@ -157,13 +159,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 def openapi_document() -> dict[str, Any]:
     """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
-    bodies = {
-        "/v1/completions": P.CompletionRequest,
-        "/v1/chat/completions": P.ChatCompletionRequest,
-        "/tokenize": P.TokenizeRequest,
-        "/detokenize": P.DetokenizeRequest,
-        "/v1/cache/warm": P.CacheWarmRequest,
-        "/v1/responses": P.ResponsesRequest,
+    bodies: dict[str, type] = {api.path: api.request for api in routes.APIS}
+    bodies |= {
+        "/tokenize": openai.TokenizeRequest,
+        "/detokenize": openai.DetokenizeRequest,
+        "/v1/cache/warm": openai.CacheWarmRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
@@ -211,7 +211,7 @@ def load_model_from_settings(settings: Settings):
     return load_model(path, quantize=settings.quantize or None, background_tokenizer=True)
 
 
-async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> None:
+async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | None) -> None:
     from inferd.engine.device import build_engine
     from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
@@ -232,15 +232,17 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             from inferd.engine.device import check_device
 
             await loop.run_in_executor(None, check_device, s.device)
-        if state.model is None:
+        model = state.model
+        if model is None:
             assert load is not None
             state.notifier.status(f"loading model {s.model}")
-            state.model = await loop.run_in_executor(None, load)
-        state.engine = await loop.run_in_executor(None, build_engine, state.model, s)
-        model = state.model
-        engine, tok = state.engine, await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
-        state.served_model_name = s.served_model_name or state.model.model_name
-        state.chat_template = ChatTemplate(state.model.chat_template, tok.bos_token, tok.eos_token)
+            model = await loop.run_in_executor(None, load)
+            state.model = model
+        engine = await loop.run_in_executor(None, build_engine, model, s)
+        state.engine = engine
+        tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
+        state.served_model_name = s.served_model_name or model.model_name
+        state.chat_template = ChatTemplate(model.chat_template, tok.bos_token, tok.eos_token)
         if getattr(engine, "supports_token_masks", False):
             # the grammar vocabulary builds for the first constrained request (on the compiler's pool): ~0.6 s for
             # 150k tokens, all of it holding the GIL (llguidance), which would stall the event loop, the scheduler
@@ -262,7 +264,7 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             max_prefill_while_decoding=s.max_prefill_while_decoding,
             max_step_latency_s=s.max_step_latency_ms / 1000 or None,
         )
-        state.engine_loop = EngineLoop(
+        engine_loop = state.engine_loop = EngineLoop(
             engine,
             scheduler,
             tokenizer=tok,
@@ -270,11 +272,11 @@ async def start_serving(state: ServerState, load: Callable[[], Any] | None) -> N
             watchdog=state.notifier.watchdog,
             idle_wait_s=idle_wait(state.notifier),
         )
-        state.engine_loop.start()
+        engine_loop.start()
         await warm_up(state)
-        state.metrics = Metrics(state.served_model_name)
-        state.metrics.bind(state.engine_loop)
-        state.engine_loop.observer = state.metrics  # after the warm-up, which is not a user request
+        metrics = state.metrics = Metrics(state.served_model_name)
+        metrics.bind(engine_loop)
+        engine_loop.observer = metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
         if s.pooling != "none":
@@ -310,7 +312,7 @@ async def after_ready(state: ServerState) -> None:
     reads 0 until it is done)."""
     from inferd import _cpu
 
-    if state.settings.measure_bandwidth and state.metrics is not None:
+    if state.settings.measure_bandwidth and state.metrics is not None and state.engine is not None:
         await when_idle(state)
         # the C probe, which reads the same kind of pages (huge) as the weights' stream
         threads = state.engine.threads
@@ -336,8 +338,9 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
     from inferd.server.embedding_service import EmbeddingMetrics, start_embedding_service
 
     s = state.settings
-    if state.embedding_metrics is None:
-        state.embedding_metrics = EmbeddingMetrics(state.metrics)
+    metrics = state.embedding_metrics
+    if metrics is None:
+        metrics = state.embedding_metrics = EmbeddingMetrics(state.metrics)
     state.notifier.status(f"loading embedding model {path}")
     service = await asyncio.get_running_loop().run_in_executor(
         None,
@@ -348,7 +351,7 @@ async def start_embeddings(state: ServerState, path: str, name: str | None) -> N
             threads=s.threads or physical_cores(),
             max_batch_tokens=max(s.max_batch_tokens, 2048),
             max_waiting=s.max_waiting,
-            metrics=state.embedding_metrics,
+            metrics=metrics,
             watchdog=state.notifier.watchdog,
             engine_loop=state.engine_loop,
         ),
@@ -367,20 +370,23 @@ async def start_chat_embeddings(state: ServerState) -> None:
     from inferd.server.embedding_service import EmbeddingMetrics, start_chat_embedding_service
 
     s = state.settings
-    if state.embedding_metrics is None:
-        state.embedding_metrics = EmbeddingMetrics(state.metrics)
+    metrics = state.embedding_metrics
+    if metrics is None:
+        metrics = state.embedding_metrics = EmbeddingMetrics(state.metrics)
+    engine, tokenizer = state.engine, state.tokenizer
+    assert engine is not None  # started after the chat model's engine
     service = await asyncio.get_running_loop().run_in_executor(
         None,
         lambda: start_chat_embedding_service(
-            state.engine,
-            state.model.tokenizer,
+            engine,
+            tokenizer,
             s.pooling,
             name=state.served_model_name,
             aliases=frozenset(state.model_names()),
-            threads=state.engine.threads,
+            threads=engine.threads,
             max_batch_tokens=min(max(s.max_batch_tokens, 2048), state.max_model_len),
             max_waiting=s.max_waiting,
-            metrics=state.embedding_metrics,
+            metrics=metrics,
             engine_loop=state.engine_loop,
         ),
     )
@@ -404,8 +410,8 @@ def idle_wait(notifier: Notifier) -> float:
 
 async def warm_up(state: ServerState) -> None:
     """One tiny generation so the first user request does not pay for first-touch page faults."""
-    ids = state.model.tokenizer.encode("Hello", add_special=True) or [0]
-    handle = state.engine_loop.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
+    ids = state.tokenizer.encode("Hello", add_special=True) or [0]
+    handle = state.ready_loop.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
     async for out in handle:
         if out.error_message:
             raise RuntimeError(f"warm-up generation failed: {out.error_message}")
@@ -416,7 +422,7 @@ def create_app(
     *,
     api_keys: Sequence[str] = (),
     model=None,
-    load: Callable[[], Any] | None = None,
+    load: Callable[[], LoadedModel] | None = None,
     notifier: Notifier | None = None,
 ) -> web.Application:
     """`model`: an already loaded model (tests); otherwise `load()` (default: pull + load per settings)
@@ -433,9 +439,7 @@ def create_app(
     state.idle.set()
     app[STATE] = state
     app[OPENAPI] = openapi_document()
-    openai.add_routes(app)
-    embeddings.add_routes(app)
-    responses.add_routes(app)
+    routes.add_routes(app)
     setup_cors(app, settings.cors_allowed_origins)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

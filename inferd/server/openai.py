@@ -1,8 +1,8 @@
-"""The OpenAI-compatible routes: chat completions (chat.py) and completions (completions.py), which generate,
-and here the rest: models, tokenize, detokenize and cache warm.
+"""The OpenAI-compatible routes that do not generate, and their shapes: models, tokenize, detokenize and cache warm.
+(Chat completions, completions and responses are APIs on the pipeline: inferd/server/apis/.)
 
-The handlers do all the text work (templates, tokenizing, JSON) on the event loop side; the scheduler
-thread only ever sees token ids.
+The handlers do the requests' text work (templates, tokenizing, JSON) on the event loop side; the scheduler
+thread is given token ids (its output processor, inferd/engine/output.py, turns generated ids back into text).
 """
 
 from __future__ import annotations
@@ -10,23 +10,19 @@ from __future__ import annotations
 import unicodedata
 import uuid
 
+from typing import Annotated
+
 import msgspec
 from aiohttp import web
+from msgspec import Meta, Struct
 
 from inferd.engine.request import Request
-from inferd.server import protocol as P
-from inferd.server.chat import chat_completions, render_chat
-from inferd.server.completions import completions
-from inferd.server.generation import (
-    check_model,
-    check_prompt_len,
-    encode,
-    json_response,
-    limits,
-    output_error,
-    submit_all,
-)
-from inferd.server.protocol import ProtocolError
+from inferd.server.apis.chat.render import render_chat
+from inferd.server.apis.chat.request import Message, check_messages
+from inferd.server.choices import output_error
+from inferd.server.generation import check_model, check_prompt_len, encode, limits, submit_all
+from inferd.server.protocol import ProtocolError, decode
+from inferd.server.sse import json_response
 from inferd.server.state import STATE, ServerState
 
 WARM_SENTINEL = "\ue000inferd-warm\ue001"  # private-use characters no real message contains
@@ -36,11 +32,54 @@ def error_response(e: ProtocolError) -> web.Response:
     return json_response(e.body(), status=e.status, headers=e.headers)
 
 
+class TokenizeRequest(Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class TokenizeResponse(Struct):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[Annotated[int, Meta(ge=0)]]
+
+
+class DetokenizeResponse(Struct):
+    prompt: str
+
+
+class CacheWarmRequest(Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+
+
+class CacheWarmResponse(Struct):
+    prompt_tokens: int  # tokens of the warmed text that were sent for prefill
+    cached_tokens: int  # of those, now in the prefix cache (whole blocks of 64)
+    computed_tokens: int  # computed by this call (the rest was cached already)
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    owned_by: str
+    max_model_len: int
+    object: str = "model"
+
+
 # ---- models, tokenize, detokenize, cache warm ---------------------------------------------------------------
 
 
-def model_card(state: ServerState) -> P.ModelCard:
-    return P.ModelCard(state.served_model_name, state.created, "inferd", state.max_model_len)
+def model_card(state: ServerState) -> ModelCard:
+    return ModelCard(state.served_model_name, state.created, "inferd", state.max_model_len)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -62,27 +101,28 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    req = P.decode(await request.read(), P.TokenizeRequest)
+    req = decode(await request.read(), TokenizeRequest)
     check_model(state, req.model)
     if (req.prompt is None) == (req.messages is None):
         raise ProtocolError("send exactly one of prompt or messages", "prompt")
     if req.messages is not None:
-        text = render_chat(state, P.check_messages(req.messages, limits(state)), req.add_generation_prompt)
+        text = render_chat(state, check_messages(req.messages, limits(state)), req.add_generation_prompt)
         ids = await encode(state, text, add_special=False)
     else:
+        assert req.prompt is not None  # exactly one of the two, checked above
         ids = await encode(state, req.prompt, add_special=req.add_special_tokens)
-    return json_response(P.TokenizeResponse(len(ids), state.max_model_len, ids))
+    return json_response(TokenizeResponse(len(ids), state.max_model_len, ids))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    req = P.decode(await request.read(), P.DetokenizeRequest)
+    req = decode(await request.read(), DetokenizeRequest)
     check_model(state, req.model)
     vocab = state.tokenizer.vocab_size
     bad = next((t for t in req.tokens if t >= vocab), None)
     if bad is not None:
         raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
-    return json_response(P.DetokenizeResponse(state.tokenizer.decode(req.tokens)))
+    return json_response(DetokenizeResponse(state.tokenizer.decode(req.tokens)))
 
 
 def _ends_at_boundary(text: str) -> bool:
@@ -108,12 +148,12 @@ def stable_prefix(state: ServerState, text: str, ids: list[int], add_special: bo
 
 async def cache_warm(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    req = P.decode(await request.read(), P.CacheWarmRequest)
+    req = decode(await request.read(), CacheWarmRequest)
     check_model(state, req.model)
     if (req.prompt is None) == (req.messages is None):
         raise ProtocolError("send exactly one of prompt or messages", "prompt")
     if req.messages is not None:
-        messages = P.check_messages(req.messages, limits(state))
+        messages = check_messages(req.messages, limits(state))
         # Render with a marker in place of the last message's text and cut there: what follows the draft
         # (end-of-turn, the assistant header) does not exist yet.
         marked = messages[:-1] + [{**messages[-1], "content": WARM_SENTINEL}]
@@ -126,9 +166,9 @@ async def cache_warm(request: web.Request) -> web.Response:
         text, add_special = req.prompt, True
     ids = stable_prefix(state, text, await encode(state, text, add_special), add_special)
     check_prompt_len(state, len(ids), "messages" if req.messages is not None else "prompt")
-    target = len(ids) // state.engine_loop.scheduler.block_size * state.engine_loop.scheduler.block_size
+    target = len(ids) // state.ready_loop.scheduler.block_size * state.ready_loop.scheduler.block_size
     if target == 0:
-        return json_response(P.CacheWarmResponse(len(ids), 0, 0))
+        return json_response(CacheWarmResponse(len(ids), 0, 0))
     (handle,) = submit_all(
         state,
         [
@@ -150,12 +190,10 @@ async def cache_warm(request: web.Request) -> web.Response:
     if err is not None:
         raise err
     hit = out.usage.cached_tokens if out.usage else 0
-    return json_response(P.CacheWarmResponse(len(ids), target, target - hit))
+    return json_response(CacheWarmResponse(len(ids), target, target - hit))
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_post("/tokenize", tokenize)

@@ -1,8 +1,10 @@
-"""The handlers' side of structured output and tool calling: request fields -> the rendered conversation, the
-compiled constraint the scheduler applies, and the model's text -> OpenAI tool calls (whole or as stream deltas).
+"""The renderers' side of structured output and tool calling: request fields -> the conversation the chat template
+renders, its tools, and the compiled constraint the scheduler applies to every choice.
 
-Kept out of openai.py so the endpoints only call prepare_chat / prepare_completion and wrap each choice's text
-in a ChoiceTools. Every problem becomes a ProtocolError naming the request field.
+A chat-shaped renderer checks its tools (tool_request) and its answer format (a GrammarSpec: request_grammar for
+OpenAI's constraint fields), then calls prepare_chat; a completions renderer calls prepare_completion. Every
+problem becomes a ProtocolError naming the request field. The model's text -> tool calls is the encoders' side
+(inferd.text.tools' parsers).
 """
 
 from __future__ import annotations
@@ -15,20 +17,14 @@ from typing import Any
 import msgspec
 
 from inferd.engine.constraints import Constraint
-from inferd.server import protocol as P
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
-    ContentDelta,
-    ToolArgsDelta,
-    ToolCall,
-    ToolCallParser,
-    ToolCallStart,
+    Tool,
     ToolFormat,
     detect_format,
     marker_ids,
-    parse_tool_calls,
     parse_tool_choice,
     parse_tools,
     prepare_messages,
@@ -90,18 +86,41 @@ class ChatPrep:
     shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
 
 
-async def prepare_chat(
-    state: ServerState, req: P.ChatCompletionRequest, messages: list[dict[str, Any]], template_source: str | None
-) -> ChatPrep:
-    """messages: check_messages' output (roles checked, tool_calls/tool_call_id kept)."""
+@dataclass
+class ToolRequest:
+    """A request's tools in chat completions' shape, checked: which may be called, and how."""
+
+    tools: list[Tool]
+    choice: str  # none | auto | required
+    only: str | None  # required: the one function named by tool_choice, if any
+    parallel: bool
+
+
+def tool_request(tools: Any, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolRequest:
+    """tools and tool_choice as chat completions have them (a list of {"type": "function", "function": {...}})."""
     try:
-        tools = parse_tools(req.tools)
-        choice, only = parse_tool_choice(req.tool_choice, tools)
-        spec = grammar_from_request(constraint_fields(req))
+        parsed = parse_tools(tools)
+        choice, only = parse_tool_choice(tool_choice, parsed)
     except GrammarError as e:
         raise ProtocolError(str(e), e.param) from None
+    return ToolRequest(parsed, choice, only, parallel_tool_calls is not False)
+
+
+def request_grammar(req: Any) -> GrammarSpec | None:
+    """The one output constraint among the request's constraint fields (response_format, guided_*, ...)."""
+    try:
+        return grammar_from_request(constraint_fields(req))
+    except GrammarError as e:
+        raise ProtocolError(str(e), e.param) from None
+
+
+async def prepare_chat(
+    state: ServerState, messages: list[dict[str, Any]], tool_req: ToolRequest, spec: GrammarSpec | None
+) -> ChatPrep:
+    """messages: checked (roles, tool_calls/tool_call_id kept); spec: the answer's format, if constrained."""
+    tools, choice, only = tool_req.tools, tool_req.choice, tool_req.only
     tok = state.tokenizer
-    fmt = detect_format(template_source, tok.hf.token_to_id)
+    fmt = detect_format(state.ready_template.source, tok.hf.token_to_id)
     uses_tools = bool(tools) and choice != "none"
     has_tool_history = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
     try:
@@ -117,7 +136,7 @@ async def prepare_chat(
         if spec.kind not in ("json_schema", "json_object"):
             raise ProtocolError(f"{spec.param}: only a JSON response format can be combined with tools", spec.param)
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
-    parallel = req.parallel_tool_calls is not False
+    parallel = tool_req.parallel
     trigger = trigger_token(fmt, tok.hf.token_to_id)
     markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else {}
     try:
@@ -152,58 +171,5 @@ async def prepare_chat(
     )
 
 
-async def prepare_completion(state: ServerState, req: P.CompletionRequest) -> Constraint | None:
-    try:
-        spec = grammar_from_request(constraint_fields(req))
-    except GrammarError as e:
-        raise ProtocolError(str(e), e.param) from None
-    return await compile_spec(state, spec)
-
-
-# ---- output -------------------------------------------------------------------------------------------------------
-def tool_call_infos(calls: list[ToolCall]) -> list[P.ToolCallInfo]:
-    return [P.ToolCallInfo(c.id, P.FunctionCall(c.name, c.arguments)) for c in calls]
-
-
-def parse_message(text: str, prep: ChatPrep) -> tuple[str | None, list[P.ToolCallInfo] | None]:
-    """A whole answer -> (content, tool_calls or None)."""
-    if prep.tool_format is None:
-        return text, None
-    content, calls = parse_tool_calls(text, prep.tool_format, tool_names=prep.tool_names)
-    return content, (tool_call_infos(calls) or None)
-
-
-class ChoiceTools:
-    """One streamed choice's text -> (content delta, tool-call deltas) in OpenAI's shape."""
-
-    def __init__(self, prep: ChatPrep):
-        assert prep.tool_format is not None
-        self.parser = ToolCallParser(prep.tool_format, tool_names=prep.tool_names)
-
-    @property
-    def has_calls(self) -> bool:
-        return bool(self.parser.calls)
-
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[P.ToolCallDelta]]:
-        events = self.parser.feed(text) if text else []
-        if final:
-            events += self.parser.finish()
-        content = ""
-        deltas: list[P.ToolCallDelta] = []
-        for e in events:
-            if isinstance(e, ContentDelta):
-                content += e.text
-            elif isinstance(e, ToolCallStart):
-                deltas.append(P.ToolCallDelta(e.index, e.id, "function", P.FunctionDelta(name=e.name, arguments="")))
-            elif isinstance(e, ToolArgsDelta):
-                if deltas and deltas[-1].index == e.index and deltas[-1].function is not None:
-                    f = deltas[-1].function
-                    f.arguments = (f.arguments or "") + e.text
-                else:
-                    deltas.append(P.ToolCallDelta(e.index, function=P.FunctionDelta(arguments=e.text)))
-        return content, deltas
-
-
-def finish_reason(reason: str | None, has_calls: bool) -> str | None:
-    """OpenAI says "tool_calls" when the answer ended with calls."""
-    return "tool_calls" if has_calls and reason == "stop" else reason
+async def prepare_completion(state: ServerState, req: Any) -> Constraint | None:
+    return await compile_spec(state, request_grammar(req))

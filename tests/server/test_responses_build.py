@@ -1,14 +1,20 @@
-"""The Responses API's pure parts (inferd.server.responses): request -> chat conversation, chat deltas -> output
+"""The Responses API's pure parts (inferd.server.apis.responses): request -> chat conversation, chat deltas -> output
 items and typed stream events, and the bounded TTL store. Every response object and every event is validated
 with the openai SDK's own pydantic models, so a field the SDK needs cannot go missing."""
 from __future__ import annotations
 
 import typing
 
+import msgspec
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
-from inferd.server.responses import ResponseBuilder, ResponsesError, ResponseStore, input_messages, plan
+from inferd.server.apis.responses.encode import ResponseBuilder
+from inferd.server.apis.responses.render import input_messages
+from inferd.server.apis.responses.render import plan as plan_request
+from inferd.server.apis.responses.request import ResponsesRequest
+from inferd.server.apis.responses.store import ResponseStore
+from inferd.server.protocol import ProtocolError
 from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallStart
 
 # the SDK's event models by their "type" (the union is discriminated on it)
@@ -20,6 +26,13 @@ class EVENTS:
     @staticmethod
     def validate_python(event):
         return EVENT_MODELS[event["type"]].model_validate(event)
+
+
+def plan(body, store):
+    """The plan of a request body, decoded into its Struct as the server decodes it."""
+    return plan_request(msgspec.convert(body, ResponsesRequest), store)
+
+
 USAGE = {"prompt_tokens": 12, "completion_tokens": 7, "cached_tokens": 4}
 
 
@@ -46,7 +59,7 @@ def test_input_items_become_chat_messages():
     ([{"type": "function_call_output", "output": "x"}], "input[0].call_id"),
 ])
 def test_bad_input_names_the_item(items, param):
-    with pytest.raises(ResponsesError) as e:
+    with pytest.raises(ProtocolError) as e:
         input_messages(items)
     assert e.value.param == param
 
@@ -70,7 +83,7 @@ def test_plan_maps_fields_and_chains_previous_responses():
     p2 = plan({"input": "And again?", "previous_response_id": first["id"]}, store)
     assert p2.messages == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Bonjour"},
                            {"role": "user", "content": "And again?"}]      # instructions are not carried over
-    with pytest.raises(ResponsesError) as e:
+    with pytest.raises(ProtocolError) as e:
         plan({"input": "x", "previous_response_id": "resp_missing"}, store)
     assert e.value.status == 404 and "not found" in str(e.value)
 

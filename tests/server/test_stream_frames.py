@@ -9,8 +9,10 @@ import aiohttp
 import pytest
 
 from inferd.engine.request import FinishReason, RequestOutput, Usage
-from inferd.server import protocol as P
-from inferd.server.generation import TextFrames, merge_outputs, sse_event
+from inferd.server.apis.chat import encode as chat
+from inferd.server.apis.completions import encode as completions
+from inferd.server.choices import merge_outputs
+from inferd.server.sse import TextFrames, sse_event
 
 from .test_sse import parse_events
 
@@ -21,21 +23,22 @@ TEXTS = ["", "a", " hello", 'quote " and \\ backslash', "new\nline\ttab", "\x00\
 @pytest.mark.parametrize("text", TEXTS)
 def test_chat_text_frame_is_the_encoded_chunk(text):
     def chunk(content):
-        return P.ChatCompletionChunk("chatcmpl-1", 1700000000, "smol \"model\"",
-                                     [P.ChatChunkChoice(3, P.Delta(content=content), None, None)], "fp_1")
+        return chat.ChatCompletionChunk("chatcmpl-1", 1700000000, "smol \"model\"",
+                                     [chat.ChatChunkChoice(3, chat.Delta(content=content), None, None)], "fp_1")
     assert TextFrames(chunk(TextFrames.MARK))(text) == sse_event(chunk(text))
 
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_completion_text_frame_is_the_encoded_chunk(text):
     def chunk(t):
-        return P.CompletionResponse("cmpl-1", 1, "m", [P.CompletionChoice(0, t, None, None)], "fp")
+        return completions.CompletionResponse("cmpl-1", 1, "m", [completions.CompletionChoice(0, t, None, None)], "fp")
     assert TextFrames(chunk(TextFrames.MARK))(text) == sse_event(chunk(text))
 
 
 def test_a_template_without_the_marker_is_refused():
     with pytest.raises(ValueError, match="marker"):
-        TextFrames(P.CompletionResponse("cmpl-1", 1, "m", [P.CompletionChoice(0, "x", None, None)], "fp"))
+        TextFrames(completions.CompletionResponse("cmpl-1", 1, "m", [completions.CompletionChoice(0, "x", None, None)],
+                                                  "fp"))
 
 
 def test_merge_keeps_every_token_once_in_order():
