@@ -38,6 +38,12 @@ class SamplingDefaults:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def describe(self) -> str:
+        return (
+            f"temperature {self.temperature:g}, top_k {self.top_k}, top_p {self.top_p:g}, min_p {self.min_p:g}, "
+            f"repetition_penalty {self.repetition_penalty:g} ({self.source})"
+        )
+
 
 LLAMA_CPP = SamplingDefaults(0.8, 40, 0.95, 0.05, 1.0, "llama.cpp")
 OPENAI = SamplingDefaults(1.0, 0, 1.0, 0.0, 1.0, "openai")

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from inferd.config import Settings
 from inferd.engine.request import Request
+from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import embeddings, openai, routes
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
@@ -242,6 +243,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
         state.engine = engine
         tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
         state.served_model_name = s.served_model_name or model.model_name
+        state.sampling_defaults = resolve_sampling(s.generation_config, model.sampling, s.override_generation_config)
         state.chat_template = ChatTemplate(model.chat_template, tok.bos_token, tok.eos_token)
         if getattr(engine, "supports_token_masks", False):
             # the grammar vocabulary builds for the first constrained request (on the compiler's pool): ~0.6 s for
@@ -283,7 +285,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             await start_chat_embeddings(state)
         state.status = "ready"
         log.info(
-            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels",
+            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels, sampling defaults %s",
             state.served_model_name,
             engine.num_kv_blocks,
             engine.num_kv_blocks * engine.block_size,
@@ -291,6 +293,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             state.max_model_len,
             engine.threads,
             getattr(engine, "kernel_path", "?"),
+            state.sampling_defaults.describe(),
         )
         state.notifier.ready(f"serving {state.served_model_name}")
     except asyncio.CancelledError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 import uuid
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
@@ -72,6 +72,7 @@ class ModelCard(Struct):
     created: int
     owned_by: str
     max_model_len: int
+    sampling_defaults: dict[str, Any]  # what a request's missing sampling fields become, and their source
     object: str = "model"
 
 
@@ -79,7 +80,9 @@ class ModelCard(Struct):
 
 
 def model_card(state: ServerState) -> ModelCard:
-    return ModelCard(state.served_model_name, state.created, "inferd", state.max_model_len)
+    return ModelCard(
+        state.served_model_name, state.created, "inferd", state.max_model_len, state.sampling_defaults.as_dict()
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -13,6 +13,8 @@ from inferd.config import Settings
 from inferd.server.protocol import ProtocolError
 from inferd.server.systemd import Notifier
 
+from inferd.model.sampling_defaults import LLAMA_CPP, SamplingDefaults
+
 if TYPE_CHECKING:
     from inferd.engine.cuda_engine import CudaEngine
     from inferd.engine.engine import Engine
@@ -48,6 +50,7 @@ class ServerState:
     responses: ResponseStore | None = None  # the Responses API's stored responses
     served_model_name: str = ""
     max_model_len: int = 0
+    sampling_defaults: SamplingDefaults = LLAMA_CPP  # for the fields a request leaves out
     created: int = field(default_factory=lambda: int(time.time()))
     system_fingerprint: str = "inferd"
     in_flight: int = 0

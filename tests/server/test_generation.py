@@ -33,7 +33,8 @@ class ToyRequest(msgspec.Struct, kw_only=True):
 async def render_toy(state, req: ToyRequest) -> Rendered[str]:
     if not req.prompt.strip():
         raise ProtocolError("prompt must have some text", "prompt")
-    return Rendered([PromptText(req.prompt, add_special=True)], lambda j: sampling_params(temperature=0.0),
+    greedy = sampling_params(state.sampling_defaults, temperature=0.0)
+    return Rendered([PromptText(req.prompt, add_special=True)], lambda j: greedy,
                     "toy context", "prompt", max_tokens=req.length, max_tokens_param="length")
 
 

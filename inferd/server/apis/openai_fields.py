@@ -10,6 +10,7 @@ from msgspec import Meta, Struct
 
 from inferd.engine.request import Usage
 from inferd.engine.types import SamplingParams
+from inferd.model.sampling_defaults import SamplingDefaults
 from inferd.server.apis.sampling import sampling_params
 from inferd.server.protocol import Limits, ProtocolError
 from inferd.server.sse import DONE, sse_event
@@ -109,8 +110,11 @@ def logit_bias_ids(bias: dict[str, float] | None, limits: Limits) -> dict[int, f
     return out
 
 
-def openai_sampling(req: SamplingRequest, limits: Limits, logprobs: int | None, choice: int) -> SamplingParams:
+def openai_sampling(
+    req: SamplingRequest, limits: Limits, defaults: SamplingDefaults, logprobs: int | None, choice: int
+) -> SamplingParams:
     return sampling_params(
+        defaults,
         choice=choice,
         logprobs=logprobs,
         temperature=req.temperature,

@@ -39,7 +39,7 @@ async def render(state: ServerState, req: ChatCompletionRequest) -> Rendered[Cha
     given = req.max_completion_tokens is not None
     return Rendered(
         [PromptText(text, add_special=False)],  # the template wrote BOS itself if it wants one
-        lambda j: openai_sampling(req, lim, logprobs, j),
+        lambda j: openai_sampling(req, lim, state.sampling_defaults, logprobs, j),
         prep,
         "messages",
         n=req.n,

@@ -33,7 +33,7 @@ async def render(state: ServerState, req: CompletionRequest) -> Rendered[list[st
     generates = req.max_tokens != 0 or prompt_logprobs is not None
     return Rendered(
         prompts,
-        lambda j: openai_sampling(req, lim, req.logprobs, j),
+        lambda j: openai_sampling(req, lim, state.sampling_defaults, req.logprobs, j),
         texts,
         "prompt",
         n=req.n,

@@ -210,7 +210,7 @@ async def render(state: ServerState, req: ResponsesRequest) -> Rendered[Response
     text = render_chat(state, prep.messages, True, prep.tools, param="input")
     return Rendered(
         [PromptText(text, add_special=False)],
-        lambda j: sampling_params(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
+        lambda j: sampling_params(state.sampling_defaults, temperature=req.temperature, top_p=req.top_p, seed=req.seed),
         ResponsesContext(p, store, prep),
         "input",
         max_tokens=req.max_output_tokens,
