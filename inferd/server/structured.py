@@ -10,7 +10,7 @@ problem becomes a ProtocolError naming the request field. The model's text -> to
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import msgspec
 from inferd.engine.constraints import Constraint
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
+from inferd.text.parsing import OutputParser
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
     Tool,
@@ -84,6 +85,7 @@ class ChatPrep:
     tool_format: ToolFormat | None  # set: parse tool calls out of the text
     tool_names: tuple[str, ...] = ()
     shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
+    reasoning: Callable[[], OutputParser] | None = None  # set: the thinking is parsed out of the text
 
 
 @dataclass

@@ -15,7 +15,8 @@ from inferd.server.protocol import ProtocolError
 from inferd.server.sse import DONE, PING, SSE, TextFrames, sse_event
 from inferd.server.structured import ChatPrep
 from inferd.text.tokenizer import Tokenizer
-from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart, parse_tool_calls
+from inferd.text.parsing import Chain, OutputParser, ReasoningDelta
+from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart
 
 
 class TopLogprob(Struct):
@@ -50,6 +51,8 @@ class ChatMessage(Struct, omit_defaults=True):
     role: str
     content: str | None
     tool_calls: list[ToolCallInfo] | None = None
+    reasoning_content: str | None = None  # the thinking (vLLM's field; clients read either)
+    reasoning: str | None = None  # the same, under vLLM's newer name
 
 
 class ChatChoice(Struct):
@@ -87,6 +90,8 @@ class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChunkChoice(Struct):
@@ -133,34 +138,31 @@ def chat_logprobs(
     return ChatLogprobs(content)
 
 
-def parse_message(text: str, prep: ChatPrep) -> tuple[str | None, list[ToolCallInfo] | None]:
-    """A whole answer -> (content, tool_calls or None)."""
-    if prep.tool_format is None:
-        return text, None
-    content, calls = parse_tool_calls(text, prep.tool_format, tool_names=prep.tool_names)
-    return content, ([ToolCallInfo(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None)
-
-
-class ChoiceTools:
-    """One streamed choice's text -> (content delta, tool-call deltas) in OpenAI's shape."""
+class ChoiceParser:
+    """One choice's text -> its answer, its thinking and its tool calls in OpenAI's shape: the reasoning parser
+    first (where the model thinks aloud), the tool-call parser behind its answer text (where tools were given)."""
 
     def __init__(self, prep: ChatPrep):
-        assert prep.tool_format is not None
-        self.parser = ToolCallParser(prep.tool_format, tool_names=prep.tool_names)
+        self.tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
+        parsers: list[OutputParser] = [p for p in (prep.reasoning and prep.reasoning(), self.tools) if p is not None]
+        self.parser: OutputParser = parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])
 
     @property
     def has_calls(self) -> bool:
-        return bool(self.parser.calls)
+        return self.tools is not None and bool(self.tools.calls)
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
-        events = self.parser.feed(text) if text else []
+    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[ToolCallDelta]]:
+        """(content, reasoning, tool-call deltas) that this piece of text decided."""
+        events = list(self.parser.feed(text)) if text else []
         if final:
             events += self.parser.finish()
-        content = ""
+        content = reasoning = ""
         deltas: list[ToolCallDelta] = []
         for e in events:
             if isinstance(e, ContentDelta):
                 content += e.text
+            elif isinstance(e, ReasoningDelta):
+                reasoning += e.text
             elif isinstance(e, ToolCallStart):
                 deltas.append(ToolCallDelta(e.index, e.id, "function", FunctionDelta(name=e.name, arguments="")))
             elif isinstance(e, ToolArgsDelta):
@@ -169,7 +171,19 @@ class ChoiceTools:
                     f.arguments = (f.arguments or "") + e.text
                 else:
                     deltas.append(ToolCallDelta(e.index, function=FunctionDelta(arguments=e.text)))
-        return content, deltas
+        return content, reasoning, deltas
+
+    def message(self, text: str) -> ChatMessage:
+        """A whole answer as a message: content (None when the answer is only calls), calls, thinking."""
+        content, reasoning, _ = self.feed(text, final=True)
+        calls = [ToolCallInfo(c.id, FunctionCall(c.name, c.arguments)) for c in self.tools.calls] if self.tools else []
+        answer = None if calls and not content.strip() else content
+        thinking = reasoning or None
+        return ChatMessage("assistant", answer, calls or None, reasoning_content=thinking, reasoning=thinking)
+
+
+def parses(prep: ChatPrep) -> bool:
+    return prep.tool_format is not None or prep.reasoning is not None
 
 
 def finish_reason(reason: str | None, has_calls: bool) -> str | None:
@@ -194,13 +208,13 @@ class ChatEncoder:
         gen = self.gen
         choices = []
         for c in gen.choices:
-            content, calls = parse_message(c.text, self.prep)
+            message = ChoiceParser(self.prep).message(c.text) if parses(self.prep) else ChatMessage("assistant", c.text)
             choices.append(
                 ChatChoice(
                     c.index,
-                    ChatMessage("assistant", content, calls),
+                    message,
                     self.logprobs(c.token_ids, c.logprobs, c.top_logprobs) if self.req.logprobs else None,
-                    finish_reason(c.finish_reason, bool(calls)),
+                    finish_reason(c.finish_reason, bool(message.tool_calls)),
                 )
             )
         usage = usage_info(gen.usage())
@@ -214,7 +228,7 @@ class ChatEncoder:
         """The stream's events, encoded: those of one output (its text, then its finish) in one piece."""
         gen, chunk = self.gen, self.chunk
         choices: list[Choice] = gen.choices
-        tools = {c.index: ChoiceTools(self.prep) for c in choices} if self.prep.tool_format else {}
+        parsers = {c.index: ChoiceParser(self.prep) for c in choices} if parses(self.prep) else {}
         text_frames = {
             c.index: TextFrames(chunk([ChatChunkChoice(c.index, Delta(content=TextFrames.MARK), None, None)]))
             for c in choices
@@ -232,17 +246,22 @@ class ChatEncoder:
             lp = None
             if out.logprobs is not None and out.token_ids:
                 lp = self.logprobs(out.token_ids, out.logprobs, out.top_logprobs or [[]] * len(out.logprobs))
-            content, calls = out.text, None
-            if c.index in tools:  # tool-call syntax becomes delta.tool_calls, never content
-                content, deltas = tools[c.index].feed(out.text, final=out.finish_reason is not None)
+            content, thinking, calls = out.text, "", None
+            if c.index in parsers:  # tool-call syntax and thinking never reach content
+                content, thinking, deltas = parsers[c.index].feed(out.text, final=out.finish_reason is not None)
                 calls = deltas or None
-            if content and calls is None and lp is None:  # the common case: text only
+            if content and calls is None and not thinking and lp is None:  # the common case: text only
                 events = text_frames[c.index](content)
-            elif content or calls or (lp is not None and lp.content):
-                delta = Delta(content=content or None if calls else content, tool_calls=calls)
+            elif content or calls or thinking or (lp is not None and lp.content):
+                delta = Delta(
+                    content=content or None if calls or thinking else content,
+                    tool_calls=calls,
+                    reasoning_content=thinking or None,
+                    reasoning=thinking or None,
+                )
                 events = sse_event(chunk([ChatChunkChoice(c.index, delta, lp, None)]))
             if out.finish_reason is not None:
-                has_calls = c.index in tools and tools[c.index].has_calls
+                has_calls = c.index in parsers and parsers[c.index].has_calls
                 reason = finish_reason(c.finish_reason, has_calls)
                 events += sse_event(chunk([ChatChunkChoice(c.index, Delta(), None, reason)]))
             if events:

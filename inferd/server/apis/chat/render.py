@@ -3,13 +3,15 @@ each of the n choices' sampling, and the tool-call settings the encoder parses t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from inferd.server.apis.chat.request import ChatCompletionRequest, check_chat, check_messages
+from inferd.server.apis.chat.request import ChatCompletionRequest, check_chat, check_messages, template_kwargs
 from inferd.server.apis.openai_fields import openai_sampling, stop_list
 from inferd.server.generation import PromptText, Rendered, limits
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
+from inferd.text.reasoning import detect_reasoning, reasoning_parser
 from inferd.server.structured import ChatPrep, prepare_chat, request_grammar, tool_request
 
 
@@ -19,10 +21,12 @@ def render_chat(
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
     param: str = "messages",
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """The chat template's text; `param` names the request field the messages came from."""
     try:
-        return state.ready_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        template = state.ready_template
+        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **(extra or {}))
     except ValueError as e:  # ChatTemplateError: the template refused these messages
         raise ProtocolError(str(e), param) from None
 
@@ -34,7 +38,10 @@ async def render(state: ServerState, req: ChatCompletionRequest) -> Rendered[Cha
     stops = stop_list(req.stop, lim)
     tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
     prep = await prepare_chat(state, messages, tools, request_grammar(req))
-    text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools)
+    text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools, extra=template_kwargs(req))
+    reasoning = detect_reasoning(state.ready_template.source)
+    if reasoning is not None and req.add_generation_prompt:
+        prep = replace(prep, reasoning=lambda: reasoning_parser(reasoning, text))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     given = req.max_completion_tokens is not None
     return Rendered(

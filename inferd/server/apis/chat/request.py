@@ -11,6 +11,18 @@ from inferd.server.apis.openai_fields import ResponseFormat, SamplingRequest, ch
 from inferd.server.protocol import Limits, ProtocolError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")  # the server's own
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The template's extra variables: the request's chat_template_kwargs, and reasoning_effort as the
+    enable_thinking switch that thinking templates read (Qwen3's and its kin) unless the kwargs set it."""
+    extra = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        extra.setdefault("enable_thinking", req.reasoning_effort not in ("none", "minimal"))
+        extra.setdefault("reasoning_effort", req.reasoning_effort)
+    return extra
 
 
 class ContentPart(Struct, forbid_unknown_fields=False):
@@ -24,6 +36,8 @@ class Message(Struct):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # role "tool": the call this answers
+    reasoning_content: str | None = None  # assistant: its thinking, for templates that show earlier turns' (vLLM)
+    reasoning: str | None = None  # the same, under the field's newer name
 
 
 class ChatCompletionRequest(SamplingRequest, kw_only=True):
@@ -37,6 +51,8 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (enable_thinking, ...)
+    reasoning_effort: str | None = None  # none/minimal: no thinking where the template can switch it off
 
 
 def message_text(m: Message, i: int) -> str:
@@ -77,6 +93,9 @@ def check_messages(messages: list[Message] | None, limits: Limits) -> list[dict[
             msg["tool_call_id"] = m.tool_call_id
         if m.name is not None:
             msg["name"] = m.name
+        thinking = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if thinking is not None and role == "assistant":
+            msg["reasoning_content"] = thinking
         out.append(msg)
     return out
 
@@ -85,6 +104,11 @@ def check_chat(req: ChatCompletionRequest, limits: Limits) -> None:
     check_common(req, limits)
     if req.functions:
         raise ProtocolError("functions (the deprecated form) are not supported; send tools", "functions")
+    if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
+        raise ProtocolError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+    for key in req.chat_template_kwargs or {}:
+        if key in TEMPLATE_VARIABLES:
+            raise ProtocolError(f"{key} is set by the server, not by chat_template_kwargs", "chat_template_kwargs")
     if req.top_logprobs is not None and not req.logprobs:
         raise ProtocolError("top_logprobs requires logprobs to be true", "top_logprobs")
     for name in ("max_tokens", "max_completion_tokens"):
