@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..text.tokenizer import Tokenizer
-from .arch import ModelConfig, check_tensors
+from .layers import check_tensors
+from .model_config import ModelConfig
 from .errors import ModelLoadError
 from .tensor import Tensor
 

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from inferd.model.arch import (ModelConfig, check_tensors, expected_shapes, llama3_freq_factors,
-                               llama3_from_factors)
+from inferd.model.layers import check_tensors, expected_shapes
+from inferd.model.model_config import ModelConfig
+from inferd.model.rope_scaling import llama3_freq_factors, llama3_from_factors
 
 SMOLLM2_HF = {  # HuggingFaceTB/SmolLM2-135M-Instruct config.json
     "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
