@@ -158,6 +158,12 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
 
 
 def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
+    config, tensors, layers = cpu_model_parts(model)
+    return _cpu.Model(config, tensors, layers, threads, progress, _release)
+
+
+def cpu_model_parts(model) -> tuple[dict, dict, list]:
+    """_cpu.Model's arguments for a LoadedModel: the config, the model's own tensors, per layer its blocks."""
     cfg = model.config
     ts = model.tensors
     tensors = {
@@ -167,7 +173,7 @@ def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
     if MODEL_TENSORS["output"] in ts and not cfg.tie_embeddings:
         tensors["output"] = _spec(ts[MODEL_TENSORS["output"]])
     layers = [[_cpu_block(block, ts) for block in blocks] for blocks in layer_plan(cfg)]
-    return _cpu.Model(engine_config(cfg), tensors, layers, threads, progress, _release)
+    return engine_config(cfg), tensors, layers
 
 
 def _cpu_block(block: Block, ts) -> tuple:

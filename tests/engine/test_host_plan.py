@@ -66,7 +66,7 @@ def test_seq_output_takes_the_sequence_s_rows():
     out = seq_output(seqs[0], rows_of_seq[0], tokens, logprobs, lambda s, r, k: [(r, float(k))], logits)
     assert (out.tokens, out.logprobs, out.top_logprobs) == ([12], [logprobs[2]], [[(2, 1.0)]])
     assert np.shares_memory(out.logits, logits) and out.logits.tolist() == logits[:3].tolist()
-    assert not np.shares_memory(seq_output(seqs[0], rows_of_seq[0], tokens, logprobs, lambda *a: [], logits, True).logits,
-                                logits)
+    copied = seq_output(seqs[0], rows_of_seq[0], tokens, logprobs, lambda *a: [], logits, copy_logits=True)
+    assert not np.shares_memory(copied.logits, logits)
     out = seq_output(seqs[1], rows_of_seq[1], tokens, logprobs, lambda *a: [], None)
     assert (out.tokens, out.logprobs, out.logits) == ([13, 14], [], None)
