@@ -212,9 +212,9 @@ class CudaEngine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
-        params, adj_offset, adj, masks = self._sampling_arrays(seqs, b.rows_of_seq, b.positions, b.out_rows)
-        # the top logprobs are taken from the logits on the host
-        need_logits = any(s.params is not None and (s.params.logprobs or 0) > 0 for s in seqs)
+        params, adj_offset, adj, masks, need_logits = self._sampling_arrays(
+            seqs, b.rows_of_seq, b.positions, b.out_rows
+        )
         out_tok, out_lp, logits, used_graph = self._m.step(
             b.tokens,
             b.positions,
@@ -240,7 +240,8 @@ class CudaEngine(EngineShape):
 
     def _sampling_arrays(self, seqs, rows_of_seq, positions, out_rows):
         """The GPU sampler's records (cu.SAMPLE_PARAMS_DTYPE), each row's logit adjustments (adj[adj_offset[r]:
-        adj_offset[r + 1]], cu.ADJ_DTYPE) and the grammars' masks."""
+        adj_offset[r + 1]], cu.ADJ_DTYPE), the grammars' masks, and whether the step needs the logits back (the top
+        logprobs are taken from them on the host)."""
         rows = list(sampled_rows(seqs, rows_of_seq, self.vocab_size))
         params = sampling_records(self._cu.SAMPLE_PARAMS_DTYPE, len(out_rows), rows)
         adj_count = np.zeros(len(out_rows), np.int32)
@@ -266,7 +267,8 @@ class CudaEngine(EngineShape):
         if n_adj > self.max_adj:
             raise ValueError(f"{n_adj} penalised or biased tokens in one step; the engine takes at most {self.max_adj}")
         adj = np.concatenate(entries) if entries else np.zeros(0, self._cu.ADJ_DTYPE)
-        return params, adj_offset, adj, step_masks(rows)
+        need_logits = any(s.params is not None and (s.params.logprobs or 0) > 0 for s in seqs)
+        return params, adj_offset, adj, step_masks(rows), need_logits
 
     def _adjustments(self, s, sp, k, bias_ids, bias_vals):
         """This row's logit adjustments: one entry per distinct biased or penalised token."""
