@@ -47,6 +47,33 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
 }
 # the model's own tensors, outside the layers: role -> GGUF name ("output" is absent when tied to the embedding)
 MODEL_TENSORS = {"embedding": "token_embd.weight", "output_norm": "output_norm.weight", "output": "output.weight"}
+# The same in a Hugging Face checkpoint of the rows that have one (llama-family names: layer i's tensors after
+# "model.layers.{i}."); its post_attention_layernorm is the FFN's input norm.
+HF_BLOCK_TENSORS: dict[str, dict[str, str]] = {
+    ATTENTION: {
+        "norm": "input_layernorm.weight",
+        "q": "self_attn.q_proj.weight",
+        "k": "self_attn.k_proj.weight",
+        "v": "self_attn.v_proj.weight",
+        "o": "self_attn.o_proj.weight",
+        "q_bias": "self_attn.q_proj.bias",
+        "k_bias": "self_attn.k_proj.bias",
+        "v_bias": "self_attn.v_proj.bias",
+        "q_norm": "self_attn.q_norm.weight",
+        "k_norm": "self_attn.k_norm.weight",
+    },
+    FFN_GATED: {
+        "norm": "post_attention_layernorm.weight",
+        "gate": "mlp.gate_proj.weight",
+        "up": "mlp.up_proj.weight",
+        "down": "mlp.down_proj.weight",
+    },
+}
+HF_MODEL_TENSORS = {
+    "embedding": "model.embed_tokens.weight",
+    "output_norm": "model.norm.weight",
+    "output": "lm_head.weight",
+}
 
 # GGUF metadata every architecture has, under "{arch}.": what it means -> key
 GGUF_KEYS = {

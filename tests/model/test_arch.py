@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS, HF_ARCHS, MODEL_TENSORS,
-                               gemma3_options)
+from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS, HF_ARCHS, HF_BLOCK_TENSORS,
+                               HF_MODEL_TENSORS, MODEL_TENSORS, gemma3_options)
 
 
 def test_every_row_is_made_of_built_blocks():
@@ -32,6 +32,14 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
     assert len(names) == len(set(names)) == 19
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
     assert BLOCK_TENSORS["ffn_gated"]["post_norm"] == "post_ffw_norm.weight"
+
+
+def test_hugging_face_names_are_of_the_same_roles():
+    for kind, roles in HF_BLOCK_TENSORS.items():
+        assert set(roles) <= set(BLOCK_TENSORS[kind])
+    assert set(HF_BLOCK_TENSORS["attention"]) == set(BLOCK_TENSORS["attention"]) - {"post_norm"}   # no HF Gemma
+    assert HF_BLOCK_TENSORS["ffn_gated"]["norm"] == "post_attention_layernorm.weight"
+    assert set(HF_MODEL_TENSORS) == set(MODEL_TENSORS)
 
 
 def metadata(**fields):
