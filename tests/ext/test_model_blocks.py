@@ -8,6 +8,8 @@ import pytest
 
 from inferd import _cpu
 from inferd.engine.weights import cpu_model_parts
+from inferd.model import arch
+from inferd.model.model_config import FFN_ACTS
 from tests.reference import random_model
 
 
@@ -58,3 +60,9 @@ def test_the_builder_refuses_blocks_it_cannot_run():
         _cpu.Model(config, tensors, [layers[0], []])
     with pytest.raises(ValueError, match="1 layers described for a model of 2"):
         _cpu.Model(config, tensors, layers[:1])
+
+
+def test_the_c_block_kinds_are_the_table_s():
+    assert set(_cpu.BLOCK_KINDS) == {arch.ATTENTION, arch.FFN_GATED, arch.FFN_MOE, arch.RECURRENT}
+    assert _cpu.BUILT_BLOCK_KINDS == arch.BUILT_KINDS
+    assert set(_cpu.FFN_ACTS) == set(FFN_ACTS)
