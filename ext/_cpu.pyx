@@ -402,7 +402,7 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
     c.vocab = config["vocab"]; c.dim = config["dim"]; c.n_layers = config["n_layers"]
     c.n_heads = config["n_heads"]; c.n_kv_heads = config["n_kv_heads"]; c.head_dim = config["head_dim"]
     c.hidden = config["hidden"]; c.context_length = config["context_length"]
-    c.rope_neox = config["rope_neox"]; c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
+    c.norm_eps = config["norm_eps"]; c.rope_theta = config["rope_theta"]
     c.rope_factor = config.get("rope_factor", 0.0)
     c.rope_low_freq_factor = config.get("rope_low_freq_factor", 1.0)
     c.rope_high_freq_factor = config.get("rope_high_freq_factor", 4.0)
@@ -410,10 +410,15 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
     c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
     c.rope_theta_local = config.get("rope_theta_local", 0.0)
     c.embed_scale = config.get("embed_scale", 0.0)
-    c.attn_scale = config.get("attn_scale", 0.0)
     c.logit_softcap = config.get("logit_softcap", 0.0)
-    c.ffn_gelu = config.get("ffn_gelu", 0)
     return 0
+
+
+# the block kinds a layer can hold (inferd/model/arch.py names them), and those this build runs
+BLOCK_KINDS = {"attention": BLOCK_ATTENTION, "ffn_gated": BLOCK_FFN_GATED, "ffn_moe": BLOCK_FFN_MOE,
+               "recurrent": BLOCK_RECURRENT}
+BUILT_BLOCK_KINDS = ("attention", "ffn_gated")
+FFN_ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
 
 
 def rope_frequencies(dict config):
@@ -431,38 +436,47 @@ def rope_frequencies(dict config):
 
 
 cdef class Model:
-    """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps
-    names to (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm', and per
-    layer 'blk.{i}.attn_norm', 'ffn_norm', 'qkv_bias' (optional), 'q_norm' + 'k_norm' (optional, QK-norm),
-    'post_attn_norm', 'post_ffn_norm' (optional, sandwich norms), 'wqkv', 'wo', 'wgu', 'wdown'. config['windows']:
-    each layer's sliding window (0: global), optional."""
+    """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps names to
+    (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm'. `layers`: per layer its
+    blocks in order, each (kind, options, tensors) as inferd.engine.weights builds them from the architecture table:
+    every block has tensors 'norm' and optionally 'post_norm'; "attention" has 'wqkv', 'wo', optionally 'qkv_bias'
+    and 'q_norm' + 'k_norm', and options rope_neox, window (0: global), scale (0: 1/sqrt(head_dim)); "ffn_gated"
+    has 'wgu', 'wdown' and option act ("silu" or "gelu_tanh")."""
     cdef model_t m
     cdef list _keep
-    cdef int n_built
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
     cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
     cdef object progress, release
 
-    def __init__(self, dict config, dict tensors, int threads=1, progress=None, release=None):
+    def __init__(self, dict config, dict tensors, list layers, int threads=1, progress=None, release=None):
         """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
         release(spec) after each weight's source arrays are no longer needed."""
         cdef model_config_t *c = &self.m.cfg
         fill_model_config(c, config)
-        windows = config.get("windows") or [0] * c.n_layers
-        if len(windows) != c.n_layers or any(w < 0 for w in windows):
-            raise ValueError("windows: one sliding window (0: none) per layer")
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
             raise ValueError("unsupported head layout")
         if c.dim % 32 or c.hidden % 32:
             raise ValueError(f"dim {c.dim} and hidden {c.hidden} must be multiples of 32 (8-bit activation blocks)")
+        if len(layers) != c.n_layers:
+            raise ValueError(f"{len(layers)} layers described for a model of {c.n_layers}")
+        for i, blocks in enumerate(layers):
+            if not 0 < len(blocks) <= MAX_LAYER_BLOCKS:
+                raise ValueError(f"layer {i}: {len(blocks)} blocks (1 to {MAX_LAYER_BLOCKS})")
+            for kind, _, _ in blocks:
+                if kind not in BLOCK_KINDS:
+                    raise ValueError(f"layer {i}: unknown block kind {kind!r}")
+                if kind not in BUILT_BLOCK_KINDS:
+                    raise ValueError(f"layer {i}: {kind} blocks are not built yet")
         self._keep = []
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:
             raise MemoryError()
-        names = ["tok_embd"] + (["output"] if "output" in tensors else []) + [
-            f"blk.{i}.{w}" for i in range(c.n_layers) for w in ("wqkv", "wo", "wgu", "wdown")]
-        self.arena_bytes = sum(layout_bytes(tensors[n]) for n in names if n in tensors)
+        matrices = [tensors["tok_embd"]] + ([tensors["output"]] if "output" in tensors else [])
+        for blocks in layers:
+            for _, _, ts in blocks:
+                matrices += [ts[n] for n in ("wqkv", "wo", "wgu", "wdown") if n in ts]
+        self.arena_bytes = sum(layout_bytes(spec) for spec in matrices)
         self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
         if self.arena == NULL:
             raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
@@ -471,14 +485,14 @@ cdef class Model:
         if threads > 1:
             self.load_pool = pool_create(threads)
         try:
-            self._build(c, tensors, list(windows))
+            self._build(c, tensors, layers)
         finally:
             if self.load_pool != NULL:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
             self.progress = self.release = None
 
-    cdef _build(self, model_config_t *c, dict tensors, list windows):
+    cdef _build(self, model_config_t *c, dict tensors, list layers):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
         if "output" in tensors:
             self._init_weight(&self.m.output, tensors["output"])
@@ -486,32 +500,41 @@ cdef class Model:
             self.m.output = self.m.tok_embd
             self.m.output_tied = 1
         self.m.output_norm = self._floats(tensors["output_norm"], c.dim)
-        cdef int i
-        cdef layer_t *L
+        cdef int i, j
         for i in range(c.n_layers):
-            L = &self.m.layers[i]
-            p = f"blk.{i}."
-            L.attn_norm = self._floats(tensors[p + "attn_norm"], c.dim)
-            L.ffn_norm = self._floats(tensors[p + "ffn_norm"], c.dim)
-            if p + "qkv_bias" in tensors:
-                L.qkv_bias = self._floats(tensors[p + "qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
-            if (p + "q_norm" in tensors) != (p + "k_norm" in tensors):
-                raise ValueError(f"layer {i}: QK-norm needs both q_norm and k_norm")
-            if p + "q_norm" in tensors:
-                L.q_norm = self._floats(tensors[p + "q_norm"], c.head_dim)
-                L.k_norm = self._floats(tensors[p + "k_norm"], c.head_dim)
-            if p + "post_attn_norm" in tensors:
-                L.post_attn_norm = self._floats(tensors[p + "post_attn_norm"], c.dim)
-            if p + "post_ffn_norm" in tensors:
-                L.post_ffn_norm = self._floats(tensors[p + "post_ffn_norm"], c.dim)
-            L.window = windows[i]
-            self._init_weight(&L.wqkv, tensors[p + "wqkv"])
-            self._init_weight(&L.wo, tensors[p + "wo"])
-            self._init_weight(&L.wgu, tensors[p + "wgu"])
-            self._init_weight(&L.wdown, tensors[p + "wdown"])
-            self.n_built = i + 1
+            for j, block in enumerate(layers[i]):
+                self.m.layers[i].n_blocks = j + 1     # first: a block that fails half-built is freed too
+                self._block(c, &self.m.layers[i].blocks[j], i, block)
         if model_init_rope(&self.m):
             raise MemoryError()
+
+    cdef _block(self, model_config_t *c, block_t *B, int layer, tuple block):
+        kind, options, ts = block
+        B.kind = BLOCK_KINDS[kind]
+        B.norm = self._floats(ts["norm"], c.dim)
+        if "post_norm" in ts:
+            B.post_norm = self._floats(ts["post_norm"], c.dim)
+        if B.kind == BLOCK_ATTENTION:
+            if "qkv_bias" in ts:
+                B.attn.qkv_bias = self._floats(ts["qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+            if ("q_norm" in ts) != ("k_norm" in ts):
+                raise ValueError(f"layer {layer}: QK-norm needs both q_norm and k_norm")
+            if "q_norm" in ts:
+                B.attn.q_norm = self._floats(ts["q_norm"], c.head_dim)
+                B.attn.k_norm = self._floats(ts["k_norm"], c.head_dim)
+            if options["window"] < 0:
+                raise ValueError(f"layer {layer}: sliding window {options['window']} (0: none)")
+            B.attn.window = options["window"]
+            B.attn.rope_neox = options["rope_neox"]
+            B.attn.scale = options.get("scale", 0.0)
+            self._init_weight(&B.attn.wqkv, ts["wqkv"])
+            self._init_weight(&B.attn.wo, ts["wo"])
+        else:
+            if options["act"] not in FFN_ACTS:
+                raise ValueError(f"layer {layer}: FFN activation {options['act']!r} (one of {', '.join(FFN_ACTS)})")
+            B.ffn.act = FFN_ACTS[options["act"]]
+            self._init_weight(&B.ffn.wgu, ts["wgu"])
+            self._init_weight(&B.ffn.wdown, ts["wdown"])
 
     cdef int _init_weight(self, weight_t *w, tuple spec) except -1:
         """Builds the weight in the next piece of the arena (a bad spec raises in init_weight)."""
@@ -538,6 +561,23 @@ cdef class Model:
         self._keep.append(arr)
         return <float *>cnp.PyArray_DATA(arr)
 
+    cdef size_t _block_weights(self, int layer, bint free_them):
+        """Bytes of layer's block matrices, or (free_them) their release."""
+        cdef size_t total = 0
+        cdef block_t *B
+        cdef int j
+        for j in range(self.m.layers[layer].n_blocks):
+            B = &self.m.layers[layer].blocks[j]
+            if B.kind == BLOCK_ATTENTION:
+                total += B.attn.wqkv.nbytes + B.attn.wo.nbytes
+                if free_them:
+                    weight_free(&B.attn.wqkv); weight_free(&B.attn.wo)
+            elif B.kind == BLOCK_FFN_GATED:
+                total += B.ffn.wgu.nbytes + B.ffn.wdown.nbytes
+                if free_them:
+                    weight_free(&B.ffn.wgu); weight_free(&B.ffn.wdown)
+        return total
+
     def __dealloc__(self):
         cdef int i
         weight_free(&self.m.tok_embd)
@@ -545,8 +585,7 @@ cdef class Model:
             weight_free(&self.m.output)
         if self.m.layers != NULL:
             for i in range(self.m.cfg.n_layers):
-                weight_free(&self.m.layers[i].wqkv); weight_free(&self.m.layers[i].wo)
-                weight_free(&self.m.layers[i].wgu); weight_free(&self.m.layers[i].wdown)
+                self._block_weights(i, True)
             free(self.m.layers)
         free(self.m.rope_cos_sin)
         free(self.m.rope_cos_sin_local)
@@ -558,8 +597,7 @@ cdef class Model:
         cdef size_t total = self.m.output.nbytes
         cdef int i
         for i in range(self.m.cfg.n_layers):
-            L = &self.m.layers[i]
-            total += L.wqkv.nbytes + L.wo.nbytes + L.wgu.nbytes + L.wdown.nbytes
+            total += self._block_weights(i, False)
         return total
 
     @property
@@ -580,6 +618,7 @@ FORWARD_ERRORS = {
     FORWARD_BAD_OUT_ROW: "a logits row that is not a token of the batch",
     FORWARD_BAD_SAMPLE_PARAMS: "sampling parameters point outside the history or logit-bias arrays",
     FORWARD_BAD_MASK_ROW: "a row's mask_row outside token_masks",
+    FORWARD_BAD_BLOCK_KIND: "a layer block of a kind this build does not run",
 }
 
 

@@ -118,22 +118,38 @@ cdef extern from "inferd.h" nogil:
 
     ctypedef struct model_config_t:
         int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
-        int context_length, rope_neox
+        int context_length
         float norm_eps, rope_theta
         float rope_factor, rope_low_freq_factor, rope_high_freq_factor
         int rope_original_ctx
-        float rope_freq_scale, rope_theta_local, embed_scale, attn_scale, logit_softcap
-        int ffn_gelu
-    ctypedef struct layer_t:
-        float *attn_norm
-        float *ffn_norm
+        float rope_freq_scale, rope_theta_local, embed_scale, logit_softcap
+    enum:
+        BLOCK_ATTENTION
+        BLOCK_FFN_GATED
+        BLOCK_FFN_MOE
+        BLOCK_RECURRENT
+        ACT_SILU
+        ACT_GELU_TANH
+        MAX_LAYER_BLOCKS
+    ctypedef struct attention_block_t:
+        weight_t wqkv, wo
         float *qkv_bias
         float *q_norm
         float *k_norm
-        float *post_attn_norm
-        float *post_ffn_norm
-        int window
-        weight_t wqkv, wo, wgu, wdown
+        int rope_neox, window
+        float scale
+    ctypedef struct ffn_gated_block_t:
+        weight_t wgu, wdown
+        int act
+    ctypedef struct block_t:
+        int kind
+        float *norm
+        float *post_norm
+        attention_block_t attn
+        ffn_gated_block_t ffn
+    ctypedef struct layer_t:
+        int n_blocks
+        block_t blocks[4]
     ctypedef struct model_t:
         model_config_t cfg
         weight_t tok_embd, output
@@ -192,4 +208,5 @@ cdef extern from "inferd.h" nogil:
         FORWARD_BAD_OUT_ROW
         FORWARD_BAD_SAMPLE_PARAMS
         FORWARD_BAD_MASK_ROW
+        FORWARD_BAD_BLOCK_KIND
     int forward(context_t *c, const batch_t *b)

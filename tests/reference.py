@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from inferd.model.arch import ModelConfig
+from inferd.model.model_config import ModelConfig
 from inferd.model.tensor import Tensor
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")

@@ -220,32 +220,61 @@ uint64_t rng_u64(uint64_t seed, uint64_t position);
 /* ---- the model and one forward step ---- */
 typedef struct {
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
-    int context_length, rope_neox;
+    int context_length;
     float norm_eps;
     float rope_theta;
     /* llama3 rope scaling; factor == 0 means none */
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int rope_original_ctx;
-    /* Gemma-style variants (0 where the model has none) */
     float rope_freq_scale;             /* linear rope scaling of global layers: position * scale; 0: 1 */
     float rope_theta_local;            /* RoPE base of sliding-window layers; 0: rope_theta */
     float embed_scale;                 /* x = embedding * embed_scale (Gemma: sqrt(dim)); 0: 1 */
-    float attn_scale;                  /* of q.k; 0: 1/sqrt(head_dim) */
     float logit_softcap;               /* logits = cap * tanh(logits / cap); 0: none */
-    int ffn_gelu;                      /* GeGLU (tanh GELU) in place of SwiGLU */
 } model_config_t;
 
+/* A layer is a short list of blocks, run in order, each adding its output to the residual stream x:
+ * x += post_norm(block(rmsnorm(x, norm))). inferd/model/arch.py's table chooses every layer's list; forward()
+ * dispatches on the kind. Values are stable, the Python side uses them. */
+typedef enum {
+    BLOCK_ATTENTION = 1,     /* the mixer: causal self-attention over the paged KV cache (attention_block_t) */
+    BLOCK_FFN_GATED = 2,     /* the FFN: down(act(gate xn) * up xn), dense (ffn_gated_block_t) */
+    BLOCK_FFN_MOE = 3,       /* the FFN as a router and k of n gated experts per token: not built yet */
+    BLOCK_RECURRENT = 4,     /* a mixer with a recurrent state per sequence in place of the KV cache: not built yet */
+} block_kind_t;
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };   /* a gated FFN's activation: SwiGLU, GeGLU (tanh GELU) */
+
 typedef struct {
-    float *attn_norm, *ffn_norm;       /* (dim) */
-    float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
-    float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
-    float *post_attn_norm, *post_ffn_norm;   /* (dim) sandwich norms of the attention and FFN outputs, or NULL */
-    int window;                        /* sliding window (keys per query, itself included); 0: global attention */
-    const float *rope_cos_sin;         /* this layer's table: the model's global or local one (model_init_rope) */
     weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
     weight_t wo;                       /* (dim, q_dim) */
+    float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
+    float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
+    int rope_neox;                     /* RoPE pairs (i, i + head_dim/2) (rotate-half); else (2i, 2i+1) */
+    int window;                        /* sliding window (keys per query, itself included); 0: global attention */
+    float scale;                       /* of q.k; 0: 1/sqrt(head_dim) */
+    const float *rope_cos_sin;         /* this block's table: the model's global or local one (model_init_rope) */
+} attention_block_t;
+
+typedef struct {
     weight_t wgu;                      /* (2 hidden, dim): per 32 hidden units, their 32 gate rows then 32 up rows */
     weight_t wdown;                    /* (dim, hidden) */
+    int act;                           /* ACT_SILU or ACT_GELU_TANH */
+} ffn_gated_block_t;
+
+typedef struct {
+    int kind;                          /* block_kind_t */
+    float *norm;                       /* (dim) RMSNorm of the block's input */
+    float *post_norm;                  /* (dim) RMSNorm of its output before the residual add (sandwich), or NULL */
+    union {
+        attention_block_t attn;        /* BLOCK_ATTENTION */
+        ffn_gated_block_t ffn;         /* BLOCK_FFN_GATED */
+    };
+} block_t;
+
+#define MAX_LAYER_BLOCKS 4
+typedef struct {
+    int n_blocks;
+    block_t blocks[MAX_LAYER_BLOCKS];
 } layer_t;
 
 typedef struct {
@@ -339,6 +368,7 @@ typedef enum {
     FORWARD_BAD_OUT_ROW = -6,       /* a logits row that is not a token of the batch */
     FORWARD_BAD_SAMPLE_PARAMS = -7, /* a history or logit-bias range outside its array, or too many top logprobs */
     FORWARD_BAD_MASK_ROW = -8,      /* a sampled row's mask_row past num_masks (token_masks given) */
+    FORWARD_BAD_BLOCK_KIND = -9,    /* a layer holds a block kind this build does not run */
 } forward_status_t;
 int forward(context_t *c, const batch_t *b);
 

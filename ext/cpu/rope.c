@@ -99,8 +99,8 @@ static float *rope_table(const model_config_t *c, double theta, double pos_scale
 }
 
 /* Tables computed once at load: the global layers' (with llama3 or linear scaling), and, when sliding-window layers
- * have a base of their own (Gemma 3: 10000 against the global 1e6), theirs, unscaled as in the reference. Every layer
- * then points at its own. */
+ * have a base of their own (Gemma 3: 10000 against the global 1e6), theirs, unscaled as in the reference. Every
+ * attention block then points at its own. */
 int model_init_rope(model_t *m) {
     const model_config_t *c = &m->cfg;
     if (c->head_dim > 512) return -1;
@@ -108,14 +108,19 @@ int model_init_rope(model_t *m) {
                                  c->rope_factor > 0);
     if (!m->rope_cos_sin) return -1;
     int local = 0;
-    for (int l = 0; l < c->n_layers; l++) local |= m->layers[l].window > 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < m->layers[l].n_blocks; i++)
+            local |= m->layers[l].blocks[i].kind == BLOCK_ATTENTION && m->layers[l].blocks[i].attn.window > 0;
     if (local && c->rope_theta_local > 0) {
         m->rope_cos_sin_local = rope_table(c, c->rope_theta_local, 1.0, 0);
         if (!m->rope_cos_sin_local) return -1;
     }
     for (int l = 0; l < c->n_layers; l++)
-        m->layers[l].rope_cos_sin = m->layers[l].window > 0 && m->rope_cos_sin_local ? m->rope_cos_sin_local
-                                                                                       : m->rope_cos_sin;
+        for (int i = 0; i < m->layers[l].n_blocks; i++) {
+            attention_block_t *A = &m->layers[l].blocks[i].attn;
+            if (m->layers[l].blocks[i].kind == BLOCK_ATTENTION)
+                A->rope_cos_sin = A->window > 0 && m->rope_cos_sin_local ? m->rope_cos_sin_local : m->rope_cos_sin;
+        }
     return 0;
 }
 

@@ -3,14 +3,13 @@ chunks and decode tokens mixed), with every input checked and named when wrong."
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from inferd.config import KV_CACHE_DTYPES
-from inferd.engine.types import BLOCK_SIZE, GREEDY, SamplingParams, SeqInput
+from inferd.engine.types import BLOCK_SIZE, SeqInput
 
 
 @dataclass
@@ -148,37 +147,3 @@ class EngineShape:
             max_batch_tokens=self.max_batch_tokens,
             max_logits_rows=self.max_logits_rows,
         )
-
-
-@dataclass
-class SampledRow:
-    """One logits row to sample, with what both engines' samplers need to know of it."""
-
-    row: int  # index among the step's logits rows
-    seq: SeqInput
-    k: int  # index of the row's token in seq.token_ids
-    params: SamplingParams
-    seed: int  # the request's seed, or one drawn for this step (unseeded greedy)
-
-
-def sampled_rows(
-    seqs: Sequence[SeqInput], rows_of_seq: list[tuple[int, int, int]], vocab_size: int
-) -> Iterator[SampledRow]:
-    """The sampled rows of a step in order (logits-only rows skipped); the loop both engines fill their
-    sampler's records from. Raises ValueError for a logit_bias token outside the vocabulary."""
-    for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
-        sp = s.params or GREEDY
-        bad = [t for t in (sp.logit_bias or ()) if not 0 <= int(t) < vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias token {bad[0]} is outside the vocabulary of {vocab_size}")
-        seed = (sp.seed if sp.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF
-        n = len(s.token_ids)
-        for r in range(first + first_sampled, first + count):
-            yield SampledRow(r, s, n - (first + count - r), sp, seed)
-
-
-def penalty_history(s: SeqInput, k: int) -> list[int]:
-    """The sequence as known when sampling after token_ids[k]: its history, plus the tokens of this step (draft
-    tokens of speculative decoding) that the history does not hold yet."""
-    known = s.start_pos + k + 1
-    return list(s.history[:known]) + list(s.token_ids[max(0, len(s.history) - s.start_pos) : k + 1])

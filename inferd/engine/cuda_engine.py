@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import numpy as np
 
-from inferd.engine.batch import EngineShape, penalty_history
 from inferd._cpu import rope_frequencies
+from inferd.engine.batch import EngineShape
+from inferd.engine.host_plan import kv_format, penalty_history, sampled_rows, sampling_records, seq_output, step_masks
+from inferd.engine.types import MAX_LOGPROBS
 from inferd.engine.weights import engine_config
-from inferd.engine.types import MAX_LOGPROBS, SamplingParams, SeqOutput
+from inferd.model.arch import ATTENTION, FFN_GATED, MODEL_TENSORS
+from inferd.model.layers import layer_plan
 
 # most precise first; a fused matrix takes the most precise format among its parts
 _PRECISION = ("bf16", "q8_0", "int8", "q4_1", "int4")
@@ -95,11 +97,7 @@ class CudaEngine(EngineShape):
         gemm: str = "cublas",
         kv_cache_dtype: str = "f16",
     ):
-        if kv_cache_dtype != "f16":
-            raise ValueError(
-                f"kv_cache_dtype {kv_cache_dtype} is a CPU engine format; the GPU's KV cache is set by cuda_kv "
-                f"(f16 or bf16): use kv_cache_dtype = f16 with device = cuda"
-            )
+        kv = kv_format("cuda", kv_cache_dtype, kv_dtype)
         if model.config.switches():
             raise ValueError(
                 f"the CUDA backend does not run {model.config.arch} models yet (they need "
@@ -121,9 +119,6 @@ class CudaEngine(EngineShape):
         self.weight_dtype = weight_dtype.lower()
         if self.weight_dtype not in ("auto", "bf16", "int8", "int4", "q8_0"):
             raise ValueError(f"weight_dtype must be auto, bf16, int8, int4 or q8_0, not {self.weight_dtype!r}")
-        kv = kv_dtype.lower()
-        if kv not in ("f16", "bf16"):
-            raise ValueError(f"kv_dtype must be f16 or bf16, not {kv!r}")
         self.kv_dtype = kv
         cu.set_device(device)
         self.device_info = cu.device_info(device)
@@ -133,7 +128,7 @@ class CudaEngine(EngineShape):
         self.max_adj = max(1 << 16, self.max_logits_rows * 1024)
         model_config = engine_config(cfg)  # the CPU engine's, and its RoPE frequencies (rope.c) below
         config = {
-            **model_config,
+            **{k: v for k, v in model_config.items() if k in cu.CONFIG_FIELDS},  # those the runner reads
             "qkv_bias": int(cfg.qkv_bias),
             "norm_eps": float(cfg.norm_eps),
             "tie_embeddings": int(cfg.tie_embeddings or "output.weight" not in model.tensors),
@@ -182,20 +177,25 @@ class CudaEngine(EngineShape):
 
     def _load(self, model) -> None:
         cu, cfg, ts = self._cu, self.config, model.tensors
-        self._matrix(cu.W_EMB, 0, [ts["token_embd.weight"]])
-        if "output.weight" in ts and not cfg.tie_embeddings:
-            self._matrix(cu.W_OUT, 0, [ts["output.weight"]])
-        self._vec(cu.W_OUT_NORM, 0, _vector(ts["output_norm.weight"]))
-        for i in range(cfg.n_layers):
-            p = f"blk.{i}."
-            self._vec(cu.W_ATTN_NORM, i, _vector(ts[p + "attn_norm.weight"]))
-            self._vec(cu.W_FFN_NORM, i, _vector(ts[p + "ffn_norm.weight"]))
-            self._matrix(cu.W_QKV, i, [ts[p + "attn_q.weight"], ts[p + "attn_k.weight"], ts[p + "attn_v.weight"]])
-            if cfg.qkv_bias:
-                self._vec(cu.W_QKV_BIAS, i, np.concatenate([_vector(ts[p + f"attn_{x}.bias"]) for x in "qkv"]))
-            self._matrix(cu.W_O, i, [ts[p + "attn_output.weight"]])
-            self._matrix(cu.W_GU, i, [ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]])
-            self._matrix(cu.W_DOWN, i, [ts[p + "ffn_down.weight"]])
+        self._matrix(cu.W_EMB, 0, [ts[MODEL_TENSORS["embedding"]]])
+        if MODEL_TENSORS["output"] in ts and not cfg.tie_embeddings:
+            self._matrix(cu.W_OUT, 0, [ts[MODEL_TENSORS["output"]]])
+        self._vec(cu.W_OUT_NORM, 0, _vector(ts[MODEL_TENSORS["output_norm"]]))
+        for i, blocks in enumerate(layer_plan(cfg)):
+            for block in blocks:
+                t = {role: ts[name] for role, name in block.tensors.items()}
+                if block.kind == ATTENTION:
+                    self._vec(cu.W_ATTN_NORM, i, _vector(t["norm"]))
+                    self._matrix(cu.W_QKV, i, [t["q"], t["k"], t["v"]])
+                    if "q_bias" in t:
+                        self._vec(cu.W_QKV_BIAS, i, np.concatenate([_vector(t[f"{x}_bias"]) for x in "qkv"]))
+                    self._matrix(cu.W_O, i, [t["o"]])
+                elif block.kind == FFN_GATED:
+                    self._vec(cu.W_FFN_NORM, i, _vector(t["norm"]))
+                    self._matrix(cu.W_GU, i, [t["gate"], t["up"]])
+                    self._matrix(cu.W_DOWN, i, [t["down"]])
+                else:
+                    raise ValueError(f"the CUDA engine has no {block.kind} block")
         self._m.finish_load()
 
     def _vec(self, which: int, layer: int, v: np.ndarray) -> None:
@@ -212,9 +212,9 @@ class CudaEngine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
-        rows_of_seq, positions, out_rows = b.rows_of_seq, b.positions, b.out_rows
-        params, adj_offset, adj, masks, need_logits = self._sampling_arrays(seqs, rows_of_seq, positions, out_rows)
-        want_logits = need_logits or any(s.want_logits for s in seqs)
+        params, adj_offset, adj, masks, need_logits = self._sampling_arrays(
+            seqs, b.rows_of_seq, b.positions, b.out_rows
+        )
         out_tok, out_lp, logits, used_graph = self._m.step(
             b.tokens,
             b.positions,
@@ -224,68 +224,51 @@ class CudaEngine(EngineShape):
             params,
             adj_offset,
             adj,
-            want_logits,
+            need_logits or any(s.want_logits for s in seqs),
             masks=masks,
         )
         self.last_step_used_graph = used_graph
+
+        def top_logprobs(s, r: int, k: int) -> list[tuple[int, float]]:
+            k = min(k, MAX_LOGPROBS)
+            return _top_logprobs(_masked(logits[r], s.allowed), k) if k > 0 else []
+
         return [
-            self._output(s, first, count, first_sampled, out_tok, out_lp, logits)
-            for s, (first, count, first_sampled) in zip(seqs, rows_of_seq)
+            seq_output(s, rows, out_tok, out_lp, top_logprobs, logits, copy_logits=True)
+            for s, rows in zip(seqs, b.rows_of_seq)
         ]
 
     def _sampling_arrays(self, seqs, rows_of_seq, positions, out_rows):
-        cu = self._cu
-        n_out = len(out_rows)
-        params = np.zeros(n_out, cu.SAMPLE_PARAMS_DTYPE)
-        params["top_p"] = 1.0
-        params["repetition_penalty"] = 1.0
-        adj_offset = np.zeros(n_out + 1, np.int32)
-        masks: list[np.ndarray] = []
+        """The GPU sampler's records (cu.SAMPLE_PARAMS_DTYPE), each row's logit adjustments (adj[adj_offset[r]:
+        adj_offset[r + 1]], cu.ADJ_DTYPE), the grammars' masks, and whether the step needs the logits back (the top
+        logprobs are taken from them on the host)."""
+        rows = list(sampled_rows(seqs, rows_of_seq, self.vocab_size))
+        params = sampling_records(self._cu.SAMPLE_PARAMS_DTYPE, len(out_rows), rows)
+        adj_count = np.zeros(len(out_rows), np.int32)
         entries: list[np.ndarray] = []
-        n_adj = 0
-        need_logits = False
-        for s, (first, count, first_sampled) in zip(seqs, rows_of_seq):
-            sp = s.params or SamplingParams(temperature=0.0)
-            seed = sp.seed if sp.seed is not None else random.getrandbits(64)
-            bias_ids = bias_vals = None
-            if sp.logit_bias:
-                bias_ids = np.array([int(t) for t in sp.logit_bias], np.int64)
-                if np.any((bias_ids < 0) | (bias_ids >= self.vocab_size)):
-                    bad = int(bias_ids[(bias_ids < 0) | (bias_ids >= self.vocab_size)][0])
-                    raise ValueError(f"logit_bias token {bad} is outside the vocabulary of {self.vocab_size}")
-                bias_vals = np.array([float(v) for v in sp.logit_bias.values()], np.float32)
-            if sp.logprobs is not None and sp.logprobs > 0:
-                need_logits = True
-            n = len(s.token_ids)
-            for r in range(first, first + count):
-                adj_offset[r + 1] = n_adj
-                if r < first + first_sampled:
-                    continue  # a logits-only row: greedy, nothing to adjust
-                k = n - (first + count - r)  # index of this row's token in token_ids
-                p = params[r]
-                p["temperature"] = sp.temperature
-                p["top_p"] = sp.top_p
-                p["min_p"] = sp.min_p
-                p["top_k"] = sp.top_k
-                p["repetition_penalty"] = sp.repetition_penalty
-                p["presence_penalty"] = sp.presence_penalty
-                p["frequency_penalty"] = sp.frequency_penalty
-                p["seed"] = seed & 0xFFFFFFFFFFFFFFFF
-                p["position"] = positions[out_rows[r]] + 1
-                if s.allowed is not None:
-                    if s.num_sampled != 1:
-                        raise ValueError("a grammar's mask applies to one sampled row (no drafts)")
-                    p["has_mask"], p["mask_row"] = 1, len(masks)
-                    masks.append(s.allowed)
-                e = self._adjustments(s, sp, k, bias_ids, bias_vals)
-                if e is not None and len(e):
-                    entries.append(e)
-                    n_adj += len(e)
-                adj_offset[r + 1] = n_adj
+        bias_of: dict[int, tuple[np.ndarray | None, np.ndarray | None]] = {}  # per sequence: its logit bias
+        for row in rows:
+            s, sp, p = row.seq, row.params, params[row.row]
+            p["position"] = positions[out_rows[row.row]] + 1
+            if row.mask_row >= 0:
+                p["has_mask"], p["mask_row"] = 1, row.mask_row
+            if id(s) not in bias_of:
+                bias = sp.logit_bias or {}
+                ids = np.array([int(t) for t in bias], np.int64) if bias else None
+                values = np.array([float(v) for v in bias.values()], np.float32) if bias else None
+                bias_of[id(s)] = (ids, values)
+            e = self._adjustments(s, sp, row.k, *bias_of[id(s)])
+            if e is not None and len(e):
+                entries.append(e)
+                adj_count[row.row] = len(e)
+        adj_offset = np.zeros(len(out_rows) + 1, np.int32)
+        adj_offset[1:] = np.cumsum(adj_count)
+        n_adj = int(adj_offset[-1])
         if n_adj > self.max_adj:
             raise ValueError(f"{n_adj} penalised or biased tokens in one step; the engine takes at most {self.max_adj}")
-        adj = np.concatenate(entries) if entries else np.zeros(0, cu.ADJ_DTYPE)
-        return params, adj_offset, adj, (np.stack(masks) if masks else None), need_logits
+        adj = np.concatenate(entries) if entries else np.zeros(0, self._cu.ADJ_DTYPE)
+        need_logits = any(s.params is not None and (s.params.logprobs or 0) > 0 for s in seqs)
+        return params, adj_offset, adj, step_masks(rows), need_logits
 
     def _adjustments(self, s, sp, k, bias_ids, bias_vals):
         """This row's logit adjustments: one entry per distinct biased or penalised token."""
@@ -312,20 +295,6 @@ class CudaEngine(EngineShape):
             cnt[np.searchsorted(ids, out_ids)] = out_counts
             e["flags"] = flags | (cnt << 1)
         return e
-
-    @staticmethod
-    def _output(s, first, count, first_sampled, out_tok, out_lp, logits):
-        out = SeqOutput()
-        rows = range(first + first_sampled, first + count)
-        out.tokens = [int(out_tok[r]) for r in rows]
-        sp = s.params
-        if sp is not None and sp.logprobs is not None:
-            out.logprobs = [float(out_lp[r]) for r in rows]
-            k = min(sp.logprobs, MAX_LOGPROBS)
-            out.top_logprobs = [_top_logprobs(_masked(logits[r], s.allowed), k) if k > 0 else [] for r in rows]
-        if s.want_logits:
-            out.logits = logits[first : first + count].copy()
-        return out
 
 
 def _masked(row: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:

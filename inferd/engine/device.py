@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferd.config import DEVICES, Settings
+from inferd.engine.host_plan import kv_format
 
 
 class DeviceError(ValueError):
@@ -64,11 +65,10 @@ def build_engine(
     max_logits_rows: int | None = None,
 ):
     """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones."""
-    if settings.device == "cuda" and settings.kv_cache_dtype != "f16":
-        raise DeviceError(
-            f"kv_cache_dtype {settings.kv_cache_dtype} runs on the CPU engine only; on device = cuda the KV "
-            f"format is cuda_kv (f16 or bf16)"
-        )
+    try:  # before the device's own checks: a setting that cannot work anywhere is named first
+        kv_format(settings.device, settings.kv_cache_dtype, settings.cuda_kv)
+    except ValueError as e:
+        raise DeviceError(str(e)) from None
     engine_cls = engine_class(settings.device)
     if num_kv_blocks is None:
         num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(

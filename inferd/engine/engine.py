@@ -8,8 +8,9 @@ import os
 import numpy as np
 
 from inferd import _cpu
-from inferd.engine.batch import EngineShape, penalty_history, sampled_rows
-from inferd.engine.types import BLOCK_SIZE, MAX_LOGPROBS, SeqInput, SeqOutput
+from inferd.engine.batch import EngineShape
+from inferd.engine.host_plan import kv_format, penalty_history, sampled_rows, sampling_records, seq_output, step_masks
+from inferd.engine.types import BLOCK_SIZE, MAX_LOGPROBS, SeqInput
 from inferd.engine.weights import build_cpu_model
 
 # the native-free types promise the C header's sizes
@@ -62,7 +63,7 @@ class Engine(EngineShape):
             max_batch_tokens=max_batch_tokens,
             max_seqs=max_seqs,
             max_logits_rows=max_logits_rows,
-            kv_cache_dtype=kv_cache_dtype,  # checked here, before the weights load
+            kv_cache_dtype=kv_format("cpu", kv_cache_dtype),  # checked here, before the weights load
         )
         self.threads = threads or physical_cores()
         self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
@@ -93,26 +94,31 @@ class Engine(EngineShape):
             want_hidden,
             token_masks=masks,
         )
+        vocab = self.vocab_size
+
+        def top_logprobs(s: SeqInput, r: int, k: int) -> list[tuple[int, float]]:
+            # under a grammar, fewer tokens than asked for may be allowed: the sampler marks the rest with id -1
+            ids, lps = samples["top_ids"][r], samples["top_logprobs"][r]
+            return [(int(ids[j]), float(lps[j])) for j in range(min(k, vocab)) if ids[j] >= 0]
+
         outputs = [
-            self._output(s, first, count, first_sampled, samples, logits, self.vocab_size)
-            for s, (first, count, first_sampled) in zip(seqs, b.rows_of_seq)
+            seq_output(s, rows, samples["token"], samples["logprob"], top_logprobs, logits)
+            for s, rows in zip(seqs, b.rows_of_seq)
         ]
         return (outputs, hidden) if want_hidden else outputs
 
     def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
         """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t), the flat
         history and logit-bias arrays they point into, and the grammars' mask rows (None when no row has one)."""
-        p = np.zeros(n_out, _cpu.SAMPLE_PARAMS_DTYPE)
+        rows = list(sampled_rows(seqs, rows_of_seq, self.vocab_size))
+        p = sampling_records(_cpu.SAMPLE_PARAMS_DTYPE, n_out, rows)
         p["mask_row"] = -1
-        masks: list[np.ndarray] = []
-        p["repetition_penalty"] = 1.0  # logits-only rows: greedy, nothing to adjust
-        p["top_p"] = 1.0
         p["num_logprobs"] = -1
         history: list[int] = []
         bias_ids: list[int] = []
         bias_values: list[float] = []
         bias_of: dict[int, tuple[int, int]] = {}  # per sequence: its logit-bias entries' (offset, length)
-        for row in sampled_rows(seqs, rows_of_seq, self.vocab_size):
+        for row in rows:
             sp = row.params
             if id(row.seq) not in bias_of:
                 bias_of[id(row.seq)] = (len(bias_ids), len(sp.logit_bias or ()))
@@ -120,47 +126,18 @@ class Engine(EngineShape):
                     bias_ids.append(int(tok))
                     bias_values.append(float(val))
             rec = p[row.row]
-            rec["temperature"], rec["top_p"], rec["min_p"], rec["top_k"] = sp.temperature, sp.top_p, sp.min_p, sp.top_k
-            rec["repetition_penalty"] = sp.repetition_penalty
-            rec["presence_penalty"], rec["frequency_penalty"] = sp.presence_penalty, sp.frequency_penalty
-            rec["seed"] = row.seed
             rec["num_logprobs"] = -1 if sp.logprobs is None else sp.logprobs
             rec["bias_offset"], rec["bias_len"] = bias_of[id(row.seq)]
+            rec["mask_row"] = row.mask_row
             if sp.has_penalties:
                 hist = penalty_history(row.seq, row.k)
                 rec["history_offset"], rec["history_len"] = len(history), len(hist)
                 rec["num_prompt"] = row.seq.num_prompt
                 history.extend(hist)
-            if row.seq.allowed is not None:
-                if row.seq.num_sampled != 1:
-                    raise ValueError("a grammar's mask applies to one sampled row (no drafts)")
-                rec["mask_row"] = len(masks)
-                masks.append(row.seq.allowed)
         return (
             p,
             np.asarray(history, np.int32),
             np.asarray(bias_ids, np.int32),
             np.asarray(bias_values, np.float32),
-            np.stack(masks) if masks else None,
+            step_masks(rows),
         )
-
-    @staticmethod
-    def _output(s: SeqInput, first: int, count: int, first_sampled: int, samples, logits, vocab: int) -> SeqOutput:
-        out = SeqOutput()
-        rows = range(first + first_sampled, first + count)
-        out.tokens = [int(samples["token"][r]) for r in rows]
-        sp = s.params
-        if sp is not None and sp.logprobs is not None:
-            out.logprobs = [float(samples["logprob"][r]) for r in rows]
-            # under a grammar, fewer tokens than asked for may be allowed: the sampler marks the rest with id -1
-            out.top_logprobs = [
-                [
-                    (int(samples["top_ids"][r, j]), float(samples["top_logprobs"][r, j]))
-                    for j in range(min(sp.logprobs, vocab))
-                    if samples["top_ids"][r, j] >= 0
-                ]
-                for r in rows
-            ]
-        if s.want_logits:
-            out.logits = logits[first : first + count]
-        return out

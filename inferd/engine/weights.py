@@ -11,6 +11,8 @@ import mmap
 import numpy as np
 
 from inferd import _cpu
+from inferd.model.arch import ATTENTION, FFN_GATED, MODEL_TENSORS
+from inferd.model.layers import Block, layer_plan
 from inferd.model.quant import REQUANT_TYPES, requantize, to_float32
 
 # most precise first
@@ -119,7 +121,8 @@ def _release(spec: tuple) -> None:
 
 
 def engine_config(cfg) -> dict:
-    """A ModelConfig as the C engines read it (model_config_t, and the CUDA runner's config): built here once."""
+    """A ModelConfig's model-wide numbers as the C engines read them (model_config_t, and the CUDA runner's config),
+    built here once; what each block reads comes with it from the layer plan."""
     rope = cfg.rope_scaling or {}
     return {
         "vocab": cfg.vocab_size,
@@ -130,7 +133,7 @@ def engine_config(cfg) -> dict:
         "head_dim": cfg.head_dim,
         "hidden": cfg.hidden_dim,
         "context_length": cfg.context_length,
-        "rope_neox": int(cfg.rope_neox),
+        "rope_neox": int(cfg.rope_neox),  # the CUDA runner's; the CPU's attention blocks carry their own
         "norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_factor": float(rope.get("factor", 0.0)),
@@ -140,10 +143,7 @@ def engine_config(cfg) -> dict:
         "rope_freq_scale": 1.0 / cfg.rope_linear_factor,
         "rope_theta_local": float(cfg.rope_theta_local or 0.0),
         "embed_scale": float(cfg.embed_scale) if cfg.embed_scale != 1.0 else 0.0,
-        "attn_scale": float(cfg.query_scale),
         "logit_softcap": float(cfg.logit_softcap),
-        "ffn_gelu": int(cfg.ffn_act == "gelu_tanh"),
-        "windows": [cfg.layer_window(i) for i in range(cfg.n_layers)],
     }
 
 
@@ -158,29 +158,44 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
 
 
 def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
+    config, tensors, layers = cpu_model_parts(model)
+    return _cpu.Model(config, tensors, layers, threads, progress, _release)
+
+
+def cpu_model_parts(model) -> tuple[dict, dict, list]:
+    """_cpu.Model's arguments for a LoadedModel: the config, the model's own tensors, per layer its blocks."""
     cfg = model.config
     ts = model.tensors
-    config = engine_config(cfg)
-    tensors = {"tok_embd": _spec(ts["token_embd.weight"]), "output_norm": _vector(ts["output_norm.weight"])}
-    if "output.weight" in ts and not cfg.tie_embeddings:
-        tensors["output"] = _spec(ts["output.weight"])
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        tensors[p + "attn_norm"] = _vector(ts[p + "attn_norm.weight"])
-        tensors[p + "ffn_norm"] = _vector(ts[p + "ffn_norm.weight"])
-        tensors[p + "wqkv"] = fuse([ts[p + "attn_q.weight"], ts[p + "attn_k.weight"], ts[p + "attn_v.weight"]])
-        if cfg.qkv_bias:
-            bias = np.concatenate([_to_f32(ts[p + f"attn_{x}.bias"]).reshape(-1) for x in "qkv"])
-            tensors[p + "qkv_bias"] = ("F32", 1, bias.size, bias)
-        if cfg.qk_norm:
-            tensors[p + "q_norm"] = _vector(ts[p + "attn_q_norm.weight"])
-            tensors[p + "k_norm"] = _vector(ts[p + "attn_k_norm.weight"])
-        if cfg.sandwich_norms:
-            tensors[p + "post_attn_norm"] = _vector(ts[p + "post_attention_norm.weight"])
-            tensors[p + "post_ffn_norm"] = _vector(ts[p + "post_ffw_norm.weight"])
-        tensors[p + "wo"] = _spec(ts[p + "attn_output.weight"])
-        # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies SwiGLU and
-        # quantizes the 32 results as one block of the down projection's input, in one pass (forward.c)
-        tensors[p + "wgu"] = fuse([ts[p + "ffn_gate.weight"], ts[p + "ffn_up.weight"]], interleave=32)
-        tensors[p + "wdown"] = _spec(ts[p + "ffn_down.weight"])
-    return _cpu.Model(config, tensors, threads, progress, _release)
+    tensors = {
+        "tok_embd": _spec(ts[MODEL_TENSORS["embedding"]]),
+        "output_norm": _vector(ts[MODEL_TENSORS["output_norm"]]),
+    }
+    if MODEL_TENSORS["output"] in ts and not cfg.tie_embeddings:
+        tensors["output"] = _spec(ts[MODEL_TENSORS["output"]])
+    layers = [[_cpu_block(block, ts) for block in blocks] for blocks in layer_plan(cfg)]
+    return engine_config(cfg), tensors, layers
+
+
+def _cpu_block(block: Block, ts) -> tuple:
+    """A block as _cpu.Model takes it: (kind, options, the engine's tensors)."""
+    t = {role: ts[name] for role, name in block.tensors.items()}
+    out = {"norm": _vector(t["norm"])}
+    if "post_norm" in t:
+        out["post_norm"] = _vector(t["post_norm"])
+    if block.kind == ATTENTION:
+        out["wqkv"] = fuse([t["q"], t["k"], t["v"]])
+        if "q_bias" in t:
+            bias = np.concatenate([_to_f32(t[f"{x}_bias"]).reshape(-1) for x in "qkv"])
+            out["qkv_bias"] = ("F32", 1, bias.size, bias)
+        if "q_norm" in t:
+            out["q_norm"], out["k_norm"] = _vector(t["q_norm"]), _vector(t["k_norm"])
+        out["wo"] = _spec(t["o"])
+    elif block.kind == FFN_GATED:
+        # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies the
+        # activation and quantizes the 32 results as one block of the down projection's input, in one pass
+        # (block_ffn.c)
+        out["wgu"] = fuse([t["gate"], t["up"]], interleave=32)
+        out["wdown"] = _spec(t["down"])
+    else:
+        raise ValueError(f"the CPU engine has no {block.kind} block")
+    return (block.kind, block.options, out)

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .arch import ModelConfig, check_tensors
+from .layers import check_tensors
+from .model_config import ModelConfig
 from .errors import ModelLoadError
 from .quant import LOADABLE_TYPES
 from .tensor import Tensor

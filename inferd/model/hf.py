@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..text.tokenizer import Tokenizer
-from .arch import ModelConfig, check_tensors
+from .arch import BLOCK_TENSORS, HF_BLOCK_TENSORS, HF_MODEL_TENSORS, MODEL_TENSORS
+from .layers import check_tensors
+from .model_config import ModelConfig
 from .errors import ModelLoadError
 from .tensor import Tensor
 
@@ -46,27 +48,9 @@ ITEM_SIZES = {
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
 INDEX = "model.safetensors.index.json"
 
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",  # Qwen3
-}
-_TOP_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
+# HF name -> GGUF name, from the architecture table
+_LAYER_NAMES = {hf: BLOCK_TENSORS[kind][role] for kind, roles in HF_BLOCK_TENSORS.items() for role, hf in roles.items()}
+_TOP_NAMES = {hf: MODEL_TENSORS[role] for role, hf in HF_MODEL_TENSORS.items()}
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..text.chat import default_template
 from ..text.tokenizer import Tokenizer
-from .arch import ModelConfig
+from .model_config import ModelConfig
 from .errors import ModelLoadError
 from .gguf import MAGIC, load_gguf
 from .hf import load_hf_dir

@@ -1,5 +1,5 @@
 """Fusing a layer's matrices for the C engine (inferd/engine/weights.py): plain concatenation (Wq|Wk|Wv) and the
-interleaved Wgate|Wup layout that lets forward.c finish SwiGLU 32 hidden units at a time."""
+interleaved Wgate|Wup layout that lets block_ffn.c finish SwiGLU 32 hidden units at a time."""
 from __future__ import annotations
 
 import copy

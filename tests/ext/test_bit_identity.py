@@ -436,9 +436,9 @@ def test_sequence_logits_do_not_depend_on_batching(name, kv):
 @pytest.mark.parametrize("name", ["Q4_1", "gemma3-Q4_0-window"])
 def test_decode_at_depth_matches_prefill(name):
     """Past 1024 positions a lone decode step splits each head's keys into segments for the threads and merges
-    them in order (forward.c attention_split_fn): its logits equal, bit for bit, those of the same tokens inside a
-    prefill chunk (not split), with 1 or 2 threads; and the sliding-window layers skip the segments they do not
-    see."""
+    them in order (block_attention.c attention_split_fn): its logits equal, bit for bit, those of the same tokens
+    inside a prefill chunk (not split), with 1 or 2 threads; and the sliding-window layers skip the segments they do
+    not see."""
     model = random_model(**MODELS[name], context_length=2304)
     vocab = model.config.vocab_size
     tokens = np.random.default_rng(2).integers(0, vocab, 2200).tolist()

@@ -300,7 +300,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
 
     weights = tiny_weights(spec)
     if spec.rope_scaling:
-        from inferd.model.arch import llama3_freq_factors
+        from inferd.model.rope_scaling import llama3_freq_factors
         factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
     embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)

@@ -1,0 +1,51 @@
+/* What forward.c and the blocks it runs (block_attention.c, block_ffn.c) share: a stage's arguments, and the
+ * helpers that run one parallel region over the thread pool. Private to the forward pass. */
+#ifndef FORWARD_STAGE_H
+#define FORWARD_STAGE_H
+
+#include "inferd.h"
+
+#define Q_DIM(c) ((c)->n_heads * (c)->head_dim)
+#define KV_DIM(c) ((c)->n_kv_heads * (c)->head_dim)
+
+/* A parallel stage's arguments: each stage is fn(arg, begin, end, thread) over items. */
+typedef struct {
+    context_t *c;
+    const batch_t *b;
+    int layer;               /* the layer being run: its slice of the KV cache */
+    const block_t *block;    /* the block being run */
+    const weight_t *w;
+    const float *in;         /* (ntok, in_dim) the matmul's input, or the norm's */
+    const float *gamma;      /* rmsnorm weights (NULL: the matmul reads `in` itself) */
+    const float *post_gamma; /* a block's post-norm weights */
+    float *out;              /* (ntok, in_dim) normed copy, for a float weight (else NULL) */
+    int ntok, in_dim;
+    const block_q8x *xq;     /* the matmul's quantized input: (ntok, in_dim / 32) */
+    float *y;                /* (ntok, ldy) */
+    int ldy, accumulate;
+    /* the step's attention plan (attention_plan), the same for every attention block */
+    int n_runs;                          /* runs of consecutive tokens of one sequence (c->runs) */
+    int heads_per_item, items_per_run;   /* attention: KV heads per item, items per run */
+    int fused_rope;                      /* attention items do their tokens' RoPE and K/V writes too */
+    int segments;                        /* attention: key segments per item of a split decode step, or 1 */
+    int64_t attn_items, attn_chunk;      /* attention items, and how many a thread claims at once */
+} stage_t;
+
+/* one parallel region over n items; with profiling on, its wall time is added to the stage's total */
+void stage_run(context_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, stage_t *s);
+/* y (+)= w s->in, from s->xq (and s->out or s->in for a float weight) */
+void stage_matmul(context_t *c, int stage, stage_t *s, const weight_t *w, float *y, int accumulate);
+/* the next matmul reads `in` (floats, for a float weight) and xq, quantized already */
+void stage_set_input(stage_t *s, const float *in, int in_dim, const block_q8x *xq);
+/* xq = quantize(rmsnorm(in)) for the matmul by `reader` (and xn = rmsnorm(in) if that weight is in floats) */
+void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma,
+                         const weight_t *reader);
+/* x += W in, or, with a post-norm (sandwich norms), x += rmsnorm(W in) */
+void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm);
+
+/* the blocks a layer is made of: each x += block(x) over the batch's tokens (block_attention.c, block_ffn.c) */
+void attention_plan(context_t *c, const batch_t *b, stage_t *s);   /* once per step, before the layers */
+void attention_block(context_t *c, stage_t *s, const block_t *B);
+void ffn_gated_block(context_t *c, stage_t *s, const block_t *B);
+
+#endif

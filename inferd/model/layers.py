@@ -1,0 +1,105 @@
+"""A model's layer plan: per layer its blocks in order (kind, options, tensor names by role), made from the
+architecture table and the model's config. Both engines build their weights from it and the loaders check a file's
+tensors against it, so that a tensor name or a block option is spelled in one place (inferd.model.arch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Mapping
+
+from inferd.model.arch import ARCHITECTURES, ATTENTION, BLOCK_TENSORS, BUILT_KINDS, FFN_GATED, MODEL_TENSORS
+from inferd.model.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of one layer as the engines build it."""
+
+    kind: str  # inferd.model.arch's block kinds
+    options: dict[str, Any]  # what the C block reads besides its tensors
+    tensors: dict[str, str]  # role -> the GGUF name of this layer's tensor (the roles this model has)
+    shapes: dict[str, tuple[int, int]]  # role -> (rows = out features, cols = in features)
+
+
+def _attention(cfg: ModelConfig, layer: int) -> Block:
+    dim, q, kv = cfg.dim, cfg.q_dim, cfg.kv_dim
+    shapes = {"norm": (1, dim), "q": (q, dim), "k": (kv, dim), "v": (kv, dim), "o": (dim, q)}
+    if cfg.qkv_bias:
+        shapes.update({"q_bias": (1, q), "k_bias": (1, kv), "v_bias": (1, kv)})
+    if cfg.qk_norm:
+        shapes.update({"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)})
+    if cfg.sandwich_norms:
+        shapes["post_norm"] = (1, dim)
+    options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale)}
+    return _block(ATTENTION, layer, options, shapes)
+
+
+def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
+    dim, hidden = cfg.dim, cfg.hidden_dim
+    shapes = {"norm": (1, dim), "gate": (hidden, dim), "up": (hidden, dim), "down": (dim, hidden)}
+    if cfg.sandwich_norms:
+        shapes["post_norm"] = (1, dim)
+    return _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
+
+
+def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> Block:
+    names = {role: f"blk.{layer}.{BLOCK_TENSORS[kind][role]}" for role in shapes}
+    return Block(kind, options, names, shapes)
+
+
+# the block kinds the engines build, each from the config; a kind of arch.py without one is refused at load
+BUILDERS = {ATTENTION: _attention, FFN_GATED: _ffn_gated}
+assert tuple(BUILDERS) == BUILT_KINDS
+
+
+def layer_blocks(cfg: ModelConfig, layer: int) -> list[Block]:
+    """Layer `layer`'s blocks in the order they run: the architecture's mixer, then its FFN."""
+    row = ARCHITECTURES[cfg.arch]
+    kinds = (row.mixer, row.ffn)
+    missing = [k for k in kinds if k not in BUILDERS]
+    if missing:
+        raise ValueError(f"{cfg.arch} layers need {' and '.join(missing)} blocks, which are not built yet")
+    return [BUILDERS[k](cfg, layer) for k in kinds]
+
+
+def layer_plan(cfg: ModelConfig) -> list[list[Block]]:
+    return [layer_blocks(cfg, i) for i in range(cfg.n_layers)]
+
+
+def model_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """The tensors outside the layers, GGUF-named: the embedding, the final norm, the output (unless tied)."""
+    shapes = {MODEL_TENSORS["embedding"]: (cfg.vocab_size, cfg.dim), MODEL_TENSORS["output_norm"]: (1, cfg.dim)}
+    if not cfg.tie_embeddings:
+        shapes[MODEL_TENSORS["output"]] = (cfg.vocab_size, cfg.dim)
+    return shapes
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Every tensor the engine needs, GGUF-named, as (rows = out features, cols = in features)."""
+    shapes = model_tensor_shapes(cfg)
+    for blocks in layer_plan(cfg):
+        for block in blocks:
+            shapes.update({block.tensors[role]: shape for role, shape in block.shapes.items()})
+    return shapes
+
+
+def check_tensors(cfg: ModelConfig, shapes: Mapping[str, tuple[int, int]]) -> None:
+    """Raise ValueError naming any missing, unexpected or mis-shaped tensor (shapes: name -> (rows, cols)).
+
+    Unknown tensors are refused rather than ignored: a weight the engine would skip means a different model.
+    """
+    expected = expected_shapes(cfg)
+    missing = [n for n in expected if n not in shapes]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ValueError(f"missing tensor{'s' if len(missing) > 1 else ''} {', '.join(missing[:3])}{more}")
+    extra = [n for n in shapes if n not in expected]
+    if extra:
+        raise ValueError(
+            f"unexpected tensor {extra[0]} (not part of a {cfg.arch} model with this config; "
+            f"{len(extra)} unexpected in all)"
+        )
+    for name, want in expected.items():
+        if tuple(shapes[name]) != want:
+            raise ValueError(f"tensor {name} has shape (rows, cols) {tuple(shapes[name])}, the config implies {want}")

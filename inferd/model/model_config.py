@@ -1,0 +1,286 @@
+"""ModelConfig: the numbers that define one model, read from GGUF metadata or HF config.json through the
+architecture table (inferd.model.arch): the row gives what the architecture always is (QK-norm, sandwich norms,
+GeGLU, ...), the file the sizes and the options it may set (sliding windows, scales, RoPE scaling).
+
+Everything the engine sizes its buffers from lives here, and is checked here, so that a model the engine cannot
+run is refused at load time with a sentence instead of failing (or silently computing garbage) later.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Collection, Mapping
+
+import numpy as np
+
+from inferd.model.arch import ARCHITECTURES, ARCHS, GGUF_KEYS, HF_ARCHS
+from inferd.model.rope_scaling import check_llama3, hf_rope_scaling, llama3_from_factors
+
+HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
+FFN_ACTS = ("silu", "gelu_tanh")
+# Weight rows are split into 32-value blocks (Q8_0/Q4_0/Q4_1), so every matmul input width must be a multiple.
+DIM_MULTIPLE = 32
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    rope_theta: float
+    rope_scaling: dict | None
+    rope_neox: bool
+    norm_eps: float
+    tie_embeddings: bool
+    qkv_bias: bool
+    context_length: int
+    qk_norm: bool = False  # RMSNorm of every q and k head before RoPE (attn_q_norm / attn_k_norm)
+    sandwich_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
+    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(dim))
+    attn_scale: float | None = None  # of q.k; None: 1/sqrt(head_dim)
+    logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
+    sliding_window: int = 0  # keys a local layer's query sees, itself included
+    local_layers: tuple[int, ...] = ()  # the layers that use the sliding window
+    rope_theta_local: float | None = None  # RoPE base of the local layers (None: rope_theta)
+    rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions / factor
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"unsupported architecture {self.arch!r} (supported: {', '.join(ARCHS)})")
+        for name in (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "hidden_dim",
+            "context_length",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} is not supported (supported: {HEAD_DIMS})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        for name in ("dim", "hidden_dim"):
+            if getattr(self, name) % DIM_MULTIPLE:
+                raise ValueError(f"{name} {getattr(self, name)} is not a multiple of {DIM_MULTIPLE}")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.rope_scaling is not None:
+            check_llama3(self.rope_scaling)
+        if self.ffn_act not in FFN_ACTS:
+            raise ValueError(f"ffn_act must be one of {FFN_ACTS}, got {self.ffn_act!r}")
+        for name in ("embed_scale", "rope_linear_factor"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        for name in ("attn_scale", "rope_theta_local"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        if not math.isfinite(self.logit_softcap) or self.logit_softcap < 0:
+            raise ValueError(f"logit_softcap must be 0 (none) or positive, got {self.logit_softcap!r}")
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be 0 (none) or positive, got {self.sliding_window}")
+        if self.local_layers and self.sliding_window == 0:
+            raise ValueError("local (sliding-window) layers need a sliding_window")
+        if any(not 0 <= i < self.n_layers for i in self.local_layers) or list(self.local_layers) != sorted(
+            set(self.local_layers)
+        ):
+            raise ValueError(f"local_layers must be distinct ascending layer indices, got {self.local_layers}")
+
+    def layer_window(self, i: int) -> int:
+        """Layer i's sliding window (keys per query, itself included), or 0 for a global layer."""
+        return self.sliding_window if i in self.local_layers else 0
+
+    def switches(self) -> list[str]:
+        """The Qwen3/Gemma 3 switches this model turns on, named for a message (empty for llama/mistral/qwen2)."""
+        on = [
+            ("QK-norm", self.qk_norm),
+            ("sandwich norms", self.sandwich_norms),
+            ("GeGLU", self.ffn_act != "silu"),
+            ("an embedding scale", self.embed_scale != 1.0),
+            ("its own attention scale", self.attn_scale is not None),
+            ("logit soft-capping", self.logit_softcap > 0),
+            ("sliding-window layers", bool(self.local_layers)),
+            ("linear RoPE scaling", self.rope_linear_factor != 1.0),
+        ]
+        return [name for name, is_on in on if is_on]
+
+    @property
+    def query_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """From a Hugging Face config.json dict (Llama/Mistral/Qwen2/Qwen3ForCausalLM)."""
+        archs = cfg.get("architectures") or []
+        known = [HF_ARCHS[a] for a in archs if a in HF_ARCHS]
+        if not known:
+            raise ValueError(f"unsupported architectures {archs!r} (supported: {', '.join(HF_ARCHS)})")
+        arch = known[0]
+        row = ARCHITECTURES[arch]
+        if cfg.get("quantization_config"):
+            method = cfg["quantization_config"].get("quant_method", "?")
+            raise ValueError(f"pre-quantized checkpoints ({method}) are not supported; use the float weights")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+        if not row.qkv_bias and (cfg.get("attention_bias") or cfg.get("mlp_bias")):
+            raise ValueError("attention_bias/mlp_bias are not supported for llama/mistral")
+        dim = _int(cfg, "hidden_size")
+        n_heads = _int(cfg, "num_attention_heads")
+        head_dim = cfg.get("head_dim")
+        if head_dim is None:
+            if dim % n_heads:
+                raise ValueError(f"hidden_size {dim} is not divisible by num_attention_heads {n_heads}")
+            head_dim = dim // n_heads
+        rope_params = cfg.get("rope_parameters") or {}  # transformers >= 5 moves rope settings here
+        rope_theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or (
+            rope_params if rope_params.get("rope_type") not in (None, "default") else None
+        )
+        context = _int(cfg, "max_position_embeddings")
+        window = cfg.get("sliding_window")
+        use_window = cfg.get("use_sliding_window", row.hf_sliding_window)  # Qwen2 ships a window it does not use
+        if use_window and isinstance(window, int) and 0 < window < context:
+            # Full attention equals sliding-window attention up to the window, so capping the context keeps
+            # results exact instead of silently attending further than the model was trained to.
+            context = window
+        return cls(
+            arch=arch,
+            vocab_size=_int(cfg, "vocab_size"),
+            dim=dim,
+            n_layers=_int(cfg, "num_hidden_layers"),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(head_dim),
+            hidden_dim=_int(cfg, "intermediate_size"),
+            rope_theta=float(rope_theta),
+            rope_scaling=hf_rope_scaling(scaling),
+            rope_neox=True,  # HF checkpoints keep q/k unpermuted: rotate-half pairs (i, i + head_dim/2)
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=row.qkv_bias,
+            context_length=context,
+            qk_norm=row.qk_norm,
+            sandwich_norms=row.sandwich_norms,
+            ffn_act=row.ffn_act,
+        )
+
+    @classmethod
+    def from_gguf(
+        cls, fields: Mapping[str, Any], tensor_names: Collection[str] = (), rope_freqs: np.ndarray | None = None
+    ) -> ModelConfig:
+        """From GGUF metadata (decoded values, or GGUFReader fields) plus the names of the file's tensors.
+
+        rope_freqs: the values of `rope_freqs.weight` when the file has it (llama.cpp stores llama3 rope
+        scaling as that precomputed tensor rather than as metadata); turned back into the llama3 parameters.
+        """
+        arch = _meta(fields, "general.architecture")
+        if arch not in ARCHS:
+            raise ValueError(f"unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+        row = ARCHITECTURES[arch]
+
+        def key(name: str, default: Any = KeyError) -> Any:
+            value = _meta(fields, f"{arch}.{GGUF_KEYS[name]}", default)
+            if isinstance(value, list):
+                raise ValueError(f"{arch}.{GGUF_KEYS[name]} varies per layer, which is not supported")
+            return value
+
+        dim = int(key("dim"))
+        n_heads = int(key("n_heads"))
+        head_dim = int(key("head_dim", dim // n_heads if n_heads else 0))
+        if int(key("value_dim", head_dim)) != head_dim:
+            raise ValueError("attention.value_length differs from key_length, which is not supported")
+        if int(key("rope_dims", head_dim)) != head_dim:
+            raise ValueError(
+                f"partial rotary embeddings (rope.dimension_count {key('rope_dims')} "
+                f"< head_dim {head_dim}) are not supported"
+            )
+        scaling_type = key("rope_scaling_type", "none")
+        # a factor without a type is linear, as llama.cpp reads it (older files wrote only rope.scale_linear)
+        linear = float(key("rope_scaling_factor", key("rope_scale_linear", 1.0)) or 1.0)
+        if scaling_type not in ("none", "", "linear"):
+            raise ValueError(
+                f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via rope_freqs)"
+            )
+        vocab = key("vocab_size", None)
+        if vocab is None:
+            vocab = len(_meta(fields, "tokenizer.ggml.tokens", []))
+        theta = float(key("rope_theta", 10000.0))
+        names = set(tensor_names)
+        scaling = None
+        if rope_freqs is not None:
+            scaling = llama3_from_factors(
+                np.asarray(rope_freqs, dtype=np.float64).ravel(),
+                head_dim,
+                theta,
+                key("rope_original_context", None),
+            )
+        n_layers = int(key("n_layers"))
+        options: dict[str, Any] = {}
+        if row.gguf_options is not None:
+
+            def own_key(name: str, default: Any = KeyError) -> Any:
+                return _meta(fields, name, default)
+
+            options = row.gguf_options(own_key, n_layers, dim, n_heads, head_dim)
+        return cls(
+            arch=arch,
+            vocab_size=int(vocab),
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(key("n_kv_heads", n_heads)),
+            head_dim=head_dim,
+            hidden_dim=int(key("hidden_dim")),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rope_neox=row.gguf_rope_neox,
+            norm_eps=float(key("norm_eps")),
+            tie_embeddings="output.weight" not in names,
+            qkv_bias=row.qkv_bias or "blk.0.attn_q.bias" in names,
+            context_length=int(key("context_length")),
+            rope_linear_factor=linear,
+            qk_norm=row.qk_norm,
+            sandwich_norms=row.sandwich_norms,
+            ffn_act=row.ffn_act,
+            **options,
+        )
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+def _int(cfg: Mapping[str, Any], key: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"config.json: {key} must be an integer, got {value!r}")
+    return value
+
+
+def _meta(fields: Mapping[str, Any], key: str, default: Any = KeyError) -> Any:
+    if key not in fields:
+        if default is KeyError:
+            raise ValueError(f"missing metadata key {key}")
+        return default
+    value = fields[key]
+    return value.contents() if hasattr(value, "contents") else value  # GGUFReader ReaderField
