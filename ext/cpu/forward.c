@@ -60,7 +60,7 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const float *x = s->gamma ? s->out : s->in;
     int ntiles = matmul_num_tiles(s->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < ntiles ? 2 * (int)end : ntiles;
-    matmul_tiles(s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy, s->accumulate);
+    matmul_tiles(&s->c->kernels, s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy, s->accumulate);
 }
 
 /* One item = 32 hidden units: the 8 tiles of Wgu holding their gate rows then their up rows (weights.py orders
@@ -75,8 +75,8 @@ static void gate_up_swiglu_fn(void *arg, int64_t begin, int64_t end, int thread)
     float *g = c->gu + (size_t)thread * c->max_tokens * 2 * QK, *u = g + (size_t)c->max_tokens * QK;  /* (T, 32) */
     for (int64_t j = begin; j < end; j++) {
         int tile = (int)j * 2 * half;
-        matmul_tiles(s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
-        matmul_tiles(s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
+        matmul_tiles(&c->kernels, s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
+        matmul_tiles(&c->kernels, s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
         if (c->model->cfg.ffn_gelu) geglu(g, u, g, T * QK);                  /* h, in place of gate */
         else swiglu(g, u, g, T * QK);
         quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */
@@ -433,6 +433,7 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     if (!c) return NULL;
     c->kv_dtype = kv_dtype;
     c->model = m;
+    kernel_config_default(&c->kernels);
     c->max_tokens = max_tokens;
     c->max_out = max_out < max_tokens ? max_out : max_tokens;
     c->num_kv_blocks = num_kv_blocks;
