@@ -11,10 +11,10 @@ from cinferd cimport *
 
 cnp.import_array()
 
+# the weight types by GGUF name, from the C engine's type-traits table (ext/cpu/type_traits.c), in WT_ order
+WEIGHT_TYPES = {weight_type_name(t).decode(): t for t in range(NUM_WEIGHT_TYPES) if weight_type_name(t) != NULL}
+FLOAT_WEIGHT_TYPES = tuple(name for name, t in WEIGHT_TYPES.items() if not weight_is_quantized(t))
 # the C header's enums (through cinferd.pxd), by name
-WEIGHT_TYPES = {"F32": WT_F32, "F16": WT_F16, "BF16": WT_BF16, "Q4_0": WT_Q4_0, "Q4_1": WT_Q4_1, "Q8_0": WT_Q8_0,
-                "Q4_K": WT_Q4_K, "Q5_K": WT_Q5_K, "Q6_K": WT_Q6_K, "Q5_0": WT_Q5_0, "Q5_1": WT_Q5_1}
-FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
 PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI, "avxvnni": PATH_AVXVNNI}
 BLOCK_SIZE = KV_BLOCK
 MAX_RUN_TOKENS = ATTN_MAX_TOKENS

@@ -11,6 +11,7 @@ cdef extern from "inferd.h" nogil:
         MAX_TOP_LOGPROBS
     enum:
         WT_F32, WT_F16, WT_BF16, WT_Q4_0, WT_Q4_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K, WT_Q5_0, WT_Q5_1
+        NUM_WEIGHT_TYPES
     enum:
         PATH_SCALAR, PATH_AVX2, PATH_AVX512VNNI, PATH_AVXVNNI
     ctypedef struct block_q8x:
@@ -33,6 +34,7 @@ cdef extern from "inferd.h" nogil:
     void weight_free(weight_t *w)
     void weight_dequant_row(const weight_t *w, int row, float *out)
     int weight_is_quantized(int type)
+    const char *weight_type_name(int type)
     size_t gguf_row_bytes(int type, int cols)
     int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out)
     float f16_to_f32(uint16_t h)

@@ -58,6 +58,7 @@ typedef struct {
     int path;            /* the kernel path the segments' kernels were bound for */
 } weight_t;
 
+const char *weight_type_name(int type);   /* GGUF's name of a type ("Q4_K"), NULL for none */
 size_t weight_tile_block_bytes(int type);
 int weight_block_cols(int type);          /* columns per tile block: 32, or 256 for the K-quants */
 int weight_is_quantized(int type);

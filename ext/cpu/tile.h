@@ -53,8 +53,9 @@ static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
 static inline size_t tile_block_bytes(int type) { return TILE_LAYOUT[type].bytes; }
 
 /* A quantized tile kernel: ntok tokens (xq, token stride nb32 blocks) against the tile at `base` of nb tile blocks;
- * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. The kernel table gives, per path and type, the
- * tokens per call of the many-token kernel (its block size) and a one-token kernel for the rest. */
+ * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. A type's qkernel_t on a path (its row of the
+ * type-traits table) gives the tokens per call of the many-token kernel (its block size) and a one-token kernel for
+ * the rest. */
 typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
                          int nrows, int accumulate, int prefetch);
 /* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
@@ -68,17 +69,16 @@ typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, in
 #define QGROUP_TILES 4
 
 /* A decode group's software prefetch, issued one piece per step of its walk (a block, or a K-quant block's
- * sub-block), only within `limit` tiles from base (the rest of the segment; 0 = none). Which bytes, measured on the
- * Intel Xeon with the zmm kernels (bench/results/decode_linear.md):
+ * sub-block), only within `limit` tiles from base (the rest of the segment; 0 = none). Which bytes:
  *   - short tiles (a row of 1536 Q4_K values is 6.9 KB): the next group's bytes in memory order, an equal piece per
- *     step, so that the prefetches walk memory as one stream a group ahead (+3-11% at 1536-wide shapes over each
- *     tile's block of the next group: four streams a group ahead);
+ *     step, so that the prefetches walk memory as one stream a group ahead, which the memory system serves better
+ *     than four streams (each tile's block of the next group);
  *   - long tiles (the 8960-wide down projection, 40 KB and more, where a group ahead is too far to stay in cache):
- *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end (+20-30%).
+ *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end.
  * The lines of a piece are a constant count (lines_group, lines_tile: constants where the kernel inlines this),
- * their addresses clamped to the limit's last line: no branch per line. The same addresses behind a loop with a
- * bound check per line ran up to 15% slower, by how the compiler laid out the code around it. Swept: 16 KB
- * against 8 and 64 KB, 2 KB ahead against 1 and 4, one group ahead against 1/2, 3/2 and 2. */
+ * their addresses clamped to the limit's last line: no branch per line, which leaves the compiler's layout of the
+ * kernel around it alone. The thresholds and distances, and the alternatives swept, are in
+ * bench/results/decode_linear.md. */
 #define DECODE_LINEAR_TILE_BYTES (16u << 10)
 #define DECODE_NEAR_BYTES 2048u
 typedef struct {

@@ -39,6 +39,9 @@
     SIMD_KERNELS(name)
 
 void repack_rows(const repack_t *f, int64_t begin, int64_t end);
+void quantize_row_q8_0(const float *x, int n, uint8_t *out);
+void quantize_row_q4_0(const float *x, int n, uint8_t *out);
+void quantize_row_q4_1(const float *x, int n, uint8_t *out);
 void dequant_f32(const uint8_t *data, int cols, int row, float *out);
 void dequant_f16(const uint8_t *data, int cols, int row, float *out);
 void dequant_bf16(const uint8_t *data, int cols, int row, float *out);
@@ -57,24 +60,24 @@ QUANT_KERNELS(q6_k) DECODE_KERNEL(q6_k)
 
 /* ---- the table: one row per type ---- */
 #define FLOAT_ROW(NAME, BYTES, DEQUANT)                                                                            \
-    {NAME, 0, 1, BYTES, 0, repack_rows, DEQUANT, FLOAT_ROWS, NULL, {NULL}, NULL, NULL}
-#define QUANT_ROW(NAME, name, COLS, GGUF_BYTES, TILE_BYTES, DECODE_FN)                                            \
-    {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, {NULL}, qscalar_##name, TILES(name),   \
-     PAIR(name), DECODE_FN}
+    {NAME, 0, 1, BYTES, 0, repack_rows, DEQUANT, NULL, FLOAT_ROWS, NULL, {NULL}, NULL, NULL}
+#define QUANT_ROW(NAME, name, COLS, GGUF_BYTES, TILE_BYTES, QUANTIZE_FN, DECODE_FN)                               \
+    {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, QUANTIZE_FN, {NULL}, qscalar_##name,    \
+     TILES(name), PAIR(name), DECODE_FN}
 static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
-    /* FLOAT_ROW(name, bytes per value, dequantize); QUANT_ROW(name, its kernels' suffix, values per block, GGUF
-     * block bytes, tile block bytes, its zmm decode kernel or NULL) */
+    /* FLOAT_ROW(name, bytes per value, dequantize); QUANT_ROW(name, its functions' suffix, values per block, GGUF
+     * block bytes, tile block bytes, its quantizer or NULL, its zmm decode kernel or NULL) */
     [WT_F32] = FLOAT_ROW("F32", 4, dequant_f32),
     [WT_F16] = FLOAT_ROW("F16", 2, dequant_f16),
     [WT_BF16] = FLOAT_ROW("BF16", 2, dequant_bf16),
-    [WT_Q4_0] = QUANT_ROW("Q4_0", q4_0, QK, 18, TB_Q4_0, DECODE(q4_0)),
-    [WT_Q4_1] = QUANT_ROW("Q4_1", q4_1, QK, 20, TB_Q4_1, DECODE(q4_1)),
-    [WT_Q5_0] = QUANT_ROW("Q5_0", q5_0, QK, 22, TB_Q5_0, DECODE(q5_0)),
-    [WT_Q5_1] = QUANT_ROW("Q5_1", q5_1, QK, 24, TB_Q5_1, DECODE(q5_1)),
-    [WT_Q8_0] = QUANT_ROW("Q8_0", q8_0, QK, 34, TB_Q8_0, NULL),    /* decodes on the ymm tiles */
-    [WT_Q4_K] = QUANT_ROW("Q4_K", q4_k, QK_K, 144, TB_Q4_K, DECODE(q4_k)),
-    [WT_Q5_K] = QUANT_ROW("Q5_K", q5_k, QK_K, 176, TB_Q5_K, DECODE(q5_k)),
-    [WT_Q6_K] = QUANT_ROW("Q6_K", q6_k, QK_K, 210, TB_Q6_K, DECODE(q6_k)),
+    [WT_Q4_0] = QUANT_ROW("Q4_0", q4_0, QK, 18, TB_Q4_0, quantize_row_q4_0, DECODE(q4_0)),
+    [WT_Q4_1] = QUANT_ROW("Q4_1", q4_1, QK, 20, TB_Q4_1, quantize_row_q4_1, DECODE(q4_1)),
+    [WT_Q5_0] = QUANT_ROW("Q5_0", q5_0, QK, 22, TB_Q5_0, NULL, DECODE(q5_0)),
+    [WT_Q5_1] = QUANT_ROW("Q5_1", q5_1, QK, 24, TB_Q5_1, NULL, DECODE(q5_1)),
+    [WT_Q8_0] = QUANT_ROW("Q8_0", q8_0, QK, 34, TB_Q8_0, quantize_row_q8_0, NULL),   /* decodes on the ymm tiles */
+    [WT_Q4_K] = QUANT_ROW("Q4_K", q4_k, QK_K, 144, TB_Q4_K, NULL, DECODE(q4_k)),
+    [WT_Q5_K] = QUANT_ROW("Q5_K", q5_k, QK_K, 176, TB_Q5_K, NULL, DECODE(q5_k)),
+    [WT_Q6_K] = QUANT_ROW("Q6_K", q6_k, QK_K, 210, TB_Q6_K, NULL, DECODE(q6_k)),
 };
 
 const type_traits_t *type_traits(int type) {
@@ -82,6 +85,11 @@ const type_traits_t *type_traits(int type) {
 }
 
 /* ---- the questions about a type, answered from its row ---- */
+const char *weight_type_name(int type) {
+    const type_traits_t *tt = type_traits(type);
+    return tt ? tt->name : NULL;
+}
+
 int weight_is_quantized(int type) {
     const type_traits_t *tt = type_traits(type);
     return tt && tt->quantized;

@@ -25,6 +25,8 @@ typedef void (*dequant_fn)(const uint8_t *data, int cols, int row, float *out);
  * all tokens in one call; matmul.c) */
 typedef void (*qscalar_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
                            int ycol, int nrows, int accumulate);
+/* one row of n floats into GGUF blocks (quant.c: the types the engine quantizes for tests and tools) */
+typedef void (*quantize_row_fn)(const float *x, int n, uint8_t *out);
 /* a float type's kernel: rows [row0, row0 + nrows) of w for ntok tokens into y[t * ldy + ycol + r] (matmul.c) */
 typedef void (*float_rows_fn)(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y, int ldy,
                               int ycol, int accumulate);
@@ -37,6 +39,7 @@ typedef struct {
     size_t tile_block_bytes;     /* tile.h's TB_*; 0 for float types */
     repack_fn repack;
     dequant_fn dequant_row;
+    quantize_row_fn quantize_row;   /* NULL: none */
     /* kernels per path (PATH_*): float types have float_rows, quantized ones scalar (PATH_SCALAR) and tiles (the SIMD
      * paths); pair and decode are the AVX-512 VNNI kernels the VNNI paths add where the CPU has that (NULL: none) */
     float_rows_fn float_rows[NUM_PATHS];
