@@ -10,8 +10,7 @@ cdef extern from "inferd.h" nogil:
         KV_BLOCK
         MAX_TOP_LOGPROBS
     enum:
-        WT_F32, WT_F16, WT_BF16, WT_Q4_0, WT_Q4_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K, WT_Q5_0, WT_Q5_1
-        NUM_WEIGHT_TYPES
+        NUM_WEIGHT_TYPES   # the types themselves: weight_type_name (the type-traits table)
     enum:
         PATH_SCALAR, PATH_AVX2, PATH_AVX512VNNI, PATH_AVXVNNI
     ctypedef struct block_q8x:
