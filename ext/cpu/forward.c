@@ -60,7 +60,8 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const float *x = s->gamma ? s->out : s->in;
     int ntiles = matmul_num_tiles(s->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < ntiles ? 2 * (int)end : ntiles;
-    matmul_tiles(&s->c->kernels, s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy, s->accumulate);
+    matmul_tiles(&s->c->kernels, s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy,
+                 s->accumulate);
 }
 
 /* One item = 32 hidden units: the 8 tiles of Wgu holding their gate rows then their up rows (weights.py orders

@@ -2,7 +2,7 @@
  * inside a `#pragma GCC target` region, with:
  *   KSUFFIX        the path's name (the functions and each type's qkernel_t get it as a suffix)
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
- *   KNT(type)      tokens per call of the many-token kernel of `type` (the kernel table's block size)
+ *   KNT(type)      tokens per call of the many-token kernel of `type` (its qkernel_t's ntok)
  *
  * One call: ntok tokens against one tile (8 rows). For every 32-value block, in column order:
  *   1. the block's 8 weight vectors wv[j] (lane r: values 4j..4j+3 of row r, unsigned; signed for Q8_0),
