@@ -1,8 +1,8 @@
 """Batched decode steps (B sequences, one token each) on the default kernels vs the ymm tile kernels, alternating in
 one process (ABAB ...). By default up to QDECODE_TOKENS (8) tokens run the zmm decode kernels (qdecode512.c, tiles
-unpacked once for all of them; Q8_0 has none) and more the pair kernels; "ymm tiles" turns both off
-(_cpu.set_prefill_kernels, _cpu.set_decode_kernels), which is what every batch under 16 tokens ran before. Both give
-the same bits: the generated tokens are checked equal.
+unpacked once for all of them; Q8_0 has none) and more the pair kernels; "ymm tiles" turns both off (the engine
+context's KernelConfig: set_prefill_kernels, set_decode_kernels), which is what every batch under 16 tokens ran
+before. Both give the same bits: the generated tokens are checked equal.
 
     python bench/batch_decode.py [-m MODEL] [-t 2] [--batches 1,2,3,4,5,6,8,12] [--steps 24] [--rounds 3]
 (MODEL: qwen2.5-coder-1.5b-q4_k_m (the default) or gemma-3-270m-q4_k_m of ../shared/models/fetch.sh, or a path)
@@ -15,7 +15,6 @@ import statistics
 import time
 
 from _common import bench_model_path, decode_bench_args
-from inferd import _cpu
 from inferd.engine.engine import Engine
 from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
@@ -56,7 +55,8 @@ def main() -> None:
         max_seqs=max(batches),
         threads=args.threads,
     )
-    default = (_cpu.prefill_kernels(), _cpu.decode_kernels())
+    kernels = engine._ctx.kernels  # the context's kernel settings
+    default = (kernels.prefill_kernels(), kernels.decode_kernels())
     kinds = {"default": default, "ymm tiles": ("tiles", "tiles")}
     print(
         f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path, prefill / decode kernels {default}"
@@ -68,8 +68,8 @@ def main() -> None:
             tokens: dict[str, list[list[int]]] = {}
             for r in range(args.rounds):
                 for name in list(kinds) if r % 2 == 0 else list(kinds)[::-1]:
-                    _cpu.set_prefill_kernels(kinds[name][0])
-                    _cpu.set_decode_kernels(kinds[name][1])
+                    kernels.set_prefill_kernels(kinds[name][0])
+                    kernels.set_decode_kernels(kinds[name][1])
                     ms, out = steps(engine, b, args.steps)
                     times[name].append(ms)
                     assert tokens.setdefault(name, out) == out, f"{name} gave other tokens"
@@ -77,8 +77,8 @@ def main() -> None:
             ours, tiles = (statistics.median(times[k]) for k in kinds)
             print(f"| {b} | {ours:.1f} | {tiles:.1f} | {tiles / ours:.2f} |", flush=True)
     finally:
-        _cpu.set_prefill_kernels(default[0])
-        _cpu.set_decode_kernels(default[1])
+        kernels.set_prefill_kernels(default[0])
+        kernels.set_decode_kernels(default[1])
 
 
 if __name__ == "__main__":

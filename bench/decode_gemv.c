@@ -2,14 +2,15 @@
  * bandwidth probe (membw.c) in the same run. Each configuration streams ~400 MB of copies of one matrix (more than
  * the last-level cache: every byte comes from memory, as in a decode step) or, with HOT=1, one copy 20 times
  * (compute-bound), at shapes of at most 1.3 MB that stay in a core's 2 MB L2. The kernels alternate within each
- * round: a GROUP is the decode group size (matmul_set_decode_group: 1 = one tile per call, the kernel before the
+ * round: a GROUP is the decode group size (kernel_config_t's decode_group: 1 = one tile per call, the kernel before the
  * groups) of the ymm tile kernels, or with a leading z of the zmm pair kernels (qdecode512.c,
- * matmul_set_decode_kernels), and a trailing p or n turns the software prefetch on or off for every tile
- * (matmul_set_decode_prefetch; default: the CPU's rule); a leading L only reads the bytes in the group kernels'
+ * decode_zmm), and a trailing p or n turns the software prefetch on or off for every tile
+ * (decode_prefetch_bytes; default: the CPU's rule); a leading L only reads the bytes in the group kernels'
  * order (load_fn: the access pattern's ceiling), a leading S followed by a distance reads the same bytes as one
  * stream per thread (stream_fn: a plain read loop's ceiling); best of the rounds, since the machine may be shared.
  *
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
+ *       ext/cpu/type_traits.c ext/cpu/repack.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
  *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
  *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024
@@ -53,12 +54,13 @@ static void *gguf_random(int type, int rows, int cols) {
 }
 
 typedef struct { const weight_t *w; const block_q8x *xq; float *y; } job_t;
+static kernel_config_t kernels;   /* the configuration being run */
 
 static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {   /* forward.c's items: pairs of tiles */
     const job_t *j = arg;
     (void)thread;
     int nt = matmul_num_tiles(j->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < nt ? 2 * (int)end : nt;
-    matmul_tiles(j->w, t0, t1, 1, NULL, j->xq, j->y + (size_t)t0 * TILE_ROWS, j->w->rows, 0);
+    matmul_tiles(&kernels, j->w, t0, t1, 1, NULL, j->xq, j->y + (size_t)t0 * TILE_ROWS, j->w->rows, 0);
 }
 
 /* mode L: the access pattern alone. A thread's tiles are read as the group kernels read them (up to GROUP tiles in
@@ -136,7 +138,8 @@ int main(int argc, char **argv) {
         pf[g] = *end == 'p' ? 2 : *end == 'n' ? 0 : 1;
     }
     const int (*shapes)[3] = getenv("GEMMA") ? gemma_shapes : hot ? hot_shapes : streamed_shapes;
-    size_t dflt = matmul_decode_prefetch();
+    kernel_config_default(&kernels);
+    size_t dflt = kernels.decode_prefetch_bytes;
     pool_t *pool = pool_create(threads);
     float *x = malloc(8960 * sizeof(float)), *y = malloc((size_t)262144 * sizeof(float));
     for (int i = 0; i < 8960; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
@@ -164,10 +167,9 @@ int main(int argc, char **argv) {
         double b = read_bandwidth(256 << 20, threads, 1);
         bw = b > bw ? b : bw;
         for (int g = 0; g < ng; g++) {
-            matmul_set_decode_group(groups[g]);
-            matmul_set_decode_kernels(zmm[g]);
-            if (pf[g] != 1) matmul_set_decode_prefetch(pf[g] ? SIZE_MAX : 0);
-            else matmul_set_decode_prefetch(dflt);
+            kernels.decode_group = groups[g];
+            kernels.decode_zmm = zmm[g];
+            kernels.decode_prefetch_bytes = pf[g] != 1 ? (pf[g] ? SIZE_MAX : 0) : dflt;
             for (int s = 0; s < NSHAPES; s++) {
                 load_group = groups[g];   /* mode L's prefetch by matmul.c's rule: tile bytes <= the default */
                 sdist = sdists[g];
@@ -190,8 +192,8 @@ int main(int argc, char **argv) {
     for (int s = 0; s < NSHAPES; s++)
         for (int g = 0, first = 1; g < ng; g++) {
             if (load[g] != KERNEL) continue;
-            matmul_set_decode_group(groups[g]);
-            matmul_set_decode_kernels(zmm[g]);
+            kernels.decode_group = groups[g];
+            kernels.decode_zmm = zmm[g];
             job_t j = {&ws[s][0], xq, first ? y0 : y};
             pool_run(pool, (matmul_num_tiles(&ws[s][0]) + 1) / 2, 1, matmul_fn, &j);
             if (!first && memcmp(y, y0, (size_t)shapes[s][1] * sizeof(float))) same = 0;

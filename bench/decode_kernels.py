@@ -1,7 +1,7 @@
-"""Whole decode steps with the ymm tile kernels vs the zmm pair kernels for Q4_K/Q6_K (_cpu.set_decode_kernels), or
-with --prefetch the decode kernels' software prefetch always / never / as the CPU's default / for tiles up to 16 KB
-(_cpu.set_decode_prefetch), alternating in one process (ABC CBA ...), next to the read-bandwidth probe of the same
-run. All give the same bits: the generated tokens are checked equal.
+"""Whole decode steps with the ymm tile kernels vs the zmm pair kernels for Q4_K/Q6_K, or with --prefetch the decode
+kernels' software prefetch always / never / as the CPU's default / for tiles up to 16 KB, set on the engine's
+context (its KernelConfig: set_decode_kernels, set_decode_prefetch), alternating in one process (ABC CBA ...), next
+to the read-bandwidth probe of the same run. All give the same bits: the generated tokens are checked equal.
 
     python bench/decode_kernels.py [-m MODEL] [-t 2] [--decode 64] [--rounds 3] [--prefetch]
 (MODEL: qwen2.5-coder-1.5b-q4_k_m (the default) or gemma-3-270m-q4_k_m of ../shared/models/fetch.sh, or a path)
@@ -48,18 +48,19 @@ def main() -> None:
     )
     prompt = [(i * 7919) % (engine.vocab_size - 10) + 5 for i in range(16)]
     print(f"{model.model_name}: {engine.threads} threads, {engine.kernel_path} path")
-    default_prefetch = _cpu.decode_prefetch()
+    kernels = engine._ctx.kernels  # the context's kernel settings
+    default_prefetch = kernels.decode_prefetch()
     if args.prefetch:
         default_name = "every tile" if default_prefetch is None else f"tiles <= {default_prefetch} B"
         settings = {
-            "prefetch always": lambda: _cpu.set_decode_prefetch(None),
-            "prefetch never": lambda: _cpu.set_decode_prefetch(0),
-            f"prefetch default ({default_name})": lambda: _cpu.set_decode_prefetch(default_prefetch),
+            "prefetch always": lambda: kernels.set_decode_prefetch(None),
+            "prefetch never": lambda: kernels.set_decode_prefetch(0),
+            f"prefetch default ({default_name})": lambda: kernels.set_decode_prefetch(default_prefetch),
         }
         if default_prefetch != 16 << 10:  # AMD's rule, where it is not the default
-            settings["prefetch tiles <= 16384 B"] = lambda: _cpu.set_decode_prefetch(16 << 10)
+            settings["prefetch tiles <= 16384 B"] = lambda: kernels.set_decode_prefetch(16 << 10)
     else:
-        settings = {k: (lambda k=k: _cpu.set_decode_kernels(k)) for k in _cpu.DECODE_KERNELS}
+        settings = {k: (lambda k=k: kernels.set_decode_kernels(k)) for k in _cpu.DECODE_KERNELS}
     rates: dict[str, list[float]] = {k: [] for k in settings}
     cpu_rates: dict[str, list[float]] = {k: [] for k in settings}
     tokens: dict[str, list[int]] = {}
@@ -73,8 +74,6 @@ def main() -> None:
             rates[name].append(rate)
             cpu_rates[name].append(cpu_rate)
             assert tokens.setdefault(name, out) == out, f"{name} gave other tokens"
-    _cpu.set_decode_kernels("avx512")
-    _cpu.set_decode_prefetch(default_prefetch)
     assert len({tuple(t) for t in tokens.values()}) == 1, "the settings gave different tokens"
     print(f"read bandwidth probe ({args.threads} threads): " + " ".join(f"{b:.1f}" for b in probes) + " GB/s")
     first = next(iter(settings))

@@ -4,8 +4,9 @@
         [--kernels tiles,amx] [--rounds 2] [-r 3]
 
 Each round runs llama-bench (bench/vs_llamacpp.py's tuned flags and peer: -fa 0,1 x -ub 256,512, the best per
-test, -lm none, huge-page malloc, no OMP_* variables) and inferd once per prefill kernel kind
-(_cpu.set_prefill_kernels: 'tiles' is the ymm kernel the VNNI paths had before the pair kernels), in ABBA order.
+test, -lm none, huge-page malloc, no OMP_* variables) and inferd once per prefill kernel kind (the engine
+context's KernelConfig.set_prefill_kernels: 'tiles' is the ymm kernel the VNNI paths had before the pair kernels),
+in ABBA order.
 Prints medians, min-max spread and ratios to llama.cpp.
 """
 from __future__ import annotations
@@ -54,12 +55,12 @@ def main() -> None:
                             for config, values in by_config.items():
                                 peer_runs.setdefault(test, {}).setdefault(config, []).extend(values)
                 else:
-                    _cpu.set_prefill_kernels(side)
+                    engine._ctx.kernels.set_prefill_kernels(side)
                     for (test, _), values in vs.run_inferd(engine, tests, 0, args.repeats).items():
                         samples[side].setdefault(test, []).extend(values)
         for test, by_config in peer_runs.items():
             samples["llama.cpp"][test] = by_config[best_config(by_config)]
-        _cpu.set_prefill_kernels("amx")
+        engine._ctx.kernels.set_prefill_kernels("amx")
         for test in tests:
             med = {s: median(samples[s][test]) for s in sides}
             cells = [f"{med[s]:.0f} [{min(samples[s][test]):.0f}-{max(samples[s][test]):.0f}]" for s in sides]

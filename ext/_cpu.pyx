@@ -11,10 +11,10 @@ from cinferd cimport *
 
 cnp.import_array()
 
+# the weight types by GGUF name, from the C engine's type-traits table (ext/cpu/type_traits.c), in WT_ order
+WEIGHT_TYPES = {weight_type_name(t).decode(): t for t in range(NUM_WEIGHT_TYPES) if weight_type_name(t) != NULL}
+FLOAT_WEIGHT_TYPES = tuple(name for name, t in WEIGHT_TYPES.items() if not weight_is_quantized(t))
 # the C header's enums (through cinferd.pxd), by name
-WEIGHT_TYPES = {"F32": WT_F32, "F16": WT_F16, "BF16": WT_BF16, "Q4_0": WT_Q4_0, "Q4_1": WT_Q4_1, "Q8_0": WT_Q8_0,
-                "Q4_K": WT_Q4_K, "Q5_K": WT_Q5_K, "Q6_K": WT_Q6_K, "Q5_0": WT_Q5_0, "Q5_1": WT_Q5_1}
-FLOAT_WEIGHT_TYPES = ("F32", "F16", "BF16")
 PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI, "avxvnni": PATH_AVXVNNI}
 BLOCK_SIZE = KV_BLOCK
 MAX_RUN_TOKENS = ATTN_MAX_TOKENS
@@ -47,59 +47,7 @@ def set_path(str name):
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
 
 
-PREFILL_KERNELS = ("tiles", "avx512", "amx")
-
-
-def set_prefill_kernels(str name):
-    """The best prefill matmul kernels the VNNI paths may use: 'tiles' (8-row ymm tiles), 'avx512' (pairs of tiles in
-    zmm where the CPU has AVX-512 VNNI) or 'amx' (those with AMX for groups of 16 tokens where the CPU and OS allow;
-    the default). All give the same bits; tests force each."""
-    if name not in PREFILL_KERNELS:
-        raise ValueError(f"prefill kernels {name!r}: expected one of {PREFILL_KERNELS}")
-    matmul_set_prefill_kernels(PREFILL_KERNELS.index(name))
-
-
-def prefill_kernels():
-    """The prefill kernels in use with the active path on this CPU."""
-    return PREFILL_KERNELS[matmul_prefill_kernels()]
-
-
-def set_decode_group(int tiles):
-    """Tiles a single token's matmul walks in lockstep per kernel call: 1 to 4 (the default). All give the same
-    bits; tests force each."""
-    if not 1 <= tiles <= 4:
-        raise ValueError(f"decode group of {tiles} tiles: expected 1 to 4")
-    matmul_set_decode_group(tiles)
-
-
-DECODE_KERNELS = ("tiles", "avx512")
-
-
-def set_decode_kernels(str name):
-    """The single-token kernels of the quantized types but Q8_0 the VNNI paths may use: 'tiles' (8-row ymm tiles) or
-    'avx512' (pairs of tiles in zmm where the CPU has AVX-512 VNNI; the default). Both give the same bits; tests force
-    each."""
-    if name not in DECODE_KERNELS:
-        raise ValueError(f"decode kernels {name!r}: expected one of {DECODE_KERNELS}")
-    matmul_set_decode_kernels(DECODE_KERNELS.index(name))
-
-
-def decode_kernels():
-    """The decode kernels in use with the active path on this CPU."""
-    return DECODE_KERNELS[matmul_decode_kernels()]
-
-
-def set_decode_prefetch(max_tile_bytes):
-    """Software prefetch in a decode step's kernels for tiles of at most max_tile_bytes (0: never, None: always).
-    The default is the CPU's: always, but on AMD only tiles of up to 16 KB (its hardware prefetcher does better
-    alone on longer ones). The bits are the same either way."""
-    matmul_set_decode_prefetch(SIZE_MAX if max_tile_bytes is None else max_tile_bytes)
-
-
-def decode_prefetch():
-    """The largest tile a decode step prefetches for (None: every tile)."""
-    cdef size_t n = matmul_decode_prefetch()
-    return None if n == SIZE_MAX else n
+include "kernel_config.pxi"
 
 
 def measure_read_bandwidth(size_t nbytes=256 << 20, int threads=1, int repeats=3):
@@ -263,12 +211,15 @@ cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NU
 
 
 cdef class Weight:
-    """One weight matrix in the engine's tile layout; for kernel tests and benchmarks."""
+    """One weight matrix in the engine's tile layout, with kernel settings of its own (kernels); for kernel tests and
+    benchmarks."""
     cdef weight_t w
+    cdef kernel_config_t kc
 
     def __init__(self, str type_name, int rows, int cols, data, parts=None, int interleave=0):
         """A weight of one type; or with type_name "parts", the fused weight of `parts` ((type, rows, cols, data)
         tuples; see spec_parts)."""
+        kernel_config_default(&self.kc)
         if type_name == "parts":
             init_weight(&self.w, ("parts", list(parts), interleave))
         else:
@@ -281,6 +232,11 @@ cdef class Weight:
     def nbytes(self):
         return self.w.nbytes
 
+    @property
+    def kernels(self):
+        """The kernel settings matmul runs with (KernelConfig)."""
+        return KernelConfig.of(&self.kc, self)
+
     def dequantize(self):
         out = np.empty((self.w.rows, self.w.cols), np.float32)
         cdef float[:, ::1] ov = out
@@ -291,7 +247,8 @@ cdef class Weight:
         return out
 
     def matmul(self, cnp.ndarray x, cnp.ndarray y=None):
-        """y (ntok, rows) = x (ntok, cols) @ W.T with the active path, single-threaded; y += when given."""
+        """y (ntok, rows) = x (ntok, cols) @ W.T with the active path's kernels (bound again when set_path changed it
+        since), single-threaded; y += when given."""
         cdef float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
         cdef int ntok = xv.shape[0], t, nb = self.w.cols // 32, acc = y is not None
         if xv.shape[1] != self.w.cols:
@@ -300,11 +257,14 @@ cdef class Weight:
             y = np.zeros((ntok, self.w.rows), np.float32)
         cdef float[:, ::1] yv = y
         cdef block_q8x *xq = <block_q8x *>malloc(max(1, ntok * nb) * sizeof(block_q8x))
+        if self.w.path != cpu_path():
+            weight_bind_kernels(&self.w, cpu_path())
         with nogil:
             if weight_is_quantized(self.w.type):
                 for t in range(ntok):
                     quantize_act(&xv[t, 0], self.w.cols, xq + t * nb)
-            matmul_tiles(&self.w, 0, matmul_num_tiles(&self.w), ntok, &xv[0, 0], xq, &yv[0, 0], self.w.rows, acc)
+            matmul_tiles(&self.kc, &self.w, 0, matmul_num_tiles(&self.w), ntok, &xv[0, 0], xq, &yv[0, 0],
+                         self.w.rows, acc)
         free(xq)
         return y
 
@@ -765,6 +725,11 @@ cdef class Context:
     def __dealloc__(self):
         if self.c != NULL:
             context_free(self.c)
+
+    @property
+    def kernels(self):
+        """This context's matmul kernel settings (KernelConfig)."""
+        return KernelConfig.of(&self.c.kernels, self)
 
     def forward(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
                 int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask,

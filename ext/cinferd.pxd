@@ -10,7 +10,7 @@ cdef extern from "inferd.h" nogil:
         KV_BLOCK
         MAX_TOP_LOGPROBS
     enum:
-        WT_F32, WT_F16, WT_BF16, WT_Q4_0, WT_Q4_1, WT_Q8_0, WT_Q4_K, WT_Q5_K, WT_Q6_K, WT_Q5_0, WT_Q5_1
+        NUM_WEIGHT_TYPES   # the types themselves: weight_type_name (the type-traits table)
     enum:
         PATH_SCALAR, PATH_AVX2, PATH_AVX512VNNI, PATH_AVXVNNI
     ctypedef struct block_q8x:
@@ -25,6 +25,7 @@ cdef extern from "inferd.h" nogil:
         uint8_t *data
         int owned
         int nseg
+        int path
     size_t weight_layout_bytes(int type, int rows, int cols)
     size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int cols)
     int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, int cols, uint8_t *dst)
@@ -32,6 +33,7 @@ cdef extern from "inferd.h" nogil:
     void weight_free(weight_t *w)
     void weight_dequant_row(const weight_t *w, int row, float *out)
     int weight_is_quantized(int type)
+    const char *weight_type_name(int type)
     size_t gguf_row_bytes(int type, int cols)
     int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out)
     float f16_to_f32(uint16_t h)
@@ -53,16 +55,20 @@ cdef extern from "inferd.h" nogil:
     void huge_free(void *p, size_t n)
 
     void quantize_act(const float *x, int n, block_q8x *out)
-    void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
-                      const block_q8x *xq, float *y, int ldy, int accumulate)
+    enum:
+        PREFILL_TILES, PREFILL_AVX512, PREFILL_AMX
+    ctypedef struct kernel_config_t:
+        int prefill
+        int decode_group
+        int decode_zmm
+        size_t decode_prefetch_bytes
+    void kernel_config_default(kernel_config_t *kc)
+    int matmul_prefill_kernels(const kernel_config_t *kc)
+    int matmul_decode_kernels(const kernel_config_t *kc)
+    void matmul_tiles(const kernel_config_t *kc, const weight_t *w, int tile_begin, int tile_end, int ntok,
+                      const float *x, const block_q8x *xq, float *y, int ldy, int accumulate)
     int matmul_num_tiles(const weight_t *w)
-    void matmul_set_prefill_kernels(int kind)
-    int matmul_prefill_kernels()
-    void matmul_set_decode_group(int tiles)
-    void matmul_set_decode_kernels(int zmm)
-    int matmul_decode_kernels()
-    void matmul_set_decode_prefetch(size_t max_tile_bytes)
-    size_t matmul_decode_prefetch()
+    void weight_bind_kernels(weight_t *w, int path)
     void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out)
     void swiglu(const float *g, const float *u, float *h, int n)
     void geglu(const float *g, const float *u, float *h, int n)
@@ -194,6 +200,7 @@ cdef extern from "inferd.h" nogil:
         int kv_dtype
         uint8_t *k_q8
         uint8_t *v_q8
+        kernel_config_t kernels
     context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads)
     context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                                  int kv_dtype)

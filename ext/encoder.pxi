@@ -62,6 +62,7 @@ cdef extern from "encoder.h" nogil:
     ctypedef struct encoder_ctx_t:
         int profile_on
         double profile[ENC_NUM_STAGES]
+        kernel_config_t kernels
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
@@ -278,6 +279,11 @@ cdef class Encoder:
     def __dealloc__(self):
         if self.c != NULL:
             encoder_ctx_free(self.c)
+
+    @property
+    def kernels(self):
+        """This encoder's matmul kernel settings (KernelConfig)."""
+        return KernelConfig.of(&self.c.kernels, self)
 
     def encode(self, int32_t[::1] token_ids, int32_t[::1] seq_start, bint want_hidden=False):
         """token_ids (num_tokens,): the sequences one after another; seq_start (num_seqs + 1,): where each begins,

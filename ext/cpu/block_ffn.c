@@ -17,8 +17,8 @@ static void gate_up_act_fn(void *arg, int64_t begin, int64_t end, int thread) {
     float *g = c->gu + (size_t)thread * c->max_tokens * 2 * QK, *u = g + (size_t)c->max_tokens * QK;  /* (T, 32) */
     for (int64_t j = begin; j < end; j++) {
         int tile = (int)j * 2 * half;
-        matmul_tiles(s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
-        matmul_tiles(s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
+        matmul_tiles(&c->kernels, s->w, tile, tile + half, T, s->out, s->xq, g, QK, 0);
+        matmul_tiles(&c->kernels, s->w, tile + half, tile + 2 * half, T, s->out, s->xq, u, QK, 0);
         if (F->act == ACT_GELU_TANH) geglu(g, u, g, T * QK);                  /* h, in place of gate */
         else swiglu(g, u, g, T * QK);
         quantize_act_strided(g, T * QK, c->xq_h + j, nb);                     /* token t's block j */

@@ -67,8 +67,8 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
                 gemm_panels(s->panels, s->w->rows, s->w->cols, p0, p1, nt, s->in + (size_t)t0 * s->w->cols,
                             y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
         } else {
-            matmul_tiles(s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols, s->xq + (size_t)t0 * nb,
-                         y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
+            matmul_tiles(&s->c->kernels, s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols,
+                         s->xq + (size_t)t0 * nb, y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
         }
         if (s->bias) {
             int r1 = tile1 * TILE_ROWS < s->w->rows ? tile1 * TILE_ROWS : s->w->rows;
@@ -191,9 +191,11 @@ static void residual_norm_fn(void *arg, int64_t begin, int64_t end, int thread) 
 }
 
 /* rows [32 j, 32 j + 32) of the FFN's up matrix for nt tokens into y (nt, 32) */
-static void up_rows(const enc_layer_t *L, int j, int nt, const float *in, const block_q8x *xq, float *y) {
+static void up_rows(const encoder_ctx_t *c, const enc_layer_t *L, int j, int nt, const float *in,
+                    const block_q8x *xq, float *y) {
     if (L->wup_p) gemm_panels(L->wup_p, L->wup.rows, L->wup.cols, 2 * j, 2 * j + 2, nt, in, y, QK, 0);
-    else matmul_tiles(&L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK, 0);
+    else matmul_tiles(&c->kernels, &L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK,
+                      0);
 }
 
 /* One item = (token chunk, 32 hidden units j): their up rows (BERT: + bias, GELU) or gate and up rows (Gemma:
@@ -212,11 +214,11 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         const float *in = s->in + (size_t)t0 * cfg->dim;
         const block_q8x *xq = c->xq + (size_t)t0 * nb;
         if (cfg->arch == ENC_BERT) {
-            up_rows(L, j, nt, in, xq, g);
+            up_rows(c, L, j, nt, in, xq, g);
             bias_gelu_erf(g, L->bup + j * QK, QK, nt * QK);
         } else {
-            up_rows(L, 2 * j, nt, in, xq, g);             /* gate and up rows alternate in blocks of 32 */
-            up_rows(L, 2 * j + 1, nt, in, xq, u);
+            up_rows(c, L, 2 * j, nt, in, xq, g);          /* gate and up rows alternate in blocks of 32 */
+            up_rows(c, L, 2 * j + 1, nt, in, xq, u);
             geglu(g, u, g, nt * QK);                      /* the decoder's GeGLU (norm.c) */
         }
         if (is_quant(&L->wdown))
@@ -381,6 +383,7 @@ encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_se
     encoder_ctx_t *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
     c->model = m;
+    kernel_config_default(&c->kernels);
     c->max_tokens = max_tokens;
     c->max_seqs = max_seqs;
     c->pool = pool_create(threads);

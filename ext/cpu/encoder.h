@@ -92,6 +92,7 @@ typedef struct {
     int32_t *seq_of;                  /* (max_tokens) sequence of each token */
     float *pooled;                    /* (max_seqs, max(dim, dense outs)) two buffers for the dense chain */
     float *pooled2;
+    kernel_config_t kernels;          /* this context's matmul kernel settings */
 } encoder_ctx_t;
 
 encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads);

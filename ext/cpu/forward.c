@@ -40,7 +40,8 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const float *x = s->gamma ? s->out : s->in;
     int ntiles = matmul_num_tiles(s->w), t0 = 2 * (int)begin, t1 = 2 * (int)end < ntiles ? 2 * (int)end : ntiles;
-    matmul_tiles(s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy, s->accumulate);
+    matmul_tiles(&s->c->kernels, s->w, t0, t1, s->ntok, x, s->xq, s->y + (size_t)t0 * TILE_ROWS, s->ldy,
+                 s->accumulate);
 }
 
 /* x += rmsnorm(y) for each token: a sandwich norm of a block's output (Gemma), then the residual add */
@@ -201,6 +202,7 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     if (!c) return NULL;
     c->kv_dtype = kv_dtype;
     c->model = m;
+    kernel_config_default(&c->kernels);
     c->max_tokens = max_tokens;
     c->max_out = max_out < max_tokens ? max_out : max_tokens;
     c->num_kv_blocks = num_kv_blocks;

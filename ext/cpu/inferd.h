@@ -52,9 +52,13 @@ typedef struct {
     uint8_t *data;       /* 64-byte aligned */
     int owned;           /* data was allocated by weight_init (else it lies in the caller's buffer) */
     int nseg;            /* 1, or the number of segments */
-    struct { int type, row0; size_t offset; } seg[MAX_SEGMENTS];   /* first row and byte offset into data */
+    /* first row, byte offset into data, and the segment's kernels: bound when the weight is built, from its type's
+     * row of the type-traits table (type_traits.c) and the kernel path then active (weight_bind_kernels) */
+    struct { int type, row0; size_t offset; const struct weight_kernels *kernels; } seg[MAX_SEGMENTS];
+    int path;            /* the kernel path the segments' kernels were bound for */
 } weight_t;
 
+const char *weight_type_name(int type);   /* GGUF's name of a type ("Q4_K"), NULL for none */
 size_t weight_tile_block_bytes(int type);
 int weight_block_cols(int type);          /* columns per tile block: 32, or 256 for the K-quants */
 int weight_is_quantized(int type);
@@ -73,6 +77,9 @@ struct pool;
 int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
                 struct pool *pool);
 void weight_free(weight_t *w);
+/* binds the segments' kernels for `path` again (a built weight has those of the path active when it was built; kernel
+ * tests that compare paths on one weight rebind it) */
+void weight_bind_kernels(weight_t *w, int path);
 void weight_dequant_row(const weight_t *w, int row, float *out);           /* out: (cols) */
 size_t gguf_row_bytes(int type, int cols);
 int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out);
@@ -110,24 +117,31 @@ void huge_free(void *p, size_t n);
 /* ---- kernels (pure functions over typed buffers) ---- */
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */
 void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride);   /* block b to out[b * stride] */
-/* y[t, rows - 8 * tile_begin] (+)= W x[t] for the rows of tiles [tile_begin, tile_end); x: (ntok, cols) f32,
- * xq: (ntok, cols/32); y's first column is tile_begin's first row (matmul.c; the SIMD kernels in matmul_simd.c) */
-void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok,
+/* Which of a path's matmul kernels may run, held per context (a chat model's context and the embedding context that
+ * shares its weights set their own): every setting gives the same bits, tests force each.
+ *   prefill: the best prefill kernels the VNNI paths may use: 8-row ymm tiles, pairs of tiles in zmm, or those with AMX
+ *            for 16 tokens at a time (where the CPU has AVX-512 VNNI, and AMX that the OS grants)
+ *   decode_group: a decode step's (one token's) tiles per kernel call, 1..QGROUP_TILES
+ *   decode_zmm: a decode step's quantized kernels (Q8_0 aside) on pairs of tiles in zmm where the CPU has AVX-512 VNNI
+ *            (1), or the ymm group kernels (0)
+ *   decode_prefetch_bytes: software prefetch in a decode step's kernels for tiles of at most this size (0: never,
+ *            SIZE_MAX: always); the default is the CPU's (matmul.c says why) */
+enum { PREFILL_TILES = 0, PREFILL_AVX512 = 1, PREFILL_AMX = 2 };
+typedef struct {
+    int prefill;
+    int decode_group;
+    int decode_zmm;
+    size_t decode_prefetch_bytes;
+} kernel_config_t;
+void kernel_config_default(kernel_config_t *kc);     /* the defaults on this CPU */
+/* the kernels a context's settings run with the active path on this CPU: PREFILL_*, and 1 for the zmm decode ones */
+int matmul_prefill_kernels(const kernel_config_t *kc);
+int matmul_decode_kernels(const kernel_config_t *kc);
+/* y[t, rows - 8 * tile_begin] (+)= W x[t] for the rows of tiles [tile_begin, tile_end) with the weight's bound kernels
+ * and kc's settings; x: (ntok, cols) f32, xq: (ntok, cols/32); y's first column is tile_begin's first row (matmul.c) */
+void matmul_tiles(const kernel_config_t *kc, const weight_t *w, int tile_begin, int tile_end, int ntok,
                   const float *x, const block_q8x *xq, float *y, int ldy, int accumulate);
 int matmul_num_tiles(const weight_t *w);
-/* the VNNI paths' prefill kernels: 8-row ymm tiles, pairs of tiles in zmm, or those with AMX for 16 tokens at a
- * time; set: the best allowed (tests force each), get: the one in use on this CPU */
-enum { PREFILL_TILES = 0, PREFILL_AVX512 = 1, PREFILL_AMX = 2 };
-void matmul_set_prefill_kernels(int kind);
-int matmul_prefill_kernels(void);
-/* a decode step's (one token's) tiles per kernel call, 1..4 (default 4); tests and bench/decode_gemv.c set 1 */
-void matmul_set_decode_group(int tiles);
-/* a decode step's quantized kernels (Q8_0 aside): 1 = pairs of tiles in zmm where the CPU has AVX-512 VNNI (the
- * default), 0 = the ymm group kernels; get: whether the zmm ones are in use with the active path on this CPU */
-void matmul_set_decode_kernels(int zmm);
-int matmul_decode_kernels(void);
-void matmul_set_decode_prefetch(size_t max_tile_bytes);   /* 0: never; SIZE_MAX: always */
-size_t matmul_decode_prefetch(void);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */
@@ -349,6 +363,7 @@ typedef struct {
     int attn_max_segments;
     int32_t *runs;                     /* (max_tokens + 1) first token of each attention run, then num_tokens */
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
+    kernel_config_t kernels;           /* this context's matmul kernel settings */
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);

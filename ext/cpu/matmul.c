@@ -1,5 +1,6 @@
 /* y = W x over 8-row weight tiles, for one token or many: the float kernels, the scalar quantized kernel (the
- * definition every SIMD path reproduces bit for bit) and the dispatch over the kernel table (tile.h).
+ * definition every SIMD path reproduces bit for bit) and the dispatch over a weight's kernels, bound at load from the
+ * type-traits table (type_traits.c), under a context's kernel settings (kernel_config_t).
  *
  * Every quantized path computes, for each row and each 32-value block, the block's integer dot product exactly in
  * int32, then accumulates fma(float(isum), d_w * d_x, acc) block after block (types with a min add
@@ -11,12 +12,11 @@
 #include "inferd.h"
 #include "vecmath.h"
 #include "tile.h"
+#include "type_traits.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
-
-int matmul_num_tiles(const weight_t *w) { return (w->rows + TILE_ROWS - 1) / TILE_ROWS; }
 
 static inline float load_w(const weight_t *w, const uint8_t *row, int i) {
     if (w->type == WT_F32) return ((const float *)row)[i];
@@ -30,8 +30,8 @@ static void store_tile(float *y, int ldy, int t, int ycol, int nrows, const floa
 }
 
 /* ---------------- scalar ---------------- */
-static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y,
-                              int ldy, int ycol, int accumulate) {
+void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y, int ldy, int ycol,
+                       int accumulate) {
     size_t rb = gguf_row_bytes(w->type, w->cols);
     for (int t = 0; t < ntok; t++) {
         float out[8];
@@ -59,10 +59,12 @@ static void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, 
  * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
  * computed once per activation block (Q4_1 and Q5_1: acc = fma(float(sum x), mw * dx, acc), Q4_1's order from
  * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with). */
-static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok,
-                              float *y, int ldy, int ycol, int nrows, int accumulate) {
-    int nsub = type_is_k(type) ? 8 : 1, q[32];
-    size_t bb = tile_block_bytes(type);
+static inline __attribute__((always_inline)) void quant_tile_scalar(const int type, const uint8_t *base, int nb,
+                                                                    const block_q8x *xq, int nb32, int ntok, float *y,
+                                                                    int ldy, int ycol, int nrows, int accumulate) {
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const size_t bb = tile_block_bytes(type);
+    int q[32];
     for (int t = 0; t < ntok; t++) {
         float acc[8] = {0};
         for (int b = 0; b < nb; b++) {
@@ -76,25 +78,25 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
                     int32_t isum = lo + hi;
                     float dw = tile_f16(blk, r), mw = 0.0f;
                     int has_min = 0;
-                    switch (type) {
-                    case WT_Q4_0: isum -= 8 * xb->isum; break;
-                    case WT_Q5_0: isum -= 16 * xb->isum; break;
-                    case WT_Q4_1: case WT_Q5_1: mw = tile_f16(blk + 16, r); has_min = 1; break;
-                    case WT_Q4_K: case WT_Q5_K: {
+                    if (type == WT_Q4_0) {
+                        isum -= 8 * xb->isum;
+                    } else if (type == WT_Q5_0) {
+                        isum -= 16 * xb->isum;
+                    } else if (type == WT_Q4_1 || type == WT_Q5_1) {
+                        mw = tile_f16(blk + 16, r);
+                        has_min = 1;
+                    } else if (type == WT_Q4_K || type == WT_Q5_K) {
                         const uint8_t *sm = blk + tile_scales_off(type, s);
                         dw = dw * (float)sm[r];
                         mw = -(tile_f16(blk + 16, r) * (float)sm[8 + r]);
                         has_min = 1;
-                        break;
-                    }
-                    case WT_Q6_K: {
+                    } else if (type == WT_Q6_K) {
                         const int8_t *sc = (const int8_t *)blk + tile_scales_off(type, s);
                         isum = sc[r] * (lo - 32 * xb->hsum[0]) + sc[8 + r] * (hi - 32 * xb->hsum[1]);
-                        break;
-                    }
                     }
                     acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
-                    if (type == WT_Q4_1 || type == WT_Q5_1) acc[r] = __builtin_fmaf((float)xb->isum, mw * xb->d, acc[r]);
+                    if (type == WT_Q4_1 || type == WT_Q5_1)
+                        acc[r] = __builtin_fmaf((float)xb->isum, mw * xb->d, acc[r]);
                     else if (has_min) acc[r] = __builtin_fmaf(mw, xb->dsum, acc[r]);
                 }
             }
@@ -102,6 +104,22 @@ static void quant_tile_scalar(int type, const uint8_t *base, int nb, const block
         store_tile(y, ldy, t, ycol, nrows, acc, accumulate);
     }
 }
+
+/* each type's scalar kernel, for its row of the type-traits table (type_traits.c) */
+#define SCALAR_DEFINE(name, TYPE)                                                                                 \
+    void qscalar_##name(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,   \
+                        int ycol, int nrows, int accumulate) {                                                   \
+        quant_tile_scalar(TYPE, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);                      \
+    }
+SCALAR_DEFINE(q4_0, WT_Q4_0)
+SCALAR_DEFINE(q4_1, WT_Q4_1)
+SCALAR_DEFINE(q5_0, WT_Q5_0)
+SCALAR_DEFINE(q5_1, WT_Q5_1)
+SCALAR_DEFINE(q8_0, WT_Q8_0)
+SCALAR_DEFINE(q4_k, WT_Q4_K)
+SCALAR_DEFINE(q5_k, WT_Q5_K)
+SCALAR_DEFINE(q6_k, WT_Q6_K)
+#undef SCALAR_DEFINE
 
 /* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */
 #if defined(__x86_64__)
@@ -116,8 +134,8 @@ SIMD_ATTR_AVX2 static inline __m256 load_w8(int type, const uint8_t *row, int i)
 
 /* Two tokens per pass share each converted weight vector; each token keeps its own 4 accumulators in the
  * scalar order (group g into accumulator g % 4). */
-SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x,
-                                           float *y, int ldy, int ycol, int accumulate) {
+SIMD_ATTR_AVX2 void float_rows_avx2(const weight_t *w, int row0, int nrows, int ntok, const float *x, float *y,
+                                    int ldy, int ycol, int accumulate) {
     size_t rb = gguf_row_bytes(w->type, w->cols);
     int ng = w->cols / 8;
     for (int t = 0; t < ntok; t += 2) {
@@ -156,168 +174,129 @@ SIMD_ATTR_AVX2 static void float_rows_avx2(const weight_t *w, int row0, int nrow
 
 #endif
 
+/* ---------------- the dispatch over a weight's bound kernels ---------------- */
 /* Matrices smaller than this (a few hundred KB) end before the hardware prefetcher has ramped up: the many-token
- * kernels prefetch for them (and always when several tokens share a call). A decode step's group kernel prefetches
- * as matmul_decode_prefetch says. */
+ * kernels prefetch for them (and always when several tokens share a call). A decode step's kernels prefetch as the
+ * context's decode_prefetch_bytes says. */
 #define SMALL_MATRIX_BYTES (2u << 20)
 
-static const qkernel_t *kernel_table(int path) {
+/* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
+ * the CPU has AVX-512 VNNI (the bits are the same) from PAIR_MIN_TOKENS tokens up; up to QDECODE_TOKENS (a decode
+ * step of a few sequences) the zmm decode kernels come first where the type has one, as they unpack each block once
+ * for all the tokens where the pair kernels' panel pays only for more (bench/results/batch_decode.md). */
+#define PAIR_MIN_TOKENS 5
+
+/* Software prefetch in a decode step's kernels helps every tile on Intel, while on AMD Zen 4 the L2 stream
+ * prefetcher does better alone on long tiles (an 8960-wide Q4_K tile is 40 KB, past the reach of a group's four
+ * streams): there only tiles of up to 16 KB prefetch (bench/results/decode_prefetch.md, decode_spread.md). */
+void kernel_config_default(kernel_config_t *kc) {
+    kc->prefill = PREFILL_AMX;
+    kc->decode_group = QGROUP_TILES;
+    kc->decode_zmm = 1;
 #if defined(__x86_64__)
-    switch (path) {
-    case PATH_AVX2: return qkernels_avx2;
-    case PATH_AVX512VNNI: return qkernels_avx512vnni;
-    case PATH_AVXVNNI: return qkernels_avxvnni;
-    }
+    __builtin_cpu_init();
+    kc->decode_prefetch_bytes = __builtin_cpu_is("amd") ? 16u << 10 : SIZE_MAX;
+#else
+    kc->decode_prefetch_bytes = SIZE_MAX;
 #endif
-    (void)path;
-    return NULL;
 }
 
-/* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
- * the CPU has AVX-512 VNNI (the bits are the same) from 5 tokens up, but up to 8 tokens (a decode step of a few
- * sequences) the zmm decode kernels come first where they have the type: they unpack each block once for all the
- * tokens. On the Xeon, Qwen 1.5B Q4_K_M steps of 5 / 8 / 12 sequences took 78 / 109 / 145 ms on the ymm tile kernels
- * (the default below 16 tokens before), 73 / 86 / 112 ms on the pairs and 48 / 62 ms on the decode kernels
- * (bench/results/batch_decode.md). matmul_set_prefill_kernels turns them off (PREFILL_TILES) or AMX off
- * (PREFILL_AVX512) so that tests reach every kernel. */
-#define PAIR_MIN_TOKENS 5
-static int pair_kernels_on = 1;
-void matmul_set_prefill_kernels(int kind) {
-    pair_kernels_on = kind != PREFILL_TILES;
+static int amx_on(const kernel_config_t *kc) {
 #if defined(__x86_64__)
-    qpair_allow_amx(kind == PREFILL_AMX);
-#endif
-}
-/* whether the active path is a VNNI one on a CPU with AVX-512 VNNI: the zmm kernels (prefill and decode) run there */
-static int zmm_vnni(void) {
-#if defined(__x86_64__)
-    static int has = -1;
-    if (has < 0)
-        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    int path = cpu_path();
-    return has && (path == PATH_AVX512VNNI || path == PATH_AVXVNNI);
+    return kc->prefill == PREFILL_AMX && amx_usable();
 #else
+    (void)kc;
     return 0;
 #endif
 }
-int matmul_prefill_kernels(void) {
-#if defined(__x86_64__)
-    if (zmm_vnni() && pair_kernels_on) return amx_usable() ? PREFILL_AMX : PREFILL_AVX512;
-#endif
-    return PREFILL_TILES;
+
+int matmul_prefill_kernels(const kernel_config_t *kc) {
+    if (!path_has_zmm_vnni(cpu_path()) || kc->prefill == PREFILL_TILES) return PREFILL_TILES;
+    return amx_on(kc) ? PREFILL_AMX : PREFILL_AVX512;
 }
 
-static int decode_group = QGROUP_TILES;
-void matmul_set_decode_group(int tiles) { decode_group = tiles < 1 ? 1 : tiles > QGROUP_TILES ? QGROUP_TILES : tiles; }
+int matmul_decode_kernels(const kernel_config_t *kc) { return path_has_zmm_vnni(cpu_path()) && kc->decode_zmm; }
 
-/* A decode step's quantized tiles (Q8_0 aside) go to the zmm pair kernels (qdecode512.c) on the CPUs whose VNNI paths have the
- * prefill pair kernels (the same AVX-512 features; the bits are the same); matmul_set_decode_kernels turns them off
- * so that tests and bench/decode_gemv.c reach the ymm group kernels too. */
-static int decode_zmm_on = 1;
-void matmul_set_decode_kernels(int zmm) { decode_zmm_on = zmm; }
-int matmul_decode_kernels(void) { return zmm_vnni() && decode_zmm_on; }
+int matmul_num_tiles(const weight_t *w) { return (w->rows + TILE_ROWS - 1) / TILE_ROWS; }
 
-/* Software prefetch in a decode step's group kernels (ymm tiles and zmm pairs alike; the bits do not change), for
- * tiles of at most decode_prefetch_bytes. On the Intel Xeons of earlier sessions it beat the hardware prefetcher
- * alone at every shape (bench/results/decode_q4k.md). On AMD Zen 4 it still helps short tiles (a 1536-wide Q4_K tile
- * is 7 KB: each of a group's four streams ends before the hardware has ramped up), but on long ones (an 8960-wide
- * tile is 40 KB) the L2 stream prefetcher does better alone: with prefetch those ran 15-20% slower
- * (bench/results/decode_prefetch.md). Both measured when the kernels prefetched 8 tiles ahead in one burst per
- * block; spread over their arithmetic, 4 tiles ahead, the Xeon's decode went up 17% (decode_spread.md), and on this
- * Xeon prefetching only short tiles was then within noise of prefetching all. Since then the long tiles prefetch
- * their own bytes 2 KB ahead (tile.h), +20-30% on the Xeon's down projections; not measured on AMD. */
-static size_t decode_prefetch_bytes = 0;
-static int decode_prefetch_set = 0;
-void matmul_set_decode_prefetch(size_t max_tile_bytes) { decode_prefetch_bytes = max_tile_bytes; decode_prefetch_set = 1; }
-size_t matmul_decode_prefetch(void) {
-    if (!decode_prefetch_set) {
-#if defined(__x86_64__)
-        __builtin_cpu_init();
-        decode_prefetch_bytes = __builtin_cpu_is("amd") ? 16u << 10 : SIZE_MAX;
-#else
-        decode_prefetch_bytes = SIZE_MAX;
-#endif
-        decode_prefetch_set = 1;
+static inline int rows_of(const weight_t *w, int tile) {
+    int n = w->rows - tile * TILE_ROWS;
+    return n < TILE_ROWS ? n : TILE_ROWS;
+}
+
+/* tiles [t0, t1) of segment seg (seg_end: its end), y + ycol0 at t0's first row; which kernel runs depends on ntok
+ * and the settings, once per call */
+static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg, int t0, int t1, int seg_end,
+                          int ntok, const block_q8x *xq, float *y, int ldy, int ycol0, int accumulate) {
+    const weight_kernels_t *k = w->seg[seg].kernels;
+    const int type = w->seg[seg].type, nb = w->cols / (TILE_LAYOUT[type].nsub * QK), nb32 = w->cols / QK;
+    const size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+    const uint8_t *base = w->data + w->seg[seg].offset + (size_t)(t0 - w->seg[seg].row0 / TILE_ROWS) * tile_bytes;
+    if (k->scalar) {
+        for (int t = t0; t < t1; t++, base += tile_bytes)
+            k->scalar(base, nb, xq, nb32, ntok, y, ldy, ycol0 + (t - t0) * TILE_ROWS, rows_of(w, t), accumulate);
+        return;
     }
-    return decode_prefetch_bytes;
-}
-
-static const qpair_fn *pair_table(void) {
-#if defined(__x86_64__)
-    if (matmul_prefill_kernels() != PREFILL_TILES) return qpair_kernels_avx512;
-#endif
-    return NULL;
-}
-
-void matmul_tiles(const weight_t *w, int tile_begin, int tile_end, int ntok, const float *x,
-                  const block_q8x *xq, float *y, int ldy, int accumulate) {
-    int path = cpu_path(), nb32 = w->cols / QK, seg = 0;
-    const qkernel_t *table = kernel_table(path);
-    const qpair_fn *pairs = ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS ? pair_table() : NULL;
-    const qdecode_fn *decode_zmm = NULL;
-#if defined(__x86_64__)
-    if (ntok <= QDECODE_TOKENS && matmul_decode_kernels()) decode_zmm = qdecode_kernels_avx512;
-#endif
-    int small = w->nbytes < SMALL_MATRIX_BYTES;
-    for (int tile = tile_begin; tile < tile_end; tile++) {
-        int ycol = (tile - tile_begin) * TILE_ROWS;        /* y's columns start at tile_begin's first row */
-        int row0 = tile * TILE_ROWS, nrows = w->rows - row0 < TILE_ROWS ? w->rows - row0 : TILE_ROWS;
-        if (!weight_is_quantized(w->type)) {
-#if defined(__x86_64__)
-            if (path != PATH_SCALAR) { float_rows_avx2(w, row0, nrows, ntok, x, y, ldy, ycol, accumulate); continue; }
-#endif
-            float_rows_scalar(w, row0, nrows, ntok, x, y, ldy, ycol, accumulate);
-            continue;
-        }
-        while (seg + 1 < w->nseg && w->seg[seg + 1].row0 <= row0) seg++;
-        int type = w->seg[seg].type, nb = w->cols / weight_block_cols(type);
-        const uint8_t *base = w->data + w->seg[seg].offset +
-                              (size_t)(tile - w->seg[seg].row0 / TILE_ROWS) * nb * tile_block_bytes(type);
-        if (!table) {
-            quant_tile_scalar(type, base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
-            continue;
-        }
-        const qkernel_t *k = &table[type];
-        qdecode_fn zmm = decode_zmm ? decode_zmm[type] : NULL;
-        if (zmm || (ntok == 1 && decode_group > 1)) {   /* a decode step (1 to 8 tokens): 4 tiles in lockstep */
-            int seg_end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
-            int n = (tile_end < seg_end ? tile_end : seg_end) - tile;
-            n = n < decode_group ? n : decode_group;
-            int last = w->rows - (row0 + (n - 1) * TILE_ROWS);
-            size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
-            /* the prefetch runs on past tile_end to the segment's end: a claim's last group fetches the start of
-             * the next claim (the pool hands them out in order), so that a claim's first group does not wait on
-             * memory. Against stopping at tile_end: +1-8% on matrices of 256 and 1536 rows, the same on longer ones
+    const qdecode_fn zmm = kc->decode_zmm && ntok <= QDECODE_TOKENS ? k->decode : NULL;
+    if (zmm || (ntok == 1 && kc->decode_group > 1)) {   /* a decode step (1 to 8 tokens): tiles in lockstep */
+        const int group = kc->decode_group < 1 ? 1 : kc->decode_group > QGROUP_TILES ? QGROUP_TILES : kc->decode_group;
+        const int prefetch_on = tile_bytes <= kc->decode_prefetch_bytes;
+        for (int t = t0, n; t < t1; t += n, base += (size_t)n * tile_bytes) {
+            n = t1 - t < group ? t1 - t : group;
+            /* the prefetch runs on past t1 to the segment's end: a thread's last group fetches the start of its next
+             * claim (the pool hands them out in order), so that the claim's first group does not wait on memory
              * (bench/results/decode_claims.md) */
-            int prefetch = tile_bytes <= matmul_decode_prefetch() ? seg_end - tile : 0;
-            last = last < TILE_ROWS ? last : TILE_ROWS;
-            if (zmm) zmm(base, tile_bytes, n, nb, xq, nb32, ntok, y + ycol, ldy, last, accumulate, prefetch);
-            else k->group(base, tile_bytes, n, nb, xq, y + ycol, last, accumulate, prefetch);
-            tile += n - 1;
+            int prefetch = prefetch_on ? seg_end - t : 0, last = rows_of(w, t + n - 1);
+            float *yt = y + ycol0 + (t - t0) * TILE_ROWS;
+            if (zmm) zmm(base, tile_bytes, n, nb, xq, nb32, ntok, yt, ldy, last, accumulate, prefetch);
+            else k->tiles->group(base, tile_bytes, n, nb, xq, yt, last, accumulate, prefetch);
+        }
+        return;
+    }
+    /* two tiles: rows 8t .. 8t + 15, the second tile's possibly fewer; a lone tile (the end of a thread's claim or of
+     * a segment) goes through the same kernel as the pair (t, t) with the copy's rows left unstored: half its work is
+     * wasted, and still it beats the ymm kernel */
+    const qpair_fn pair = kc->prefill != PREFILL_TILES && ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS
+                              ? k->pair : NULL;
+    if (pair) {
+        const int amx = amx_on(kc);
+        for (int t = t0; t < t1; t += 2, base += 2 * tile_bytes) {
+            int two = t + 1 < t1, rows = two ? TILE_ROWS + rows_of(w, t + 1) : rows_of(w, t);
+            pair(base, two ? base + tile_bytes : base, nb, xq, ntok, y + ycol0 + (t - t0) * TILE_ROWS, ldy, rows,
+                 accumulate, amx);
+        }
+        return;
+    }
+    const qkernel_t *q = k->tiles;
+    const int batch = q->batch && ntok >= 2 * q->ntok && nb32 <= BATCH_MAX_BLOCKS;
+    const int small = w->nbytes < SMALL_MATRIX_BYTES;
+    for (int t = t0; t < t1; t++, base += tile_bytes) {
+        int ycol = ycol0 + (t - t0) * TILE_ROWS, nrows = rows_of(w, t), i = 0;
+        if (batch) {
+            q->batch(base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
             continue;
         }
-        /* two tiles of one segment: rows 8 * tile .. 8 * tile + 15, the second tile's possibly fewer; a lone tile
-         * (the end of a thread's claim or of a segment) goes through the same kernel as the pair (tile, tile) with
-         * the copy's rows left unstored: half its work is wasted, and still it beats the ymm kernel */
-        if (pairs && pairs[type]) {
-            int pair = tile + 1 < tile_end && (seg + 1 >= w->nseg || w->seg[seg + 1].row0 > row0 + TILE_ROWS);
-            int rows = pair ? TILE_ROWS + (w->rows - row0 - TILE_ROWS < TILE_ROWS ? w->rows - row0 - TILE_ROWS
-                                                                                  : TILE_ROWS)
-                            : nrows;
-            pairs[type](base, pair ? base + (size_t)nb * tile_block_bytes(type) : base, nb, xq, ntok, y + ycol, ldy,
-                        rows, accumulate);
-            tile += pair;
-            continue;
-        }
-        if (k->batch && ntok >= 2 * k->ntok && nb32 <= BATCH_MAX_BLOCKS) {
-            k->batch(base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
-            continue;
-        }
-        int t = 0;
-        for (; t + k->ntok <= ntok; t += k->ntok)
-            k->many(base, nb, xq + (size_t)t * nb32, nb32, y + (size_t)t * ldy, ldy, ycol, nrows, accumulate, small);
-        for (; t < ntok; t++)
-            k->one(base, nb, xq + (size_t)t * nb32, nb32, y + (size_t)t * ldy, ldy, ycol, nrows, accumulate, small);
+        for (; i + q->ntok <= ntok; i += q->ntok)
+            q->many(base, nb, xq + (size_t)i * nb32, nb32, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate, small);
+        for (; i < ntok; i++)
+            q->one(base, nb, xq + (size_t)i * nb32, nb32, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate, small);
+    }
+}
+
+void matmul_tiles(const kernel_config_t *kc, const weight_t *w, int tile_begin, int tile_end, int ntok,
+                  const float *x, const block_q8x *xq, float *y, int ldy, int accumulate) {
+    const weight_kernels_t *k = w->seg[0].kernels;
+    if (k->float_rows) {   /* a float weight: one segment, rows as they are */
+        for (int tile = tile_begin; tile < tile_end; tile++)
+            k->float_rows(w, tile * TILE_ROWS, rows_of(w, tile), ntok, x, y, ldy, (tile - tile_begin) * TILE_ROWS,
+                          accumulate);
+        return;
+    }
+    for (int seg = 0; seg < w->nseg; seg++) {
+        int first = w->seg[seg].row0 / TILE_ROWS;
+        int end = seg + 1 < w->nseg ? w->seg[seg + 1].row0 / TILE_ROWS : matmul_num_tiles(w);
+        int t0 = first > tile_begin ? first : tile_begin, t1 = end < tile_end ? end : tile_end;
+        if (t0 < t1)
+            segment_tiles(kc, w, seg, t0, t1, end, ntok, xq, y, ldy, (t0 - tile_begin) * TILE_ROWS, accumulate);
     }
 }

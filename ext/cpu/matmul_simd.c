@@ -1,5 +1,5 @@
 /* The quantized tile kernels of the SIMD paths: qtile.h compiled once per path, each copy in its own target
- * region, giving the kernel tables qkernels_avx2, qkernels_avx512vnni and qkernels_avxvnni (tile.h).
+ * region, giving each type's kernels per path (qtile_q4_0_avx2, qtile_q4_0_avx512vnni, ...: type_traits.c's rows).
  *
  * KNT is each (path, type)'s tokens per call: AVX-512VL has 32 vector registers, room for 8 tokens'
  * accumulators; AVX2 and AVX-VNNI have 16, so 4. */

@@ -212,7 +212,7 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
         if (type == WT_Q4_K || type == WT_Q5_K) {
             __m512 dmA[2], dmB[2];
             for (int i = 0; i < np; i++) { dmA[i] = q45k_dmins(ta[i] + off); dmB[i] = q45k_dmins(tb[i] + off); }
-#pragma GCC unroll 8   /* measured: ~10% more in cache than the rolled loop */
+#pragma GCC unroll 8   /* unrolled: every sub-block's offsets immediates (bench/results/decode_q4k.md) */
             for (int s = 0; s < 8; s++) {
                 decode_prefetch_step(&pf, bk * 8 + s, lines_group, lines_tile);
                 for (int i = 0; i < np; i++)
@@ -249,8 +249,8 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
     else decode_pairs(TYPE, NP, QDECODE_TOKENS, ntok, base, tile_bytes, ntiles, nb, xq, nb32, y, ldy, nrows_last,  \
                       accumulate, prefetch);
 #define DDEFINE(name, TYPE)                                                                                       \
-    static void decode_##name(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,    \
-                              int nb32, int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch) { \
+    void qdecode_##name(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,         \
+                        int nb32, int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch) {   \
         if (ntiles > 2) { DTOKENS(TYPE, 2) } else { DTOKENS(TYPE, 1) }                                          \
     }
 DDEFINE(q4_0, WT_Q4_0)
@@ -264,9 +264,4 @@ DDEFINE(q6_k, WT_Q6_K)
 #undef DTOKENS
 
 #pragma GCC pop_options
-
-const qdecode_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES] = {
-    [WT_Q4_0] = decode_q4_0, [WT_Q4_1] = decode_q4_1, [WT_Q5_0] = decode_q5_0, [WT_Q5_1] = decode_q5_1,
-    [WT_Q4_K] = decode_q4_k, [WT_Q5_K] = decode_q5_k, [WT_Q6_K] = decode_q6_k,
-};
 #endif

@@ -126,12 +126,7 @@ PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _m
 
 /* the integer sum's starting value: the correction of the types stored unsigned with an offset */
 PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
-    switch (type) {
-    case WT_Q4_0: return xb->q4_corr;
-    case WT_Q5_0: return -16 * xb->isum;
-    case WT_Q8_0: return xb->q8_corr;
-    }
-    return 0;
+    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : type == WT_Q8_0 ? xb->q8_corr : 0;
 }
 
 /* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
@@ -170,11 +165,9 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, con
 }
 
 /* AMX: the CPU has AMX-INT8 (cpuid 7.0 edx bit 25) and Linux grants this process the tile data state (asked once;
- * the grant covers every thread); matmul_set_pair_kernels can turn it off */
+ * the grant covers every thread); a context's kernel settings can keep the pair kernels off it */
 #define AMX_MIN_TOKENS 32
 static int amx_state = -1;
-static int amx_allowed = 1;
-void qpair_allow_amx(int on) { amx_allowed = on; }
 int amx_usable(void) {
     if (amx_state < 0) {
         unsigned a, b, c, d;
@@ -183,7 +176,7 @@ int amx_usable(void) {
         amx_state = (d >> 25) & 1 && (d >> 24) & 1 && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
                                                                18 /* XFEATURE_XTILEDATA */) == 0;
     }
-    return amx_state && amx_allowed;
+    return amx_state;
 }
 
 PINLINE void store_rows16(__m512 acc, float *o, __mmask16 rows, int accumulate) {
@@ -314,13 +307,13 @@ PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, 
 }
 
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
-                         float *y, int ldy, int nrows, int accumulate) {
+                         float *y, int ldy, int nrows, int accumulate, int amx) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
     __m512i sc6[type == WT_Q6_K ? 2 * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
-    if (ntok >= AMX_MIN_TOKENS && amx_usable()) {
+    if (ntok >= AMX_MIN_TOKENS && amx) {
         prepare_pair(type, 1, ta, tb, nb, p, sc6);
         if (type == WT_Q6_K) {
             amx_configure_q6();
@@ -343,10 +336,11 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         pair_tokens(type, 1, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
 }
 
+/* each type's kernel, for its row of the type-traits table (type_traits.c) */
 #define PDEFINE(name, TYPE)                                                                                       \
-    static void pair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y, \
-                            int ldy, int nrows, int accumulate) {                                                \
-        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate);                                      \
+    void qpair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,      \
+                      int ldy, int nrows, int accumulate, int amx) {                                             \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx);                                 \
     }
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)
@@ -359,9 +353,4 @@ PDEFINE(q6_k, WT_Q6_K)
 #undef PDEFINE
 
 #pragma GCC pop_options
-
-const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES] = {
-    [WT_Q4_0] = pair_q4_0, [WT_Q4_1] = pair_q4_1, [WT_Q5_0] = pair_q5_0, [WT_Q5_1] = pair_q5_1, [WT_Q8_0] = pair_q8_0,
-    [WT_Q4_K] = pair_q4_k, [WT_Q5_K] = pair_q5_k, [WT_Q6_K] = pair_q6_k,
-};
 #endif

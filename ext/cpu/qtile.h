@@ -1,8 +1,8 @@
 /* The SIMD tile kernels, written once for every quantized type and included by matmul_simd.c once per path
  * inside a `#pragma GCC target` region, with:
- *   KSUFFIX        the path's name (the functions and the table get it as a suffix)
+ *   KSUFFIX        the path's name (the functions and each type's qkernel_t get it as a suffix)
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
- *   KNT(type)      tokens per call of the many-token kernel of `type` (the kernel table's block size)
+ *   KNT(type)      tokens per call of the many-token kernel of `type` (its qkernel_t's ntok)
  *
  * One call: ntok tokens against one tile (8 rows). For every 32-value block, in column order:
  *   1. the block's 8 weight vectors wv[j] (lane r: values 4j..4j+3 of row r, unsigned; signed for Q8_0),
@@ -325,11 +325,17 @@ KDEFINE(q5_k, WT_Q5_K)
 KDEFINE(q6_k, WT_Q6_K)
 #undef KDEFINE
 
-/* KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
+/* each type's kernels of this path, for its row of the type-traits table (type_traits.c): qtile_<type>_<path>.
+ * KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
 #define KENTRY(name, TYPE) \
-    [TYPE] = {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL, KFN(name##_g)}
-const qkernel_t KFN(qkernels)[NUM_WEIGHT_TYPES] = {
-    KENTRY(q4_0, WT_Q4_0), KENTRY(q4_1, WT_Q4_1), KENTRY(q5_0, WT_Q5_0), KENTRY(q5_1, WT_Q5_1),
-    KENTRY(q8_0, WT_Q8_0), KENTRY(q4_k, WT_Q4_K), KENTRY(q5_k, WT_Q5_K), KENTRY(q6_k, WT_Q6_K),
-};
+    const qkernel_t KCAT(qtile_##name, KSUFFIX) = \
+        {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL, KFN(name##_g)};
+KENTRY(q4_0, WT_Q4_0)
+KENTRY(q4_1, WT_Q4_1)
+KENTRY(q5_0, WT_Q5_0)
+KENTRY(q5_1, WT_Q5_1)
+KENTRY(q8_0, WT_Q8_0)
+KENTRY(q4_k, WT_Q4_K)
+KENTRY(q5_k, WT_Q5_K)
+KENTRY(q6_k, WT_Q6_K)
 #undef KENTRY

@@ -1,8 +1,9 @@
-/* Quantization: activations to 8-bit blocks, float rows to GGUF blocks (the tiles are built in weight.c). */
+/* Quantization: activations to 8-bit blocks, float rows to GGUF blocks (the tiles are built in repack.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "inferd.h"
+#include "type_traits.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -90,48 +91,59 @@ void quantize_act_strided(const float *x, int n, block_q8x *out, size_t stride) 
 
 void quantize_act(const float *x, int n, block_q8x *out) { quantize_act_strided(x, n, out, 1); }
 
-/* llama.cpp's reference quantizers: Q8_0 round(x/d) with d = amax/127; Q4_0 maps the largest-magnitude
- * value to -8; Q4_1 spans [min, max] in 15 steps. */
-int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out) {
-    if (cols % QK) return -1;
-    size_t rb = gguf_row_bytes(type, cols);
-    for (int r = 0; r < rows; r++) {
-        uint8_t *o = out + (size_t)r * rb;
-        for (int b = 0; b < cols / QK; b++) {
-            const float *xb = x + (size_t)r * cols + b * QK;
-            if (type == WT_Q8_0) {
-                float amax = 0.0f;
-                for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-                float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-                uint16_t dh = f32_to_f16(d);
-                memcpy(o + b * 34, &dh, 2);
-                for (int i = 0; i < QK; i++) o[b * 34 + 2 + i] = (uint8_t)(int8_t)roundf(xb[i] * id);
-            } else if (type == WT_Q4_0) {
-                float amax = 0.0f, max = 0.0f;
-                for (int i = 0; i < QK; i++)
-                    if (fabsf(xb[i]) > amax) { amax = fabsf(xb[i]); max = xb[i]; }
-                float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
-                uint16_t dh = f32_to_f16(d);
-                memcpy(o + b * 18, &dh, 2);
-                for (int i = 0; i < QK / 2; i++) {
-                    int q0 = (int)(xb[i] * id + 8.5f), q1 = (int)(xb[i + 16] * id + 8.5f);
-                    q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
-                    o[b * 18 + 2 + i] = (uint8_t)(q0 | (q1 << 4));
-                }
-            } else if (type == WT_Q4_1) {
-                float mn = xb[0], mx = xb[0];
-                for (int i = 1; i < QK; i++) { mn = fminf(mn, xb[i]); mx = fmaxf(mx, xb[i]); }
-                float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
-                uint16_t dh = f32_to_f16(d), mh = f32_to_f16(mn);
-                memcpy(o + b * 20, &dh, 2);
-                memcpy(o + b * 20 + 2, &mh, 2);
-                for (int i = 0; i < QK / 2; i++) {
-                    int q0 = (int)((xb[i] - mn) * id + 0.5f), q1 = (int)((xb[i + 16] - mn) * id + 0.5f);
-                    q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
-                    o[b * 20 + 4 + i] = (uint8_t)(q0 | (q1 << 4));
-                }
-            } else return -1;
+/* llama.cpp's reference quantizers of one row (n values) into GGUF blocks, for the type-traits table: Q8_0
+ * round(x/d) with d = amax/127; Q4_0 maps the largest-magnitude value to -8; Q4_1 spans [min, max] in 15 steps. */
+void quantize_row_q8_0(const float *x, int n, uint8_t *o) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = f32_to_f16(d);
+        memcpy(o + b * 34, &dh, 2);
+        for (int i = 0; i < QK; i++) o[b * 34 + 2 + i] = (uint8_t)(int8_t)roundf(xb[i] * id);
+    }
+}
+
+void quantize_row_q4_0(const float *x, int n, uint8_t *o) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < QK; i++)
+            if (fabsf(xb[i]) > amax) { amax = fabsf(xb[i]); max = xb[i]; }
+        float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = f32_to_f16(d);
+        memcpy(o + b * 18, &dh, 2);
+        for (int i = 0; i < QK / 2; i++) {
+            int q0 = (int)(xb[i] * id + 8.5f), q1 = (int)(xb[i + 16] * id + 8.5f);
+            q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
+            o[b * 18 + 2 + i] = (uint8_t)(q0 | (q1 << 4));
         }
     }
+}
+
+void quantize_row_q4_1(const float *x, int n, uint8_t *o) {
+    for (int b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float mn = xb[0], mx = xb[0];
+        for (int i = 1; i < QK; i++) { mn = fminf(mn, xb[i]); mx = fmaxf(mx, xb[i]); }
+        float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = f32_to_f16(d), mh = f32_to_f16(mn);
+        memcpy(o + b * 20, &dh, 2);
+        memcpy(o + b * 20 + 2, &mh, 2);
+        for (int i = 0; i < QK / 2; i++) {
+            int q0 = (int)((xb[i] - mn) * id + 0.5f), q1 = (int)((xb[i + 16] - mn) * id + 0.5f);
+            q0 = q0 > 15 ? 15 : q0; q1 = q1 > 15 ? 15 : q1;
+            o[b * 20 + 4 + i] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* the types whose row of the table has a quantizer; -1 for the others */
+int quantize_rows_gguf(const float *x, int rows, int cols, int type, uint8_t *out) {
+    const type_traits_t *tt = type_traits(type);
+    if (cols % QK || !tt || !tt->quantize_row) return -1;
+    size_t rb = gguf_row_bytes(type, cols);
+    for (int r = 0; r < rows; r++) tt->quantize_row(x + (size_t)r * cols, cols, out + (size_t)r * rb);
     return 0;
 }

@@ -31,25 +31,31 @@
 enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
        TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192 };
 
-static inline int type_is_k(int type) { return type == WT_Q4_K || type == WT_Q5_K || type == WT_Q6_K; }
+/* Where a tile block's pieces lie, per quantized type (the drawing above as numbers): bytes of the tile block;
+ * 32-value blocks in it (1, or 8 for the K-quants); block s's group at group + s * group_step, its hbit or h2bit piece
+ * at hbits + s * hbits_step (0: none); the K-quants' scales of block s at scales + 16 s. The kernels read it with
+ * their type a constant, so that every offset folds into an immediate. */
+typedef struct { uint16_t bytes, nsub, group, group_step, hbits, hbits_step, scales; } tile_layout_t;
+static const tile_layout_t TILE_LAYOUT[NUM_WEIGHT_TYPES] = {
+    /*           bytes    nsub  group  step  hbits  step  scales */
+    [WT_Q4_0] = {TB_Q4_0, 1,    16,    0,    0,     0,    0},
+    [WT_Q4_1] = {TB_Q4_1, 1,    32,    0,    0,     0,    0},
+    [WT_Q5_0] = {TB_Q5_0, 1,    48,    0,    16,    0,    0},
+    [WT_Q5_1] = {TB_Q5_1, 1,    64,    0,    32,    0,    0},
+    [WT_Q8_0] = {TB_Q8_0, 1,    0,     0,    0,     0,    0},    /* d | qs: no pieces */
+    [WT_Q4_K] = {TB_Q4_K, 8,    160,   128,  0,     0,    32},
+    [WT_Q5_K] = {TB_Q5_K, 8,    192,   160,  160,   160,  32},
+    [WT_Q6_K] = {TB_Q6_K, 8,    208,   192,  144,   192,  16},
+};
 
-static inline size_t tile_block_bytes(int type) {
-    switch (type) {
-    case WT_Q4_0: return TB_Q4_0;
-    case WT_Q4_1: return TB_Q4_1;
-    case WT_Q5_0: return TB_Q5_0;
-    case WT_Q5_1: return TB_Q5_1;
-    case WT_Q8_0: return TB_Q8_0;
-    case WT_Q4_K: return TB_Q4_K;
-    case WT_Q5_K: return TB_Q5_K;
-    case WT_Q6_K: return TB_Q6_K;
-    }
-    return 0;
-}
+static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
+
+static inline size_t tile_block_bytes(int type) { return TILE_LAYOUT[type].bytes; }
 
 /* A quantized tile kernel: ntok tokens (xq, token stride nb32 blocks) against the tile at `base` of nb tile blocks;
- * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. The kernel table gives, per path and type, the
- * tokens per call of the many-token kernel (its block size) and a one-token kernel for the rest. */
+ * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. A type's qkernel_t on a path (its row of the
+ * type-traits table) gives the tokens per call of the many-token kernel (its block size) and a one-token kernel for
+ * the rest. */
 typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
                          int nrows, int accumulate, int prefetch);
 /* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
@@ -63,17 +69,16 @@ typedef void (*qgroup_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, in
 #define QGROUP_TILES 4
 
 /* A decode group's software prefetch, issued one piece per step of its walk (a block, or a K-quant block's
- * sub-block), only within `limit` tiles from base (the rest of the segment; 0 = none). Which bytes, measured on the
- * Intel Xeon with the zmm kernels (bench/results/decode_linear.md):
+ * sub-block), only within `limit` tiles from base (the rest of the segment; 0 = none). Which bytes:
  *   - short tiles (a row of 1536 Q4_K values is 6.9 KB): the next group's bytes in memory order, an equal piece per
- *     step, so that the prefetches walk memory as one stream a group ahead (+3-11% at 1536-wide shapes over each
- *     tile's block of the next group: four streams a group ahead);
+ *     step, so that the prefetches walk memory as one stream a group ahead, which the memory system serves better
+ *     than four streams (each tile's block of the next group);
  *   - long tiles (the 8960-wide down projection, 40 KB and more, where a group ahead is too far to stay in cache):
- *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end (+20-30%).
+ *     each tile's own bytes DECODE_NEAR_BYTES ahead, going on into the tile a group further at its end.
  * The lines of a piece are a constant count (lines_group, lines_tile: constants where the kernel inlines this),
- * their addresses clamped to the limit's last line: no branch per line. The same addresses behind a loop with a
- * bound check per line ran up to 15% slower, by how the compiler laid out the code around it. Swept: 16 KB
- * against 8 and 64 KB, 2 KB ahead against 1 and 4, one group ahead against 1/2, 3/2 and 2. */
+ * their addresses clamped to the limit's last line: no branch per line, which leaves the compiler's layout of the
+ * kernel around it alone. The thresholds and distances, and the alternatives swept, are in
+ * bench/results/decode_linear.md. */
 #define DECODE_LINEAR_TILE_BYTES (16u << 10)
 #define DECODE_NEAR_BYTES 2048u
 typedef struct {
@@ -129,52 +134,33 @@ static inline __attribute__((always_inline)) void decode_prefetch_tile(const dec
     prefetch_run(p->linear ? prefetch_linear_at(p, step, i) : prefetch_near_at(p, step, i), lines_tile, p->last);
 }
 
+/* one type's ymm tile kernels on one SIMD path (qtile.h): ntok tokens per call of `many` */
 typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
-extern const qkernel_t qkernels_avx2[NUM_WEIGHT_TYPES], qkernels_avx512vnni[NUM_WEIGHT_TYPES],
-    qkernels_avxvnni[NUM_WEIGHT_TYPES];
 /* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), all quantized types:
- * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8) */
+ * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8); amx: groups of 16 tokens may go to
+ * the AMX unit (the caller has checked amx_usable) */
 typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,
-                         int ldy, int nrows, int accumulate);
+                         int ldy, int nrows, int accumulate, int amx);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
-extern const qpair_fn qpair_kernels_avx512[NUM_WEIGHT_TYPES];
 /* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0): the group kernel's work for ntok
  * (1..QDECODE_TOKENS) tokens, token t's activation blocks at xq + t * nb32 and its rows at y + t * ldy: the tiles are
  * unpacked once for all of them (a decode step of a few sequences, speculative drafts) */
 #define QDECODE_TOKENS 8
 typedef void (*qdecode_fn)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, int nb32,
                            int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch);
-extern const qdecode_fn qdecode_kernels_avx512[NUM_WEIGHT_TYPES];
-int amx_usable(void);               /* the pair kernels run their groups of 16 tokens on AMX (qpair512.c) */
-void qpair_allow_amx(int on);
+/* whether the CPU has AMX-INT8 and the OS grants this process its tile state (qpair512.c) */
+int amx_usable(void);
 
 /* byte offsets inside a tile block: the group of 32-value block s (s < 8 for K-quants, 0 otherwise), its hbit or
- * h2bit piece, and (K-quants) its scales */
+ * h2bit piece, and (K-quants) its scales: Q4_K/Q5_K sc[8] then mn[8]; Q6_K sc[2 x 8] */
 static inline size_t tile_group_off(int type, int s) {
-    switch (type) {
-    case WT_Q4_0: return 16;
-    case WT_Q4_1: return 32;
-    case WT_Q5_0: return 48;
-    case WT_Q5_1: return 64;
-    case WT_Q4_K: return 160 + 128 * (size_t)s;
-    case WT_Q5_K: return 160 + 160 * (size_t)s + 32;
-    case WT_Q6_K: return 144 + 192 * (size_t)s + 64;
-    }
-    return 0;
+    return TILE_LAYOUT[type].group + (size_t)TILE_LAYOUT[type].group_step * s;
 }
-static inline size_t tile_hbits_off(int type, int s) {    /* hbit (5-bit types) or h2bit (Q6_K) */
-    switch (type) {
-    case WT_Q5_0: return 16;
-    case WT_Q5_1: return 32;
-    case WT_Q5_K: return 160 + 160 * (size_t)s;
-    case WT_Q6_K: return 144 + 192 * (size_t)s;
-    }
-    return 0;
+static inline size_t tile_hbits_off(int type, int s) {
+    return TILE_LAYOUT[type].hbits + (size_t)TILE_LAYOUT[type].hbits_step * s;
 }
-static inline size_t tile_scales_off(int type, int s) {   /* Q4_K/Q5_K: sc[8] then mn[8]; Q6_K: sc[2 x 8] */
-    return type == WT_Q6_K ? 16 + 16 * (size_t)s : 32 + 16 * (size_t)s;
-}
+static inline size_t tile_scales_off(int type, int s) { return TILE_LAYOUT[type].scales + 16 * (size_t)s; }
 
 static inline float tile_f16(const uint8_t *p, int r) {
     uint16_t h;

@@ -1,49 +1,18 @@
-/* Weights in the engine's layout: sizes, repacking GGUF rows into 8-row tiles (tile.h has the layouts), one row
- * back to floats (the embedding lookup, tests).
- *
- * Repacking reads the GGUF rows where they lie (a view over the mapped file) and writes each row's lane of its
- * tiles directly: no intermediate copy of a tensor, so loading needs the final weights and nothing more. Each
- * GGUF block is first unpacked into plain values and scales (gguf_unpack), then stored in the tile's pieces. */
+/* Weights in the engine's layout: sizes, building one (its memory, its rows repacked by its type's row of the
+ * type-traits table, its kernels bound), one row back to floats (the embedding lookup, tests). The work that differs
+ * by type lies in the table (type_traits.c) and the files it names (repack.c, the kernels). */
 #include <stdlib.h>
 #include <string.h>
 #include "inferd.h"
-#include "tile.h"
+#include "type_traits.h"
 
 /* ---- sizes ---- */
-int weight_is_quantized(int type) { return type >= WT_Q4_0 && type < NUM_WEIGHT_TYPES; }
-
-int weight_block_cols(int type) { return type_is_k(type) ? QK_K : QK; }
-
-size_t weight_tile_block_bytes(int type) { return tile_block_bytes(type); }
-
-static size_t gguf_block_bytes(int type) {
-    switch (type) {
-    case WT_Q4_0: return 18;
-    case WT_Q4_1: return 20;
-    case WT_Q5_0: return 22;
-    case WT_Q5_1: return 24;
-    case WT_Q8_0: return 34;
-    case WT_Q4_K: return 144;
-    case WT_Q5_K: return 176;
-    case WT_Q6_K: return 210;
-    }
-    return 0;
-}
-
-size_t gguf_row_bytes(int type, int cols) {
-    switch (type) {
-    case WT_F32: return (size_t)cols * 4;
-    case WT_F16: case WT_BF16: return (size_t)cols * 2;
-    }
-    return weight_is_quantized(type) ? (size_t)(cols / weight_block_cols(type)) * gguf_block_bytes(type) : 0;
-}
-
 size_t weight_layout_bytes(int type, int rows, int cols) {
-    if (rows <= 0 || cols <= 0 || type < WT_F32 || type >= NUM_WEIGHT_TYPES) return 0;
-    if (weight_is_quantized(type) ? cols % weight_block_cols(type) : cols % 8) return 0;
-    if (!weight_is_quantized(type)) return gguf_row_bytes(type, cols) * (size_t)rows;
-    return (size_t)((rows + TILE_ROWS - 1) / TILE_ROWS) * (cols / weight_block_cols(type)) *
-           weight_tile_block_bytes(type);
+    const type_traits_t *tt = type_traits(type);
+    if (rows <= 0 || cols <= 0 || !tt) return 0;
+    if (tt->quantized ? cols % tt->block_cols : cols % 8) return 0;
+    if (!tt->quantized) return gguf_row_bytes(type, cols) * (size_t)rows;
+    return (size_t)((rows + TILE_ROWS - 1) / TILE_ROWS) * (cols / tt->block_cols) * tt->tile_block_bytes;
 }
 
 size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int cols) {
@@ -58,181 +27,9 @@ size_t weight_layout_bytes_seg(int nseg, const int *types, const int *rows, int 
     return total;
 }
 
-/* ---- GGUF blocks -> values and scales ---- */
-typedef struct {
-    uint16_t d, m;           /* f16: d and (Q4_1/Q5_1) m, or (Q4_K/Q5_K) dmin */
-    uint8_t sc[16], mn[8];   /* K-quants: sub-block scales (Q6_K: int8) and mins */
-    int8_t q8[32];           /* Q8_0's values */
-    uint8_t q[QK_K];         /* the other types' unsigned values */
-} unpacked_t;
-
-static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {   /* GGUF's 12-byte 6-bit packing */
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-        *mn = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
-static inline __attribute__((always_inline)) void gguf_unpack(const int type, const uint8_t *b, unpacked_t *u) {
-    memcpy(&u->d, b, 2);
-    switch (type) {
-    case WT_Q8_0:
-        memcpy(u->q8, b + 2, 32);
-        return;
-    case WT_Q4_0: case WT_Q4_1: {
-        const uint8_t *qs = b + (type == WT_Q4_1 ? 4 : 2);
-        if (type == WT_Q4_1) memcpy(&u->m, b + 2, 2);
-        for (int j = 0; j < 16; j++) { u->q[j] = qs[j] & 15; u->q[j + 16] = qs[j] >> 4; }
-        return;
-    }
-    case WT_Q5_0: case WT_Q5_1: {
-        int off = type == WT_Q5_1 ? 4 : 2;
-        if (type == WT_Q5_1) memcpy(&u->m, b + 2, 2);
-        uint32_t qh;
-        memcpy(&qh, b + off, 4);
-        const uint8_t *qs = b + off + 4;
-        for (int j = 0; j < 16; j++) {
-            u->q[j] = (uint8_t)((qs[j] & 15) | ((qh >> j) & 1) << 4);
-            u->q[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
-        }
-        return;
-    }
-    case WT_Q4_K: case WT_Q5_K: {
-        memcpy(&u->m, b + 2, 2);
-        for (int j = 0; j < 8; j++) k4_scale_min(b + 4, j, &u->sc[j], &u->mn[j]);
-        const uint8_t *qh = b + 16, *qs = b + (type == WT_Q5_K ? 48 : 16);
-        for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++) {
-                uint8_t lo = qs[32 * c + l] & 15, hi = qs[32 * c + l] >> 4;
-                if (type == WT_Q5_K) {
-                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
-                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
-                }
-                u->q[64 * c + l] = lo;
-                u->q[64 * c + 32 + l] = hi;
-            }
-        return;
-    }
-    case WT_Q6_K: {
-        const uint8_t *ql = b, *qh = b + 128;
-        memcpy(&u->d, b + 208, 2);
-        memcpy(u->sc, b + 192, 16);
-        for (int n = 0; n < 2; n++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t *L = ql + 64 * n, *H = qh + 32 * n;
-                uint8_t *q = u->q + 128 * n;
-                q[l] = (uint8_t)((L[l] & 15) | ((H[l] >> 0) & 3) << 4);
-                q[l + 32] = (uint8_t)((L[l + 32] & 15) | ((H[l] >> 2) & 3) << 4);
-                q[l + 64] = (uint8_t)((L[l] >> 4) | ((H[l] >> 4) & 3) << 4);
-                q[l + 96] = (uint8_t)((L[l + 32] >> 4) | ((H[l] >> 6) & 3) << 4);
-            }
-        return;
-    }
-    }
-}
-
-/* ---- values and scales -> lane r of a tile block ---- */
-static void put_group(uint8_t *g, int r, const uint8_t *q) {
-    for (int p = 0; p < 4; p++)
-        for (int e = 0; e < 4; e++) g[32 * p + 4 * r + e] = (uint8_t)((q[4 * p + e] & 15) | (q[16 + 4 * p + e] & 15) << 4);
-}
-
-static void put_hbit(uint8_t *h, int r, const uint8_t *q) {
-    for (int e = 0; e < 4; e++) {
-        uint8_t v = 0;
-        for (int p = 0; p < 4; p++) v |= (uint8_t)(((q[4 * p + e] >> 4) & 1) << p | ((q[16 + 4 * p + e] >> 4) & 1) << (4 + p));
-        h[4 * r + e] = v;
-    }
-}
-
-static void put_h2bit(uint8_t *h, int r, const uint8_t *q) {
-    for (int e = 0; e < 4; e++) {
-        uint8_t lo = 0, hi = 0;
-        for (int p = 0; p < 4; p++) {
-            lo |= (uint8_t)(((q[4 * p + e] >> 4) & 3) << (2 * p));
-            hi |= (uint8_t)(((q[16 + 4 * p + e] >> 4) & 3) << (2 * p));
-        }
-        h[4 * r + e] = lo;
-        h[32 + 4 * r + e] = hi;
-    }
-}
-
-static inline __attribute__((always_inline)) void put_lane(const int type, uint8_t *blk, int r, const unpacked_t *u) {
-    memcpy(blk + 2 * r, &u->d, 2);
-    if (type == WT_Q8_0) {
-        for (int j = 0; j < 8; j++) memcpy(blk + 16 + 32 * j + 4 * r, u->q8 + 4 * j, 4);
-        return;
-    }
-    if (type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K) memcpy(blk + 16 + 2 * r, &u->m, 2);
-    int nsub = type_is_k(type) ? 8 : 1;
-    for (int s = 0; s < nsub; s++) {
-        const uint8_t *q = u->q + 32 * s;
-        put_group(blk + tile_group_off(type, s), r, q);
-        if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) put_hbit(blk + tile_hbits_off(type, s), r, q);
-        if (type == WT_Q6_K) {
-            put_h2bit(blk + tile_hbits_off(type, s), r, q);
-            blk[tile_scales_off(type, s) + r] = u->sc[2 * s];
-            blk[tile_scales_off(type, s) + 8 + r] = u->sc[2 * s + 1];
-        } else if (type != WT_Q4_0 && type != WT_Q4_1 && type != WT_Q5_0 && type != WT_Q5_1) {
-            blk[tile_scales_off(type, s) + r] = u->sc[s];
-            blk[tile_scales_off(type, s) + 8 + r] = u->mn[s];
-        }
-    }
-}
-
-/* ---- the formats of real files, straight from GGUF bytes to a lane (no unpacked values in between) ----
- * Q4_K_M files are Q4_K and Q6_K: the two most of a load's time goes to. Each writes exactly what put_lane writes
- * after gguf_unpack, in 16-byte runs the compiler vectorizes; tile group byte i (of 16) holds the values i and
- * 16 + i of its 32-value sub-block in its low and high nibbles. */
-static inline void put_lane_q4_k(uint8_t *blk, int r, const uint8_t *b) {
-    memcpy(blk + 2 * r, b, 2);                     /* d */
-    memcpy(blk + 16 + 2 * r, b + 2, 2);            /* dmin */
-    for (int s = 0; s < 8; s++) {
-        uint8_t *sm = blk + tile_scales_off(WT_Q4_K, s);
-        k4_scale_min(b + 4, s, &sm[r], &sm[8 + r]);
-    }
-    for (int c = 0; c < 4; c++) {                  /* qs[32c..32c+31]: sub-block 2c low nibbles, 2c + 1 high */
-        const uint8_t *a = b + 16 + 32 * c, *h = a + 16;
-        uint8_t lo[16], hi[16];
-        for (int i = 0; i < 16; i++) {
-            lo[i] = (uint8_t)((a[i] & 15) | (h[i] << 4));
-            hi[i] = (uint8_t)((a[i] >> 4) | (h[i] & 0xF0));
-        }
-        uint8_t *g0 = blk + tile_group_off(WT_Q4_K, 2 * c) + 4 * r, *g1 = blk + tile_group_off(WT_Q4_K, 2 * c + 1) + 4 * r;
-        for (int p = 0; p < 4; p++) {
-            memcpy(g0 + 32 * p, lo + 4 * p, 4);
-            memcpy(g1 + 32 * p, hi + 4 * p, 4);
-        }
-    }
-}
-
-static inline void put_lane_q6_k(uint8_t *blk, int r, const uint8_t *b) {
-    memcpy(blk + 2 * r, b + 208, 2);               /* d */
-    for (int s = 0; s < 8; s++) {
-        /* sub-block s = 4n + k: low 4 bits from ql[64n + 32(k & 1) + j] (its high nibble when k >= 2), the top
-         * 2 bits from qh[32n + j] at bit 2k */
-        int n = s / 4, k = s % 4, ls = 4 * (k >> 1), hs = 2 * k;
-        const uint8_t *L = b + 64 * n + 32 * (k & 1), *H = b + 128 + 32 * n;
-        uint8_t g[16];
-        for (int i = 0; i < 16; i++) g[i] = (uint8_t)(((L[i] >> ls) & 15) | ((L[16 + i] >> ls) & 15) << 4);
-        uint8_t *gp = blk + tile_group_off(WT_Q6_K, s) + 4 * r, *hp = blk + tile_hbits_off(WT_Q6_K, s) + 4 * r;
-        for (int p = 0; p < 4; p++) memcpy(gp + 32 * p, g + 4 * p, 4);
-        for (int e = 0; e < 4; e++) {
-            uint8_t lo = 0, hi = 0;
-            for (int p = 0; p < 4; p++) {
-                lo |= (uint8_t)(((H[4 * p + e] >> hs) & 3) << (2 * p));
-                hi |= (uint8_t)(((H[16 + 4 * p + e] >> hs) & 3) << (2 * p));
-            }
-            hp[e] = lo;
-            hp[32 + e] = hi;
-        }
-        uint8_t *sc = blk + tile_scales_off(WT_Q6_K, s);
-        sc[r] = b[192 + 2 * s];
-        sc[8 + r] = b[192 + 2 * s + 1];
-    }
+void weight_bind_kernels(weight_t *w, int path) {
+    w->path = path;
+    for (int i = 0; i < w->nseg; i++) w->seg[i].kernels = weight_kernels_for(w->seg[i].type, path);
 }
 
 /* ---- building weights ---- */
@@ -247,6 +44,7 @@ static int weight_setup(weight_t *w, int nseg, const int *types, const int *rows
         w->rows += rows[i];
         off += weight_layout_bytes(types[i], rows[i], cols);
     }
+    weight_bind_kernels(w, cpu_path());
     w->padded_rows = weight_is_quantized(w->type) ? (w->rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : w->rows;
     w->owned = dst == NULL;
     w->data = dst ? dst : aligned_alloc(64, (nbytes + 63) & ~(size_t)63);
@@ -265,72 +63,10 @@ int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, in
     return weight_setup(w, nseg, types, rows, cols, dst);
 }
 
-typedef struct {
-    weight_t *w;
-    const uint8_t *src;
-    int src_rows, dst_row0, group, group_stride, seg;
-} fill_t;
-
-/* rows [begin, end) of the source, for one (constant) quantized type: the unpacking and packing specialize */
-/* one GGUF block -> lane `lane` of a tile block */
-static inline __attribute__((always_inline)) void put_block(const int type, uint8_t *blk, int lane, const uint8_t *b) {
-    if (type == WT_Q4_K) {
-        put_lane_q4_k(blk, lane, b);
-    } else if (type == WT_Q6_K) {
-        put_lane_q6_k(blk, lane, b);
-    } else {
-        unpacked_t u;
-        gguf_unpack(type, b, &u);
-        put_lane(type, blk, lane, &u);
-    }
-}
-
-/* rows [begin, end) of the source, for one (constant) quantized type: the unpacking and packing specialize.
- * Eight source rows that make one whole tile go block by block, all eight lanes of a tile block at a time: the
- * tile is then written front to back, a stream the hardware prefetches, where a row at a time would write 4
- * bytes into every tile block in turn (half of a load's time went to those stores' cache misses). */
-static inline __attribute__((always_inline)) void fill_typed(const fill_t *f, int64_t begin, int64_t end,
-                                                             const int type) {
-    weight_t *w = f->w;
-    size_t rb = gguf_row_bytes(type, w->cols), bb = weight_tile_block_bytes(type), gb = gguf_block_bytes(type);
-    int nb = w->cols / weight_block_cols(type);
-    uint8_t *data = w->data + w->seg[f->seg].offset;
-    for (int64_t i = begin; i < end;) {
-        int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group) - w->seg[f->seg].row0;
-        int t = row / TILE_ROWS, lane = row % TILE_ROWS;
-        const uint8_t *src = f->src + (size_t)i * rb;
-        uint8_t *dst = data + (size_t)t * nb * bb;
-        if (lane == 0 && end - i >= TILE_ROWS && i % f->group + TILE_ROWS <= f->group) {   /* a whole tile */
-            for (int b = 0; b < nb; b++)
-                for (int r = 0; r < TILE_ROWS; r++) put_block(type, dst + (size_t)b * bb, r, src + r * rb + (size_t)b * gb);
-            i += TILE_ROWS;
-        } else {
-            for (int b = 0; b < nb; b++) put_block(type, dst + (size_t)b * bb, lane, src + (size_t)b * gb);
-            i++;
-        }
-    }
-}
-
 static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
-    fill_t *f = arg;
-    weight_t *w = f->w;
+    const repack_t *f = arg;
     (void)thread;
-    int type = w->seg[f->seg].type;
-    switch (type) {
-    case WT_Q4_0: fill_typed(f, begin, end, WT_Q4_0); return;
-    case WT_Q4_1: fill_typed(f, begin, end, WT_Q4_1); return;
-    case WT_Q5_0: fill_typed(f, begin, end, WT_Q5_0); return;
-    case WT_Q5_1: fill_typed(f, begin, end, WT_Q5_1); return;
-    case WT_Q8_0: fill_typed(f, begin, end, WT_Q8_0); return;
-    case WT_Q4_K: fill_typed(f, begin, end, WT_Q4_K); return;
-    case WT_Q5_K: fill_typed(f, begin, end, WT_Q5_K); return;
-    case WT_Q6_K: fill_typed(f, begin, end, WT_Q6_K); return;
-    }
-    size_t rb = gguf_row_bytes(type, w->cols);          /* float types: rows as they are */
-    for (int64_t i = begin; i < end; i++) {
-        int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group);
-        memcpy(w->data + (size_t)row * rb, f->src + (size_t)i * rb, rb);
-    }
+    type_traits(f->w->seg[f->seg].type)->repack(f, begin, end);
 }
 
 int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
@@ -341,7 +77,7 @@ int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int gr
     int seg = 0;
     while (seg + 1 < w->nseg && w->seg[seg + 1].row0 <= first) seg++;
     if (seg + 1 < w->nseg && last >= w->seg[seg + 1].row0) return -1;
-    fill_t f = {w, src, src_rows, dst_row0, group, group_stride, seg};
+    repack_t f = {w, src, src_rows, dst_row0, group, group_stride, seg};
     if (pool) pool_run(pool, src_rows, 64, fill_rows, &f);
     else fill_rows(&f, 0, src_rows, 0);
     return 0;
@@ -361,47 +97,7 @@ void weight_free(weight_t *w) {
 
 /* ---- one row back to floats ---- */
 void weight_dequant_row(const weight_t *w, int row, float *out) {
-    int cols = w->cols, seg = 0;
+    int seg = 0;
     while (seg + 1 < w->nseg && w->seg[seg + 1].row0 <= row) seg++;
-    int type = w->seg[seg].type;
-    const uint8_t *data = w->data + w->seg[seg].offset;
-    row -= w->seg[seg].row0;
-    if (type == WT_F32) { memcpy(out, (const float *)data + (size_t)row * cols, cols * 4); return; }
-    if (type == WT_F16 || type == WT_BF16) {
-        const uint16_t *s = (const uint16_t *)data + (size_t)row * cols;
-        for (int i = 0; i < cols; i++) out[i] = type == WT_F16 ? f16_to_f32(s[i]) : bf16_to_f32(s[i]);
-        return;
-    }
-    int nb = cols / weight_block_cols(type), t = row / TILE_ROWS, r = row % TILE_ROWS;
-    size_t bb = weight_tile_block_bytes(type);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = data + ((size_t)t * nb + b) * bb;
-        float d = tile_f16(blk, r);
-        int nsub = type_is_k(type) ? 8 : 1, q[32];
-        for (int s = 0; s < nsub; s++) {
-            float *o = out + (size_t)b * weight_block_cols(type) + 32 * s;
-            tile_lane_values(type, blk, s, r, q);
-            switch (type) {
-            case WT_Q8_0: for (int i = 0; i < 32; i++) o[i] = d * (float)q[i]; break;
-            case WT_Q4_0: for (int i = 0; i < 32; i++) o[i] = d * (float)(q[i] - 8); break;
-            case WT_Q5_0: for (int i = 0; i < 32; i++) o[i] = d * (float)(q[i] - 16); break;
-            case WT_Q4_1: case WT_Q5_1: {
-                float m = tile_f16(blk + 16, r);
-                for (int i = 0; i < 32; i++) o[i] = d * (float)q[i] + m;
-                break;
-            }
-            case WT_Q4_K: case WT_Q5_K: {
-                const uint8_t *sm = blk + tile_scales_off(type, s);
-                float dw = d * (float)sm[r], mw = tile_f16(blk + 16, r) * (float)sm[8 + r];
-                for (int i = 0; i < 32; i++) o[i] = dw * (float)q[i] - mw;
-                break;
-            }
-            case WT_Q6_K: {
-                const int8_t *sc = (const int8_t *)blk + tile_scales_off(type, s);
-                for (int i = 0; i < 32; i++) o[i] = d * (float)sc[8 * (i / 16) + r] * (float)(q[i] - 32);
-                break;
-            }
-            }
-        }
-    }
+    type_traits(w->seg[seg].type)->dequant_row(w->data + w->seg[seg].offset, w->cols, row - w->seg[seg].row0, out);
 }

@@ -109,15 +109,13 @@ def test_every_prefill_kernel_gives_the_same_bits(tiny):
     emb = Embedder(load_embedding_model(folder, quantize="q8_0"), threads=2)
     ids = emb.tokenize(SENTENCES * 3)
     assert sum(map(len, ids)) % 16 != 0
-    best = _cpu.prefill_kernels()
+    kernels = emb.encoder.kernels
+    best = kernels.prefill_kernels()
     kinds = _cpu.PREFILL_KERNELS[: _cpu.PREFILL_KERNELS.index(best) + 1]
     results = {}
-    try:
-        for kind in kinds:
-            _cpu.set_prefill_kernels(kind)
-            results[kind] = emb.embed(ids), emb.embed(ids[1:2])
-    finally:
-        _cpu.set_prefill_kernels(best)
+    for kind in kinds:
+        kernels.set_prefill_kernels(kind)
+        results[kind] = emb.embed(ids), emb.embed(ids[1:2])
     for kind, (batch, alone) in results.items():
         assert np.array_equal(batch, results["tiles"][0]) and np.array_equal(alone, results["tiles"][1]), kind
         assert np.array_equal(alone[0], batch[1])

@@ -86,17 +86,14 @@ def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, col
     y0 = rng.standard_normal((43, rows)).astype(np.float32)
     _cpu.set_path("scalar")
     ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
-    try:
-        for p in PATHS[1:]:
-            _cpu.set_path(p)
-            for kind in _cpu.PREFILL_KERNELS:
-                _cpu.set_prefill_kernels(kind)
-                assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
-                assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
-                for n in (4, 5, 6, 19):   # below and at the pair kernels' threshold (5 tokens), and past 16
-                    assert_bitwise(w.matmul(x[:n]), ref[:n], f"{type_name} {p} {kind}, {n} tokens")
-    finally:
-        _cpu.set_prefill_kernels("amx")
+    for p in PATHS[1:]:
+        _cpu.set_path(p)
+        for kind in _cpu.PREFILL_KERNELS:
+            w.kernels.set_prefill_kernels(kind)
+            assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
+            assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
+            for n in (4, 5, 6, 19):   # below and at the pair kernels' threshold (5 tokens), and past 16
+                assert_bitwise(w.matmul(x[:n]), ref[:n], f"{type_name} {p} {kind}, {n} tokens")
 
 
 @pytest.mark.parametrize("type_name", TYPES + K_TYPES)
@@ -133,53 +130,47 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
         y0 = rng.standard_normal((8, n)).astype(np.float32)
         _cpu.set_path("scalar")
         ref, ref_acc = w.matmul(x), w.matmul(x, y0.copy())
-        prefetch = _cpu.decode_prefetch()
-        try:
-            for p, group, kernels, pf in itertools.product(PATHS, (1, 2, 3, 4), _cpu.DECODE_KERNELS, (None, 0)):
-                _cpu.set_path(p)
-                _cpu.set_decode_group(group)
-                _cpu.set_decode_kernels(kernels)
-                _cpu.set_decode_prefetch(pf)
-                batch = w.matmul(x)
-                for m in (2, 3, 4, 5, 8):   # a few tokens share the decode kernels' unpacked tiles (zmm)
-                    what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, {m} tokens"
-                    assert_bitwise(w.matmul(x[:m]), ref[:m], what)
-                    assert_bitwise(w.matmul(x[:m], y0[:m].copy()), ref_acc[:m], f"{what}, accumulating")
-                for t in range(8):
-                    what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, token {t}"
-                    assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
-                    assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
-                    assert_bitwise(batch[t], ref[t], f"{what}, batch of 8")
-        finally:
-            _cpu.set_decode_group(4)
-            _cpu.set_decode_kernels("avx512")
-            _cpu.set_decode_prefetch(prefetch)
+        for p, group, kernels, pf in itertools.product(PATHS, (1, 2, 3, 4), _cpu.DECODE_KERNELS, (None, 0)):
+            _cpu.set_path(p)
+            w.kernels.set_decode_group(group)
+            w.kernels.set_decode_kernels(kernels)
+            w.kernels.set_decode_prefetch(pf)
+            batch = w.matmul(x)
+            for m in (2, 3, 4, 5, 8):   # a few tokens share the decode kernels' unpacked tiles (zmm)
+                what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, {m} tokens"
+                assert_bitwise(w.matmul(x[:m]), ref[:m], what)
+                assert_bitwise(w.matmul(x[:m], y0[:m].copy()), ref_acc[:m], f"{what}, accumulating")
+            for t in range(8):
+                what = f"{p}, {kernels} groups of {group}, prefetch {pf}, {n} x {k}, token {t}"
+                assert_bitwise(w.matmul(x[t:t + 1])[0], ref[t], what)
+                assert_bitwise(w.matmul(x[t:t + 1], y0[t:t + 1].copy())[0], ref_acc[t], f"{what}, accumulating")
+                assert_bitwise(batch[t], ref[t], f"{what}, batch of 8")
     with pytest.raises(ValueError):
-        _cpu.set_decode_group(5)
+        _cpu.KernelConfig().set_decode_group(5)
     with pytest.raises(ValueError):
-        _cpu.set_decode_kernels("amx")
+        _cpu.KernelConfig().set_decode_kernels("amx")
 
 
 def test_decode_prefetch_default_follows_the_cpu_vendor():
     """Decode steps prefetch every tile, but on AMD only tiles of up to 16 KB (matmul.c says why)."""
     with open("/proc/cpuinfo") as f:
         amd = "AuthenticAMD" in f.read()
-    assert _cpu.decode_prefetch() == (16384 if amd else None)
+    assert _cpu.KernelConfig().decode_prefetch() == (16384 if amd else None)
 
 
 def test_decode_zmm_kernels_in_use_where_the_cpu_has_them():
     """The identity test above reaches the zmm decode kernels only where they run: say so where they do not."""
-    old = _cpu.get_path()
+    old, kernels = _cpu.get_path(), _cpu.KernelConfig()
     try:
         _cpu.set_path("scalar")
-        assert _cpu.decode_kernels() == "tiles"
+        assert kernels.decode_kernels() == "tiles"
         vnni = [p for p in PATHS if p in ("avxvnni", "avx512vnni")]
         if not vnni:
             pytest.skip("no VNNI path on this CPU: the zmm decode kernels are untested here")
         _cpu.set_path(vnni[0])
-        if _cpu.prefill_kernels() == "tiles":
+        if kernels.prefill_kernels() == "tiles":
             pytest.skip("this CPU has no AVX-512 VNNI: the zmm decode kernels are untested here")
-        assert _cpu.decode_kernels() == "avx512"
+        assert kernels.decode_kernels() == "avx512"
     finally:
         _cpu.set_path(old)
 
