@@ -2,11 +2,11 @@
 architectures no small real file at hand covers), written by tests/model/make_tiny.py.
 
 How llama.cpp's side is read: `llama-server -m FILE` (built by ../shared/peers/llama-cpp.sh; skipped when absent),
-/completion with the prompt as token ids, greedy, n_probs=5: for each generated token, llama.cpp's token and its
-five most likely tokens with their log-probabilities (of the raw logits, before sampling). inferd is fed the prompt
-plus llama.cpp's tokens (teacher forcing), and at every generated position its log-probabilities of those five
-tokens must be within LOGPROB_TOL of llama.cpp's, and its greedy choice must be llama.cpp's token unless llama.cpp's
-own top two are within NEAR_TIE.
+/completion with the prompt as token ids, greedy, n_probs=5: for each generated token that ends a UTF-8 character,
+llama.cpp's token and its five most likely tokens with their log-probabilities (of the raw logits, before
+sampling). inferd is fed the prompt plus llama.cpp's tokens (teacher forcing), and at every reported position its
+log-probabilities of those five tokens must be within LOGPROB_TOL of llama.cpp's, and its greedy choice must be
+llama.cpp's token unless llama.cpp's own top two are within NEAR_TIE.
 
 The prompts are longer than the Gemma model's 40-position window, so its local layers attend to a window that
 slides; the weights are F32/F16, which both engines multiply without quantizing activations, so what is left is
@@ -65,10 +65,29 @@ def post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def llama_cpp_greedy(server: Path, model: Path, prompt: list[int], log: Path) -> tuple[list[int], list[dict | None]]:
+def ends_characters(token_bytes, tokens: list[int]) -> list[bool]:
+    """Per token: whether the generated text after it does not end inside a multi-byte character, by llama-server's
+    own test (its last 1-3 bytes hold no lead byte of a longer sequence; continuation bytes are not checked).
+    llama-server reports probabilities only for those tokens."""
+    out, text = [], b""
+    for tok in tokens:
+        text += token_bytes(tok)
+        cut = False
+        for back in range(1, min(4, len(text)) + 1):
+            lead = text[-back]
+            need = 2 if lead & 0xE0 == 0xC0 else 3 if lead & 0xF0 == 0xE0 else 4 if lead & 0xF8 == 0xF0 else 0
+            if need > back:
+                cut = True
+                break
+        out.append(not cut)
+    return out
+
+
+def llama_cpp_greedy(server: Path, model: Path, prompt: list[int], log: Path,
+                     token_bytes) -> tuple[list[int], list[dict | None]]:
     """llama.cpp's greedy continuation of `prompt` (token ids) and, per token, its top-5 log-probabilities, or None
     where llama-server reports none: it leaves out tokens that end inside a UTF-8 character (byte tokens), so its
-    probability entries are matched to the tokens in order."""
+    probability entries go, in order, to the tokens that end a character."""
     port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
@@ -90,14 +109,11 @@ def llama_cpp_greedy(server: Path, model: Path, prompt: list[int], log: Path) ->
                   "ignore_eos": True, "return_tokens": True})
         tokens, entries = r["tokens"], iter(r["completion_probabilities"])
         steps: list[dict | None] = []
-        entry = next(entries, None)
-        for tok in tokens:
-            if entry is not None and entry["id"] == tok:
-                steps.append(entry)
-                entry = next(entries, None)
-            else:
-                steps.append(None)
-        assert entry is None, "a probability entry matched no generated token"
+        for tok, whole in zip(tokens, ends_characters(token_bytes, tokens)):
+            entry = next(entries, None) if whole else None
+            assert entry is None or entry["id"] == tok, f"llama.cpp's entry for {entry['id']} is at token {tok}"
+            steps.append(entry)
+        assert next(entries, None) is None, "a probability entry matched no generated token"
         return tokens, steps
     finally:
         proc.terminate()
@@ -109,7 +125,8 @@ def test_logprobs_match_llama_cpp(llama_server, tmp_path, name):
     path = make_variant(name, tmp_path)
     model = load_model(path)
     prompt = np.random.default_rng(3).integers(3, model.config.vocab_size, PROMPT_LEN).tolist()
-    theirs, steps = llama_cpp_greedy(llama_server, path, prompt, tmp_path / "llama-server.log")
+    token_bytes = lambda t: model.tokenizer.token_bytes(t, False)  # noqa: E731
+    theirs, steps = llama_cpp_greedy(llama_server, path, prompt, tmp_path / "llama-server.log", token_bytes)
     assert len(theirs) == GENERATE and sum(s is not None for s in steps) >= GENERATE // 2
 
     eng = Engine(model, num_kv_blocks=4, max_batch_tokens=256, max_seqs=1, threads=2, max_logits_rows=256)
