@@ -13,12 +13,12 @@ Deltas: ContentDelta (the answer's text), ReasoningDelta (the model's thinking),
 id and name, once the name is complete) and ToolArgsDelta (the next fragment of that call's arguments, JSON text
 exactly as written). Concatenated, the deltas of one kind rebuild what a whole-text parse gives.
 
-Where parsers live: one module per format, in a package per kind: `inferd.text.tools` (tool-call syntaxes, behind
-its registry) and, next, `inferd.text.reasoning`. A reasoning parser is one more such module: a class with feed()
-and finish() that emits ReasoningDelta for the thinking (`<think>...</think>`, or harmony's analysis channel) and
-ContentDelta for the rest. `Chain(reasoning, tools)` then feeds the reasoning parser's content into the tool-call
-parser, so a model that thinks and calls tools needs no parser that knows both, and the consumers (the API
-encoders) see one stream of deltas.
+Where parsers live: one module per format, in a package per kind: `inferd.text.tools` (tool-call syntaxes,
+behind its registry) and `inferd.text.reasoning` (think tags so far). A reasoning parser is one more such
+module: a class with feed() and finish() that emits ReasoningDelta for the thinking (`<think>...</think>`, or
+harmony's analysis channel) and ContentDelta for the rest. `Chain(reasoning, tools)` then feeds the reasoning
+parser's content into the tool-call parser, so a model that thinks and calls tools needs no parser that knows
+both, and the consumers (the API encoders) see one stream of deltas.
 """
 
 from __future__ import annotations
