@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -19,10 +19,12 @@ import msgspec
 from inferd.engine.constraints import Constraint
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
-from inferd.text.parsing import OutputParser
+from inferd.text.parsing import Chain, OutputParser
+from inferd.text.reasoning import detect_reasoning, reasoning_parser
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
     Tool,
+    ToolCallParser,
     ToolFormat,
     detect_format,
     marker_ids,
@@ -175,3 +177,19 @@ async def prepare_chat(
 
 async def prepare_completion(state: ServerState, req: Any) -> Constraint | None:
     return await compile_spec(state, request_grammar(req))
+
+
+def with_reasoning(state: ServerState, prep: ChatPrep, prompt: str) -> ChatPrep:
+    """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud."""
+    name = detect_reasoning(state.ready_template.source)
+    return prep if name is None else replace(prep, reasoning=lambda: reasoning_parser(name, prompt))
+
+
+def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser | None]:
+    """One choice's parser (None: the text is the answer as it is), and its tool-call part (for its calls): the
+    reasoning parser first, the tool-call parser behind its answer text."""
+    tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
+    parsers = [p for p in (prep.reasoning() if prep.reasoning else None, tools) if p is not None]
+    if not parsers:
+        return None, None
+    return (parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])), tools

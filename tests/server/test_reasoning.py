@@ -99,3 +99,28 @@ def test_bad_switches_are_400s_naming_the_field(client, thinking_server, extra, 
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, thinking_server.state.served_model_name, extra_body=extra)
     assert e.value.body["param"] == param
+
+
+OPENS_THE_BLOCK = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+def test_responses_api_gives_the_thinking_as_a_reasoning_item(make_server):
+    srv = make_server()
+    tok = srv.state.tokenizer
+    srv.state.chat_template = ChatTemplate(OPENS_THE_BLOCK, tok.bos_token, tok.eos_token)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    name = srv.state.served_model_name
+    # the prompt opened the block and the answer is cut short: all of the output is thinking
+    r = client.responses.create(model=name, input="Name a color.", max_output_tokens=12, temperature=0)
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning"], kinds
+    thinking = r.output[0].content[0].text
+    assert thinking and "<think>" not in thinking and not r.output_text
+    # streamed: the same text through reasoning_text deltas, the item added and done
+    events = list(client.responses.create(model=name, input="Name a color.", max_output_tokens=12, temperature=0,
+                                          stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == thinking
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert [e.item.type for e in done] == ["reasoning"] and done[0].item.content[0].text == thinking

@@ -13,10 +13,10 @@ from inferd.server.choices import Choice, Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
 from inferd.server.sse import DONE, PING, SSE, TextFrames, sse_event
-from inferd.server.structured import ChatPrep
+from inferd.server.structured import ChatPrep, answer_parser
 from inferd.text.tokenizer import Tokenizer
-from inferd.text.parsing import Chain, OutputParser, ReasoningDelta
-from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart
+from inferd.text.parsing import OutputParser, ReasoningDelta
+from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallStart
 
 
 class TopLogprob(Struct):
@@ -143,9 +143,9 @@ class ChoiceParser:
     first (where the model thinks aloud), the tool-call parser behind its answer text (where tools were given)."""
 
     def __init__(self, prep: ChatPrep):
-        self.tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
-        parsers: list[OutputParser] = [p for p in (prep.reasoning and prep.reasoning(), self.tools) if p is not None]
-        self.parser: OutputParser = parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])
+        parser, self.tools = answer_parser(prep)
+        assert parser is not None, "a choice parser for a plan that parses nothing"
+        self.parser: OutputParser = parser
 
     @property
     def has_calls(self) -> bool:

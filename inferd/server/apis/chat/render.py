@@ -3,7 +3,6 @@ each of the n choices' sampling, and the tool-call settings the encoder parses t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from inferd.server.apis.chat.request import ChatCompletionRequest, check_chat, check_messages, template_kwargs
@@ -11,8 +10,7 @@ from inferd.server.apis.openai_fields import openai_sampling, stop_list
 from inferd.server.generation import PromptText, Rendered, limits
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
-from inferd.text.reasoning import detect_reasoning, reasoning_parser
-from inferd.server.structured import ChatPrep, prepare_chat, request_grammar, tool_request
+from inferd.server.structured import ChatPrep, prepare_chat, request_grammar, tool_request, with_reasoning
 
 
 def render_chat(
@@ -39,9 +37,8 @@ async def render(state: ServerState, req: ChatCompletionRequest) -> Rendered[Cha
     tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
     prep = await prepare_chat(state, messages, tools, request_grammar(req))
     text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools, extra=template_kwargs(req))
-    reasoning = detect_reasoning(state.ready_template.source)
-    if reasoning is not None and req.add_generation_prompt:
-        prep = replace(prep, reasoning=lambda: reasoning_parser(reasoning, text))
+    if req.add_generation_prompt:  # an answer follows the prompt
+        prep = with_reasoning(state, prep, text)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     given = req.max_completion_tokens is not None
     return Rendered(

@@ -16,7 +16,9 @@ from inferd.server.choices import Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
 from inferd.server.sse import PING, SSE, sse_event
-from inferd.text.tools import ContentDelta, ToolArgsDelta, ToolCallParser, ToolCallStart
+from inferd.server.structured import answer_parser
+from inferd.text.parsing import Delta, ReasoningDelta
+from inferd.text.tools import ContentDelta, ToolCallStart
 
 
 def new_id(prefix: str) -> str:
@@ -41,6 +43,7 @@ class ResponseBuilder:
         self._seq = 0
         self._message: dict[str, Any] | None = None  # the open message item
         self._calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its function_call item
+        self._reasoning: dict[str, Any] | None = None  # the open reasoning item
         self._emit("response.created", response=self.response())
         self._emit("response.in_progress", response=self.response())
 
@@ -52,7 +55,11 @@ class ResponseBuilder:
         events, self._events = self._events, []
         return events
 
-    def add(self, event: ContentDelta | ToolCallStart | ToolArgsDelta) -> None:
+    def add(self, event: Delta) -> None:
+        if isinstance(event, ReasoningDelta):
+            self._add_reasoning(event.text)
+            return
+        self._close_reasoning()
         if isinstance(event, ContentDelta):
             if not event.text:
                 return
@@ -89,6 +96,45 @@ class ResponseBuilder:
                 output_index=self.output.index(item),
                 delta=event.text,
             )
+
+    def _add_reasoning(self, text: str) -> None:
+        """The thinking, as a reasoning item with one reasoning_text part (before the answer's items)."""
+        if self._reasoning is None:
+            self._reasoning = {
+                "type": "reasoning",
+                "id": new_id("rs"),
+                "summary": [],
+                "status": "in_progress",
+                "content": [{"type": "reasoning_text", "text": ""}],
+            }
+            self.output.append(self._reasoning)
+            self._emit(
+                "response.output_item.added", output_index=len(self.output) - 1, item={**self._reasoning, "content": []}
+            )
+        item = self._reasoning
+        item["content"][0]["text"] += text
+        self._emit(
+            "response.reasoning_text.delta",
+            item_id=item["id"],
+            output_index=self.output.index(item),
+            content_index=0,
+            delta=text,
+        )
+
+    def _close_reasoning(self) -> None:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return
+        index = self.output.index(item)
+        self._emit(
+            "response.reasoning_text.done",
+            item_id=item["id"],
+            output_index=index,
+            content_index=0,
+            text=item["content"][0]["text"],
+        )
+        item["status"] = "completed"
+        self._emit("response.output_item.done", output_index=index, item=dict(item))
 
     def _open_message(self) -> dict[str, Any]:
         if self._message is None:
@@ -136,6 +182,7 @@ class ResponseBuilder:
     def finish(self, finish_reason: str, usage: Mapping[str, int]) -> dict[str, Any]:
         """Closes the items, sets status (completed, or incomplete after max_output_tokens) and usage; emits
         response.completed (or .incomplete); returns the response object."""
+        self._close_reasoning()
         self._close_message()
         for item in self._calls.values():
             if item["status"] != "completed":
@@ -206,6 +253,9 @@ class ResponseBuilder:
         msg: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             msg["tool_calls"] = calls
+        thinking = "".join(p["text"] for i in self.output if i["type"] == "reasoning" for p in i["content"])
+        if thinking:
+            msg["reasoning_content"] = thinking
         return [msg]
 
 
@@ -215,16 +265,13 @@ class ResponsesEncoder:
     def __init__(self, gen: Generation, req: ResponsesRequest, rendered: Rendered[ResponsesContext]):
         self.gen, self.context = gen, rendered.context
         self.builder = ResponseBuilder(gen.model, self.context.plan)
-        prep = self.context.prep
-        self.parser = (
-            ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format is not None else None
-        )
+        self.parser, _ = answer_parser(self.context.prep)
 
     def feed(self, text: str, final: bool) -> None:
         if self.parser is None:
             self.builder.add(ContentDelta(text))
             return
-        for e in self.parser.feed(text) + (self.parser.finish() if final else []):
+        for e in [*self.parser.feed(text), *(self.parser.finish() if final else [])]:
             self.builder.add(e)
 
     def finish(self) -> dict[str, Any]:

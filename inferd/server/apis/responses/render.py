@@ -19,7 +19,7 @@ from inferd.server.apis.sampling import sampling_params
 from inferd.server.generation import PromptText, Rendered, limits
 from inferd.server.protocol import Limits, ProtocolError
 from inferd.server.state import ServerState
-from inferd.server.structured import ChatPrep, prepare_chat, tool_request
+from inferd.server.structured import ChatPrep, prepare_chat, tool_request, with_reasoning
 from inferd.text.grammar import GrammarError, GrammarSpec, response_format_grammar
 
 # request fields the response object repeats
@@ -208,6 +208,7 @@ async def render(state: ServerState, req: ResponsesRequest) -> Rendered[Response
     tools = tool_request(p.tools, p.tool_choice, p.parallel_tool_calls)
     prep = await prepare_chat(state, messages, tools, text_format_grammar(p.response_format))
     text = render_chat(state, prep.messages, True, prep.tools, param="input")
+    prep = with_reasoning(state, prep, text)
     return Rendered(
         [PromptText(text, add_special=False)],
         lambda j: sampling_params(state.sampling_defaults, temperature=req.temperature, top_p=req.top_p, seed=req.seed),
