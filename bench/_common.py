@@ -271,6 +271,13 @@ MEDIANS = ("Each side's figure is the median of all its samples over the rounds;
            "can lie outside the range of the rounds' ratios when rounds differ in speed.")
 
 
+def publish_results(md_path: Path, markdown: str, data: dict[str, object], where_else: str = "") -> None:
+    """Write a results file whole with its JSON, show it, and say where it went."""
+    write_results(md_path, markdown, data)
+    print("\n" + markdown)
+    print(f"wrote {md_path} and {md_path.with_suffix('.json').name}{where_else}")
+
+
 def results_head(title: str, stamp: str, host: dict[str, object], peer: str) -> list[str]:
     """The first lines of a results file: its title and date, the machine and the peer's build, and how its
     medians and ranges are computed (MEDIANS)."""

@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench._common import (  # noqa: E402
     busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, median, partial_note, peer_build, peer_env,
-    peer_env_words, ratio_of_medians, results_head, stats, stop_on_sigterm, stop_reason, write_results)
+    peer_env_words, ratio_of_medians, results_head, stats, stop_on_sigterm, stop_reason, publish_results, write_results)
 
 MODELS = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
 WORDS = ("river bank money city market doctor patient music guitar quickly slowly never always because although "
@@ -278,10 +278,7 @@ def measured_run(run: EmbeddingsRun, out: Path, build: Callable[[EmbeddingsRun],
         run.stopped = stop_reason(e)
         if not run.measured:
             raise
-    report, data = build(run)
-    write_results(out, report, data)
-    print("\n" + report)
-    print(f"wrote {out} and {out.with_suffix('.json').name}")
+    publish_results(out, *build(run))
     return 1 if run.stopped else 0
 
 

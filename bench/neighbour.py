@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import (abba, best_config, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin,  # noqa: E402
                      machine, median, model_file, partial_note, peer_build, peer_env, peer_env_words, ratio_of_medians,
-                     repack_works, results_head, stats, stop_on_sigterm, stop_reason, test_sizes, write_results)
+                     repack_works, results_head, stats, stop_on_sigterm, stop_reason, test_sizes, publish_results)
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 CONDITIONS = ("quiet", "busy")
@@ -217,9 +217,7 @@ def main() -> int:
             raise
     run.minutes = (time.monotonic() - started) / 60
     report, data = results(run)
-    write_results(out, report, data)
-    print("\n" + report)
-    print(f"wrote {out} and {out.with_suffix('.json').name}")
+    publish_results(out, report, data)
     return 1 if run.stopped else 0
 
 

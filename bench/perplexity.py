@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 from _common import (  # noqa: E402
     ROOT, abba, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, median, model_file,
     partial_note, peer_build, peer_env, peer_env_words, ratio_of_medians, results_head, stats, stop_on_sigterm,
-    stop_reason, write_results)
+    stop_reason, publish_results, write_results)
 
 TEXT = HERE / "data" / "gpl-3.txt"
 LLAMA_PPL = re.compile(r"Final estimate: PPL = ([0-9.]+)")
@@ -174,9 +174,7 @@ def main() -> int:
         if not any(m.finished() for m in run.models):
             raise
     report, data = results(run)
-    write_results(args.out, report, data)
-    print("\n" + report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.json').name}")
+    publish_results(args.out, report, data)
     return 1 if run.stopped else 0
 
 

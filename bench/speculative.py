@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from _common import (  # noqa: E402
     abba, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, model_file, partial_note, peer_build,
-    peer_env, ratio_of_medians, repack_works, results_head, stats, stop_on_sigterm, stop_reason, write_results)
+    peer_env, ratio_of_medians, repack_works, results_head, stats, stop_on_sigterm, stop_reason, publish_results)
 
 CODE = '''def load_users(path):
     users = []
@@ -203,9 +203,7 @@ async def main_async(args) -> int:
     finally:
         server.stop()
     report, data = results(run)
-    write_results(args.out, report, data)
-    print("\n" + report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.json').name}")
+    publish_results(args.out, report, data)
     return 1 if run.stopped else 0
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from _common import (abba, command_line, fmt_median, fmt_ratio, llama_bin, machine, model_file,  # noqa: E402
                      partial_note, peer_build, ratio_of_medians, results_head, stats, stop_on_sigterm, stop_reason,
-                     write_results)
+                     publish_results)
 
 SERVERS = ("llama-server", "inferd")
 METRICS = (("ready", "ready", "s"), ("peak", "peak RSS while loading", "GB"), ("rss", "RSS when ready", "GB"),
@@ -200,9 +200,7 @@ def main() -> int:
         if not run.finished():
             raise
     report, data = results(run)
-    write_results(args.out, report, data)
-    print("\n" + report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.json').name}")
+    publish_results(args.out, report, data)
     return 1 if run.stopped else 0
 
 

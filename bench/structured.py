@@ -32,7 +32,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from _common import (  # noqa: E402 (after the sys.path line)
     abba, busy_warning, command_line, fmt_median, fmt_ratio, llama_bin, machine, model_file, partial_note, peer_build,
-    peer_env, ratio_of_medians, repack_works, results_head, stats, stop_on_sigterm, stop_reason, write_results)
+    peer_env, publish_results, ratio_of_medians, repack_works, results_head, stats, stop_on_sigterm, stop_reason,
+    write_results)
 from serve import Server, inferd_server, llama_server  # noqa: E402
 
 MAX_TOKENS = 96
@@ -299,9 +300,7 @@ async def main_async(args) -> int:
         if not any(m.finished() for m in run.models):
             raise
     report, data = results(run)
-    write_results(args.out, report, data)
-    print(report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.json').name}; server logs in {args.log_dir}")
+    publish_results(args.out, report, data, f"; server logs in {args.log_dir}")
     errors = sum(entry["errors"] for entry in data["models"])
     return 1 if run.stopped or errors else 0
 
