@@ -89,6 +89,11 @@ class ChatPrep:
     shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
     reasoning: Callable[[], OutputParser] | None = None  # set: the thinking is parsed out of the text
 
+    @property
+    def parses_answer(self) -> bool:
+        """The answer's text holds more than content (tool calls, thinking): it goes through answer_parser."""
+        return self.tool_format is not None or self.reasoning is not None
+
 
 @dataclass
 class ToolRequest:
@@ -188,8 +193,8 @@ def with_reasoning(state: ServerState, prep: ChatPrep, prompt: str) -> ChatPrep:
 def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser | None]:
     """One choice's parser (None: the text is the answer as it is), and its tool-call part (for its calls): the
     reasoning parser first, the tool-call parser behind its answer text."""
+    if not prep.parses_answer:
+        return None, None
     tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
     parsers = [p for p in (prep.reasoning() if prep.reasoning else None, tools) if p is not None]
-    if not parsers:
-        return None, None
     return (parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])), tools

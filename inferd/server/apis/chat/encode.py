@@ -182,10 +182,6 @@ class ChoiceParser:
         return ChatMessage("assistant", answer, calls or None, reasoning_content=thinking, reasoning=thinking)
 
 
-def parses(prep: ChatPrep) -> bool:
-    return prep.tool_format is not None or prep.reasoning is not None
-
-
 def finish_reason(reason: str | None, has_calls: bool) -> str | None:
     """OpenAI says "tool_calls" when the answer ended with calls."""
     return "tool_calls" if has_calls and reason == "stop" else reason
@@ -208,7 +204,9 @@ class ChatEncoder:
         gen = self.gen
         choices = []
         for c in gen.choices:
-            message = ChoiceParser(self.prep).message(c.text) if parses(self.prep) else ChatMessage("assistant", c.text)
+            message = (
+                ChoiceParser(self.prep).message(c.text) if self.prep.parses_answer else ChatMessage("assistant", c.text)
+            )
             choices.append(
                 ChatChoice(
                     c.index,
@@ -228,7 +226,7 @@ class ChatEncoder:
         """The stream's events, encoded: those of one output (its text, then its finish) in one piece."""
         gen, chunk = self.gen, self.chunk
         choices: list[Choice] = gen.choices
-        parsers = {c.index: ChoiceParser(self.prep) for c in choices} if parses(self.prep) else {}
+        parsers = {c.index: ChoiceParser(self.prep) for c in choices} if self.prep.parses_answer else {}
         text_frames = {
             c.index: TextFrames(chunk([ChatChunkChoice(c.index, Delta(content=TextFrames.MARK), None, None)]))
             for c in choices
