@@ -4,6 +4,7 @@ C call; all validation that needs Python objects happens here, the C side checks
 import numpy as np
 cimport numpy as cnp
 from libc.stdlib cimport calloc, free, malloc
+from libc.math cimport sqrtf
 from libc.string cimport memset
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, SIZE_MAX
 
@@ -486,7 +487,8 @@ cdef class Model:
                 raise ValueError(f"layer {layer}: sliding window {options['window']} (0: none)")
             B.attn.window = options["window"]
             B.attn.rope_neox = options["rope_neox"]
-            B.attn.scale = options.get("scale", 0.0)
+            # the model's own scale, else 1/sqrt(head_dim), in float32 (the block reads it as it is)
+            B.attn.scale = options.get("scale", 0.0) or 1.0 / sqrtf(<float>c.head_dim)
             self._init_weight(&B.attn.wqkv, ts["wqkv"])
             self._init_weight(&B.attn.wo, ts["wo"])
         else:

@@ -1,7 +1,6 @@
 /* The attention block: x += post_norm(Wo attention(q, k, v)), (q, k, v) = Wqkv rmsnorm(x) (+ bias), with
  * QK-norm, RoPE and the K/V writes to the paged cache; sliding-window layers see only their window of keys.
  * attention_plan sizes the step's attention items once; attention_block runs one layer's. */
-#include <math.h>
 #include <string.h>
 #include "forward_stage.h"
 
@@ -64,7 +63,6 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    float scale = A->scale > 0 ? A->scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     int q8 = c->kv_dtype == KV_Q8_0;                       /* int8 KV: attention_q8.c's slices */
     size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
@@ -98,7 +96,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         if (s->fused_rope)
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
-                            .window = A->window, .scale = scale};
+                            .window = A->window, .scale = A->scale};
         if (q8)
             attention_tokens_q8(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                                 cfg->n_kv_heads, heads, hd, c->k_q8 + (q8_layer + h0) * q8_slice,
@@ -129,7 +127,6 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    float scale = A->scale > 0 ? A->scale : 1.0f / sqrtf((float)hd);
     size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
     size_t part = attention_part_floats(group * s->heads_per_item, hd);
@@ -142,7 +139,7 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
         size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + 1, .causal = 1,
-                            .window = A->window, .scale = scale};
+                            .window = A->window, .scale = A->scale};
         const float *q = c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd;
         float *parts = c->attn_parts + (size_t)pair * s->segments * part;
         attention_segment(q, qkv_dim, 1, group, cfg->n_kv_heads, heads, hd, c->k_cache + head_off,

@@ -265,7 +265,7 @@ typedef struct {
     float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
     int rope_neox;                     /* RoPE pairs (i, i + head_dim/2) (rotate-half); else (2i, 2i+1) */
     int window;                        /* sliding window (keys per query, itself included); 0: global attention */
-    float scale;                       /* of q.k; 0: 1/sqrt(head_dim) */
+    float scale;                       /* of q.k: the model's own, else 1/sqrt(head_dim) */
     const float *rope_cos_sin;         /* this block's table: the model's global or local one (model_init_rope) */
 } attention_block_t;
 
