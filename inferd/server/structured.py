@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from inferd.text.tools import (
     ToolFormat,
     detect_format,
     marker_ids,
+    marker_tokens,
     parse_tool_choice,
     parse_tools,
     prepare_messages,
@@ -88,6 +89,8 @@ class ChatPrep:
     tool_names: tuple[str, ...] = ()
     shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
     reasoning: Callable[[], OutputParser] | None = None  # set: the thinking is parsed out of the text
+    # tool name -> parameters schema (the XML formats type their bare-text values by it)
+    tool_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def parses_answer(self) -> bool:
@@ -147,7 +150,7 @@ async def prepare_chat(
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = tool_req.parallel
     trigger = trigger_token(fmt, tok.hf.token_to_id)
-    markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else {}
+    markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else marker_tokens(fmt, tok.hf.token_to_id)
     try:
         if choice == "required":  # the calls are forced; a response format is for a later answer
             call_spec: GrammarSpec | None = tool_call_grammar(
@@ -177,6 +180,7 @@ async def prepare_chat(
         fmt,
         tuple(t.name for t in tools),
         shown_tokens(fmt, tok.hf.token_to_id),
+        tool_params={t.name: t.parameters for t in tools},
     )
 
 
@@ -195,6 +199,10 @@ def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser |
     reasoning parser first, the tool-call parser behind its answer text."""
     if not prep.parses_answer:
         return None, None
-    tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
+    tools = (
+        ToolCallParser(prep.tool_format, tool_names=prep.tool_names, param_schemas=prep.tool_params)
+        if prep.tool_format
+        else None
+    )
     parsers = [p for p in (prep.reasoning() if prep.reasoning else None, tools) if p is not None]
     return (parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])), tools

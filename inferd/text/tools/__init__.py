@@ -36,6 +36,7 @@ from inferd.text.tools.registry import (
     QWEN3_CODER,
     ToolFormat,
     detect_format,
+    marker_tokens,
     shown_tokens,
     syntax_of,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "ToolFormat",
     "detect_format",
     "marker_ids",
+    "marker_tokens",
     "mistral_id",
     "new_call_id",
     "new_mistral_id",

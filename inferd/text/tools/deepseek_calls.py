@@ -144,7 +144,9 @@ def write_calls(calls: Sequence[ToolCall], fenced: bool) -> str:
     if not calls:
         return ""
     if fenced:
-        body = "".join(f"{CALL_BEGIN}function{SEP}{c.name}\n{FENCE}\n{c.arguments}\n{FENCE_END}{CALL_END}" for c in calls)
+        body = "".join(
+            f"{CALL_BEGIN}function{SEP}{c.name}\n{FENCE}\n{c.arguments}\n{FENCE_END}{CALL_END}" for c in calls
+        )
     else:
         body = "".join(f"{CALL_BEGIN}{c.name}{SEP}{c.arguments}{CALL_END}" for c in calls)
     return CALLS_BEGIN + body + CALLS_END

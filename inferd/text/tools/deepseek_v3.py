@@ -33,6 +33,4 @@ def write_calls(calls: Sequence[ToolCall], with_ids: bool = False) -> str:
     return deepseek_calls.write_calls(calls, fenced=True)
 
 
-SYNTAX = CallSyntax(
-    "deepseek_v3", DeepSeekV3Parser, grammar, write_calls, trigger=CALLS_BEGIN, shown_markers=MARKERS
-)
+SYNTAX = CallSyntax("deepseek_v3", DeepSeekV3Parser, grammar, write_calls, trigger=CALLS_BEGIN, shown_markers=MARKERS)

@@ -1,6 +1,9 @@
 """DeepSeek V3.1's tool calls: the name, then the arguments bare,
 
-    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>
+    <｜tool▁calls▁end｜>
+
+(one line, here broken in two)
 
 The markers are tokens of DeepSeek's vocabulary (deepseek_calls holds what this form shares with V3's).
 """
@@ -30,6 +33,4 @@ def write_calls(calls: Sequence[ToolCall], with_ids: bool = False) -> str:
     return deepseek_calls.write_calls(calls, fenced=False)
 
 
-SYNTAX = CallSyntax(
-    "deepseek_v31", DeepSeekV31Parser, grammar, write_calls, trigger=CALLS_BEGIN, shown_markers=MARKERS
-)
+SYNTAX = CallSyntax("deepseek_v31", DeepSeekV31Parser, grammar, write_calls, trigger=CALLS_BEGIN, shown_markers=MARKERS)

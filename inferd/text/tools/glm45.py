@@ -40,7 +40,7 @@ class Glm45Parser(XmlCallParser):
         """The name, up to its line's end (or the first key, or the end of the call)."""
         found = first_marker(self._buf, _NAME_ENDS, final)
         if found is None:
-            so_far = self._buf.strip()
+            so_far = self._buf[: len(self._buf) - held_back(self._buf, _NAME_ENDS)].strip()
             if final or (so_far and not TOOL_NAME.match(so_far)):
                 return self._not_a_call(events)
             return False

@@ -169,6 +169,4 @@ def write_calls(calls: Sequence[ToolCall], with_ids: bool = False) -> str:
     return "\n".join(out)
 
 
-SYNTAX = CallSyntax(
-    "qwen3_coder", Qwen3CoderParser, grammar, write_calls, trigger=OPEN, shown_markers=(OPEN, CLOSE)
-)
+SYNTAX = CallSyntax("qwen3_coder", Qwen3CoderParser, grammar, write_calls, trigger=OPEN, shown_markers=(OPEN, CLOSE))

@@ -95,3 +95,9 @@ def shown_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]
     """Control tokens that the output text must keep for the parser to see the calls (Mistral's markers)."""
     ids = (token_id_of(m) for m in syntax_of(fmt).shown_markers)
     return frozenset(int(i) for i in ids if i is not None)
+
+
+def marker_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> dict[str, int]:
+    """The format's markers that this vocabulary has as single tokens (its grammar matches those as tokens)."""
+    ids = ((m, token_id_of(m)) for m in syntax_of(fmt).shown_markers)
+    return {m: int(i) for m, i in ids if i is not None}

@@ -217,7 +217,8 @@ def params_lark(prefix: str, params: Mapping[str, Any], param: Callable[[str, st
     """(the sequence of a tool's parameter rules, their definitions): each property in the schema's order, the
     required ones always, the others optional. param(rule, key, schema) defines one. A schema without properties
     takes none."""
-    props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+    found = params.get("properties")
+    props: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     required = set(params.get("required") or ()) if isinstance(params.get("required"), list) else set()
     seq, rules = [], ""
     for j, (key, sub) in enumerate(props.items()):

@@ -10,7 +10,8 @@ import pytest
 from inferd.text.chat import ChatTemplate
 from inferd.text.tools import (QWEN3_CODER, ToolArgsDelta, ToolCallParser, ToolCallStart, detect_format,
                                parse_tool_calls, parse_tools, prepare_messages, template_tools, tool_call_grammar)
-from tests.text.tools.calls import TIME, assert_lazy_grammar_takes, assert_parses, assert_streams_like_whole, check_call, ids, walk, weather
+from tests.text.tools.calls import (TIME, assert_lazy_grammar_takes, assert_parses, assert_streams_like_whole,
+                                    check_call, ids, walk, weather)
 from tests.text.tools.templates import template
 
 WEATHER = weather(max_city=10)
