@@ -10,8 +10,10 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from inferd.server.apis.responses.items import encrypt_reasoning
 from inferd.server.apis.responses.render import ChatPlan, ResponsesContext
 from inferd.server.apis.responses.request import ResponsesRequest
+from inferd.server.apis.responses.tools import exposed_name
 from inferd.server.choices import Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
@@ -76,11 +78,13 @@ class ResponseBuilder:
             )
         elif isinstance(event, ToolCallStart):
             self._close_message()
+            namespace, name = self.plan.names.client_name(event.name)
             item = {
                 "type": "function_call",
                 "id": new_id("fc"),
                 "call_id": event.id,
-                "name": event.name,
+                "name": name,
+                **({"namespace": namespace} if namespace else {}),
                 "arguments": "",
                 "status": "in_progress",
             }
@@ -134,6 +138,8 @@ class ResponseBuilder:
             text=item["content"][0]["text"],
         )
         item["status"] = "completed"
+        if self.plan.reasoning_content:  # the thinking, for a client that replays it (include)
+            item["encrypted_content"] = encrypt_reasoning(item["content"][0]["text"])
         self._emit("response.output_item.done", output_index=index, item=dict(item))
 
     def _open_message(self) -> dict[str, Any]:
@@ -239,6 +245,19 @@ class ResponseBuilder:
             "previous_response_id": e.get("previous_response_id"),
             "metadata": e.get("metadata") or {},
             "store": True if e.get("store") is None else e["store"],
+            "reasoning": {
+                "effort": None,
+                "summary": None,
+                **{k: v for k, v in (e.get("reasoning") or {}).items() if k in ("effort", "summary")},
+            },
+            "service_tier": "default",
+            "truncation": e.get("truncation") or "disabled",
+            "user": e.get("user"),
+            "safety_identifier": e.get("safety_identifier"),
+            "prompt_cache_key": e.get("prompt_cache_key"),
+            "max_tool_calls": e.get("max_tool_calls"),
+            "top_logprobs": e.get("top_logprobs"),
+            "background": False,
             "usage": self.usage,
         }
 
@@ -246,7 +265,7 @@ class ResponseBuilder:
         """The output as chat messages (kept in the store for previous_response_id)."""
         text = "".join(p["text"] for i in self.output if i["type"] == "message" for p in i["content"])
         calls = [
-            {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+            {"id": i["call_id"], "type": "function", "function": {"name": chat_name(i), "arguments": i["arguments"]}}
             for i in self.output
             if i["type"] == "function_call"
         ]
@@ -259,11 +278,17 @@ class ResponseBuilder:
         return [msg]
 
 
+def chat_name(item: Mapping[str, Any]) -> str:
+    """A function_call item's function as the model saw it (a namespaced one under its joined name)."""
+    return exposed_name(item["namespace"], item["name"]) if item.get("namespace") else item["name"]
+
+
 class ResponsesEncoder:
     content_type = SSE
 
     def __init__(self, gen: Generation, req: ResponsesRequest, rendered: Rendered[ResponsesContext]):
         self.gen, self.context = gen, rendered.context
+        self.headers = self.context.plan.headers  # what was left out (hosted tools and their items)
         self.builder = ResponseBuilder(gen.model, self.context.plan)
         self.parser, _ = answer_parser(self.context.prep)
 
