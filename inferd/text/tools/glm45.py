@@ -108,9 +108,11 @@ def grammar(
     lark += f"call: {open_} fn {close}\n"
     lark += "fn: " + " | ".join(f"fn_{i}" for i in range(len(tools))) + "\n"
 
+    key_, key_end, value_ = (marker_lark(m, markers) for m in (KEY, KEY_END, VALUE))
+
     def param(rule: str, key: str, schema: Any) -> str:
-        head = json.dumps(f"{KEY}{key}{KEY_END}\n{VALUE}", ensure_ascii=False)
-        return f'{rule}: {head} {rule}_v "\\n"\n' + value_lark(f"{rule}_v", schema, VALUE_END)
+        head = f'{key_} {json.dumps(key, ensure_ascii=False)} {key_end} "\\n" {value_}'
+        return f'{rule}: {head} {rule}_v "\\n"\n' + value_lark(f"{rule}_v", schema, VALUE_END, markers)
 
     for i, t in enumerate(tools):
         seq, rules = params_lark(f"a_{i}", t.parameters, param)
@@ -133,4 +135,12 @@ def write_calls(calls: Sequence[ToolCall], with_ids: bool = False) -> str:
     return "\n".join(out)
 
 
-SYNTAX = CallSyntax("glm45", Glm45Parser, grammar, write_calls, trigger=OPEN, shown_markers=(OPEN, CLOSE))
+# (GLM's vocabulary has its argument tags as tokens too)
+SYNTAX = CallSyntax(
+    "glm45",
+    Glm45Parser,
+    grammar,
+    write_calls,
+    trigger=OPEN,
+    shown_markers=(OPEN, CLOSE, KEY, KEY_END, VALUE, VALUE_END),
+)

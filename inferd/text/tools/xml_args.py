@@ -191,25 +191,29 @@ def regex_literal(text: str) -> str:
     return "".join(out)
 
 
-def value_lark(rule: str, schema: Any, close: str) -> str:
-    """Lark rules: `rule` is one parameter value valid against its schema, then the literal `close`. A text value is
-    one lexeme with its closing marker (any text without that marker), so it cannot run past it."""
+def value_lark(rule: str, schema: Any, close: str, markers: Mapping[str, int] | None = None) -> str:
+    """Lark rules: `rule` is one parameter value valid against its schema, then `close`. A text value is one lexeme
+    with its closing marker (any text without that marker), so it cannot run past it; where the closing marker is
+    a token of the vocabulary (markers), text cannot spell it, and the value is any text before that token."""
+    end_lark = marker_lark(close, markers or {})
     if not is_text(schema):
         body = {**dict(schema), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
-        return f"{rule}: {rule}_json {json.dumps(close)}\n{rule}_json: %json {json.dumps(body)}\n"
+        return f"{rule}: {rule}_json {end_lark}\n{rule}_json: %json {json.dumps(body)}\n"
     assert schema is None or isinstance(schema, Mapping)
     s: Mapping[str, Any] = schema or {}
     choices = list(s["enum"]) if isinstance(s.get("enum"), list) else ([s["const"]] if "const" in s else [])
     if choices and all(isinstance(c, str) for c in choices):
-        return f"{rule}: (" + " | ".join(json.dumps(c) for c in choices) + f") {json.dumps(close)}\n"
+        return f"{rule}: (" + " | ".join(json.dumps(c) for c in choices) + f") {end_lark}\n"
     pattern = s.get("pattern")
     if isinstance(pattern, str) and re.fullmatch(r"\^[^/]*[^\\]\$", pattern):  # an anchored pattern: the whole value
-        return f"{rule}: /{pattern[1:-1]}/ {json.dumps(close)}\n"
+        return f"{rule}: /{pattern[1:-1]}/ {end_lark}\n"
     low = s.get("minLength", 0) if isinstance(s.get("minLength"), int) else 0
     high = s.get("maxLength") if isinstance(s.get("maxLength"), int) else None
     count = f"{{{low},{high}}}" if high is not None else (f"{{{low},}}" if low else "*")
-    end = regex_literal(close)
     term = rule.upper()
+    if markers and close in markers:
+        return f"{rule}: {term} {end_lark}\n{term}: /(?s:.{count})/\n"
+    end = regex_literal(close)
     return f"{rule}: {term}\n{term}: /(?s:.{count}){end}/ & ~/(?s:.*){end}(?s:.+)/\n"
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from inferd.text.chat import ChatTemplate
-from inferd.text.tools import (GLM45, ToolArgsDelta, ToolCallParser, ToolCallStart, detect_format, parse_tool_calls,
+from inferd.text.tools import (GLM45, ToolArgsDelta, ToolCallParser, ToolCallStart, detect_format, marker_tokens,
+                               parse_tool_calls,
                                parse_tools, prepare_messages, template_tools, tool_call_grammar)
 from tests.text.tools.calls import (TIME, assert_lazy_grammar_takes, assert_parses, assert_streams_like_whole,
                                     check_call, ids, walk, weather)
@@ -99,3 +100,24 @@ def test_detected_and_past_calls_render_as_the_model_writes_them(name):
     block = block[: block.index("</tool_call>") + len("</tool_call>")]
     _, calls = parse_tool_calls(block, fmt, ids(), param_schemas=SCHEMAS)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("edit", json.loads(args))]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_grammar_on_the_marker_tokens_gives_valid_calls(tiny_vocab, parallel):
+    """GLM's vocabulary has its argument tags as tokens: the grammar matches them as tokens, the text keeps them."""
+    tok, compiler = tiny_vocab(GLM45)
+    markers = marker_tokens(GLM45, tok.hf.token_to_id)
+    assert set(markers) == {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"}
+    edit = {"type": "object", "required": ["line"], "additionalProperties": False, "properties": {
+        "path": {"type": "string", "maxLength": 8}, "line": {"type": "integer", "minimum": 0, "maximum": 999}}}
+    tools = parse_tools([WEATHER, TIME, {"type": "function", "function": {"name": "edit", "parameters": edit}}])
+    compiled = compiler.compile_sync(tool_call_grammar(tools, GLM45, parallel=parallel, markers=markers))
+    for seed in range(4):
+        text = walk(tok, compiler, compiled.new_matcher(), seed, max_tokens=300)
+        content, calls = parse_tool_calls(text, GLM45, ids(), param_schemas={t.name: t.parameters for t in tools})
+        assert content is None and calls and (parallel or len(calls) == 1), text
+        for c in calls:
+            if c.name == "edit":
+                assert isinstance(json.loads(c.arguments)["line"], int), text
+            else:
+                check_call(c, max_city=10)

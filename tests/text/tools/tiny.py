@@ -17,7 +17,7 @@ DEEPSEEK = ("<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", 
 # format -> (the llama.cpp template it uses, its control tokens)
 MODELS = {
     "qwen3_coder": ("Qwen3-Coder", CHATML + XML),
-    "glm45": ("GLM-4.6", GLM + XML),
+    "glm45": ("GLM-4.6", GLM + XML + ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")),
     "deepseek_v31": ("deepseek-ai-DeepSeek-V3.1", DEEPSEEK),
     "deepseek_v3": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", DEEPSEEK),
 }
