@@ -20,14 +20,14 @@ from inferd.engine.constraints import Constraint
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.parsing import Chain, OutputParser
-from inferd.text.reasoning import detect_reasoning, reasoning_parser
+from inferd.text.reasoning import detect_reasoning, reasoning_parser, shown_texts
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
     Tool,
     ToolCallParser,
     ToolFormat,
     detect_format,
-    marker_ids,
+    marker_token_ids,
     parse_tool_choice,
     parse_tools,
     prepare_messages,
@@ -147,7 +147,7 @@ async def prepare_chat(
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = tool_req.parallel
     trigger = trigger_token(fmt, tok.hf.token_to_id)
-    markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else {}
+    markers = marker_token_ids(fmt, tok.hf.token_to_id)
     try:
         if choice == "required":  # the calls are forced; a response format is for a later answer
             call_spec: GrammarSpec | None = tool_call_grammar(
@@ -187,7 +187,11 @@ async def prepare_completion(state: ServerState, req: Any) -> Constraint | None:
 def with_reasoning(state: ServerState, prep: ChatPrep, prompt: str) -> ChatPrep:
     """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud."""
     name = detect_reasoning(state.ready_template.source)
-    return prep if name is None else replace(prep, reasoning=lambda: reasoning_parser(name, prompt))
+    if name is None:
+        return prep
+    token_id = state.tokenizer.hf.token_to_id
+    shown = {i for i in (token_id(t) for t in shown_texts(name)) if i is not None}
+    return replace(prep, reasoning=lambda: reasoning_parser(name, prompt), shown_special=prep.shown_special | shown)
 
 
 def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser | None]:
@@ -196,5 +200,7 @@ def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser |
     if not prep.parses_answer:
         return None, None
     tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
+    if tools is not None and prep.tool_format is not None and prep.tool_format.parses_thinking:
+        return tools, tools
     parsers = [p for p in (prep.reasoning() if prep.reasoning else None, tools) if p is not None]
     return (parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])), tools

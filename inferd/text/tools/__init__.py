@@ -10,7 +10,8 @@ One module per job:
 - one module per format, each a parser, a grammar and its markers (a syntax.CallSyntax):
   hermes (Qwen2.5, Hermes, most templates with a `tools` variable; and "generic" templates, taught it),
   llama3 (Llama 3.1+ JSON), mistral (before tokenizer v11, `[TOOL_CALLS] [...]`) and mistral_v11
-  (`[TOOL_CALLS]name[ARGS]{...}`), with mistral_tokens (their control tokens and ids);
+  (`[TOOL_CALLS]name[ARGS]{...}`), with mistral_tokens (their control tokens and ids), and harmony (gpt-oss's
+  channels, whose parser reads the thinking too);
 - base, scanner, grammar_rules, syntax: what the formats share (the parser base classes, the JSON call object
   scanner, Lark pieces, the format record).
 """
@@ -24,12 +25,14 @@ from inferd.text.tools.parser import ToolCallParser, parse_tool_calls
 from inferd.text.tools.registry import (
     FORMATS,
     GENERIC,
+    HARMONY,
     HERMES,
     LLAMA3,
     MISTRAL,
     MISTRAL_V11,
     ToolFormat,
     detect_format,
+    marker_token_ids,
     shown_tokens,
     syntax_of,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "FORMATS",
     "GENERIC",
     "GENERIC_TOOLS_BLOCK",
+    "HARMONY",
     "HERMES",
     "LLAMA3",
     "MISTRAL",
@@ -69,6 +73,7 @@ __all__ = [
     "ToolFormat",
     "detect_format",
     "marker_ids",
+    "marker_token_ids",
     "mistral_id",
     "new_call_id",
     "new_mistral_id",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from inferd.text.parsing import ContentDelta, ToolDelta
+from inferd.text.parsing import ContentDelta, Delta
 from inferd.text.tools.base import ToolCall
 from inferd.text.tools.registry import ToolFormat, syntax_of
 
@@ -32,11 +32,11 @@ class ToolCallParser:
     def calls(self) -> list[ToolCall]:
         return self._parser.calls
 
-    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[ToolDelta]:
-        return self._parser.feed(text, token_ids)
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]:
+        return list(self._parser.feed(text, token_ids))
 
-    def finish(self) -> list[ToolDelta]:
-        return self._parser.finish()
+    def finish(self) -> list[Delta]:
+        return list(self._parser.finish())
 
 
 def parse_tool_calls(

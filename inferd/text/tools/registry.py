@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # (imported as modules, not from the package, whose __init__ re-exports this one)
+import inferd.text.tools.harmony as harmony
 import inferd.text.tools.hermes as hermes
 import inferd.text.tools.llama3 as llama3
 import inferd.text.tools.mistral as mistral
 import inferd.text.tools.mistral_v11 as mistral_v11
+from inferd.text.tools.harmony import is_harmony_template
 from inferd.text.tools.mistral_tokens import ARGS, CALL_ID, TOOL_CALLS, marker_ids
 from inferd.text.tools.syntax import CallSyntax
 
@@ -22,6 +24,7 @@ HERMES = hermes.SYNTAX.name
 LLAMA3 = llama3.SYNTAX.name
 MISTRAL = mistral.SYNTAX.name
 MISTRAL_V11 = mistral_v11.SYNTAX.name
+HARMONY = harmony.SYNTAX.name
 GENERIC = "generic"
 
 FORMATS: dict[str, CallSyntax] = {
@@ -29,6 +32,7 @@ FORMATS: dict[str, CallSyntax] = {
     LLAMA3: llama3.SYNTAX,
     MISTRAL: mistral.SYNTAX,
     MISTRAL_V11: mistral_v11.SYNTAX,
+    HARMONY: harmony.SYNTAX,
     GENERIC: hermes.SYNTAX,
 }
 
@@ -45,6 +49,11 @@ class ToolFormat:
     def is_mistral(self) -> bool:
         return self.name in (MISTRAL, MISTRAL_V11)
 
+    @property
+    def parses_thinking(self) -> bool:
+        """The format's parser reads the thinking too (harmony): no reasoning parser goes before it."""
+        return self.name == HARMONY
+
 
 def syntax_of(fmt: ToolFormat | str) -> CallSyntax:
     return FORMATS[fmt.name if isinstance(fmt, ToolFormat) else fmt]
@@ -57,6 +66,8 @@ def detect_format(template: str | None, token_id_of: Callable[[str], int | None]
     `[TOOL_CALLS]` is v11 when the vocabulary has an `[ARGS]` token and the template writes no JSON call list."""
     src = template or ""
     renders = "tools" in src
+    if is_harmony_template(src):
+        return ToolFormat(HARMONY, renders)
     if TOOL_CALLS in src:
         vocab = marker_ids(token_id_of) if token_id_of is not None else {}
         if ARGS in src or (ARGS in vocab and "[{" not in src and '"arguments"' not in src):
@@ -69,7 +80,12 @@ def detect_format(template: str | None, token_id_of: Callable[[str], int | None]
     return ToolFormat(HERMES if renders else GENERIC, renders)
 
 
+def marker_token_ids(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> dict[str, int]:
+    """The format's control tokens (its shown markers) that this vocabulary has, by text."""
+    ids = {m: token_id_of(m) for m in syntax_of(fmt).shown_markers}
+    return {m: int(i) for m, i in ids.items() if i is not None}
+
+
 def shown_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> frozenset[int]:
-    """Control tokens that the output text must keep for the parser to see the calls (Mistral's markers)."""
-    ids = (token_id_of(m) for m in syntax_of(fmt).shown_markers)
-    return frozenset(int(i) for i in ids if i is not None)
+    """Control tokens that the output text must keep for the parser to see the calls (Mistral's, harmony's)."""
+    return frozenset(marker_token_ids(fmt, token_id_of).values())
