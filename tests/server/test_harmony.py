@@ -5,7 +5,6 @@ is the plumbing: the markers reach the parser and never the client, analysis com
 answer, a commentary message to=functions.x as tool_calls, streamed and whole alike, with the thinking counted."""
 from __future__ import annotations
 
-import json
 import re
 
 import openai

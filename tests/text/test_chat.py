@@ -191,7 +191,8 @@ def test_earlier_thinking_reaches_templates_by_either_name():
     prompt = render_chat(GPT_OSS, messages, reasoning_effort="high")
     assert "Reasoning: high" in prompt
     assert "<|start|>assistant<|channel|>analysis<|message|>Ask the tool.<|end|>" in prompt
-    assert '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>' in prompt
+    call_text = '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>'
+    assert call_text in prompt
     assert '<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>"12:00"<|end|>' in prompt
     assert prompt.endswith("<|start|>assistant")
     qwen_like = "{% for m in messages %}[{{ m.reasoning_content }}]{% endfor %}"

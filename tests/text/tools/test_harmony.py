@@ -30,7 +30,8 @@ THINK_THEN_ANSWER = (
 )
 CALL = (
     "<|channel|>analysis<|message|>Need the weather.<|end|>"
-    '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>'
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Oslo"}<|call|>'
 )
 
 
@@ -97,9 +98,8 @@ def random_completion(rng: random.Random) -> tuple[str, list[tuple[str, str | No
         if channel == "commentary_call":
             channel, recipient = "commentary", f"functions.tool_{rng.randint(0, 3)}"
             body = json.dumps({"arg": body})
-            header = rng.choice(
-                [f"<|channel|>commentary to={recipient} <|constrain|>json", f" to={recipient}<|channel|>commentary json"]
-            )
+            header = rng.choice([f"<|channel|>commentary to={recipient} <|constrain|>json",
+                                 f" to={recipient}<|channel|>commentary json"])
         else:
             header = f"<|channel|>{channel}"
         lead = "" if i == 0 else "<|start|>assistant"
@@ -148,7 +148,10 @@ def harmony_vocab(tmp_path_factory):
     compiler.close()
 
 
-@pytest.mark.parametrize("thinking", ["", "<|channel|>analysis<|message|>Need Oslo's weather.<|end|><|start|>assistant"])
+THOUGHT = "<|channel|>analysis<|message|>Need Oslo's weather.<|end|><|start|>assistant"
+
+
+@pytest.mark.parametrize("thinking", ["", THOUGHT])
 def test_a_call_the_grammar_accepts_parses_back_and_only_return_and_call_end_the_turn(harmony_vocab, thinking):
     from inferd.text.tools import ToolCall, ToolFormat, marker_token_ids, parse_tools, syntax_of, tool_call_grammar
     from tests.text.tools.calls import TIME, weather
@@ -158,7 +161,8 @@ def test_a_call_the_grammar_accepts_parses_back_and_only_return_and_call_end_the
     assert fmt == ToolFormat(HARMONY, True) and fmt.parses_thinking
     call = ToolCall("call_0", "get_weather", '{"city": "Oslo", "unit": "celsius"}')
     text = thinking + syntax_of(fmt).write_calls([call])
-    spec = tool_call_grammar(parse_tools([TIME, weather(max_city=10)]), fmt, markers=marker_token_ids(fmt, tok.hf.token_to_id))
+    markers = marker_token_ids(fmt, tok.hf.token_to_id)
+    spec = tool_call_grammar(parse_tools([TIME, weather(max_city=10)]), fmt, markers=markers)
     matcher = compiler.compile_sync(spec).new_matcher()
     tokens = tok.encode(text, add_special=False)
     assert tok.decode(tokens, skip_special=False) == text
