@@ -20,7 +20,8 @@ from inferd.engine.constraints import Constraint
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.parsing import Chain, OutputParser
-from inferd.text.reasoning import detect_reasoning, reasoning_parser, shown_texts
+from inferd.text.grammar.budget import ThinkingBudget
+from inferd.text.reasoning import BUDGET_MARKERS, detect_reasoning, reasoning_parser, shown_texts, starts_thinking
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
     Tool,
@@ -184,14 +185,45 @@ async def prepare_completion(state: ServerState, req: Any) -> Constraint | None:
     return await compile_spec(state, request_grammar(req))
 
 
-def with_reasoning(state: ServerState, prep: ChatPrep, prompt: str) -> ChatPrep:
-    """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud."""
+def with_reasoning(
+    state: ServerState, prep: ChatPrep, prompt: str, max_thinking_tokens: int | None = None, param: str = ""
+) -> ChatPrep:
+    """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud, and to close
+    the thinking after `max_thinking_tokens` (None: the server's max_thinking_tokens; 0: no limit)."""
     name = detect_reasoning(state.ready_template.source)
     if name is None:
         return prep
     token_id = state.tokenizer.hf.token_to_id
     shown = {i for i in (token_id(t) for t in shown_texts(name)) if i is not None}
-    return replace(prep, reasoning=lambda: reasoning_parser(name, prompt), shown_special=prep.shown_special | shown)
+    prep = replace(prep, reasoning=lambda: reasoning_parser(name, prompt), shown_special=prep.shown_special | shown)
+    limit = state.settings.max_thinking_tokens if max_thinking_tokens is None else max_thinking_tokens
+    if not limit:
+        return prep
+    if not getattr(state.engine, "supports_token_masks", False):
+        raise ProtocolError(
+            f"{param or 'max_thinking_tokens'}: a reasoning budget is not available on this server's device "
+            f"({state.settings.device}); it needs the CPU engine",
+            param or "max_thinking_tokens",
+        )
+    return replace(prep, constraint=_with_budget(state, prep.constraint, name, prompt, limit))
+
+
+def _with_budget(state: ServerState, constraint: Constraint | None, name: str, prompt: str, limit: int) -> Constraint:
+    tok = state.tokenizer
+    markers = BUDGET_MARKERS[name]
+    budget = ThinkingBudget(
+        limit,
+        markers.open,
+        markers.close,
+        tuple(tok.encode(markers.forced, add_special=False)),
+        lambda t: tok.token_bytes(t, skip_special=False).decode("utf-8", errors="replace"),
+        frozenset(tok.eos_ids),
+        state.engine.vocab_size if state.engine is not None else tok.vocab_size,
+        start_inside=starts_thinking(name, prompt),
+    )
+    if constraint is None:
+        return Constraint(None, budget=budget)
+    return replace(constraint, budget=budget)
 
 
 def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser | None]:

@@ -5,6 +5,7 @@ is the plumbing: the markers reach the parser and never the client, analysis com
 answer, a commentary message to=functions.x as tool_calls, streamed and whole alike, with the thinking counted."""
 from __future__ import annotations
 
+import json
 import re
 
 import openai
@@ -25,7 +26,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = write_tiny_harmony(tmp_path_factory.mktemp("harmony-api") / f"{M}.gguf")
-    srv = ServerThread(make_settings(), load_model(str(path))).start()
+    srv = ServerThread(make_settings(max_thinking_tokens=12), load_model(str(path))).start()
     yield srv
     srv.stop()
 
@@ -84,6 +85,31 @@ def test_streamed_as_the_whole(client, shape):
     assert usage.completion_tokens_details.reasoning_tokens == whole.usage.completion_tokens_details.reasoning_tokens
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_commentary_message_to_a_function_is_a_tool_call(client, stream):
+    kw = dict(model=M, messages=[{"role": "user", "content": "Time in Paris?"}], tools=[TIME], tool_choice="required",
+              max_tokens=120, temperature=0, extra_body={"max_thinking_tokens": 8})
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        choice = r.choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert no_markup(choice.message.content) and no_markup(extra(choice.message, "reasoning_content"))
+        finish = choice.finish_reason
+    else:
+        args, names, finish = {}, {}, None
+        for chunk in client.chat.completions.create(**kw, stream=True):
+            c = chunk.choices[0]
+            finish = c.finish_reason or finish
+            assert no_markup(c.delta.content)
+            for tc in c.delta.tool_calls or []:
+                if tc.function.name:
+                    names[tc.index] = tc.function.name
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        calls = [(names[i], args[i]) for i in sorted(names)]
+    assert finish == "tool_calls" and [n for n, _ in calls] == ["get_time"]
+    assert re.fullmatch("[A-Z]{3}", json.loads(calls[0][1])["tz"])
+
+
 def test_the_call_and_its_result_go_back_through_the_template(client):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}
     messages = [{"role": "user", "content": "Time?"},
@@ -91,3 +117,17 @@ def test_the_call_and_its_result_go_back_through_the_template(client):
                 {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
     r = client.chat.completions.create(model=M, messages=messages, tools=[TIME], max_tokens=4, temperature=0)
     assert r.usage.prompt_tokens > 20 and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_the_responses_api_gives_the_thinking_as_a_reasoning_item_before_the_call(client):
+    r = client.responses.create(model=M, input="Time in Paris?", tools=[{"type": "function", **TIME["function"]}],
+                                tool_choice="required", max_output_tokens=120, temperature=0)
+    kinds = [item.type for item in r.output]
+    assert kinds in (["reasoning", "function_call"], ["function_call"]), kinds
+    call = r.output[-1]
+    assert call.name == "get_time" and re.fullmatch("[A-Z]{3}", json.loads(call.arguments)["tz"])
+    thinking = r.usage.output_tokens_details.reasoning_tokens
+    assert (thinking > 0) == (kinds[0] == "reasoning") and thinking <= 12 + 2  # the server's budget
+    for item in r.output:
+        text = item.content[0].text if item.type == "reasoning" else item.arguments
+        assert no_markup(text)
