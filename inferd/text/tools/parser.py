@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from inferd.text.parsing import ContentDelta, ToolDelta
-from inferd.text.tools.base import ToolCall
+from inferd.text.parsing import ContentDelta, Delta
+from inferd.text.tools.base import CallParser, ToolCall
 from inferd.text.tools.registry import ToolFormat, syntax_of
 
 
@@ -30,18 +30,18 @@ class ToolCallParser:
         syntax = syntax_of(fmt)
         self.fmt = fmt.name if isinstance(fmt, ToolFormat) else fmt
         self._parser = syntax.parser(new_id or syntax.new_id, tool_names)
-        if param_schemas:
+        if param_schemas and isinstance(self._parser, CallParser):  # (harmony's calls are JSON: it needs none)
             self._parser.param_schemas = dict(param_schemas)
 
     @property
     def calls(self) -> list[ToolCall]:
         return self._parser.calls
 
-    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[ToolDelta]:
-        return self._parser.feed(text, token_ids)
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]:
+        return list(self._parser.feed(text, token_ids))
 
-    def finish(self) -> list[ToolDelta]:
-        return self._parser.finish()
+    def finish(self) -> list[Delta]:
+        return list(self._parser.finish())
 
 
 def parse_tool_calls(

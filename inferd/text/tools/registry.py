@@ -15,11 +15,13 @@ import inferd.text.tools.deepseek_calls as deepseek_calls
 import inferd.text.tools.deepseek_v3 as deepseek_v3
 import inferd.text.tools.deepseek_v31 as deepseek_v31
 import inferd.text.tools.glm45 as glm45
+import inferd.text.tools.harmony as harmony
 import inferd.text.tools.hermes as hermes
 import inferd.text.tools.llama3 as llama3
 import inferd.text.tools.mistral as mistral
 import inferd.text.tools.mistral_v11 as mistral_v11
 import inferd.text.tools.qwen3_coder as qwen3_coder
+from inferd.text.tools.harmony import is_harmony_template
 from inferd.text.tools.mistral_tokens import ARGS, CALL_ID, TOOL_CALLS, marker_ids
 from inferd.text.tools.syntax import CallSyntax
 
@@ -31,6 +33,7 @@ QWEN3_CODER = qwen3_coder.SYNTAX.name
 GLM45 = glm45.SYNTAX.name
 DEEPSEEK_V3 = deepseek_v3.SYNTAX.name
 DEEPSEEK_V31 = deepseek_v31.SYNTAX.name
+HARMONY = harmony.SYNTAX.name
 GENERIC = "generic"
 
 FORMATS: dict[str, CallSyntax] = {
@@ -42,6 +45,7 @@ FORMATS: dict[str, CallSyntax] = {
     GLM45: glm45.SYNTAX,
     DEEPSEEK_V3: deepseek_v3.SYNTAX,
     DEEPSEEK_V31: deepseek_v31.SYNTAX,
+    HARMONY: harmony.SYNTAX,
     GENERIC: hermes.SYNTAX,
 }
 
@@ -58,6 +62,11 @@ class ToolFormat:
     def is_mistral(self) -> bool:
         return self.name in (MISTRAL, MISTRAL_V11)
 
+    @property
+    def parses_thinking(self) -> bool:
+        """The format's parser reads the thinking too (harmony): no reasoning parser goes before it."""
+        return self.name == HARMONY
+
 
 def syntax_of(fmt: ToolFormat | str) -> CallSyntax:
     return FORMATS[fmt.name if isinstance(fmt, ToolFormat) else fmt]
@@ -73,6 +82,8 @@ def detect_format(template: str | None, token_id_of: Callable[[str], int | None]
     arguments in a ```json fence, V3.1 does not."""
     src = template or ""
     renders = "tools" in src
+    if is_harmony_template(src):
+        return ToolFormat(HARMONY, renders)
     if TOOL_CALLS in src:
         vocab = marker_ids(token_id_of) if token_id_of is not None else {}
         if ARGS in src or (ARGS in vocab and "[{" not in src and '"arguments"' not in src):
@@ -91,13 +102,12 @@ def detect_format(template: str | None, token_id_of: Callable[[str], int | None]
     return ToolFormat(HERMES if renders else GENERIC, renders)
 
 
+def marker_token_ids(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> dict[str, int]:
+    """The format's control tokens (its shown markers) that this vocabulary has, by text."""
+    ids = {m: token_id_of(m) for m in syntax_of(fmt).shown_markers}
+    return {m: int(i) for m, i in ids.items() if i is not None}
+
+
 def shown_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> frozenset[int]:
-    """Control tokens that the output text must keep for the parser to see the calls (Mistral's markers)."""
-    ids = (token_id_of(m) for m in syntax_of(fmt).shown_markers)
-    return frozenset(int(i) for i in ids if i is not None)
-
-
-def marker_tokens(fmt: ToolFormat | str, token_id_of: Callable[[str], int | None]) -> dict[str, int]:
-    """The format's markers that this vocabulary has as single tokens (its grammar matches those as tokens)."""
-    ids = ((m, token_id_of(m)) for m in syntax_of(fmt).shown_markers)
-    return {m: int(i) for m, i in ids if i is not None}
+    """Control tokens that the output text must keep for the parser to see the calls (Mistral's, harmony's)."""
+    return frozenset(marker_token_ids(fmt, token_id_of).values())

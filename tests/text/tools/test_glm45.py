@@ -8,7 +8,7 @@ import json
 import pytest
 
 from inferd.text.chat import ChatTemplate
-from inferd.text.tools import (GLM45, ToolArgsDelta, ToolCallParser, ToolCallStart, detect_format, marker_tokens,
+from inferd.text.tools import (GLM45, ToolArgsDelta, ToolCallParser, ToolCallStart, detect_format, marker_token_ids,
                                parse_tool_calls,
                                parse_tools, prepare_messages, template_tools, tool_call_grammar)
 from tests.text.tools.calls import (TIME, assert_lazy_grammar_takes, assert_parses, assert_streams_like_whole,
@@ -106,7 +106,7 @@ def test_detected_and_past_calls_render_as_the_model_writes_them(name):
 def test_required_grammar_on_the_marker_tokens_gives_valid_calls(tiny_vocab, parallel):
     """GLM's vocabulary has its argument tags as tokens: the grammar matches them as tokens, the text keeps them."""
     tok, compiler = tiny_vocab(GLM45)
-    markers = marker_tokens(GLM45, tok.hf.token_to_id)
+    markers = marker_token_ids(GLM45, tok.hf.token_to_id)
     assert set(markers) == {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"}
     edit = {"type": "object", "required": ["line"], "additionalProperties": False, "properties": {
         "path": {"type": "string", "maxLength": 8}, "line": {"type": "integer", "minimum": 0, "maximum": 999}}}

@@ -13,6 +13,7 @@ from inferd.text.tools import (
     FORMATS,
     GENERIC,
     GLM45,
+    HARMONY,
     HERMES,
     LLAMA3,
     MISTRAL,
@@ -35,7 +36,7 @@ from tests.text.tools.calls import TIME, ids, weather
 
 def test_the_registry_lists_every_format_by_its_module():
     assert sorted(FORMATS) == sorted([HERMES, LLAMA3, MISTRAL, MISTRAL_V11, QWEN3_CODER, GLM45, DEEPSEEK_V3,
-                                      DEEPSEEK_V31, GENERIC])
+                                      DEEPSEEK_V31, HARMONY, GENERIC])
     assert (HERMES, LLAMA3, MISTRAL, MISTRAL_V11, GENERIC) == ("hermes", "llama3", "mistral", "mistral_v11", "generic")
     assert (QWEN3_CODER, GLM45, DEEPSEEK_V3, DEEPSEEK_V31) == ("qwen3_coder", "glm45", "deepseek_v3", "deepseek_v31")
     for name, syntax in FORMATS.items():
@@ -51,7 +52,8 @@ CALLS = [ToolCall("a1B2c3D4e", "get_time", '{"tz": "CET"}'),
          ToolCall("Z9y8X7w6v", "get_weather", '{"city": "Oslo", "unit": "celsius"}')]
 
 
-@pytest.mark.parametrize("fmt", [ToolFormat(n, True) for n in FORMATS] + [ToolFormat(MISTRAL_V11, True, True)],
+@pytest.mark.parametrize("fmt", [ToolFormat(n, True) for n in FORMATS if n != HARMONY]  # test_harmony.py has its own
+                         + [ToolFormat(MISTRAL_V11, True, True)],
                          ids=lambda f: f.name + ("+ids" if f.call_ids else ""))
 @pytest.mark.parametrize("parallel", [False, True])
 def test_each_format_round_trips_calls_its_grammar_accepts(mistral, fmt, parallel):

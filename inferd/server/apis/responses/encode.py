@@ -18,6 +18,7 @@ from inferd.server.choices import Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
 from inferd.server.sse import PING, SSE, sse_event
+from inferd.server.apis.openai_fields import count_tokens
 from inferd.server.structured import answer_parser
 from inferd.text.parsing import Delta, ReasoningDelta
 from inferd.text.tools import ContentDelta, ToolCallStart
@@ -210,7 +211,7 @@ class ResponseBuilder:
             "input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": usage.get("reasoning_tokens", 0)},
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         }
         response = self.response()
@@ -261,6 +262,9 @@ class ResponseBuilder:
             "usage": self.usage,
         }
 
+    def thinking(self) -> str:
+        return "".join(p["text"] for i in self.output if i["type"] == "reasoning" for p in i["content"])
+
     def output_messages(self) -> list[dict[str, Any]]:
         """The output as chat messages (kept in the store for previous_response_id)."""
         text = "".join(p["text"] for i in self.output if i["type"] == "message" for p in i["content"])
@@ -272,7 +276,7 @@ class ResponseBuilder:
         msg: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             msg["tool_calls"] = calls
-        thinking = "".join(p["text"] for i in self.output if i["type"] == "reasoning" for p in i["content"])
+        thinking = self.thinking()
         if thinking:
             msg["reasoning_content"] = thinking
         return [msg]
@@ -306,6 +310,7 @@ class ResponsesEncoder:
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "cached_tokens": u.cached_tokens,
+            "reasoning_tokens": count_tokens(self.gen.state.tokenizer, self.builder.thinking()),
         }
         response = self.builder.finish(self.gen.choices[0].finish_reason or "stop", usage)
         p = self.context.plan
