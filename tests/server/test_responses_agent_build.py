@@ -162,3 +162,14 @@ def test_without_include_the_reasoning_has_no_content_to_replay():
     b.add(ContentDelta("answer"))
     r = b.finish("stop", USAGE)
     assert "encrypted_content" not in r["output"][0]
+
+
+def test_reasoning_effort_reaches_the_template_as_chat_completions_does():
+    from inferd.server.apis.responses.render import effort_variables
+
+    def variables(body):
+        return effort_variables(decode(msgspec.json.encode(body), ResponsesRequest))
+
+    assert variables(agent_request()) == {"enable_thinking": True, "reasoning_effort": "medium"}
+    assert variables(agent_request(reasoning={"effort": "minimal"}))["enable_thinking"] is False
+    assert variables(agent_request(reasoning={"summary": "auto"})) == {}

@@ -172,13 +172,22 @@ def text_format_grammar(fmt: dict[str, Any] | None) -> GrammarSpec | None:
         raise ProtocolError(str(e), e.param) from None
 
 
+def effort_variables(req: ResponsesRequest) -> dict[str, Any]:
+    """reasoning.effort as chat completions' reasoning_effort reaches the template: `none`/`minimal` switch thinking
+    off where the template reads enable_thinking, and the effort itself for templates that read it (gpt-oss)."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if effort is None:
+        return {}
+    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": effort}
+
+
 async def render(state: ServerState, req: ResponsesRequest) -> Rendered[ResponsesContext]:
     store = response_store(state)
     p = plan(req, store)
     messages = template_messages(p.messages, limits(state))
     tools = tool_request(p.tools, p.tool_choice, p.parallel_tool_calls)
     prep = await prepare_chat(state, messages, tools, text_format_grammar(p.response_format))
-    text = render_chat(state, prep.messages, True, prep.tools, param="input")
+    text = render_chat(state, prep.messages, True, prep.tools, param="input", extra=effort_variables(req))
     prep = with_reasoning(state, prep, text)
     return Rendered(
         [PromptText(text, add_special=False)],
