@@ -88,3 +88,15 @@ def test_unknown_model(client):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="llama3:8b", prompt="Hi")
     assert (e.value.status_code, e.value.error) == (404, "model 'llama3:8b' not found")
+
+
+def test_suffix_fills_in_the_middle_with_the_models_fim_tokens(client, model_name, server, monkeypatch):
+    """SmolLM2 has no FIM tokens: three of its special tokens stand in for them, so the prompt's shape is known."""
+    from inferd.text.fim import fim_prompt_ids
+    tok = server.state.tokenizer
+    monkeypatch.setattr(tok, "fim_ids", (1, 2, 0))
+    r = client.generate(model=model_name, prompt="def add(a, b):\n    ", suffix="\nprint(add(1, 2))",
+                        options={"num_predict": 4, "temperature": 0})
+    want = fim_prompt_ids(tok, "def add(a, b):\n    ", "\nprint(add(1, 2))")
+    assert list(r.context[: r.prompt_eval_count]) == want and r.eval_count > 0
+    assert "insert" in client.show(model_name).capabilities
