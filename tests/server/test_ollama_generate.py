@@ -48,7 +48,8 @@ def test_system_is_the_templates_and_raw_skips_the_template(client, model_name, 
 def test_format_json_and_logprobs(client, model_name, server):
     schema = {"type": "object", "additionalProperties": False, "required": ["name"],
               "properties": {"name": {"type": "string", "maxLength": 10}}}
-    r = client.generate(model=model_name, prompt="A dog's name:", format=schema, options={"temperature": 0.7, "seed": 3})
+    r = client.generate(model=model_name, prompt="A dog's name:", format=schema,
+                        options={"temperature": 0.7, "seed": 3})
     assert r.done_reason == "stop" and set(json.loads(r.response)) == {"name"}
     body = {"model": model_name, "prompt": "Hi", "stream": False, "logprobs": True, "top_logprobs": 2,
             "options": {"num_predict": 3, "temperature": 0}}
