@@ -73,6 +73,7 @@ def test_empty_prompt_loads(client, model_name):
     ({"context": [10**9]}, "vocabulary"),
     ({"think": "low"}, "thinking"),
     ({"think": "extreme"}, "think"),
+    ({"raw": True, "think": True}, "chat template"),
     ({"options": {"num_predict": "ten"}}, "num_predict"),
 ])
 def test_refused_with_a_clear_400(server, model_name, extra, words):

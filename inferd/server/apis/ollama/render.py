@@ -62,12 +62,13 @@ def options_sampling(state: ServerState, opts: Options, logprobs: int | None) ->
 
 
 def rendered(
-    state: ServerState, req: OllamaRequest, ids: list[int], prep: ChatPrep, param: str, lim: Limits, show: bool
+    state: ServerState, req: OllamaRequest, ids: list[int], prep: ChatPrep, param: str, started: float
 ) -> Rendered[Turn]:
     """The prompt's ids with the request's options. num_predict caps the answer (as Ollama's, it is not a demand:
     past the context's end the answer stops at the end); unset, zero or negative, the answer runs until the
     context is full."""
     opts = req.options or Options()
+    lim = limits(state)
     sampling = options_sampling(state, opts, (req.top_logprobs or 0) if req.logprobs else None)
     room = state.max_model_len - len(ids)
     n = opts.num_predict
@@ -75,7 +76,7 @@ def rendered(
     return Rendered(
         [ids],
         lambda j: sampling,
-        Turn(prep, time.monotonic(), show),
+        Turn(prep, started, req.think is not False),
         param,
         max_tokens=max_tokens,
         max_tokens_param="options.num_predict",
@@ -85,11 +86,11 @@ def rendered(
     )
 
 
-def load_only(state: ServerState, req: OllamaRequest, param: str) -> Rendered[Turn]:
+def load_only(req: OllamaRequest, param: str, started: float) -> Rendered[Turn]:
     """An empty request: Ollama loads the model (or, with keep_alive 0, unloads it) and answers done. Nothing is
     computed: the pipeline answers a request for 0 tokens without the engine (the one-token prompt is never run)."""
     keep = keep_alive_seconds(req.keep_alive)
-    turn = Turn(ChatPrep([], None, None, None), time.monotonic(), False, "unload" if keep == 0 else "load")
+    turn = Turn(ChatPrep([], None, None, None), started, False, "unload" if keep == 0 else "load")
     return Rendered([[0]], lambda j: SamplingParams(), turn, param, max_tokens=0)
 
 
@@ -135,18 +136,19 @@ def model_thinks(state: ServerState) -> bool:
 
 
 async def render_chat_request(state: ServerState, req: ChatRequest) -> Rendered[Turn]:
+    started = time.monotonic()
     check_request(state, req)
     lim = limits(state)
     check_think(req.think, model_thinks(state))
     if not req.messages:
-        return load_only(state, req, "messages")
+        return load_only(req, "messages", started)
     messages = chat_messages(req.messages, lim)
     tools = tool_request(req.tools, None, None)  # Ollama has no tool_choice: the model decides
     prep = await prepare_chat(state, messages, tools, format_grammar(req.format))
     text = render_chat(state, prep.messages, True, prep.tools, extra=think_kwargs(req.think))
     prep = with_reasoning(state, prep, text)
     ids = await encode(state, text, add_special=False)  # the template wrote BOS itself if it wants one
-    return rendered(state, req, ids, prep, "messages", lim, req.think is not False)
+    return rendered(state, req, ids, prep, "messages", started)
 
 
 def check_generate(req: GenerateRequest) -> None:
@@ -159,6 +161,8 @@ def check_generate(req: GenerateRequest) -> None:
         )
     if req.raw and req.system is not None:
         raise ProtocolError("system cannot be used with raw: a raw prompt is not templated", "system")
+    if (req.raw or req.suffix) and req.think not in (None, False):
+        raise ProtocolError("think needs the chat template, which raw and suffix prompts skip", "think")
     if req.suffix:
         for name in ("system", "context"):
             if getattr(req, name):
@@ -175,13 +179,14 @@ def context_ids(req: GenerateRequest, vocab: int) -> list[int]:
 
 
 async def render_generate(state: ServerState, req: GenerateRequest) -> Rendered[Turn]:
+    started = time.monotonic()
     check_request(state, req)
     check_generate(req)
     lim = limits(state)
-    check_think(req.think, model_thinks(state) and not req.raw and not req.suffix)
+    check_think(req.think, model_thinks(state))
     prompt = req.prompt or ""
     if not prompt and not req.suffix:
-        return load_only(state, req, "prompt")
+        return load_only(req, "prompt", started)
     spec = format_grammar(req.format)
     prefix = context_ids(req, lim.vocab_size)
     if req.suffix:  # fill in the middle: the code before the cursor, then after it
@@ -201,4 +206,4 @@ async def render_generate(state: ServerState, req: GenerateRequest) -> Rendered[
         text = render_chat(state, prep.messages, True, extra=think_kwargs(req.think), param="prompt")
         prep = with_reasoning(state, prep, text)
         ids = prefix + await encode(state, text, add_special=False)
-    return rendered(state, req, ids, prep, "prompt", lim, req.think is not False)
+    return rendered(state, req, ids, prep, "prompt", started)
