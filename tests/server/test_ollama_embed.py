@@ -1,5 +1,5 @@
 """/api/embed and the older /api/embeddings through the real `ollama` client: an embedding-only server on a tiny
-random BERT (with Matryoshka dimensions and a short limit), the chat model refusing to embed, and the listings of an
+random BERT (Matryoshka dimensions, a 16-token limit), the chat model refusing to embed, and the listings of an
 embedding model. Vectors are checked against the in-process Embedder."""
 from __future__ import annotations
 
@@ -17,21 +17,23 @@ TEXTS = ["the cat sat on the bank", "stocks fell sharply"]
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return write_tiny_embedding(tmp_path_factory.mktemp("emb") / "tiny-bert", max_seq_length=16,
-                                matryoshka_dims=[32, 16])
-
-
-@pytest.fixture(scope="module")
-def reference(folder):
-    return Embedder(load_embedding_model(folder), threads=1)
-
-
-@pytest.fixture(scope="module")
-def emb_server(folder):
+def tiny_bert(tmp_path_factory):
+    """The embedding-only server, and the same model in process (the reference)."""
+    folder = write_tiny_embedding(tmp_path_factory.mktemp("emb") / "tiny-bert", max_seq_length=16,
+                                  matryoshka_dims=[32, 16])
     srv = ServerThread(make_settings(model=str(folder))).start()
-    yield srv
+    yield srv, Embedder(load_embedding_model(folder), threads=1)
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def emb_server(tiny_bert):
+    return tiny_bert[0]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_bert):
+    return tiny_bert[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ollama
 import pytest
 
-from inferd.text.chat import ChatTemplate
+from tests.server.conftest import ServerThread, make_settings, with_template
 
 TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -23,10 +23,7 @@ OPTS = {"temperature": 0, "num_predict": 12}
 
 @pytest.fixture(scope="module")
 def thinking_server(loaded_model):
-    from tests.server.conftest import ServerThread, make_settings
-    srv = ServerThread(make_settings(), loaded_model).start()
-    tok = srv.state.tokenizer
-    srv.state.chat_template = ChatTemplate(TEMPLATE, tok.bos_token, tok.eos_token)
+    srv = with_template(ServerThread(make_settings(), loaded_model).start(), TEMPLATE)
     yield srv
     srv.stop()
 

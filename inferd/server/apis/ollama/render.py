@@ -45,20 +45,22 @@ class Turn:
     load: str | None = None  # "load" / "unload": an empty request, answered without generating
 
 
+# Ollama's option -> the sampler's parameter of the same meaning
+SAMPLING_OPTIONS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repeat_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
 def options_sampling(state: ServerState, opts: Options, logprobs: int | None) -> SamplingParams:
     seed = opts.seed if opts.seed is not None and opts.seed >= 0 else None
-    return sampling_params(
-        state.sampling_defaults,
-        logprobs=logprobs,
-        temperature=opts.temperature,
-        top_p=opts.top_p,
-        top_k=opts.top_k,
-        min_p=opts.min_p,
-        repetition_penalty=opts.repeat_penalty,
-        presence_penalty=opts.presence_penalty,
-        frequency_penalty=opts.frequency_penalty,
-        seed=seed,
-    )
+    given: dict[str, Any] = {param: getattr(opts, option) for option, param in SAMPLING_OPTIONS.items()}
+    return sampling_params(state.sampling_defaults, logprobs=logprobs, seed=seed, **given)
 
 
 def rendered(
