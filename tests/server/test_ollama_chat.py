@@ -133,6 +133,16 @@ def test_tool_call_round_trip(client, model_name, forced_calls):
     assert "Sunny, 23 degrees" in forced_calls[-1] and json.dumps(city) in forced_calls[-1]
 
 
+def test_streamed_calls_are_the_whole_answers_calls(client, model_name, monkeypatch):
+    real = ollama_render.tool_request
+    monkeypatch.setattr(ollama_render, "tool_request", lambda tools, choice, parallel: real(tools, "required", True))
+    kw = {"model": model_name, "tools": [WEATHER], "options": {"temperature": 0.9, "seed": 5, "num_predict": 120},
+          "messages": [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}]}
+    whole = client.chat(**kw, stream=False).message.tool_calls
+    streamed = [call for p in client.chat(**kw, stream=True) for call in p.message.tool_calls or ()]
+    assert whole and streamed == whole
+
+
 def test_empty_messages_load_the_model(client, model_name, server):
     r = client.chat(model=model_name, messages=[], stream=False)
     assert (r.done, r.done_reason, r.message.content, r.eval_count) == (True, "load", "", None)

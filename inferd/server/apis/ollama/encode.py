@@ -110,18 +110,21 @@ def end_line(line: Ending, gen: Generation, turn: Turn, reason: str) -> None:
     line.eval_count, line.eval_duration = usage.completion_tokens, ns(eval_s)
 
 
-def tool_calls(parser: ChoiceParser | None) -> list[OllamaToolCall] | None:
+def tool_calls(parser: ChoiceParser | None, first: int = 0, final: bool = True) -> list[OllamaToolCall] | None:
+    """The parsed calls from the `first` on, in Ollama's shape: all of them once the answer is `final`, else
+    those that are complete (every call but the last begun)."""
     if parser is None or not parser.has_calls:
         return None
     assert parser.tools is not None  # has_calls
+    calls = parser.tools.calls
     out = []
-    for i, call in enumerate(parser.tools.calls):
+    for i, call in enumerate(calls[: len(calls) if final else len(calls) - 1][first:], first):
         try:
             args: Any = json.loads(call.arguments)
         except json.JSONDecodeError:  # cannot come out of a constrained call; kept as written otherwise
             args = call.arguments
         out.append(OllamaToolCall(CallFunction(call.name, args, i), call.id))
-    return out
+    return out or None
 
 
 class OllamaEncoder:
@@ -176,6 +179,7 @@ class OllamaEncoder:
         gen = self.gen
         parser = self.parser()
         text_only = ndjson_frames(self.line(TextFrames.MARK, "", None, None))
+        sent = 0  # tool calls sent: each goes out whole, once the next has begun or the answer has ended
         async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
             if item is None:  # NDJSON has no keep-alive line; a client waits for the next object
                 continue
@@ -188,10 +192,11 @@ class OllamaEncoder:
                 events = text_only(content)
             elif content or thinking or lp:
                 events = ndjson(self.line(content, thinking, None, lp))
+            calls = tool_calls(parser, sent, final)
+            if calls:
+                events += ndjson(self.line("", "", calls, None))
+                sent += len(calls)
             if final:
-                calls = tool_calls(parser)
-                if calls:  # whole calls, once the answer is complete, as Ollama sends them
-                    events += ndjson(self.line("", "", calls, None))
                 events += ndjson(self.last(self.line("", "", None, None), c))
             if events:
                 yield events
