@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from datetime import datetime, UTC
 from typing import Any
@@ -127,7 +128,7 @@ def tool_calls(parser: ChoiceParser | None, first: int = 0, final: bool = True) 
     return out or None
 
 
-class OllamaEncoder:
+class OllamaEncoder(ABC):
     """What chat and generate share: parsing the answer, logprobs, the stream's pace and its last line. The two
     differ in their lines' shape (`line`, `last`)."""
 
@@ -139,10 +140,11 @@ class OllamaEncoder:
 
     # ---- the two APIs' shapes -------------------------------------------------------------------------------
 
+    @abstractmethod
     def line(
         self, content: str, thinking: str, calls: list[OllamaToolCall] | None, lp: list[TokenLogprob] | None
     ) -> ChatLine | GenerateLine:
-        raise NotImplementedError
+        """One line of the answer: its text, thinking, whole tool calls, logprobs."""
 
     def last(self, line: ChatLine | GenerateLine, c: Choice) -> ChatLine | GenerateLine:
         """`line` as the answer's last: done, why, the timings."""
