@@ -21,6 +21,8 @@ from inferd.config import Settings
 from inferd.engine.request import Request
 from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import embeddings, openai, routes
+from inferd.server.apis.ollama import embed as ollama_embed
+from inferd.server.apis.ollama import models as ollama_models
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
@@ -32,7 +34,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.server")
 
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
-EMBEDDING_ONLY_PATHS = ("/v1/embeddings",)
+# what an embedding-only server answers (besides /v1/models): its embeddings, and Ollama's listings of it
+EMBEDDING_ONLY_PATHS = (
+    "/v1/embeddings",
+    "/",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+)
 OPENAPI = web.AppKey("openapi", dict)
 
 
@@ -41,7 +53,7 @@ def key_digest(key: str) -> bytes:
 
 
 def needs_auth(path: str) -> bool:
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith(("/v1/", routes.OLLAMA_PREFIX)) or path in ("/tokenize", "/detokenize")
 
 
 # ---- middlewares -------------------------------------------------------------------------------------------
@@ -52,13 +64,14 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ProtocolError as e:
-        return openai.error_response(e)
+        return routes.error_response(request.path, e)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE].settings.max_body_bytes
-        return openai.error_response(
+        return routes.error_response(
+            request.path,
             ProtocolError(
                 f"the request body is larger than the limit of {limit} bytes", status=413, code="request_too_large"
-            )
+            ),
         )
     except web.HTTPException as e:
         if e.status < 400:
@@ -67,12 +80,14 @@ async def error_middleware(request: web.Request, handler):
             404: f"no route for {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(e.status, e.reason)
-        return openai.error_response(ProtocolError(message, status=e.status))
+        return routes.error_response(request.path, ProtocolError(message, status=e.status))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return openai.error_response(ProtocolError("internal server error; the failure has been logged", status=500))
+        return routes.error_response(
+            request.path, ProtocolError("internal server error; the failure has been logged", status=500)
+        )
 
 
 @web.middleware
@@ -166,6 +181,9 @@ def openapi_document() -> dict[str, Any]:
         "/detokenize": openai.DetokenizeRequest,
         "/v1/cache/warm": openai.CacheWarmRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
+        "/api/embed": ollama_embed.EmbedRequest,
+        "/api/embeddings": ollama_embed.LegacyEmbeddingsRequest,
+        "/api/show": ollama_models.ShowRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}

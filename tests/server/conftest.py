@@ -124,6 +124,14 @@ class ServerThread:
         raise AssertionError(f"not idle: running={s.num_running} waiting={s.num_waiting} kv_used={self.kv_used()}")
 
 
+def with_template(srv: ServerThread, source: str) -> ServerThread:
+    """`srv`, rendering chats with the template `source` instead of its model's (a started server)."""
+    from inferd.text.chat import ChatTemplate
+    tok = srv.state.tokenizer
+    srv.state.chat_template = ChatTemplate(source, tok.bos_token, tok.eos_token)
+    return srv
+
+
 def make_settings(**overrides) -> Settings:
     return Settings(**{**BASE, **overrides})
 
