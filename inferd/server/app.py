@@ -21,8 +21,11 @@ from inferd.config import Settings
 from inferd.engine.request import Request
 from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import embeddings, openai, routes
+from inferd.server.apis.messages import count
+from inferd.server.apis.messages.request import CountTokensRequest
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
+from inferd.server.sse import json_response
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
 
@@ -47,18 +50,24 @@ def needs_auth(path: str) -> bool:
 # ---- middlewares -------------------------------------------------------------------------------------------
 
 
+def error_response(request: web.Request, e: ProtocolError) -> web.Response:
+    """An error in the envelope of the API the path belongs to (OpenAI's, or Anthropic's for /v1/messages)."""
+    return json_response(routes.error_body(request.path)(e), status=e.status, headers=e.headers)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ProtocolError as e:
-        return openai.error_response(e)
+        return error_response(request, e)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE].settings.max_body_bytes
-        return openai.error_response(
+        return error_response(
+            request,
             ProtocolError(
                 f"the request body is larger than the limit of {limit} bytes", status=413, code="request_too_large"
-            )
+            ),
         )
     except web.HTTPException as e:
         if e.status < 400:
@@ -67,28 +76,42 @@ async def error_middleware(request: web.Request, handler):
             404: f"no route for {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(e.status, e.reason)
-        return openai.error_response(ProtocolError(message, status=e.status))
+        return error_response(request, ProtocolError(message, status=e.status))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return openai.error_response(ProtocolError("internal server error; the failure has been logged", status=500))
+        return error_response(request, ProtocolError("internal server error; the failure has been logged", status=500))
+
+
+def request_key(request: web.Request) -> str | None:
+    """The API key a request carries: `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+    (Anthropic's), on every route; None when neither header holds one (a wrong scheme holds none)."""
+    authorization = request.headers.get("Authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    key = request.headers.get("x-api-key", "").strip()
+    return key or None
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE]
     if state.api_key_digests and needs_auth(request.path):
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        key = request_key(request)
         # Compare fixed-length digests of every configured key, without stopping at the first match: the
         # time taken says nothing about how much of a guess was right, or which key it resembled.
-        digest = key_digest(token.strip())
+        digest = key_digest(key or "")
         ok = False
         for d in state.api_key_digests:
             ok |= hmac.compare_digest(digest, d)
-        if scheme.lower() != "bearer" or not ok:
+        if key is None or not ok:
+            given = "Authorization" in request.headers or "x-api-key" in request.headers
             message = (
-                "missing API key: send it as 'Authorization: Bearer KEY'" if not token else "incorrect API key provided"
+                "incorrect API key provided"
+                if given
+                else "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
             )
             raise ProtocolError(message, status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return await handler(request)
@@ -166,6 +189,7 @@ def openapi_document() -> dict[str, Any]:
         "/detokenize": openai.DetokenizeRequest,
         "/v1/cache/warm": openai.CacheWarmRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
+        count.PATH: CountTokensRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}
