@@ -65,8 +65,8 @@ class MessageResponse(Struct, kw_only=True):
 
 class BlockBuilder:
     """The answer's deltas -> content blocks, and the stream events that build them. A block is open until one of
-    another kind starts; whitespace that would open a text block waits for text (a model's newlines between its
-    thinking and its calls make no block of their own)."""
+    another kind starts. Whitespace that would open a text block waits for text: after another block it is that
+    block's separator and is dropped (a model's newlines between its thinking and its calls make no block)."""
 
     def __init__(self) -> None:
         self.blocks: list[dict[str, Any]] = []
@@ -127,6 +127,8 @@ class BlockBuilder:
             if not text.strip() and not force:
                 self.pending = text
                 return b""
+            if self.blocks:  # the separator after a block (thinking, a call) is not the text's
+                text = text.lstrip()
             out = self._start({"type": "text", "text": ""})
         i = self._index()
         self.blocks[i]["text"] += text
