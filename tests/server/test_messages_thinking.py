@@ -7,7 +7,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from inferd.text.chat import ChatTemplate
+from .conftest import ServerThread, make_settings
 
 SWITCHED = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -23,10 +23,7 @@ ON = {"type": "enabled", "budget_tokens": 8}  # Anthropic asks for 1024 at least
 
 @pytest.fixture(scope="module")
 def thinking_server(loaded_model):
-    from tests.server.conftest import ServerThread, make_settings
-    srv = ServerThread(make_settings(), loaded_model).start()
-    tok = srv.state.tokenizer
-    srv.state.chat_template = ChatTemplate(SWITCHED, tok.bos_token, tok.eos_token)
+    srv = ServerThread(make_settings(), loaded_model).start().use_template(SWITCHED)
     yield srv
     srv.stop()
 
