@@ -84,29 +84,32 @@ async def error_middleware(request: web.Request, handler):
         return error_response(request, ProtocolError("internal server error; the failure has been logged", status=500))
 
 
-def request_key(request: web.Request) -> str | None:
-    """The API key a request carries: `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
-    (Anthropic's), on every route; None when neither header holds one (a wrong scheme holds none)."""
-    authorization = request.headers.get("Authorization")
-    if authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+def request_keys(request: web.Request) -> list[str]:
+    """The API keys a request carries: `Authorization: Bearer KEY` (OpenAI's clients) and `x-api-key: KEY`
+    (Anthropic's), on every route; either may hold the key (a gateway in front may add the other)."""
+    keys = []
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        keys.append(token.strip())
     key = request.headers.get("x-api-key", "").strip()
-    return key or None
+    if key:
+        keys.append(key)
+    return keys
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE]
     if state.api_key_digests and needs_auth(request.path):
-        key = request_key(request)
+        keys = request_keys(request)
         # Compare fixed-length digests of every configured key, without stopping at the first match: the
         # time taken says nothing about how much of a guess was right, or which key it resembled.
-        digest = key_digest(key or "")
         ok = False
-        for d in state.api_key_digests:
-            ok |= hmac.compare_digest(digest, d)
-        if key is None or not ok:
+        for key in keys or [""]:
+            digest = key_digest(key)
+            for d in state.api_key_digests:
+                ok |= hmac.compare_digest(digest, d)
+        if not keys or not ok:
             given = "Authorization" in request.headers or "x-api-key" in request.headers
             message = (
                 "incorrect API key provided"

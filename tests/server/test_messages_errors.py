@@ -163,6 +163,10 @@ def test_x_api_key_and_bearer_both_work_on_every_route(make_server):
     status, payload = post(srv.url, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1},
                            headers={"x-api-key": "sk-right"})
     assert status == 200 and payload["object"] == "chat.completion"
+    # a gateway may add the other header: either one holding the key lets the request in
+    status, payload = post(srv.url, "/v1/messages", body(name),
+                           headers={"Authorization": "Bearer sk-gateway", "x-api-key": "sk-right"})
+    assert status == 200 and payload["type"] == "message"
     with pytest.raises(openai.AuthenticationError) as oe:
         openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
     assert oe.value.body["type"] == "authentication_error"

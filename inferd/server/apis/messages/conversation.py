@@ -1,7 +1,9 @@
 """An Anthropic conversation as the chat template's messages, the shape chat completions' checked messages have:
 `system` becomes the system message; a user turn's `tool_result` blocks become `tool` messages (in their place
 among its text); an assistant turn's `tool_use` blocks its tool_calls and its `thinking` blocks its
-reasoning_content. A last assistant turn of text is a prefill: the answer continues it."""
+reasoning_content. Consecutive turns of one role are one turn, as Anthropic combines them (templates that want
+roles to alternate then accept the conversation). A last assistant turn of text is a prefill: the answer
+continues it."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from inferd.server.apis.messages.request import (
 )
 from inferd.server.protocol import ProtocolError
 
-SYSTEM_SEPARATOR = "\n\n"  # between the blocks of a system prompt given as a list
+BLOCK_SEPARATOR = "\n\n"  # between the text blocks of a system prompt or a user turn, and between joined turns
 
 
 @dataclass
@@ -48,7 +50,7 @@ def type_name(block: Block) -> str:
 def system_text(system: str | list[TextBlock] | None) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
-    return SYSTEM_SEPARATOR.join(b.text for b in system) or None
+    return BLOCK_SEPARATOR.join(b.text for b in system) or None
 
 
 def result_text(block: ToolResultBlock, where: str) -> str:
@@ -75,13 +77,13 @@ def user_messages(blocks: Sequence[Block], where: str) -> list[dict[str, Any]]:
             texts.append(b.text)
         elif isinstance(b, ToolResultBlock):
             if texts:
-                out.append({"role": "user", "content": "".join(texts)})
+                out.append({"role": "user", "content": BLOCK_SEPARATOR.join(texts)})
                 texts = []
             out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result_text(b, f"{where}.{k}")})
         else:
             raise unsupported(b, f"{where}.{k}")
     if texts:
-        out.append({"role": "user", "content": "".join(texts)})
+        out.append({"role": "user", "content": BLOCK_SEPARATOR.join(texts)})
     return out
 
 
@@ -109,6 +111,22 @@ def assistant_message(blocks: Sequence[Block], where: str) -> dict[str, Any]:
     return msg
 
 
+def append_turn(out: list[dict[str, Any]], msg: dict[str, Any]) -> None:
+    """`msg` after the conversation so far, joined to the last message when both are of one role (tool results
+    stay apart: each answers its own call)."""
+    last = out[-1] if out else None
+    if last is None or last["role"] != msg["role"] or msg["role"] not in ("user", "assistant"):
+        out.append(msg)
+        return
+    texts = [t for t in (last["content"], msg["content"]) if t]
+    last["content"] = BLOCK_SEPARATOR.join(texts)
+    if msg.get("tool_calls"):
+        last["tool_calls"] = last.get("tool_calls", []) + msg["tool_calls"]
+    if msg.get("reasoning_content"):
+        thinking = [t for t in (last.get("reasoning_content"), msg["reasoning_content"]) if t]
+        last["reasoning_content"] = "\n".join(thinking)
+
+
 def conversation(system: str | list[TextBlock] | None, messages: Sequence[MessageParam]) -> Conversation:
     out: list[dict[str, Any]] = []
     text = system_text(system)
@@ -119,10 +137,8 @@ def conversation(system: str | list[TextBlock] | None, messages: Sequence[Messag
         blocks: Sequence[Block] = [TextBlock(m.content)] if isinstance(m.content, str) else m.content
         if not blocks:
             raise ProtocolError(f"{where}: a message needs at least one content block", where)
-        if m.role == "user":
-            out += user_messages(blocks, where)
-        else:
-            out.append(assistant_message(blocks, where))
+        for msg in user_messages(blocks, where) if m.role == "user" else [assistant_message(blocks, where)]:
+            append_turn(out, msg)
     prefill = ""
     last = out[-1]
     if last["role"] == "assistant":
