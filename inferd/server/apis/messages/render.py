@@ -94,14 +94,17 @@ def answer_format(output: OutputConfigParam | None) -> GrammarSpec | None:
         raise ProtocolError(str(e), e.param) from None
 
 
-async def render_prompt(state: ServerState, req: MessagesInput) -> tuple[str, ChatPrep]:
-    """The prompt's text and how its answer is parsed: what /v1/messages generates from and count_tokens counts."""
+async def render_prompt(
+    state: ServerState, req: MessagesInput, spec: GrammarSpec | None = None
+) -> tuple[str, ChatPrep]:
+    """The prompt's text and how its answer is parsed: what /v1/messages generates from and count_tokens counts
+    (`spec`, the answer's format, changes the constraint, never the prompt)."""
     check_input(req, limits(state))
     conv = conversation(req.system, req.messages)
     tools = chat_tools(req.tools)
     parallel = None if req.tool_choice is None else not req.tool_choice.disable_parallel_tool_use
     tool_req = tool_request(tools, chat_tool_choice(req.tool_choice, tools), parallel)
-    prep = await prepare_chat(state, conv.messages, tool_req, answer_format(req.output_config))
+    prep = await prepare_chat(state, conv.messages, tool_req, spec)
     extra = template_switches(req.thinking, req.output_config)
     text = render_chat(state, prep.messages, True, prep.tools, extra=extra) + conv.prefill
     return text, with_reasoning(state, prep, text)
@@ -109,7 +112,7 @@ async def render_prompt(state: ServerState, req: MessagesInput) -> tuple[str, Ch
 
 async def render(state: ServerState, req: MessagesRequest) -> Rendered[MessagesContext]:
     stops = check_request(req, limits(state))
-    text, prep = await render_prompt(state, req)
+    text, prep = await render_prompt(state, req, answer_format(req.output_config))
     defaults = state.sampling_defaults
     return Rendered(
         [PromptText(text, add_special=False)],  # the template wrote BOS itself if it wants one
