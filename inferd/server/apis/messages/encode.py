@@ -18,6 +18,7 @@ from msgspec import Struct
 
 from inferd.engine.request import Usage
 from inferd.server.apis.messages.errors import error_body
+from inferd.server.apis.openai_fields import count_tokens
 from inferd.server.apis.messages.render import MessagesContext
 from inferd.server.apis.messages.request import MessagesRequest
 from inferd.server.choices import Choice, Generation
@@ -41,15 +42,23 @@ def tool_use_id() -> str:
     return "toolu_" + "".join(secrets.choice(alphabet) for _ in range(24))
 
 
-class MessageUsage(Struct):
+class OutputTokensDetails(Struct):
+    thinking_tokens: int
+
+
+class MessageUsage(Struct, omit_defaults=True):
     input_tokens: int
     output_tokens: int
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    output_tokens_details: OutputTokensDetails | None = None  # where the answer has thinking
 
 
-def message_usage(usage: Usage) -> MessageUsage:
-    return MessageUsage(usage.prompt_tokens - usage.cached_tokens, usage.completion_tokens, 0, usage.cached_tokens)
+def message_usage(usage: Usage, thinking_tokens: int = 0) -> MessageUsage:
+    details = OutputTokensDetails(thinking_tokens) if thinking_tokens else None
+    return MessageUsage(
+        usage.prompt_tokens - usage.cached_tokens, usage.completion_tokens, 0, usage.cached_tokens, details
+    )
 
 
 class MessageResponse(Struct, kw_only=True):
@@ -79,6 +88,10 @@ class BlockBuilder:
     @property
     def has_tool_use(self) -> bool:
         return bool(self.calls)
+
+    @property
+    def thinking(self) -> str:
+        return "".join(b["thinking"] for b in self.blocks if b["type"] == "thinking")
 
     def add(self, d: Delta) -> bytes:
         if isinstance(d, ContentDelta):
@@ -203,6 +216,10 @@ class MessagesEncoder:
             return "stop_sequence", c.stop_string
         return "end_turn", None
 
+    def usage(self) -> MessageUsage:
+        """The request's usage, the thinking's tokens counted on its text (as chat completions count them)."""
+        return message_usage(self.gen.usage(), count_tokens(self.gen.state.tokenizer, self.blocks.thinking))
+
     def message(self, content: list[dict[str, Any]], usage: MessageUsage, c: Choice | None) -> MessageResponse:
         reason, sequence = self.stop_reason(c) if c is not None else (None, None)
         return MessageResponse(
@@ -219,11 +236,11 @@ class MessagesEncoder:
         for d in self.deltas(c.text, c.token_ids, final=True):
             self.blocks.add(d)
         self.blocks.finish()
-        return self.message(self.blocks.content(), message_usage(self.gen.usage()), c)
+        return self.message(self.blocks.content(), self.usage(), c)
 
     async def stream(self) -> AsyncIterator[bytes]:
         gen = self.gen
-        start = self.message([], MessageUsage(len(gen.prompt_ids[0]), 0), None)
+        start = self.message([], MessageUsage(len(gen.prompt_ids[0]), 0, 0, 0), None)
         yield event("message_start", {"type": "message_start", "message": start}) + PING
         async for item in gen.outputs(gen.state.settings.sse_keepalive_s):
             if item is None:
@@ -239,8 +256,8 @@ class MessagesEncoder:
 
     def end(self, c: Choice) -> bytes:
         reason, sequence = self.stop_reason(c)
-        usage = message_usage(self.gen.usage())
-        delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage}
+        stop = {"stop_reason": reason, "stop_sequence": sequence}
+        delta = {"type": "message_delta", "delta": stop, "usage": self.usage()}
         return event("message_delta", delta) + event("message_stop", {"type": "message_stop"})
 
     def stream_error(self, err: ProtocolError) -> bytes:

@@ -84,6 +84,15 @@ def template_switches(thinking: ThinkingParam | None, output: OutputConfigParam 
     return extra
 
 
+def thinking_budget(state: ServerState, thinking: ThinkingParam | None) -> int | None:
+    """budget_tokens as the reasoning budget (past it the thinking is closed) where the engine can force that; an
+    engine that cannot (no token masks) leaves it a hint, as Anthropic's own budget is one, rather than refuse
+    every request of a client that always sends it. None: the server's max_thinking_tokens."""
+    if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
+        return None
+    return thinking.budget_tokens if getattr(state.engine, "supports_token_masks", False) else None
+
+
 def answer_format(output: OutputConfigParam | None) -> GrammarSpec | None:
     """output_config.format: the answer's text follows the JSON schema (a grammar, as response_format's does)."""
     if output is None or output.format is None:
@@ -107,7 +116,7 @@ async def render_prompt(
     prep = await prepare_chat(state, conv.messages, tool_req, spec)
     extra = template_switches(req.thinking, req.output_config)
     text = render_chat(state, prep.messages, True, prep.tools, extra=extra) + conv.prefill
-    return text, with_reasoning(state, prep, text)
+    return text, with_reasoning(state, prep, text, thinking_budget(state, req.thinking), "thinking.budget_tokens")
 
 
 async def render(state: ServerState, req: MessagesRequest) -> Rendered[MessagesContext]:
