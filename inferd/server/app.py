@@ -23,6 +23,8 @@ from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import embeddings, openai, routes
 from inferd.server.apis.ollama import embed as ollama_embed
 from inferd.server.apis.ollama import models as ollama_models
+from inferd.server.apis.messages import count
+from inferd.server.apis.messages.request import CountTokensRequest
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
@@ -90,20 +92,37 @@ async def error_middleware(request: web.Request, handler):
         )
 
 
+def request_keys(request: web.Request) -> list[str]:
+    """The API keys a request carries: `Authorization: Bearer KEY` (OpenAI's clients) and `x-api-key: KEY`
+    (Anthropic's), on every route; either may hold the key (a gateway in front may add the other)."""
+    keys = []
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        keys.append(token.strip())
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        keys.append(key)
+    return keys
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE]
     if state.api_key_digests and needs_auth(request.path):
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        keys = request_keys(request)
         # Compare fixed-length digests of every configured key, without stopping at the first match: the
         # time taken says nothing about how much of a guess was right, or which key it resembled.
-        digest = key_digest(token.strip())
         ok = False
-        for d in state.api_key_digests:
-            ok |= hmac.compare_digest(digest, d)
-        if scheme.lower() != "bearer" or not ok:
+        for key in keys or [""]:
+            digest = key_digest(key)
+            for d in state.api_key_digests:
+                ok |= hmac.compare_digest(digest, d)
+        if not keys or not ok:
+            given = "Authorization" in request.headers or "x-api-key" in request.headers
             message = (
-                "missing API key: send it as 'Authorization: Bearer KEY'" if not token else "incorrect API key provided"
+                "incorrect API key provided"
+                if given
+                else "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
             )
             raise ProtocolError(message, status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return await handler(request)
@@ -184,6 +203,7 @@ def openapi_document() -> dict[str, Any]:
         "/api/embed": ollama_embed.EmbedRequest,
         "/api/embeddings": ollama_embed.LegacyEmbeddingsRequest,
         "/api/show": ollama_models.ShowRequest,
+        count.PATH: CountTokensRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}

@@ -3,9 +3,10 @@
 Valid bodies come from the published JSON schemas (hypothesis-jsonschema); invalid ones from mutating them:
 a field replaced by arbitrary JSON, unknown fields, non-objects, truncated or non-UTF-8 text, random bytes.
 Every answer must come within a timeout and never be a 5xx: not as a status, and not as an error event inside
-a 200 stream. Refusals must use the API's error envelope: OpenAI's, or Ollama's {"error": "..."} under /api/.
-Afterwards the server is healthy and holds no KV block. The model is a tiny random one (the API, not the model, is
-under test), the examples derandomized (a fixed seed) and bounded: INFERD_FUZZ_EXAMPLES per test (default 30; more
+a 200 stream. Refusals must use the API's error envelope: OpenAI's, Anthropic's on /v1/messages, or Ollama's
+{"error": "..."} under /api/. Afterwards the server is healthy and holds no KV block. The model is a tiny random
+one (the API, not the model, is under test), the examples derandomized (a fixed seed) and bounded:
+INFERD_FUZZ_EXAMPLES per test (default 30; more
 for a deeper run).
 """
 
@@ -69,8 +70,10 @@ def body_schemas(url: str) -> dict[str, dict]:
 
 
 POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm", "/v1/responses",
-              "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show"]
+              "/v1/embeddings", "/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate",
+              "/api/embed", "/api/embeddings", "/api/show"]
 EMBEDDING_PATHS = ("/v1/embeddings", "/api/embed", "/api/embeddings")
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def send(port: int, path: str, raw: bytes) -> tuple[int, bytes]:
@@ -104,7 +107,12 @@ def check_answer(path: str, raw_body: bytes, status: int, answer: bytes) -> None
         check_ollama_answer(path, where, status, answer)
         return
     if status >= 400:
-        err = json.loads(answer)["error"]
+        payload = json.loads(answer)
+        if path in ANTHROPIC_PATHS:
+            assert payload["type"] == "error" and set(payload["error"]) == {"type", "message"}, where
+            assert payload["error"]["message"] and payload["error"]["type"] != "api_error", where
+            return
+        err = payload["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], where
         return
     assert status == 200, where
@@ -115,7 +123,7 @@ def check_answer(path: str, raw_body: bytes, status: int, answer: bytes) -> None
             raise AssertionError(f"{where}: {e}") from None
         for ev in events:
             if isinstance(ev, dict) and "error" in ev:
-                assert ev["error"]["type"] != "internal_server_error", where
+                assert ev["error"]["type"] not in ("internal_server_error", "api_error", "overloaded_error"), where
                 assert not str(ev["error"].get("type", "")).startswith("service_unavailable"), where
     else:
         json.loads(answer)
@@ -202,6 +210,25 @@ def refine(schema: dict, path: str, vocab: int, model: str) -> dict:
                          "text": {"type": "null"}, "instructions": {"anyOf": [short_text, {"type": "null"}]}})
     if path.startswith("/api/"):
         narrowed.update(ollama_fields(path, short_text, token_ids, model))
+    if path in ANTHROPIC_PATHS:   # user and assistant turns of text blocks; tools and formats have their own tests
+        block = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": {**short_text, "minLength": 1}}}
+        content = {"anyOf": [{**short_text, "minLength": 1}, {"type": "array", "items": block, "minItems": 1,
+                                                               "maxItems": 2}]}
+        narrowed.update({
+            "model": {"const": model},
+            "messages": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                "type": "object", "required": ["role", "content"],
+                "properties": {"role": {"const": "user"}, "content": content}}},
+            "system": {"anyOf": [short_text, {"type": "null"}, {"type": "array", "items": block, "maxItems": 2}]},
+            "max_tokens": {"type": "integer", "minimum": 0, "maximum": 4},
+            "stop_sequences": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 3,
+                                                            "items": {"type": "string", "minLength": 1,
+                                                                      "maxLength": 5}}]},
+            "thinking": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["disabled", "adaptive"]}}}]},
+            "output_config": {"type": "null"},
+        })
     for name, sub in narrowed.items():
         if name in props:
             props[name] = sub
