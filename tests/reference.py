@@ -160,6 +160,9 @@ class Reference:
         self.cfg = config
         self.t = tensors
         self._cache: dict[str, np.ndarray] = {}
+        # per MoE layer run, each token's router margin: its k-th largest logit less the (k+1)-th (a near tie's
+        # choice may go either way in float32)
+        self.route_margins: list[np.ndarray] = []
 
     def w(self, name: str) -> np.ndarray:
         if name not in self._cache:
@@ -282,6 +285,9 @@ class Reference:
         cfg = self.cfg
         x = quantize_activations(h) if act_quant else h
         logits = h @ self.w(p + "ffn_gate_inp.weight").T
+        ranked = -np.sort(-logits, axis=1)
+        if cfg.n_experts_used < cfg.n_experts:
+            self.route_margins.append(ranked[:, cfg.n_experts_used - 1] - ranked[:, cfg.n_experts_used])
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         gate, up, down = (self.experts(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
