@@ -426,11 +426,13 @@ cdef class Model:
         for i, blocks in enumerate(layers):
             if not 0 < len(blocks) <= MAX_LAYER_BLOCKS:
                 raise ValueError(f"layer {i}: {len(blocks)} blocks (1 to {MAX_LAYER_BLOCKS})")
-            for kind, _, _ in blocks:
+            for kind, _, ts in blocks:
                 if kind not in BLOCK_KINDS:
                     raise ValueError(f"layer {i}: unknown block kind {kind!r}")
                 if kind not in BUILT_BLOCK_KINDS:
                     raise ValueError(f"layer {i}: {kind} blocks are not built yet")
+                if kind == "ffn_moe":
+                    moe_block_check(i, ts)
         self._keep = []
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:

@@ -3,6 +3,12 @@
 # tensors into the model's arena, as the dense weights are), and Qwen2-MoE's shared expert and its gate.
 
 
+cdef moe_block_check(int layer, dict ts):
+    """Before anything is built: the tensors an ffn_moe block cannot do without."""
+    if any(name not in ts for name in ("norm", "router", "experts_gu", "experts_down")):
+        raise ValueError(f"layer {layer}: an ffn_moe block needs router, experts_gu and experts_down")
+
+
 cdef int moe_block_init(Model model, model_config_t *c, ffn_moe_block_t *M, int layer, dict options,
                         dict ts) except -1:
     gu, down = ts["experts_gu"], ts["experts_down"]

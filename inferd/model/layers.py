@@ -33,8 +33,9 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
                       {"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)})
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
-    options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale),
-               "qk_norm_full": int(cfg.qk_norm_full)}
+    options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale)}
+    if cfg.qk_norm_full:
+        options["qk_norm_full"] = 1
     return _block(ATTENTION, layer, options, shapes)
 
 
