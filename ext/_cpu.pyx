@@ -536,8 +536,9 @@ cdef class Model:
         self._keep.append(arr)
         return <float *>cnp.PyArray_DATA(arr)
 
-    cdef size_t _block_weights(self, int layer, bint free_them):
-        """Bytes of layer's block matrices, or (free_them) their release."""
+    cdef size_t _block_weights(self, int layer, bint free_them, bint per_token=False):
+        """Bytes of layer's block matrices (per_token: those one token reads, its share of the experts), or
+        (free_them) their release."""
         cdef size_t total = 0
         cdef block_t *B
         cdef int j
@@ -552,7 +553,7 @@ cdef class Model:
                 if free_them:
                     weight_free(&B.ffn.wgu); weight_free(&B.ffn.wdown)
             elif B.kind == BLOCK_FFN_MOE:
-                total += moe_block_weights(&B.moe, free_them)
+                total += moe_block_weights(&B.moe, free_them, per_token)
         return total
 
     def __dealloc__(self):
@@ -570,16 +571,21 @@ cdef class Model:
 
     @property
     def weight_bytes(self):
-        """Bytes of weights one step reads (all layers and the output matrix)."""
+        """Bytes of weights one token's step reads (all layers, of a mixture of experts the experts it uses, and the
+        output matrix)."""
         cdef size_t total = self.m.output.nbytes
         cdef int i
         for i in range(self.m.cfg.n_layers):
-            total += self._block_weights(i, False)
+            total += self._block_weights(i, False, True)
         return total
 
     @property
     def memory_bytes(self):
-        return self.weight_bytes + (0 if self.m.output_tied else self.m.tok_embd.nbytes)
+        cdef size_t total = self.m.output.nbytes + (0 if self.m.output_tied else self.m.tok_embd.nbytes)
+        cdef int i
+        for i in range(self.m.cfg.n_layers):
+            total += self._block_weights(i, False)
+        return total
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",

@@ -48,15 +48,17 @@ cdef int moe_block_init(Model model, model_config_t *c, ffn_moe_block_t *M, int 
     return 0
 
 
-cdef size_t moe_block_weights(ffn_moe_block_t *M, bint free_them):
-    """Bytes of the block's matrices, or (free_them) their release."""
-    cdef size_t total = M.router.nbytes + M.shared_gu.nbytes + M.shared_down.nbytes
+cdef size_t moe_block_weights(ffn_moe_block_t *M, bint free_them, bint per_token):
+    """Bytes of the block's matrices (per_token: those a token reads, n_used of the n experts' average), or
+    (free_them) their release."""
+    cdef size_t total = M.router.nbytes + M.shared_gu.nbytes + M.shared_down.nbytes, experts = 0
     cdef int e
     if M.wgu != NULL and M.wdown != NULL:
         for e in range(M.n_experts):
-            total += M.wgu[e].nbytes + M.wdown[e].nbytes
+            experts += M.wgu[e].nbytes + M.wdown[e].nbytes
             if free_them:
                 weight_free(&M.wgu[e]); weight_free(&M.wdown[e])
+    total += experts * M.n_used // M.n_experts if per_token and M.n_experts else experts
     if free_them:
         weight_free(&M.router); weight_free(&M.shared_gu); weight_free(&M.shared_down)
         free(M.wgu); free(M.wdown)

@@ -7,6 +7,7 @@ interleaved parts (gate|up) of different types; then they are brought to the mos
 from __future__ import annotations
 
 import mmap
+from typing import Any
 
 import numpy as np
 
@@ -180,7 +181,7 @@ def cpu_model_parts(model) -> tuple[dict, dict, list]:
 def _cpu_block(block: Block, ts) -> tuple:
     """A block as _cpu.Model takes it: (kind, options, the engine's tensors)."""
     t = {role: ts[name] for role, name in block.tensors.items()}
-    out = {"norm": _vector(t["norm"])}
+    out: dict[str, Any] = {"norm": _vector(t["norm"])}
     if "post_norm" in t:
         out["post_norm"] = _vector(t["post_norm"])
     if block.kind == ATTENTION:
@@ -217,4 +218,4 @@ def _cpu_block(block: Block, ts) -> tuple:
 def experts(t: Tensor, n: int) -> list[Tensor]:
     """The n matrices of a 3-D tensor held stacked by rows (inferd.model.gguf), each a view of its rows."""
     rows = t.rows // n
-    return [Tensor(f"{t.name}[{e}]", t.type, rows, t.cols, t.data[e * rows:(e + 1) * rows]) for e in range(n)]
+    return [Tensor(f"{t.name}[{e}]", t.type, rows, t.cols, t.data[e * rows : (e + 1) * rows]) for e in range(n)]

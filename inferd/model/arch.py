@@ -4,8 +4,9 @@ config through it (inferd.model.model_config), and both engines build their weig
 it (inferd.model.layers). docs/design/architectures.md says how to add a row or a block kind.
 
 A layer is a short list of blocks run in order, each adding its output to the residual stream: the token mixer
-(attention), then the FFN (dense gated, or a mixture of experts). A block kind names the C block that runs it (ext/cpu/inferd.h's
-block_kind_t); the kinds without a builder yet have their names here so that a row can say what it needs."""
+(attention), then the FFN (dense gated, or a mixture of experts). A block kind names the C block that runs it
+(ext/cpu/inferd.h's block_kind_t); the kinds without a builder yet have their names here so that a row can say what
+it needs."""
 
 from __future__ import annotations
 

@@ -25,12 +25,21 @@ class Block:
 
 def _attention(cfg: ModelConfig, layer: int) -> Block:
     dim, q, kv = cfg.dim, cfg.q_dim, cfg.kv_dim
-    shapes = {"norm": (1, dim), "q": (q, dim), "k": (kv, dim), "v": (kv, dim), "o": (dim, q)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm": (1, dim),
+        "q": (q, dim),
+        "k": (kv, dim),
+        "v": (kv, dim),
+        "o": (dim, q),
+    }
     if cfg.qkv_bias:
         shapes.update({"q_bias": (1, q), "k_bias": (1, kv), "v_bias": (1, kv)})
     if cfg.qk_norm:  # per head, or (OLMoE) over the whole of q and of k
-        shapes.update({"q_norm": (1, q), "k_norm": (1, kv)} if cfg.qk_norm_full else
-                      {"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)})
+        shapes.update(
+            {"q_norm": (1, q), "k_norm": (1, kv)}
+            if cfg.qk_norm_full
+            else {"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)}
+        )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
     options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale)}
@@ -41,7 +50,12 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
 
 def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
     dim, hidden = cfg.dim, cfg.hidden_dim
-    shapes = {"norm": (1, dim), "gate": (hidden, dim), "up": (hidden, dim), "down": (dim, hidden)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm": (1, dim),
+        "gate": (hidden, dim),
+        "up": (hidden, dim),
+        "down": (dim, hidden),
+    }
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
     return _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
@@ -57,12 +71,22 @@ def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
         "down_exps": (n, dim, hidden),
     }
     if shared:
-        shapes.update({"shared_gate": (1, dim), "gate_shexp": (shared, dim), "up_shexp": (shared, dim),
-                       "down_shexp": (dim, shared)})
+        shapes.update(
+            {
+                "shared_gate": (1, dim),
+                "gate_shexp": (shared, dim),
+                "up_shexp": (shared, dim),
+                "down_shexp": (dim, shared),
+            }
+        )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
-    options = {"act": cfg.ffn_act, "n_used": cfg.n_experts_used, "norm_topk": int(cfg.expert_norm_topk),
-               "weights_scale": float(cfg.expert_weights_scale)}
+    options = {
+        "act": cfg.ffn_act,
+        "n_used": cfg.n_experts_used,
+        "norm_topk": int(cfg.expert_norm_topk),
+        "weights_scale": float(cfg.expert_weights_scale),
+    }
     return _block(FFN_MOE, layer, options, shapes)
 
 
@@ -102,7 +126,7 @@ def model_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the engine needs, GGUF-named, as (rows = out features, cols = in features), the experts'
     as (n_experts, rows, cols)."""
-    shapes = model_tensor_shapes(cfg)
+    shapes: dict[str, tuple[int, ...]] = dict(model_tensor_shapes(cfg))
     for blocks in layer_plan(cfg):
         for block in blocks:
             shapes.update({block.tensors[role]: shape for role, shape in block.shapes.items()})

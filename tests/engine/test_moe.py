@@ -120,3 +120,15 @@ def test_moe_speculative_equals_plain(load_variant):
             for t in out.token_ids]
     assert spec == plain and len(plain) == 40
     assert stats.drafted_tokens > 0, "no draft was made: the test would compare plain decoding with itself"
+
+
+def test_a_token_reads_its_share_of_the_experts(load_variant):
+    """weight_bytes (what one token's step reads, for the bandwidth figures) counts n_used of the n experts;
+    memory_bytes every one of them."""
+    model = load_variant("mixtral-gguf-q8_0")
+    cfg = model.config
+    engine = Engine(model, num_kv_blocks=2, max_batch_tokens=16, max_seqs=1)
+    expert_bytes = sum(model.tensors[f"blk.{i}.ffn_{r}_exps.weight"].nbytes
+                       for i in range(cfg.n_layers) for r in ("gate", "up", "down"))
+    unread = engine._model.memory_bytes - engine._model.weight_bytes - model.tensors["token_embd.weight"].nbytes
+    assert unread == pytest.approx(expert_bytes * (cfg.n_experts - cfg.n_experts_used) / cfg.n_experts, rel=0.01)

@@ -141,4 +141,5 @@ def test_experts_are_views_of_their_rows(tmp_path):
         assert np.shares_memory(g, gate) and g.ctypes.data == gate[e * hidden].ctypes.data
         d = ts["experts_down"][e][3]
         assert np.shares_memory(d, down) and d.ctypes.data == down[e * model.config.dim].ctypes.data
-    assert ts["shared_gate"][2] == model.config.dim and ts["shared_gu"][1][0][1] == model.config.shared_expert_hidden_dim
+    assert ts["shared_gate"][2] == model.config.dim
+    assert ts["shared_gu"][1][0][1] == model.config.shared_expert_hidden_dim

@@ -325,5 +325,6 @@ def test_mis_shaped_experts_are_named(tmp_path):
                      replace={"blk.0.ffn_gate_exps.weight": (split_wrong, GGMLQuantizationType.F32)}),
             "tensor blk.0.ffn_gate_exps.weight has shape (rows, cols) (4, 512, 256), the config implies (8, 256, 256)")
     four_d = np.zeros((2, 4, 256, 256), np.float32)
-    _expect(_rewrite(src, tmp_path / "d.gguf", replace={"blk.0.ffn_up_exps.weight": (four_d, GGMLQuantizationType.F32)}),
+    _expect(_rewrite(src, tmp_path / "d.gguf",
+                     replace={"blk.0.ffn_up_exps.weight": (four_d, GGMLQuantizationType.F32)}),
             "tensor blk.0.ffn_up_exps.weight has 4 dimensions; only 1-D to 3-D weights are supported")
