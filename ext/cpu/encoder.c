@@ -106,7 +106,8 @@ static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
         if (cfg->arch == ENC_BERT) {
             int pos = (int)t - s->b->seq_start[s->seq_of[t]];
             const float *pe = m->pos_embd + (size_t)pos * dim;
-            for (int i = 0; i < dim; i++) x[i] = x[i] + pe[i] + m->type_embd[i];
+            const float *te = m->type_embd + (size_t)(s->b->type_ids ? s->b->type_ids[t] : 0) * dim;
+            for (int i = 0; i < dim; i++) x[i] = x[i] + pe[i] + te[i];
             layernorm(x, m->embd_norm_w, m->embd_norm_b, dim, cfg->norm_eps, x);
             quantize_for(first_reader(m, 0), x, dim, s->c->xq + t * (dim / QK));
         } else {
@@ -314,6 +315,11 @@ static int check_batch(const encoder_ctx_t *c, const enc_batch_t *b) {
     }
     for (int t = 0; t < b->num_tokens; t++)
         if (b->token_ids[t] < 0 || b->token_ids[t] >= cfg->vocab) return -4;
+    if (b->type_ids) {
+        if (cfg->arch != ENC_BERT) return -5;
+        for (int t = 0; t < b->num_tokens; t++)
+            if (b->type_ids[t] < 0 || b->type_ids[t] >= cfg->n_types) return -5;
+    }
     return 0;
 }
 
@@ -359,6 +365,8 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     s.ntok = b->num_seqs;
     for (int i = 0; i < m->n_dense; i++) {                 /* the Dense chain, float weights */
         matmul(c, ESTAGE_POOL, &s, &m->dense[i], m->dense_p[i], cur, c->xq, other, m->dense[i].rows, 0, m->dense_bias[i]);
+        if (m->dense_act[i] == ENC_ACT_TANH)              /* a few hundred values per sequence: no region */
+            for (size_t k = 0; k < (size_t)b->num_seqs * m->dense[i].rows; k++) other[k] = tanhf(other[k]);
         float *tmp = cur; cur = other; other = tmp;
     }
     s.pool_in = cur;

@@ -96,8 +96,12 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
         quantize = check_quantize_arg(quantize)
     except ValueError as e:
         raise ModelLoadError(root, str(e)) from e
+    if root.is_file() and root.suffix.lower() == ".gguf":
+        from .embedding_gguf import load_embedding_gguf
+
+        return load_embedding_gguf(root, quantize)
     if not root.is_dir():
-        raise ModelLoadError(root, "an embedding model is a folder (sentence-transformers layout)")
+        raise ModelLoadError(root, "an embedding model is a folder (sentence-transformers layout) or a GGUF file")
     modules = _modules(root)
     transformer = root / modules[TRANSFORMER][0] if TRANSFORMER in modules else root
     raw = _json(transformer / "config.json")
@@ -333,9 +337,13 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     dim, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
     if dim % heads:
         raise ModelLoadError(w.folder, f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
+    e = "embeddings."
     positions = int(raw["max_position_embeddings"])
+    types = w.floats(e + "token_type_embeddings.weight") if w.has(e + "token_type_embeddings.weight") else None
+    types = np.zeros((1, dim), np.float32) if types is None else types.reshape(-1, dim)
     cfg: dict[str, Any] = {
         "arch": "bert",
+        "n_types": types.shape[0],
         "vocab": int(raw["vocab_size"]),
         "dim": dim,
         "n_layers": layers,
@@ -347,11 +355,10 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
         "norm_eps": float(raw.get("layer_norm_eps", 1e-12)),
         "attn_scale": float((dim // heads) ** -0.5),
     }
-    e = "embeddings."
     t: dict[str, Any] = {
         "tok_embd": w.spec(e + "word_embeddings.weight", quantize),
         "pos_embd": w.floats(e + "position_embeddings.weight")[:positions],
-        "type_embd": w.floats(e + "token_type_embeddings.weight")[0],
+        "type_embd": types,
         "embd_norm_w": w.vector(e + "LayerNorm.weight", dim),
         "embd_norm_b": w.vector(e + "LayerNorm.bias", dim),
     }
@@ -382,7 +389,8 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     return cfg, t
 
 
-def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[dict, dict]:
+def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None, norm_shift: float = 1.0) -> tuple[dict, dict]:
+    """norm_shift: what Gemma's RMSNorm adds to its stored weights (a GGUF file stores them shifted already: 0)"""
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "rope_scaling"):
         if raw.get(key) is not None:
             raise ModelLoadError(w.folder, f"{key} is set; inferd's Gemma 3 encoder does not support it")
@@ -412,7 +420,7 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
     }
     t: dict[str, Any] = {
         "tok_embd": w.spec("embed_tokens.weight", quantize),
-        "final_norm": 1.0 + w.vector("norm.weight", dim),
+        "final_norm": norm_shift + w.vector("norm.weight", dim),
         "rope_global": _rope_table(float(raw.get("rope_theta", 1e6)), hd, positions),
         "rope_local": _rope_table(float(raw.get("rope_local_base_freq", 1e4)), hd, positions),
     }
@@ -429,9 +437,9 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
             ("ffn_norm", "pre_feedforward_layernorm"),
             ("post_ffn_norm", "post_feedforward_layernorm"),
         ):
-            t[o + ours] = 1.0 + w.vector(p + theirs + ".weight", dim)
-        t[o + "q_norm"] = 1.0 + w.vector(a + "q_norm.weight", hd)
-        t[o + "k_norm"] = 1.0 + w.vector(a + "k_norm.weight", hd)
+            t[o + ours] = norm_shift + w.vector(p + theirs + ".weight", dim)
+        t[o + "q_norm"] = norm_shift + w.vector(a + "q_norm.weight", hd)
+        t[o + "k_norm"] = norm_shift + w.vector(a + "k_norm.weight", hd)
     return cfg, t
 
 
