@@ -276,13 +276,14 @@ class _Weights:
         if len(cols) != 1:
             raise ModelLoadError(parts[0].name, f"parts of {name} have different widths {sorted(cols)}")
         if interleave32:
-            g, u = (p.data.reshape(p.rows // 32, 32, p.cols) for p in parts)
-            data = np.stack([g, u], axis=1).reshape(-1, parts[0].cols)
+            width = parts[0].data.shape[1]  # values, or bytes for a quantized GGUF's rows
+            g, u = (p.data.reshape(p.rows // 32, 32, width) for p in parts)
+            data = np.stack([g, u], axis=1).reshape(-1, width)
         else:
             data = np.concatenate([p.data for p in parts])
         for n in part_names:  # copied: the file's pages of the parts are not read again
             self.drop_pages(n)
-        c = convert_tensor(Tensor(name, parts[0].type, data.shape[0], data.shape[1], data), quantize)
+        c = convert_tensor(Tensor(name, parts[0].type, data.shape[0], parts[0].cols, data), quantize)
         return (c.type, c.rows, c.cols, c.data)
 
     def drop_pages(self, name: str) -> None:
