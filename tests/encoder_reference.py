@@ -68,8 +68,8 @@ class Reference:
                                    d["linear.bias"].astype(np.float64) if "linear.bias" in d else None))
         self.normalize = any(m["type"].endswith("Normalize") for m in modules)
 
-    def hidden(self, ids: list[int]) -> np.ndarray:
-        return self._bert(ids) if self.cfg["model_type"] == "bert" else self._gemma(ids)
+    def hidden(self, ids: list[int], types: list[int] | None = None) -> np.ndarray:
+        return self._bert(ids, types) if self.cfg["model_type"] == "bert" else self._gemma(ids)
 
     def embed(self, ids: list[int]) -> np.ndarray:
         h = self.hidden(ids)
@@ -78,13 +78,13 @@ class Reference:
             v = w @ v + (b if b is not None else 0.0)
         return v / max(np.linalg.norm(v), 1e-12) if self.normalize else v
 
-    def _bert(self, ids):
+    def _bert(self, ids, types=None):
         c, w, n = self.cfg, self.w, len(ids)
         eps, heads = c.get("layer_norm_eps", 1e-12), c["num_attention_heads"]
         hd = c["hidden_size"] // heads
         e = "embeddings."
         x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][:n] + \
-            w[e + "token_type_embeddings.weight"][0]
+            w[e + "token_type_embeddings.weight"][types if types is not None else [0] * n]
         x = _layernorm(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], eps)
         mask = np.ones((n, n), bool)
         for i in range(c["num_hidden_layers"]):
@@ -124,3 +124,21 @@ class Reference:
             h = _gelu_tanh(xn @ w[p + "mlp.gate_proj.weight"].T) * (xn @ w[p + "mlp.up_proj.weight"].T)
             x = x + _rms(h @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"], eps)
         return _rms(x, w["norm.weight"], eps)
+
+
+class CrossEncoderReference(Reference):
+    """A BertForSequenceClassification folder (sentence-transformers CrossEncoder): sigmoid (one label) or the raw
+    logits of classifier(tanh(pooler(h[CLS]))), as transformers computes them."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.cfg = json.loads((self.folder / "config.json").read_text())
+        raw = load_file(str(self.folder / "model.safetensors"))
+        self.w = {k.removeprefix("bert."): v.astype(np.float64) for k, v in raw.items()}
+
+    def score(self, ids: list[int], types: list[int]) -> np.ndarray:
+        h = self.hidden(ids, types)[0]
+        if "pooler.dense.weight" in self.w:
+            h = np.tanh(self.w["pooler.dense.weight"] @ h + self.w["pooler.dense.bias"])
+        logits = self.w["classifier.weight"] @ h + self.w["classifier.bias"]
+        return 1 / (1 + np.exp(-logits)) if logits.shape[0] == 1 else logits
