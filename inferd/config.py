@@ -45,6 +45,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_cache_dir: str = ""
     quantize: str = ""
     embedding_model: str = ""
+    rerank_model: str = ""
     pooling: str = "none"
     # network and security
     host: str = "127.0.0.1"
@@ -121,7 +122,11 @@ DOCS: dict[str, str] = {
     "served_model_name": "Name clients use in the `model` field; empty means the model's own name.",
     "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
     "quantize": "Quantize a float (Hugging Face) model at load time: q8_0 or q4_0; empty keeps the file's types.",
-    "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
+    "embedding_model": (
+        "A sentence-transformers folder or an embedding GGUF (bert, gemma-embedding) served at /v1/embeddings beside "
+        "the chat model (empty: none)."
+    ),
+    "rerank_model": "A cross-encoder folder served at /v1/rerank and /v1/score beside the chat model (empty: none).",
     "pooling": (
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."

@@ -20,7 +20,7 @@ from aiohttp import web
 from inferd.config import Settings
 from inferd.engine.request import Request
 from inferd.model.sampling_defaults import resolve as resolve_sampling
-from inferd.server import embeddings, openai, routes
+from inferd.server import embeddings, openai, rerank, routes
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.server")
 
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
-EMBEDDING_ONLY_PATHS = ("/v1/embeddings",)
+EMBEDDING_ONLY_PATHS = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score")
 OPENAPI = web.AppKey("openapi", dict)
 
 
@@ -41,7 +41,7 @@ def key_digest(key: str) -> bytes:
 
 
 def needs_auth(path: str) -> bool:
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
 
 
 # ---- middlewares -------------------------------------------------------------------------------------------
@@ -111,8 +111,9 @@ async def lifecycle_middleware(request: web.Request, handler):
         and request.path not in EMBEDDING_ONLY_PATHS
         and not request.path.startswith("/v1/models")
     ):
+        served = ", ".join(f"{'/v1/rerank' if e.kind == 'rerank' else '/v1/embeddings'}: `{e.name}`" for e in state.embeddings)
         raise ProtocolError(
-            f"this server serves only the embedding model `{state.embeddings[0].name}`: POST /v1/embeddings",
+            f"this server serves no chat model, only {served}",
             status=404,
             code="model_not_found",
         )
@@ -166,6 +167,8 @@ def openapi_document() -> dict[str, Any]:
         "/detokenize": openai.DetokenizeRequest,
         "/v1/cache/warm": openai.CacheWarmRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
+        "/v1/rerank": rerank.RerankRequest,
+        "/v1/score": rerank.ScoreRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}
@@ -225,7 +228,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
     pin_mmap_threshold()  # before the model's big allocations: RSS must not creep up over months
     try:
         if state.model is None and is_embedding_folder(s.model):  # the folder decides: an embedding-only server
-            await start_embeddings(state, s.model, s.served_model_name or None)
+            if is_cross_encoder_folder(s.model):
+                await start_reranker(state, s.model, s.served_model_name or None)
+            else:
+                await start_embeddings(state, s.model, s.served_model_name or None)
             state.status = "ready"
             state.notifier.ready(f"serving {state.embeddings[0].name}")
             return
@@ -281,6 +287,8 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
         engine_loop.observer = metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
+        if s.rerank_model:
+            await start_reranker(state, s.rerank_model, None)
         if s.pooling != "none":
             await start_chat_embeddings(state)
         state.status = "ready"
@@ -400,9 +408,23 @@ async def start_chat_embeddings(state: ServerState) -> None:
 
 
 def is_embedding_folder(path: str) -> bool:
+    """An encoder to serve alone: a sentence-transformers folder, an embedding GGUF or a cross-encoder folder."""
     from inferd.model.embedding import is_embedding_folder as check
+    from inferd.model.embedding_gguf import is_embedding_gguf
+
+    return check(path) or is_embedding_gguf(path) or is_cross_encoder_folder(path)
+
+
+def is_cross_encoder_folder(path: str) -> bool:
+    from inferd.model.cross_encoder import is_cross_encoder_folder as check
 
     return check(path)
+
+
+async def start_reranker(state: ServerState, path: str, name: str | None) -> None:
+    from inferd.server.rerank_service import start_reranker as start
+
+    await start(state, path, name)
 
 
 def idle_wait(notifier: Notifier) -> float:

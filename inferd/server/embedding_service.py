@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -122,6 +122,7 @@ class EmbeddingMetrics:
 
 @dataclass
 class EmbeddingService:
+    kind: ClassVar[str] = "embedding"  # "rerank": a cross-encoder's scores (server/rerank_service.py)
     name: str
     embedder: Embedder | ChatEmbedder
     queue: EmbeddingQueue

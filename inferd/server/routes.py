@@ -1,5 +1,6 @@
 """Every route of the API server: the generating APIs (one `Api` each, on the pipeline of generation.py), the
-stored responses, and the OpenAI routes that do not generate (openai.py) and embeddings (embeddings.py)."""
+stored responses, and the OpenAI routes that do not generate (openai.py), embeddings (embeddings.py) and
+reranking (rerank.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, openai
+from inferd.server import embeddings, openai, rerank
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -34,3 +35,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     openai.add_routes(app)
     embeddings.add_routes(app)
+    rerank.add_routes(app)
