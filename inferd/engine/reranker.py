@@ -26,8 +26,7 @@ class TokenPair(list):
 class Reranker(Embedder):
     model: CrossEncoderModel
 
-    def __init__(self, model: CrossEncoderModel, threads: int, max_batch_tokens: int = 8192,
-                 max_batch_seqs: int = 256):
+    def __init__(self, model: CrossEncoderModel, threads: int, max_batch_tokens: int = 8192, max_batch_seqs: int = 256):
         super().__init__(model, threads, max_batch_tokens, max_batch_seqs, float_parts_bf16=False)
 
     def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[TokenPair]:
@@ -45,9 +44,7 @@ class Reranker(Embedder):
         for lo, hi in self.batches([len(s) for s in seqs]):
             part = seqs[lo:hi]
             ids = np.fromiter((t for s in part for t in s), np.int32)
-            types = np.fromiter(
-                (int(i >= getattr(s, "second", len(s))) for s in part for i in range(len(s))), np.int32
-            )
+            types = np.fromiter((int(i >= getattr(s, "second", len(s))) for s in part for i in range(len(s))), np.int32)
             starts = np.zeros(hi - lo + 1, np.int32)
             np.cumsum([len(s) for s in part], out=starts[1:])
             out[lo:hi], _ = self.encoder.encode(ids, starts, type_ids=types)

@@ -67,9 +67,7 @@ def _activation(root: Path, raw: dict, n_labels: int) -> str:
     if name is None:  # older CrossEncoder folders: sigmoid for one label, the logits otherwise
         return "sigmoid" if n_labels == 1 else "identity"
     if name not in ACTIVATIONS:
-        raise ModelLoadError(
-            root / "config.json", f"activation_fn {name!r} is not supported (Sigmoid or Identity)"
-        )
+        raise ModelLoadError(root / "config.json", f"activation_fn {name!r} is not supported (Sigmoid or Identity)")
     return ACTIVATIONS[name]
 
 
@@ -105,7 +103,9 @@ def load_cross_encoder(path: str | os.PathLike[str], quantize: str | None = None
             head, activations = 1, ["tanh"]
         cls = w.tensor("classifier.weight")
         if cls.rows != len(labels) or cls.cols != dim:
-            raise ModelLoadError(root, f"classifier.weight is ({cls.rows}, {cls.cols}), expected ({len(labels)}, {dim})")
+            raise ModelLoadError(
+                root, f"classifier.weight is ({cls.rows}, {cls.cols}), expected ({len(labels)}, {dim})"
+            )
         tensors[f"dense.{head}"] = w.spec("classifier.weight", None)
         tensors[f"dense.{head}.bias"] = w.vector("classifier.bias", len(labels))
     except ModelLoadError:

@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import AddedToken, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -120,8 +119,9 @@ class _GGUFWeights(_Weights):
 
 def _names(arch: str, n_layers: int) -> dict[str, str]:
     fixed, per_layer, prefix = (
-        (BERT_NAMES, BERT_LAYER_NAMES, "encoder.layer.{i}.") if arch == "bert" else
-        (GEMMA_NAMES, GEMMA_LAYER_NAMES, "layers.{i}.")
+        (BERT_NAMES, BERT_LAYER_NAMES, "encoder.layer.{i}.")
+        if arch == "bert"
+        else (GEMMA_NAMES, GEMMA_LAYER_NAMES, "layers.{i}.")
     )
     out = dict(fixed)
     for i in range(n_layers):
@@ -193,7 +193,9 @@ def _wordpiece(meta: dict[str, Any]) -> HFTokenizer:
     lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
     strip = meta.get("tokenizer.ggml.normalizer.strip_accents")
     hf.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None if strip is None else bool(strip),
+        clean_text=True,
+        handle_chinese_chars=True,
+        strip_accents=None if strip is None else bool(strip),
         lowercase=lowercase,
     )
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -222,8 +224,8 @@ def _tokenizer(arch: str, meta: dict[str, Any]) -> HFTokenizer:
     last = special("tokenizer.ggml.eos_token_id") if meta.get("tokenizer.ggml.add_eos_token", True) else None
     if arch == "bert":  # [CLS] text [SEP]: the converter writes them as bos and eos; sep where it says
         last = special("tokenizer.ggml.seperator_token_id") or last
-    a = [t for t, _ in [first] if first] + ["$A"] + [t for t, _ in [last] if last]
-    b = ["$B:1"] + [f"{last[0]}:1"] if last else ["$B:1"]
+    a = ([first[0]] if first else []) + ["$A"] + ([last[0]] if last else [])
+    b = ["$B:1"] + ([f"{last[0]}:1"] if last else [])
     hf.post_processor = processors.TemplateProcessing(
         single=" ".join(a), pair=" ".join(a + b), special_tokens=[s for s in (first, last) if s]
     )
@@ -244,9 +246,7 @@ def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = Non
     key = "bert" if arch == "bert" else "gemma-embedding"
     pooling_type = meta.get(f"{key}.pooling_type", 1)
     if pooling_type not in POOLING_TYPES:
-        raise ModelLoadError(
-            root, f"{key}.pooling_type {pooling_type} is not supported (1 mean, 2 CLS, 3 last token)"
-        )
+        raise ModelLoadError(root, f"{key}.pooling_type {pooling_type} is not supported (1 mean, 2 CLS, 3 last token)")
     try:
         tokenizer = _tokenizer(arch, meta)
         truncating = HFTokenizer.from_str(tokenizer.to_str())
@@ -290,4 +290,3 @@ def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = Non
         normalize=True,
         pooling=config["pooling"],
     )
-

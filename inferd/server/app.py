@@ -111,7 +111,9 @@ async def lifecycle_middleware(request: web.Request, handler):
         and request.path not in EMBEDDING_ONLY_PATHS
         and not request.path.startswith("/v1/models")
     ):
-        served = ", ".join(f"{'/v1/rerank' if e.kind == 'rerank' else '/v1/embeddings'}: `{e.name}`" for e in state.embeddings)
+        served = ", ".join(
+            f"{'/v1/rerank' if e.kind == 'rerank' else '/v1/embeddings'}: `{e.name}`" for e in state.embeddings
+        )
         raise ProtocolError(
             f"this server serves no chat model, only {served}",
             status=404,

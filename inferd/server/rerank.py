@@ -119,8 +119,9 @@ async def score_pairs(service: EmbeddingService, pairs: list[tuple[str, str]], p
     assert isinstance(reranker, Reranker)
     labels = reranker.dimensions
     if labels != 1:
-        raise ProtocolError(f"model `{service.name}` has {labels} labels; scoring needs a one-label cross-encoder",
-                            "model")
+        raise ProtocolError(
+            f"model `{service.name}` has {labels} labels; scoring needs a one-label cross-encoder", "model"
+        )
     try:
         if sum(len(a) + len(b) for a, b in pairs) < TOKENIZE_OFF_LOOP_CHARS:
             ids: list[TokenPair] = reranker.tokenize_pairs(pairs)

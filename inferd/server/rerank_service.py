@@ -91,4 +91,6 @@ async def start_reranker(state: ServerState, path: str, name: str | None) -> Non
         ),
     )
     state.embeddings.append(service)
-    log.info("serving reranker %s: up to %d tokens per query and document", service.name, service.embedder.max_seq_length)
+    log.info(
+        "serving reranker %s: up to %d tokens per query and document", service.name, service.embedder.max_seq_length
+    )

@@ -1,8 +1,9 @@
 """GGUFs that llama.cpp's convert_hf_to_gguf.py makes from the real all-MiniLM-L6-v2 and EmbeddingGemma-300M folders
 embed like the folders: the same tokens from the GGUF's vocabulary, cosine >= 0.9999 to the folder's vectors in
 F32 and F16 (F32: the same bits), >= 0.998 in Q8_0 (the converter quantizes BERT's Wv too, which inferd's own
---quantize keeps in float for accuracy: MiniLM's worst sentence is at 0.9983 either way), and as close to sentence-transformers' recorded vectors as the
-folder is. The tiny files of test_embedding_gguf.py follow the converter's names and keys: checked here too.
+--quantize keeps in float for accuracy: MiniLM's worst sentence is at 0.9983 either way), and as close to
+sentence-transformers' recorded vectors as the folder is. The tiny files of test_embedding_gguf.py follow the
+converter's names and keys: checked here too.
 
 Skipped with a reason when a folder is absent, or the converter or torch is (tests/model/make_embedding_gguf.py).
 EmbeddingGemma's conversions take minutes and gigabytes: `-m slow`."""

@@ -141,7 +141,8 @@ def test_an_embedding_server_without_a_reranker_says_so(tmp_path):
     srv = ServerThread(make_settings(model=str(write_tiny_embedding(tmp_path / "emb")))).start()
     try:
         status, err = post(srv.url, "/v1/rerank", {"query": "a", "documents": ["b"]})
-        assert status == 404 and "no reranker" in err["error"]["message"] and "--rerank-model" in err["error"]["message"]
+        message = err["error"]["message"]
+        assert status == 404 and "no reranker" in message and "--rerank-model" in message
         status, _ = post(srv.url, "/v1/score", {"text_1": "a", "text_2": "b"})
         assert status == 404
     finally:
