@@ -10,7 +10,7 @@ cdef extern from "encoder.h" nogil:
     ctypedef struct encoder_config_t:
         int arch
         int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
-        int max_positions, n_types
+        int max_positions, n_types, rotary, gated_ffn
         float norm_eps, attn_scale, embed_scale
         int sliding_window, pooling, normalize
     ctypedef struct enc_layer_t:
@@ -93,8 +93,9 @@ cdef class EncoderModel:
     pooling ('mean' | 'cls' | 'last'), normalize, for Gemma sliding_layers (a list of layer indices), for BERT n_types
     (rows of 'type_embd', default 1) and dense_activations ('identity' | 'tanh' per Dense layer, default identity).
     `tensors`: matrices as (type_name, rows, cols, data): 'tok_embd', 'blk.{i}.wqkv', 'wo', 'wup', 'wdown',
-    'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd', 'type_embd' (n_types, dim), 'embd_norm_w', 'embd_norm_b',
-    per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
+    'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd' (with config rotary: 'rope_global' instead),
+    'type_embd' (n_types, dim), 'embd_norm_w', 'embd_norm_b', per layer 'bqkv', 'bo', 'bup', 'bdown' (not with config
+    gated_ffn, whose 'wup' is gate and up as Gemma's), 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
     'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one; 'blk.{i}.wqkv_f'
     where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float; in bf16, weights
@@ -119,6 +120,7 @@ cdef class EncoderModel:
         c.attn_scale = config["attn_scale"]; c.embed_scale = config.get("embed_scale", 1.0)
         c.sliding_window = config.get("sliding_window", 0); c.normalize = config.get("normalize", False)
         c.n_types = config.get("n_types", 1)
+        c.rotary = config.get("rotary", False); c.gated_ffn = config.get("gated_ffn", False)
         activations = list(config.get("dense_activations", ()))
         if c.n_types < 1 or any(a not in DENSE_ACTIVATIONS for a in activations):
             raise ValueError(f"unsupported token types {c.n_types} or Dense activations {activations}")
@@ -134,8 +136,11 @@ cdef class EncoderModel:
         self._lookup_table(&self.m.tok_embd, tensors.pop("tok_embd"))
         cdef int bert = c.arch == 0, i, j
         cdef enc_layer_t *L
-        if bert:
+        if bert and c.rotary:
+            self.m.rope_global = self._floats(tensors["rope_global"], c.max_positions * c.head_dim)
+        elif bert:
             self.m.pos_embd = self._floats(tensors["pos_embd"], c.max_positions * c.dim)
+        if bert:
             self.m.type_embd = self._floats(tensors["type_embd"], c.n_types * c.dim)
             self.m.embd_norm_w = self._floats(tensors["embd_norm_w"], c.dim)
             self.m.embd_norm_b = self._floats(tensors["embd_norm_b"], c.dim)
@@ -157,13 +162,15 @@ cdef class EncoderModel:
                              &L.wqkv_f_bf if config.get("wqkv_f_bf16") else NULL)
             self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim - L.wqkv_f.rows, c.dim)
             self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
-            self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
+            self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert and not c.gated_ffn else 2),
+                         c.dim)
             self._matrix(&L.wdown, &L.wdown_p, tensors.pop(p + "wdown"), c.dim, c.hidden)
             if bert:
-                L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
-                L.bo = self._floats(tensors[p + "bo"], c.dim)
-                L.bup = self._floats(tensors[p + "bup"], c.hidden)
-                L.bdown = self._floats(tensors[p + "bdown"], c.dim)
+                if not c.gated_ffn:                  # nomic-bert's linear layers have no biases
+                    L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
+                    L.bo = self._floats(tensors[p + "bo"], c.dim)
+                    L.bup = self._floats(tensors[p + "bup"], c.hidden)
+                    L.bdown = self._floats(tensors[p + "bdown"], c.dim)
                 L.norm1_w = self._floats(tensors[p + "norm1_w"], c.dim)
                 L.norm1_b = self._floats(tensors[p + "norm1_b"], c.dim)
                 L.norm2_w = self._floats(tensors[p + "norm2_w"], c.dim)

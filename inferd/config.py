@@ -47,6 +47,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     embedding_model: str = ""
     rerank_model: str = ""
     pooling: str = "none"
+    rerank_prompt: str = "none"
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -101,6 +102,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("device", DEVICES),
             ("quantize", ("",) + QUANTIZE_TARGETS),
             ("pooling", ("none", "last", "mean")),
+            ("rerank_prompt", ("none", "qwen3")),
             ("cpu_path", ("",) + CPU_PATHS),
             ("cuda_weights", CUDA_WEIGHTS),
             ("cuda_kv", CUDA_KV),
@@ -127,6 +129,10 @@ DOCS: dict[str, str] = {
         "the chat model (empty: none)."
     ),
     "rerank_model": "A cross-encoder folder served at /v1/rerank and /v1/score beside the chat model (empty: none).",
+    "rerank_prompt": (
+        "Let the chat model rerank at /v1/rerank and /v1/score by its yes/no logits: qwen3 (Qwen3-Reranker's "
+        "prompt); none: no."
+    ),
     "pooling": (
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."

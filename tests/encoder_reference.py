@@ -69,7 +69,7 @@ class Reference:
         self.normalize = any(m["type"].endswith("Normalize") for m in modules)
 
     def hidden(self, ids: list[int], types: list[int] | None = None) -> np.ndarray:
-        return self._bert(ids, types) if self.cfg["model_type"] == "bert" else self._gemma(ids)
+        return self._bert(ids, types) if self.cfg["model_type"] in ("bert", "nomic_bert") else self._gemma(ids)
 
     def embed(self, ids: list[int]) -> np.ndarray:
         h = self.hidden(ids)
@@ -79,25 +79,37 @@ class Reference:
         return v / max(np.linalg.norm(v), 1e-12) if self.normalize else v
 
     def _bert(self, ids, types=None):
+        """BERT; nomic-bert (model_type "nomic_bert", a test-only folder in BERT's names): rotary positions on q and k
+        (rotary_emb_base) instead of a position table, an FFN down(silu(gate x) * up x) ("intermediate.gate"), and
+        linear layers without biases."""
         c, w, n = self.cfg, self.w, len(ids)
         eps, heads = c.get("layer_norm_eps", 1e-12), c["num_attention_heads"]
         hd = c["hidden_size"] // heads
         e = "embeddings."
-        x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][:n] + \
-            w[e + "token_type_embeddings.weight"][types if types is not None else [0] * n]
+        rotary = c.get("rotary_emb_base")
+        bias = lambda name: w.get(name, 0.0)   # noqa: E731
+        x = w[e + "word_embeddings.weight"][ids] + w[e + "token_type_embeddings.weight"][types or [0] * n]
+        if not rotary:
+            x = x + w[e + "position_embeddings.weight"][:n]
         x = _layernorm(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], eps)
         mask = np.ones((n, n), bool)
         for i in range(c["num_hidden_layers"]):
             p = f"encoder.layer.{i}."
             a = p + "attention.self."
-            q, k, v = (x @ w[a + f"{m}.weight"].T + w[a + f"{m}.bias"] for m in ("query", "key", "value"))
-            att = _attention(q.reshape(n, heads, hd), k.reshape(n, heads, hd), v.reshape(n, heads, hd),
-                             1 / math.sqrt(hd), mask).reshape(n, -1)
-            o = att @ w[p + "attention.output.dense.weight"].T + w[p + "attention.output.dense.bias"]
+            q, k, v = (x @ w[a + f"{m}.weight"].T + bias(a + f"{m}.bias") for m in ("query", "key", "value"))
+            q, k, v = q.reshape(n, heads, hd), k.reshape(n, heads, hd), v.reshape(n, heads, hd)
+            if rotary:
+                q, k = _rope(q, rotary), _rope(k, rotary)
+            att = _attention(q, k, v, 1 / math.sqrt(hd), mask).reshape(n, -1)
+            o = att @ w[p + "attention.output.dense.weight"].T + bias(p + "attention.output.dense.bias")
             x = _layernorm(x + o, w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"],
                            eps)
-            h = _gelu_erf(x @ w[p + "intermediate.dense.weight"].T + w[p + "intermediate.dense.bias"])
-            o = h @ w[p + "output.dense.weight"].T + w[p + "output.dense.bias"]
+            if p + "intermediate.gate.weight" in w:
+                g = x @ w[p + "intermediate.gate.weight"].T
+                h = g / (1 + np.exp(-g)) * (x @ w[p + "intermediate.dense.weight"].T)
+            else:
+                h = _gelu_erf(x @ w[p + "intermediate.dense.weight"].T + w[p + "intermediate.dense.bias"])
+            o = h @ w[p + "output.dense.weight"].T + bias(p + "output.dense.bias")
             x = _layernorm(x + o, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)
         return x
 

@@ -1,4 +1,4 @@
-/* Encoders (embedding models): BERT and bidirectional Gemma 3. Types and the entry points the Cython wrapper
+/* Encoders (embedding models): BERT (nomic-bert too: rotary positions, SwiGLU) and bidirectional Gemma 3. Types and the entry points the Cython wrapper
  * calls; the forward pass is encoder.c, its own kernels encoder_kernels.c. Shapes in comments as in inferd.h. */
 #ifndef INFERD_ENCODER_H
 #define INFERD_ENCODER_H
@@ -15,6 +15,8 @@ typedef struct {
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
     int max_positions;         /* BERT: rows of the position table; Gemma: rows of the RoPE tables */
     int n_types;               /* BERT: rows of the token-type table (a cross-encoder's pair uses 0 and 1) */
+    int rotary;                /* BERT: rotary positions on q and k (nomic-bert) instead of a position table */
+    int gated_ffn;             /* BERT: a SwiGLU FFN, down(silu(gate x) * up x) without biases (nomic-bert) */
     float norm_eps;
     float attn_scale;          /* multiplies q.k: 1/sqrt(head_dim), Gemma query_pre_attn_scalar^-1/2 */
     float embed_scale;         /* Gemma: sqrt(dim); BERT: 1 */
@@ -26,8 +28,8 @@ typedef struct {
 typedef struct {
     weight_t wqkv;  float *bqkv;      /* (q_dim + 2 kv_dim, dim); bias (q_dim + 2 kv_dim) or NULL */
     weight_t wo;    float *bo;        /* (dim, q_dim); (dim) or NULL */
-    weight_t wup;   float *bup;       /* BERT (hidden, dim) + (hidden); Gemma (2 hidden, dim): per 32 hidden
-                                       * units their 32 gate rows then their 32 up rows, no bias */
+    weight_t wup;   float *bup;       /* BERT (hidden, dim) + (hidden); Gemma and gated BERT (2 hidden, dim): per
+                                       * 32 hidden units their 32 gate rows then their 32 up rows, no bias */
     weight_t wdown; float *bdown;     /* (dim, hidden); (dim) or NULL */
     /* BERT, post-norm: norm1 after attention, norm2 after the FFN, LayerNorm weight and bias (dim) */
     float *norm1_w, *norm1_b, *norm2_w, *norm2_b;
@@ -47,11 +49,11 @@ typedef struct {
 typedef struct {
     encoder_config_t cfg;
     weight_t tok_embd;                /* (vocab, dim) */
-    float *pos_embd;                  /* BERT: (max_positions, dim) */
+    float *pos_embd;                  /* BERT: (max_positions, dim), NULL when rotary */
     float *type_embd;                 /* BERT: (n_types, dim) */
     float *embd_norm_w, *embd_norm_b; /* BERT: (dim) */
     float *final_norm;                /* Gemma: (dim), 1 + w */
-    float *rope_global, *rope_local;  /* Gemma: (max_positions, head_dim/2, 2) cos, sin */
+    float *rope_global, *rope_local;  /* Gemma, rotary BERT (global only): (max_positions, head_dim/2, 2) cos, sin */
     enc_layer_t *layers;              /* (n_layers) */
     int n_dense;                      /* sentence-transformers Dense modules after pooling, float weights */
     weight_t dense[ENC_MAX_DENSE];    /* (out, in) */

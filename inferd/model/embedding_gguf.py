@@ -1,13 +1,16 @@
 """Embedding models from GGUF files, as llama.cpp's convert_hf_to_gguf.py writes them and Ollama ships them:
-architectures `bert` (MiniLM, BGE, ...) and `gemma-embedding` (EmbeddingGemma).
+architectures `bert` (MiniLM, BGE, ...), `nomic-bert` (nomic-embed-text v1 and v1.5) and `gemma-embedding`
+(EmbeddingGemma).
 
 The file's metadata becomes the config.json keys the folder loader reads and its tensor names the folder's, so the
 weights go through the same code (embedding.py's _bert and _gemma3) into the same encoder layout: a GGUF and the
-folder it was made from give the same vectors. What the file says:
+folder it was made from give the same vectors. nomic-bert, which inferd reads from GGUF only, is BERT with rotary
+positions (no position table), q, k and v fused in the file, a SwiGLU FFN and no biases on its linear layers
+(_nomic_bert). What the file says:
 - `{arch}.pooling_type`: 1 mean, 2 CLS, 3 last token (llama.cpp's enum); absent: mean.
 - normalization is not stored in GGUF; vectors are L2-normalized, as llama-server and Ollama return them.
 - `{arch}.context_length` is the longest input (a folder's sentence_bert_config.json may say less).
-- the tokenizer from the vocabulary: WordPiece for `bert` (tokenizer.ggml.model "bert": word-initial tokens
+- the tokenizer from the vocabulary: WordPiece for the BERTs (tokenizer.ggml.model "bert": word-initial tokens
   carry a leading "▁", continuations none), SentencePiece for Gemma ("llama"); the special tokens around an
   input from add_bos_token / add_eos_token.
 - EmbeddingGemma's Dense layers when converted with --sentence-transformers-dense-modules (dense_2, dense_3).
@@ -25,13 +28,14 @@ from tokenizers import AddedToken, models, normalizers, pre_tokenizers, processo
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..text.tokenizer import CONTROL, Tokenizer
-from .embedding import KNOWN_MATRYOSHKA, EmbeddingModel, _bert, _gemma3, _Weights
+from .embedding import KNOWN_MATRYOSHKA, EmbeddingModel, _bert, _gemma3, _rope_table, _Weights
 from .errors import ModelLoadError
 from .gguf import TensorInfo, _tensor_data, _to_tensor, validate_gguf
-from .quant import check_quantize_arg, to_float32
+from .quant import FLOAT_TYPES, check_quantize_arg, convert_tensor, to_float32
 from .tensor import Tensor
 
-ENCODER_ARCHS = ("bert", "gemma-embedding")
+ENCODER_ARCHS = ("bert", "nomic-bert", "gemma-embedding")
+BERT_ARCHS = ("bert", "nomic-bert")
 POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}  # llama.cpp's LLAMA_POOLING_TYPE_*
 GEMMA_SWA_PATTERN = 6  # llama.cpp's default for gemma-embedding: five sliding layers, then a global one
 
@@ -118,6 +122,8 @@ class _GGUFWeights(_Weights):
 
 
 def _names(arch: str, n_layers: int) -> dict[str, str]:
+    if arch == "nomic-bert":  # read under the file's own names
+        return {}
     fixed, per_layer, prefix = (
         (BERT_NAMES, BERT_LAYER_NAMES, "encoder.layer.{i}.")
         if arch == "bert"
@@ -133,7 +139,7 @@ def _names(arch: str, n_layers: int) -> dict[str, str]:
 
 def _config(arch: str, meta: dict[str, Any], vocab: int) -> dict[str, Any]:
     """The file's metadata as the config.json keys embedding.py reads."""
-    key = "bert" if arch == "bert" else "gemma-embedding"
+    key = arch
 
     def need(name: str) -> Any:
         value = meta.get(f"{key}.{name}")
@@ -150,8 +156,9 @@ def _config(arch: str, meta: dict[str, Any], vocab: int) -> dict[str, Any]:
         "max_position_embeddings": int(need("context_length")),
         "vocab_size": vocab,
     }
-    if arch == "bert":
+    if arch in BERT_ARCHS:
         return raw | {
+            "rope_theta": float(meta.get(f"{key}.rope.freq_base", 1000.0)),
             "model_type": "bert",
             "layer_norm_eps": float(need("attention.layer_norm_epsilon")),
             "hidden_act": "gelu",
@@ -222,7 +229,7 @@ def _tokenizer(arch: str, meta: dict[str, Any]) -> HFTokenizer:
 
     first = special("tokenizer.ggml.bos_token_id") if meta.get("tokenizer.ggml.add_bos_token", True) else None
     last = special("tokenizer.ggml.eos_token_id") if meta.get("tokenizer.ggml.add_eos_token", True) else None
-    if arch == "bert":  # [CLS] text [SEP]: the converter writes them as bos and eos; sep where it says
+    if arch in BERT_ARCHS:  # [CLS] text [SEP]: the converter writes them as bos and eos; sep where it says
         last = special("tokenizer.ggml.seperator_token_id") or last
     a = ([first[0]] if first else []) + ["$A"] + ([last[0]] if last else [])
     b = ["$B:1"] + ([f"{last[0]}:1"] if last else [])
@@ -230,6 +237,57 @@ def _tokenizer(arch: str, meta: dict[str, Any]) -> HFTokenizer:
         single=" ".join(a), pair=" ".join(a + b), special_tokens=[s for s in (first, last) if s]
     )
     return hf
+
+
+def _nomic_bert(raw: dict[str, Any], w: _GGUFWeights, quantize: str | None) -> tuple[dict, dict]:
+    dim, heads, layers = raw["hidden_size"], raw["num_attention_heads"], raw["num_hidden_layers"]
+    if dim % heads:
+        raise ValueError(f"embedding_length {dim} is not a multiple of head_count {heads}")
+    hd, positions = dim // heads, raw["max_position_embeddings"]
+    types = w.floats("token_types.weight").reshape(-1, dim) if w.has("token_types.weight") else None
+    types = np.zeros((1, dim), np.float32) if types is None else types
+    cfg: dict[str, Any] = {
+        "arch": "bert",
+        "vocab": raw["vocab_size"],
+        "dim": dim,
+        "n_layers": layers,
+        "n_heads": heads,
+        "n_kv_heads": heads,
+        "head_dim": hd,
+        "hidden": raw["intermediate_size"],
+        "max_positions": positions,
+        "norm_eps": raw["layer_norm_eps"],
+        "attn_scale": float(hd**-0.5),
+        "n_types": types.shape[0],
+        "rotary": True,
+        "gated_ffn": True,
+    }
+    t: dict[str, Any] = {
+        "tok_embd": w.spec("token_embd.weight", quantize),
+        "rope_global": _rope_table(raw["rope_theta"], hd, positions),
+        "type_embd": types,
+        "embd_norm_w": w.vector("token_embd_norm.weight", dim),
+        "embd_norm_b": w.vector("token_embd_norm.bias", dim),
+    }
+    for i in range(layers):
+        o = f"blk.{i}."
+        qkv = w.tensor(o + "attn_qkv.weight")
+        if qkv.rows != 3 * dim or qkv.cols != dim:
+            raise ValueError(f"{o}attn_qkv.weight is ({qkv.rows}, {qkv.cols}), expected ({3 * dim}, {dim})")
+        if quantize and qkv.type in FLOAT_TYPES:  # as embedding.py's BERT: Wq|Wk quantized, Wv kept in float
+            qk = convert_tensor(Tensor(o + "wqk", qkv.type, 2 * dim, dim, qkv.data[: 2 * dim]), quantize)
+            t[o + "wqkv"] = (qk.type, qk.rows, qk.cols, qk.data)
+            t[o + "wqkv_f"] = (qkv.type, dim, dim, qkv.data[2 * dim :])
+        else:
+            t[o + "wqkv"] = w.spec(o + "attn_qkv.weight", quantize)
+        t[o + "wo"] = w.spec(o + "attn_output.weight", quantize)
+        t[o + "wup"] = w.fused(o + "wup", [o + "ffn_gate.weight", o + "ffn_up.weight"], quantize, interleave32=True)
+        t[o + "wdown"] = w.spec(o + "ffn_down.weight", quantize)
+        t[o + "norm1_w"] = w.vector(o + "attn_output_norm.weight", dim)
+        t[o + "norm1_b"] = w.vector(o + "attn_output_norm.bias", dim)
+        t[o + "norm2_w"] = w.vector(o + "layer_output_norm.weight", dim)
+        t[o + "norm2_b"] = w.vector(o + "layer_output_norm.bias", dim)
+    return cfg, t
 
 
 def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = None) -> EmbeddingModel:
@@ -243,7 +301,7 @@ def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = Non
     arch = meta.get("general.architecture")
     if arch not in ENCODER_ARCHS:
         raise ModelLoadError(root, f"architecture {arch!r} is not an encoder inferd runs ({', '.join(ENCODER_ARCHS)})")
-    key = "bert" if arch == "bert" else "gemma-embedding"
+    key = arch
     pooling_type = meta.get(f"{key}.pooling_type", 1)
     if pooling_type not in POOLING_TYPES:
         raise ModelLoadError(root, f"{key}.pooling_type {pooling_type} is not supported (1 mean, 2 CLS, 3 last token)")
@@ -256,6 +314,8 @@ def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = Non
         w = _GGUFWeights(root, infos, _names(arch, raw["num_hidden_layers"]))
         if arch == "bert":
             config, tensors = _bert(raw, w, max_len, quantize)
+        elif arch == "nomic-bert":
+            config, tensors = _nomic_bert(raw, w, quantize)
         else:
             config, tensors = _gemma3(raw, w, max_len, quantize, norm_shift=0.0)  # stored as 1 + w already
         out_dim = config["dim"]

@@ -291,6 +291,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             await start_embeddings(state, s.embedding_model, None)
         if s.rerank_model:
             await start_reranker(state, s.rerank_model, None)
+        if s.rerank_prompt != "none":
+            from inferd.server.rerank_service import start_chat_reranker
+
+            await start_chat_reranker(state)
         if s.pooling != "none":
             await start_chat_embeddings(state)
         state.status = "ready"

@@ -23,7 +23,8 @@ import msgspec
 from aiohttp import web
 from msgspec import Meta, Struct
 
-from inferd.engine.reranker import Reranker, TokenPair
+from inferd.engine.llm_reranker import LLMReranker
+from inferd.engine.reranker import Reranker
 from inferd.server.embedding_service import EmbeddingService
 from inferd.server.embeddings import MAX_INPUTS, TOKENIZE_OFF_LOOP_CHARS, run_job
 from inferd.server.protocol import ProtocolError, decode
@@ -116,7 +117,7 @@ def _check_texts(texts: list[str], param: str) -> None:
 async def score_pairs(service: EmbeddingService, pairs: list[tuple[str, str]], param: str) -> tuple[list[float], int]:
     """Each pair's score (the single label's activated logit) and the tokens read."""
     reranker = service.embedder
-    assert isinstance(reranker, Reranker)
+    assert isinstance(reranker, (Reranker, LLMReranker))
     labels = reranker.dimensions
     if labels != 1:
         raise ProtocolError(
@@ -124,7 +125,7 @@ async def score_pairs(service: EmbeddingService, pairs: list[tuple[str, str]], p
         )
     try:
         if sum(len(a) + len(b) for a, b in pairs) < TOKENIZE_OFF_LOOP_CHARS:
-            ids: list[TokenPair] = reranker.tokenize_pairs(pairs)
+            ids: list[list[int]] = reranker.tokenize_pairs(pairs)  # type: ignore[assignment]
         else:
             ids = await asyncio.get_running_loop().run_in_executor(None, reranker.tokenize_pairs, pairs)
     except (TypeError, ValueError) as e:  # tokenizers refuses lone surrogates (valid JSON, not UTF-8)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inferd.engine.embedding_queue import EmbeddingQueue, EmbeddingWorker
+from inferd.engine.llm_reranker import LLMReranker
 from inferd.engine.reranker import Reranker
 from inferd.model.cross_encoder import load_cross_encoder
 from inferd.server.embedding_service import EmbeddingMetrics, EmbeddingService
@@ -94,3 +95,36 @@ async def start_reranker(state: ServerState, path: str, name: str | None) -> Non
     log.info(
         "serving reranker %s: up to %d tokens per query and document", service.name, service.embedder.max_seq_length
     )
+
+
+async def start_chat_reranker(state: ServerState) -> None:
+    """The chat model reranks too (rerank_prompt = qwen3): its queue's steps run on the engine loop's thread,
+    between the chat model's own steps."""
+    s = state.settings
+    metrics = state.embedding_metrics
+    if metrics is None:
+        metrics = state.embedding_metrics = EmbeddingMetrics(state.metrics)
+    engine, loop = state.engine, state.engine_loop
+    assert engine is not None and loop is not None  # started after the chat model's engine
+
+    def start() -> RerankService:
+        reranker = LLMReranker(
+            engine,
+            state.tokenizer,
+            name=state.served_model_name,
+            threads=engine.threads,
+            max_batch_tokens=min(max(s.max_batch_tokens, 2048), state.max_model_len),
+        )
+        queue = EmbeddingQueue(reranker, max_waiting=s.max_waiting, observer=metrics.observer(state.served_model_name))
+        reranker.embed(reranker.tokenize_pairs([("warm", "up")]))
+        queue.wake = loop.wake
+        loop.side_queues.append(queue)
+        service = RerankService(
+            state.served_model_name, reranker, queue, aliases=frozenset(state.model_names()), listed=False
+        )
+        metrics.services.append(service)
+        return service
+
+    service = await asyncio.get_running_loop().run_in_executor(None, start)
+    state.embeddings.append(service)
+    log.info("the chat model reranks too: %s prompt, up to %d tokens per pair", s.rerank_prompt, service.embedder.max_seq_length)

@@ -59,9 +59,24 @@ def _add(writer: gguf.GGUFWriter, name: str, data: np.ndarray, outtype: str) -> 
         writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
 
 
+def _nomic_tensors(t: dict[str, np.ndarray], n_layers: int) -> dict[str, np.ndarray]:
+    """nomic-bert's GGUF names: q, k, v fused into attn_qkv, the gate as ffn_gate"""
+    out = {BERT[n]: v for n, v in t.items() if n in BERT}
+    for i in range(n_layers):
+        p, o = f"encoder.layer.{i}.", f"blk.{i}."
+        out[o + "attn_qkv.weight"] = np.concatenate([t[p + f"attention.self.{n}.weight"]
+                                                     for n in ("query", "key", "value")])
+        out[o + "ffn_gate.weight"] = t[p + "intermediate.gate.weight"]
+        for theirs, ours in BERT_LAYER.items():
+            for kind in ("weight", "bias"):
+                if f"{p}{theirs}.{kind}" in t and not theirs.startswith("attention.self"):
+                    out[f"{o}{ours}.{kind}"] = t[f"{p}{theirs}.{kind}"]
+    return out
+
+
 def write_tiny_embedding_gguf(folder: Path, out: Path, outtype: str = "F32") -> Path:
     cfg = json.loads((folder / "config.json").read_text())
-    arch = "bert" if cfg["model_type"] == "bert" else "gemma-embedding"
+    arch = {"bert": "bert", "nomic_bert": "nomic-bert"}.get(cfg["model_type"], "gemma-embedding")
     tok = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = [t for t, _ in sorted(tok.items(), key=lambda kv: kv[1])]
     pool = json.loads((folder / "1_Pooling" / "config.json").read_text())
@@ -76,7 +91,9 @@ def write_tiny_embedding_gguf(folder: Path, out: Path, outtype: str = "F32") -> 
     w.add_pooling_type(gguf.PoolingType(POOLING[pooling]))
     w.add_causal_attention(False)
     types = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL for t in tokens]
-    if arch == "bert":
+    if arch in ("bert", "nomic-bert"):
+        if arch == "nomic-bert":
+            w.add_rope_freq_base(cfg["rotary_emb_base"])
         w.add_layer_norm_eps(cfg["layer_norm_eps"])
         w.add_token_type_count(cfg["type_vocab_size"])
         w.add_tokenizer_model("bert")
@@ -106,7 +123,12 @@ def write_tiny_embedding_gguf(folder: Path, out: Path, outtype: str = "F32") -> 
     w.add_token_types(types)
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
-    for name, data in load_file(str(folder / "model.safetensors")).items():
+    weights = load_file(str(folder / "model.safetensors"))
+    if arch == "nomic-bert":
+        for name, data in _nomic_tensors(weights, cfg["num_hidden_layers"]).items():
+            _add(w, name, data, outtype)
+        weights = {}
+    for name, data in weights.items():
         if arch != "bert" and name.endswith("norm.weight"):
             data = data + np.float32(1.0)     # the converter stores Gemma's 1 + w
         _add(w, _gguf_name(name, "bert" if arch == "bert" else "gemma"), data, outtype)

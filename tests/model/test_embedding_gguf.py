@@ -139,3 +139,24 @@ def test_a_missing_tensor_is_named(tmp_path):
     with pytest.raises(ModelLoadError, match="blk.1.ffn_up.weight is missing"):
         load_embedding_model(tmp_path / "bad.gguf")
     assert not is_embedding_gguf(tmp_path / "nothing.gguf") and not is_embedding_gguf(tmp_path)
+
+
+@pytest.mark.parametrize("outtype, quantize, least_cos", [("F32", None, 0.999999), ("F16", None, 0.9999),
+                                                          ("Q8_0", None, 0.999), ("F32", "q8_0", 0.999)])
+def test_nomic_bert_against_the_float64_reference(tmp_path, outtype, quantize, least_cos):
+    """nomic-bert: rotary positions instead of a table, SwiGLU, no linear biases, q|k|v fused in the file"""
+    folder = write_tiny_embedding(tmp_path / "n", arch="nomic", n_layers=2, hidden=96)
+    emb = Embedder(load_embedding_model(write_tiny_embedding_gguf(folder, tmp_path / "n.gguf", outtype),
+                                        quantize=quantize), threads=2)
+    assert emb.model.config["rotary"] and emb.model.config["gated_ffn"]
+    ref = Reference(folder)
+    ids = emb.tokenize(SENTENCES + ["the " * 30 + "end"])
+    got = emb.embed(ids)
+    want = np.stack([ref.embed(s) for s in ids])
+    assert _cos(got, want).min() >= least_cos
+    if outtype == "F32" and quantize is None:
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        ref.cfg["rotary_emb_base"] = 10000.0              # the rotation is there, with the file's base
+        assert _cos(got, np.stack([ref.embed(s) for s in ids])).min() < 0.9999
+    together = emb.embed(ids)
+    assert all(np.array_equal(emb.embed([s])[0], together[i]) for i, s in enumerate(ids))

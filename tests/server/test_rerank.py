@@ -147,3 +147,23 @@ def test_an_embedding_server_without_a_reranker_says_so(tmp_path):
         assert status == 404
     finally:
         srv.stop()
+
+
+def test_the_chat_model_reranks_with_the_qwen3_prompt(make_server):
+    srv = make_server(rerank_prompt="qwen3")
+    name = srv.state.served_model_name
+    status, body = post(srv.url, "/v1/rerank", {"model": name, "query": QUERY, "documents": DOCS})
+    assert status == 200, body
+    service = next(e for e in srv.state.embeddings if e.kind == "rerank")
+    want = service.embedder.embed(service.embedder.tokenize_pairs([(QUERY, d) for d in DOCS]))[:, 0]
+    order = sorted(range(len(DOCS)), key=lambda i: -want[i])
+    assert [r["index"] for r in body["results"]] == order
+    np.testing.assert_array_equal(np.float32([r["relevance_score"] for r in body["results"]]), want[order])
+    assert all(0 < r["relevance_score"] < 1 for r in body["results"])
+    status, scored = post(srv.url, "/v1/score", {"text_1": QUERY, "text_2": DOCS[0]})
+    assert status == 200 and scored["data"][0]["score"] == float(want[0])
+    ids = [m["id"] for m in json.loads(urllib.request.urlopen(srv.url + "/v1/models").read())["data"]]
+    assert ids == [name]                                     # no second entry: the chat model's own
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices[0].message.content is not None
