@@ -39,8 +39,17 @@ class LLMRerankModel:
 class LLMReranker:
     dimensions = 1
 
-    def __init__(self, engine, tokenizer, *, name: str, threads: int, max_batch_tokens: int = 2048,
-                 max_batch_seqs: int = 16, instruction: str = QWEN3_INSTRUCTION):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        name: str,
+        threads: int,
+        max_batch_tokens: int = 2048,
+        max_batch_seqs: int = 16,
+        instruction: str = QWEN3_INSTRUCTION,
+    ):
         cpu_model = getattr(engine, "_model", None)
         if not isinstance(cpu_model, _cpu.Model):
             raise ValueError("reranking with the chat model needs the CPU engine")
@@ -99,8 +108,17 @@ class LLMReranker:
             params["top_p"], params["repetition_penalty"], params["mask_row"], params["num_logprobs"] = 1.0, 1.0, -1, -1
             none = np.zeros(1, np.int32)
             _, logits, _ = self.ctx.forward(
-                tokens, positions, seq_of, tables, out_rows, np.zeros(len(batch), np.int32), params, none, none,
-                np.zeros(1, np.float32), True,
+                tokens,
+                positions,
+                seq_of,
+                tables,
+                out_rows,
+                np.zeros(len(batch), np.int32),
+                params,
+                none,
+                none,
+                np.zeros(1, np.float32),
+                True,
             )
             rows.append(np.asarray(logits, np.float32)[: len(batch)])
         return np.concatenate(rows)

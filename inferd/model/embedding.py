@@ -96,10 +96,6 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
         quantize = check_quantize_arg(quantize)
     except ValueError as e:
         raise ModelLoadError(root, str(e)) from e
-    if root.is_file() and root.suffix.lower() == ".gguf":
-        from .embedding_gguf import load_embedding_gguf
-
-        return load_embedding_gguf(root, quantize)
     if not root.is_dir():
         raise ModelLoadError(root, "an embedding model is a folder (sentence-transformers layout) or a GGUF file")
     modules = _modules(root)

@@ -24,11 +24,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..text.tokenizer import CONTROL, Tokenizer
-from .embedding import KNOWN_MATRYOSHKA, EmbeddingModel, _bert, _gemma3, _rope_table, _Weights
+from .embedding import KNOWN_MATRYOSHKA, EmbeddingModel, _bert, _gemma3, _rope_table, _Weights, load_embedding_model
 from .errors import ModelLoadError
 from .gguf import TensorInfo, _tensor_data, _to_tensor, validate_gguf
 from .quant import FLOAT_TYPES, check_quantize_arg, convert_tensor, to_float32
@@ -288,6 +289,13 @@ def _nomic_bert(raw: dict[str, Any], w: _GGUFWeights, quantize: str | None) -> t
         t[o + "norm2_w"] = w.vector(o + "layer_output_norm.weight", dim)
         t[o + "norm2_b"] = w.vector(o + "layer_output_norm.bias", dim)
     return cfg, t
+
+
+def load_embedding(path: str | os.PathLike[str], quantize: str | None = None) -> EmbeddingModel:
+    """An embedding model from a sentence-transformers folder or a GGUF file."""
+    if Path(path).is_file() and Path(path).suffix.lower() == ".gguf":
+        return load_embedding_gguf(path, quantize)
+    return load_embedding_model(path, quantize)
 
 
 def load_embedding_gguf(path: str | os.PathLike[str], quantize: str | None = None) -> EmbeddingModel:

@@ -230,10 +230,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
     pin_mmap_threshold()  # before the model's big allocations: RSS must not creep up over months
     try:
         if state.model is None and is_embedding_folder(s.model):  # the folder decides: an embedding-only server
-            if is_cross_encoder_folder(s.model):
-                await start_reranker(state, s.model, s.served_model_name or None)
-            else:
-                await start_embeddings(state, s.model, s.served_model_name or None)
+            from inferd.server import rerank_service
+
+            start = rerank_service.start_reranker if rerank_service.is_reranker(s.model) else start_embeddings
+            await start(state, s.model, s.served_model_name or None)
             state.status = "ready"
             state.notifier.ready(f"serving {state.embeddings[0].name}")
             return
@@ -289,12 +289,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
         engine_loop.observer = metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
-        if s.rerank_model:
-            await start_reranker(state, s.rerank_model, None)
-        if s.rerank_prompt != "none":
-            from inferd.server.rerank_service import start_chat_reranker
+        if s.rerank_model or s.rerank_prompt != "none":
+            from inferd.server.rerank_service import start_rerankers
 
-            await start_chat_reranker(state)
+            await start_rerankers(state)
         if s.pooling != "none":
             await start_chat_embeddings(state)
         state.status = "ready"
@@ -418,19 +416,9 @@ def is_embedding_folder(path: str) -> bool:
     from inferd.model.embedding import is_embedding_folder as check
     from inferd.model.embedding_gguf import is_embedding_gguf
 
+    from inferd.model.cross_encoder import is_cross_encoder_folder
+
     return check(path) or is_embedding_gguf(path) or is_cross_encoder_folder(path)
-
-
-def is_cross_encoder_folder(path: str) -> bool:
-    from inferd.model.cross_encoder import is_cross_encoder_folder as check
-
-    return check(path)
-
-
-async def start_reranker(state: ServerState, path: str, name: str | None) -> None:
-    from inferd.server.rerank_service import start_reranker as start
-
-    await start(state, path, name)
 
 
 def idle_wait(notifier: Notifier) -> float:

@@ -123,11 +123,15 @@ async def score_pairs(service: EmbeddingService, pairs: list[tuple[str, str]], p
         raise ProtocolError(
             f"model `{service.name}` has {labels} labels; scoring needs a one-label cross-encoder", "model"
         )
+
+    def tokenize() -> list[list[int]]:
+        return list(reranker.tokenize_pairs(pairs))
+
     try:
         if sum(len(a) + len(b) for a, b in pairs) < TOKENIZE_OFF_LOOP_CHARS:
-            ids: list[list[int]] = reranker.tokenize_pairs(pairs)  # type: ignore[assignment]
+            ids = tokenize()
         else:
-            ids = await asyncio.get_running_loop().run_in_executor(None, reranker.tokenize_pairs, pairs)
+            ids = await asyncio.get_running_loop().run_in_executor(None, tokenize)
     except (TypeError, ValueError) as e:  # tokenizers refuses lone surrogates (valid JSON, not UTF-8)
         raise ProtocolError(f"a text cannot be tokenized: {e}", param) from None
     job = await run_job(service, list(ids))

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from inferd.engine.embedding_queue import EmbeddingQueue, EmbeddingWorker
 from inferd.engine.llm_reranker import LLMReranker
 from inferd.engine.reranker import Reranker
-from inferd.model.cross_encoder import load_cross_encoder
+from inferd.model.cross_encoder import is_cross_encoder_folder, load_cross_encoder
 from inferd.server.embedding_service import EmbeddingMetrics, EmbeddingService
 from inferd.server.state import ServerState
 
@@ -66,6 +66,18 @@ def start_rerank_service(
         worker.start()
     metrics.services.append(service)
     return service
+
+
+def is_reranker(path: str) -> bool:
+    return is_cross_encoder_folder(path)
+
+
+async def start_rerankers(state: ServerState) -> None:
+    """Beside a chat model: the --rerank-model folder, and the chat model itself under --rerank-prompt."""
+    if state.settings.rerank_model:
+        await start_reranker(state, state.settings.rerank_model, None)
+    if state.settings.rerank_prompt != "none":
+        await start_chat_reranker(state)
 
 
 async def start_reranker(state: ServerState, path: str, name: str | None) -> None:
@@ -119,12 +131,20 @@ async def start_chat_reranker(state: ServerState) -> None:
         reranker.embed(reranker.tokenize_pairs([("warm", "up")]))
         queue.wake = loop.wake
         loop.side_queues.append(queue)
-        service = RerankService(
-            state.served_model_name, reranker, queue, aliases=frozenset(state.model_names()), listed=False
+        service = RerankService(  # the queue and the rerank handlers use only the interface it shares with Reranker
+            state.served_model_name,
+            reranker,  # type: ignore[arg-type]
+            queue,
+            aliases=frozenset(state.model_names()),
+            listed=False,
         )
         metrics.services.append(service)
         return service
 
     service = await asyncio.get_running_loop().run_in_executor(None, start)
     state.embeddings.append(service)
-    log.info("the chat model reranks too: %s prompt, up to %d tokens per pair", s.rerank_prompt, service.embedder.max_seq_length)
+    log.info(
+        "the chat model reranks too: %s prompt, up to %d tokens per pair",
+        s.rerank_prompt,
+        service.embedder.max_seq_length,
+    )

@@ -9,6 +9,7 @@ import pytest
 
 from inferd.engine.embedder import Embedder
 from inferd.model.embedding import load_embedding_model
+from inferd.model.embedding_gguf import load_embedding
 from inferd.model.embedding_gguf import is_embedding_gguf
 from inferd.model.errors import ModelLoadError
 from tests.encoder_reference import Reference
@@ -39,7 +40,7 @@ def test_vectors_equal_the_folders(tiny, tmp_path, outtype, least_cos):
     folder, from_folder = tiny
     path = write_tiny_embedding_gguf(folder, tmp_path / "m.gguf", outtype)
     assert is_embedding_gguf(path)
-    emb = Embedder(load_embedding_model(path), threads=2)
+    emb = Embedder(load_embedding(path), threads=2)
     m = emb.model
     assert (m.pooling, m.normalize, m.dimensions) == (from_folder.model.pooling, True, from_folder.dimensions)
     ids = from_folder.tokenize(SENTENCES)
@@ -55,7 +56,7 @@ def test_vectors_equal_the_folders(tiny, tmp_path, outtype, least_cos):
 def test_bert_wordpiece_from_the_vocabulary(tmp_path):
     folder = write_tiny_embedding(tmp_path / "b")
     a = Embedder(load_embedding_model(folder), threads=1)
-    b = Embedder(load_embedding_model(write_tiny_embedding_gguf(folder, tmp_path / "b.gguf")), threads=1)
+    b = Embedder(load_embedding(write_tiny_embedding_gguf(folder, tmp_path / "b.gguf")), threads=1)
     texts = SENTENCES + ["Quickly!! UNKNOWNWORD zz", "the " * 20 + "end"]
     assert b.tokenize(texts) == a.tokenize(texts)
     assert b.max_seq_length == 64             # the file's context length (the folder says 40)
@@ -65,7 +66,7 @@ def test_bert_wordpiece_from_the_vocabulary(tmp_path):
 
 def test_gemma_wraps_inputs_in_bos_and_eos(tmp_path):
     folder = write_tiny_embedding(tmp_path / "g", arch="gemma3")
-    emb = Embedder(load_embedding_model(write_tiny_embedding_gguf(folder, tmp_path / "g.gguf")), threads=1)
+    emb = Embedder(load_embedding(write_tiny_embedding_gguf(folder, tmp_path / "g.gguf")), threads=1)
     tokens = emb.model.tokenizer.get_vocab()
     ids = emb.tokenize(["ab"])[0]              # the tiny vocabulary has no merges: single letters
     assert ids == [tokens["<bos>"], tokens["a"], tokens["b"], tokens["<eos>"]]
@@ -113,7 +114,7 @@ def test_unsupported_files_are_named(tmp_path, edit, message):
     good = write_tiny_embedding_gguf(write_tiny_embedding(tmp_path / "b"), tmp_path / "good.gguf")
     bad = _rewrite(good, tmp_path / "bad.gguf", **edit)
     with pytest.raises(ModelLoadError, match=message) as e:
-        load_embedding_model(bad)
+        load_embedding(bad)
     assert "bad.gguf" in str(e.value)
 
 
@@ -137,7 +138,7 @@ def test_a_missing_tensor_is_named(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelLoadError, match="blk.1.ffn_up.weight is missing"):
-        load_embedding_model(tmp_path / "bad.gguf")
+        load_embedding(tmp_path / "bad.gguf")
     assert not is_embedding_gguf(tmp_path / "nothing.gguf") and not is_embedding_gguf(tmp_path)
 
 
@@ -146,7 +147,7 @@ def test_a_missing_tensor_is_named(tmp_path):
 def test_nomic_bert_against_the_float64_reference(tmp_path, outtype, quantize, least_cos):
     """nomic-bert: rotary positions instead of a table, SwiGLU, no linear biases, q|k|v fused in the file"""
     folder = write_tiny_embedding(tmp_path / "n", arch="nomic", n_layers=2, hidden=96)
-    emb = Embedder(load_embedding_model(write_tiny_embedding_gguf(folder, tmp_path / "n.gguf", outtype),
+    emb = Embedder(load_embedding(write_tiny_embedding_gguf(folder, tmp_path / "n.gguf", outtype),
                                         quantize=quantize), threads=2)
     assert emb.model.config["rotary"] and emb.model.config["gated_ffn"]
     ref = Reference(folder)

@@ -16,6 +16,7 @@ import pytest
 
 from inferd.engine.embedder import Embedder
 from inferd.model.embedding import load_embedding_model
+from inferd.model.embedding_gguf import load_embedding
 from inferd.model.gguf import validate_gguf
 from tests.engine.test_embedding_real import FAST_COUNT, model_folder, recorded_vectors, sentences
 from tests.model import make_embedding_gguf
@@ -49,7 +50,7 @@ def check(converted, name: str, outtype: str, floor: float, count: int):
     path = converted(name, outtype)
     texts = sentences()[:count]
     from_folder = Embedder(load_embedding_model(folder), threads=2)
-    from_file = Embedder(load_embedding_model(path), threads=2)
+    from_file = Embedder(load_embedding(path), threads=2)
     prompt, recorded, _ = recorded_vectors(name)
     # the file has no prompts: the folder's prompt goes in front of the text by hand
     prefix = from_folder.prompt(prompt)
