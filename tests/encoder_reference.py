@@ -129,7 +129,8 @@ class Reference:
             q, k = _rms(q, w[a + "q_norm.weight"], eps), _rms(k, w[a + "k_norm.weight"], eps)
             theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
             q, k = _rope(q, theta), _rope(k, theta)
-            mask = dist < c["sliding_window"] if sliding else np.ones((n, n), bool)
+            # transformers' Gemma3TextConfig: a bidirectional model's window W becomes W // 2 + 1, distance below it
+            mask = dist < c["sliding_window"] // 2 + 1 if sliding else np.ones((n, n), bool)
             att = _attention(q, k, v, c["query_pre_attn_scalar"] ** -0.5, mask).reshape(n, -1)
             x = x + _rms(att @ w[a + "o_proj.weight"].T, w[p + "post_attention_layernorm.weight"], eps)
             xn = _rms(x, w[p + "pre_feedforward_layernorm.weight"], eps)

@@ -412,7 +412,9 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None, norm_shi
         "norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "attn_scale": float(raw.get("query_pre_attn_scalar", hd)) ** -0.5,
         "embed_scale": float(np.float32(dim**0.5)),
-        "sliding_window": int(raw.get("sliding_window") or 0),
+        # transformers' Gemma3TextConfig turns a bidirectional model's sliding_window W into W // 2 + 1 (keys within
+        # W / 2 positions either side: EmbeddingGemma's 512 is 256 each way, as llama.cpp's symmetric window too)
+        "sliding_window": int(raw.get("sliding_window") or 0) // 2 + 1 if raw.get("sliding_window") else 0,
         "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"],
     }
     t: dict[str, Any] = {

@@ -93,7 +93,8 @@ def pick_reranker(state: ServerState, name: str | None) -> EmbeddingService:
             return s
     if not services:
         raise ProtocolError(
-            "this server has no reranker; start it with --rerank-model PATH (a cross-encoder folder)",
+            "this server has no reranker; start it with --rerank-model PATH (a cross-encoder folder), or with "
+            "--rerank-prompt qwen3 to rerank with the chat model (Qwen3-Reranker)",
             "model",
             status=404,
             code="model_not_found",
