@@ -10,7 +10,7 @@ cdef extern from "encoder.h" nogil:
     ctypedef struct encoder_config_t:
         int arch
         int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden
-        int max_positions
+        int max_positions, n_types, rotary, gated_ffn
         float norm_eps, attn_scale, embed_scale
         int sliding_window, pooling, normalize
     ctypedef struct enc_layer_t:
@@ -52,11 +52,13 @@ cdef extern from "encoder.h" nogil:
         weight_t dense[4]
         float *dense_bias[4]
         float *dense_p[4]
+        int dense_act[4]
         int out_dim
     ctypedef struct enc_batch_t:
         int num_tokens, num_seqs
         const int32_t *token_ids
         const int32_t *seq_start
+        const int32_t *type_ids
         float *out
         float *hidden_out
     ctypedef struct encoder_ctx_t:
@@ -80,6 +82,7 @@ cdef extern from "encoder.h" nogil:
 
 ENCODER_ARCHS = {"bert": 0, "gemma3": 1}
 POOLINGS = {"mean": 0, "cls": 1, "last": 2}
+DENSE_ACTIVATIONS = {"identity": 0, "tanh": 1}
 ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", "ffn up+act", "matmul down",
                        "pool+dense")
 
@@ -87,10 +90,12 @@ ENCODER_STAGE_NAMES = ("embed", "matmul qkv", "attention", "matmul wo", "norm", 
 cdef class EncoderModel:
     """An encoder's weights in the engine's layout. `config`: arch ('bert' | 'gemma3'), vocab, dim, n_layers,
     n_heads, n_kv_heads, head_dim, hidden, max_positions, norm_eps, attn_scale, embed_scale, sliding_window,
-    pooling ('mean' | 'cls' | 'last'), normalize, and for Gemma sliding_layers (a list of layer indices).
+    pooling ('mean' | 'cls' | 'last'), normalize, for Gemma sliding_layers (a list of layer indices), for BERT n_types
+    (rows of 'type_embd', default 1) and dense_activations ('identity' | 'tanh' per Dense layer, default identity).
     `tensors`: matrices as (type_name, rows, cols, data): 'tok_embd', 'blk.{i}.wqkv', 'wo', 'wup', 'wdown',
-    'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd', 'type_embd', 'embd_norm_w', 'embd_norm_b',
-    per layer 'bqkv', 'bo', 'bup', 'bdown', 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
+    'dense.{j}'; vectors and tables as float32 arrays: BERT 'pos_embd' (with config rotary: 'rope_global' instead),
+    'type_embd' (n_types, dim), 'embd_norm_w', 'embd_norm_b', per layer 'bqkv', 'bo', 'bup', 'bdown' (not with config
+    gated_ffn, whose 'wup' is gate and up as Gemma's), 'norm1_w', 'norm1_b', 'norm2_w', 'norm2_b'; Gemma 'final_norm',
     'rope_global', 'rope_local', per layer 'attn_norm', 'post_attn_norm', 'ffn_norm', 'post_ffn_norm', 'q_norm',
     'k_norm' (with Gemma's 1 + w already added); 'dense.{j}.bias' where a Dense layer has one; 'blk.{i}.wqkv_f'
     where Wqkv comes in two parts: 'wqkv' its first rows (quantized), 'wqkv_f' the rest (float; in bf16, weights
@@ -114,6 +119,11 @@ cdef class EncoderModel:
         c.hidden = config["hidden"]; c.max_positions = config["max_positions"]; c.norm_eps = config["norm_eps"]
         c.attn_scale = config["attn_scale"]; c.embed_scale = config.get("embed_scale", 1.0)
         c.sliding_window = config.get("sliding_window", 0); c.normalize = config.get("normalize", False)
+        c.n_types = config.get("n_types", 1)
+        c.rotary = config.get("rotary", False); c.gated_ffn = config.get("gated_ffn", False)
+        activations = list(config.get("dense_activations", ()))
+        if c.n_types < 1 or any(a not in DENSE_ACTIVATIONS for a in activations):
+            raise ValueError(f"unsupported token types {c.n_types} or Dense activations {activations}")
         if c.dim % 32 or c.hidden % 32 or c.head_dim % 32 or c.n_heads < 1 or c.n_kv_heads < 1 \
                 or c.n_heads % c.n_kv_heads or c.n_layers < 1 or c.max_positions < 1:
             raise ValueError("unsupported encoder shape: dim, hidden and head_dim must be multiples of 32, "
@@ -126,9 +136,12 @@ cdef class EncoderModel:
         self._lookup_table(&self.m.tok_embd, tensors.pop("tok_embd"))
         cdef int bert = c.arch == 0, i, j
         cdef enc_layer_t *L
-        if bert:
+        if bert and c.rotary:
+            self.m.rope_global = self._floats(tensors["rope_global"], c.max_positions * c.head_dim)
+        elif bert:
             self.m.pos_embd = self._floats(tensors["pos_embd"], c.max_positions * c.dim)
-            self.m.type_embd = self._floats(tensors["type_embd"], c.dim)
+        if bert:
+            self.m.type_embd = self._floats(tensors["type_embd"], c.n_types * c.dim)
             self.m.embd_norm_w = self._floats(tensors["embd_norm_w"], c.dim)
             self.m.embd_norm_b = self._floats(tensors["embd_norm_b"], c.dim)
         else:
@@ -149,13 +162,15 @@ cdef class EncoderModel:
                              &L.wqkv_f_bf if config.get("wqkv_f_bf16") else NULL)
             self._matrix(&L.wqkv, &L.wqkv_p, tensors.pop(p + "wqkv"), qkv_dim - L.wqkv_f.rows, c.dim)
             self._matrix(&L.wo, &L.wo_p, tensors.pop(p + "wo"), c.dim, q_dim)
-            self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert else 2), c.dim)
+            self._matrix(&L.wup, &L.wup_p, tensors.pop(p + "wup"), c.hidden * (1 if bert and not c.gated_ffn else 2),
+                         c.dim)
             self._matrix(&L.wdown, &L.wdown_p, tensors.pop(p + "wdown"), c.dim, c.hidden)
             if bert:
-                L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
-                L.bo = self._floats(tensors[p + "bo"], c.dim)
-                L.bup = self._floats(tensors[p + "bup"], c.hidden)
-                L.bdown = self._floats(tensors[p + "bdown"], c.dim)
+                if not c.gated_ffn:                  # nomic-bert's linear layers have no biases
+                    L.bqkv = self._floats(tensors[p + "bqkv"], qkv_dim)
+                    L.bo = self._floats(tensors[p + "bo"], c.dim)
+                    L.bup = self._floats(tensors[p + "bup"], c.hidden)
+                    L.bdown = self._floats(tensors[p + "bdown"], c.dim)
                 L.norm1_w = self._floats(tensors[p + "norm1_w"], c.dim)
                 L.norm1_b = self._floats(tensors[p + "norm1_b"], c.dim)
                 L.norm2_w = self._floats(tensors[p + "norm2_w"], c.dim)
@@ -178,6 +193,7 @@ cdef class EncoderModel:
                 raise ValueError(f"Dense layer {j}: a float weight of {self.out_dim} inputs is needed, got "
                                  f"{spec[0]} with {spec[2]}")
             self.m.n_dense = j + 1
+            self.m.dense_act[j] = DENSE_ACTIVATIONS[activations[j]] if j < len(activations) else 0
             self._matrix(&self.m.dense[j], &self.m.dense_p[j], spec, spec[1], spec[2])
             if f"dense.{j}.bias" in tensors:
                 self.m.dense_bias[j] = self._floats(tensors[f"dense.{j}.bias"], spec[1])
@@ -285,13 +301,17 @@ cdef class Encoder:
         """This encoder's matmul kernel settings (KernelConfig)."""
         return KernelConfig.of(&self.c.kernels, self)
 
-    def encode(self, int32_t[::1] token_ids, int32_t[::1] seq_start, bint want_hidden=False):
+    def encode(self, int32_t[::1] token_ids, int32_t[::1] seq_start, bint want_hidden=False,
+               int32_t[::1] type_ids=None):
         """token_ids (num_tokens,): the sequences one after another; seq_start (num_seqs + 1,): where each begins,
-        then num_tokens. Returns (vectors (num_seqs, out_dim) float32, last hidden states (num_tokens, dim) or
+        then num_tokens; type_ids (num_tokens,) BERT's token types (a cross-encoder's second text: 1), None: all 0.
+        Returns (vectors (num_seqs, out_dim) float32, last hidden states (num_tokens, dim) or
         None)."""
         cdef int T = token_ids.shape[0], S = seq_start.shape[0] - 1, rc
         if S < 1 or T < 1:
             raise ValueError("an empty batch")
+        if type_ids is not None and type_ids.shape[0] != T:
+            raise ValueError(f"{type_ids.shape[0]} token types for {T} tokens")
         if T > self.max_tokens or S > self.max_seqs:
             raise ValueError(f"batch of {T} tokens in {S} sequences exceeds this encoder's "
                              f"{self.max_tokens} tokens / {self.max_seqs} sequences")
@@ -305,6 +325,7 @@ cdef class Encoder:
         b.num_seqs = S
         b.token_ids = &token_ids[0]
         b.seq_start = &seq_start[0]
+        b.type_ids = &type_ids[0] if type_ids is not None else NULL
         b.out = &ov[0, 0]
         if hidden is not None:
             hv = hidden
@@ -312,8 +333,8 @@ cdef class Encoder:
         with nogil:
             rc = encoder_forward(self.c, &b)
         if rc:
-            raise ValueError(f"invalid encoder batch (code {rc}): token ids out of range, an empty sequence, "
-                             "a sequence longer than the model's positions or starts that do not add up")
+            raise ValueError(f"invalid encoder batch (code {rc}): token ids or types out of range, an empty "
+                             "sequence, a sequence longer than the model's positions or starts that do not add up")
         return out, hidden
 
     def set_profiling(self, bint on):

@@ -46,7 +46,9 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_cache_dir: str = ""
     quantize: str = ""
     embedding_model: str = ""
+    rerank_model: str = ""
     pooling: str = "none"
+    rerank_prompt: str = "none"
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -103,6 +105,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("device", DEVICES),
             ("quantize", ("",) + QUANTIZE_TARGETS),
             ("pooling", ("none", "last", "mean")),
+            ("rerank_prompt", ("none", "qwen3")),
             ("cpu_path", ("",) + CPU_PATHS),
             ("cuda_weights", CUDA_WEIGHTS),
             ("cuda_kv", CUDA_KV),
@@ -137,7 +140,15 @@ DOCS: dict[str, str] = {
     "served_model_name": "Name clients use in the `model` field; empty means the model's own name.",
     "model_cache_dir": "Where downloaded models are kept; empty means $CACHE_DIRECTORY (systemd) or ~/.cache/inferd.",
     "quantize": "Quantize a float (Hugging Face) model at load time: q8_0 or q4_0; empty keeps the file's types.",
-    "embedding_model": "A sentence-transformers folder served at /v1/embeddings beside the chat model (empty: none).",
+    "embedding_model": (
+        "A sentence-transformers folder or an embedding GGUF (bert, gemma-embedding) served at /v1/embeddings beside "
+        "the chat model (empty: none)."
+    ),
+    "rerank_model": "A cross-encoder folder served at /v1/rerank and /v1/score beside the chat model (empty: none).",
+    "rerank_prompt": (
+        "Let the chat model rerank at /v1/rerank and /v1/score by its yes/no logits: qwen3 (Qwen3-Reranker's "
+        "prompt); none: no."
+    ),
     "pooling": (
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."

@@ -68,8 +68,8 @@ class Reference:
                                    d["linear.bias"].astype(np.float64) if "linear.bias" in d else None))
         self.normalize = any(m["type"].endswith("Normalize") for m in modules)
 
-    def hidden(self, ids: list[int]) -> np.ndarray:
-        return self._bert(ids) if self.cfg["model_type"] == "bert" else self._gemma(ids)
+    def hidden(self, ids: list[int], types: list[int] | None = None) -> np.ndarray:
+        return self._bert(ids, types) if self.cfg["model_type"] in ("bert", "nomic_bert") else self._gemma(ids)
 
     def embed(self, ids: list[int]) -> np.ndarray:
         h = self.hidden(ids)
@@ -78,26 +78,38 @@ class Reference:
             v = w @ v + (b if b is not None else 0.0)
         return v / max(np.linalg.norm(v), 1e-12) if self.normalize else v
 
-    def _bert(self, ids):
+    def _bert(self, ids, types=None):
+        """BERT; nomic-bert (model_type "nomic_bert", a test-only folder in BERT's names): rotary positions on q and k
+        (rotary_emb_base) instead of a position table, an FFN down(silu(gate x) * up x) ("intermediate.gate"), and
+        linear layers without biases."""
         c, w, n = self.cfg, self.w, len(ids)
         eps, heads = c.get("layer_norm_eps", 1e-12), c["num_attention_heads"]
         hd = c["hidden_size"] // heads
         e = "embeddings."
-        x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][:n] + \
-            w[e + "token_type_embeddings.weight"][0]
+        rotary = c.get("rotary_emb_base")
+        bias = lambda name: w.get(name, 0.0)   # noqa: E731
+        x = w[e + "word_embeddings.weight"][ids] + w[e + "token_type_embeddings.weight"][types or [0] * n]
+        if not rotary:
+            x = x + w[e + "position_embeddings.weight"][:n]
         x = _layernorm(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], eps)
         mask = np.ones((n, n), bool)
         for i in range(c["num_hidden_layers"]):
             p = f"encoder.layer.{i}."
             a = p + "attention.self."
-            q, k, v = (x @ w[a + f"{m}.weight"].T + w[a + f"{m}.bias"] for m in ("query", "key", "value"))
-            att = _attention(q.reshape(n, heads, hd), k.reshape(n, heads, hd), v.reshape(n, heads, hd),
-                             1 / math.sqrt(hd), mask).reshape(n, -1)
-            o = att @ w[p + "attention.output.dense.weight"].T + w[p + "attention.output.dense.bias"]
+            q, k, v = (x @ w[a + f"{m}.weight"].T + bias(a + f"{m}.bias") for m in ("query", "key", "value"))
+            q, k, v = q.reshape(n, heads, hd), k.reshape(n, heads, hd), v.reshape(n, heads, hd)
+            if rotary:
+                q, k = _rope(q, rotary), _rope(k, rotary)
+            att = _attention(q, k, v, 1 / math.sqrt(hd), mask).reshape(n, -1)
+            o = att @ w[p + "attention.output.dense.weight"].T + bias(p + "attention.output.dense.bias")
             x = _layernorm(x + o, w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"],
                            eps)
-            h = _gelu_erf(x @ w[p + "intermediate.dense.weight"].T + w[p + "intermediate.dense.bias"])
-            o = h @ w[p + "output.dense.weight"].T + w[p + "output.dense.bias"]
+            if p + "intermediate.gate.weight" in w:
+                g = x @ w[p + "intermediate.gate.weight"].T
+                h = g / (1 + np.exp(-g)) * (x @ w[p + "intermediate.dense.weight"].T)
+            else:
+                h = _gelu_erf(x @ w[p + "intermediate.dense.weight"].T + w[p + "intermediate.dense.bias"])
+            o = h @ w[p + "output.dense.weight"].T + bias(p + "output.dense.bias")
             x = _layernorm(x + o, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps)
         return x
 
@@ -117,10 +129,29 @@ class Reference:
             q, k = _rms(q, w[a + "q_norm.weight"], eps), _rms(k, w[a + "k_norm.weight"], eps)
             theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
             q, k = _rope(q, theta), _rope(k, theta)
-            mask = dist < c["sliding_window"] if sliding else np.ones((n, n), bool)
+            # transformers' Gemma3TextConfig: a bidirectional model's window W becomes W // 2 + 1, distance below it
+            mask = dist < c["sliding_window"] // 2 + 1 if sliding else np.ones((n, n), bool)
             att = _attention(q, k, v, c["query_pre_attn_scalar"] ** -0.5, mask).reshape(n, -1)
             x = x + _rms(att @ w[a + "o_proj.weight"].T, w[p + "post_attention_layernorm.weight"], eps)
             xn = _rms(x, w[p + "pre_feedforward_layernorm.weight"], eps)
             h = _gelu_tanh(xn @ w[p + "mlp.gate_proj.weight"].T) * (xn @ w[p + "mlp.up_proj.weight"].T)
             x = x + _rms(h @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"], eps)
         return _rms(x, w["norm.weight"], eps)
+
+
+class CrossEncoderReference(Reference):
+    """A BertForSequenceClassification folder (sentence-transformers CrossEncoder): sigmoid (one label) or the raw
+    logits of classifier(tanh(pooler(h[CLS]))), as transformers computes them."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.cfg = json.loads((self.folder / "config.json").read_text())
+        raw = load_file(str(self.folder / "model.safetensors"))
+        self.w = {k.removeprefix("bert."): v.astype(np.float64) for k, v in raw.items()}
+
+    def score(self, ids: list[int], types: list[int]) -> np.ndarray:
+        h = self.hidden(ids, types)[0]
+        if "pooler.dense.weight" in self.w:
+            h = np.tanh(self.w["pooler.dense.weight"] @ h + self.w["pooler.dense.bias"])
+        logits = self.w["classifier.weight"] @ h + self.w["classifier.bias"]
+        return 1 / (1 + np.exp(-logits)) if logits.shape[0] == 1 else logits

@@ -3,6 +3,7 @@
  *
  *   BERT (post-norm):  x = LN(word + position + type)
  *                      per layer: x = LN1(x + Wo attn(Wqkv x + b) + b);  x = LN2(x + Wdown gelu(Wup x + b) + b)
+ *                      nomic-bert: no position table but rope(q, k); the FFN Wdown (silu(Wgate x) * Wup x)
  *   Gemma 3 (pre-norm with sandwich norms, bidirectional):  x = word * sqrt(dim)
  *                      per layer: q, k = rope(rmsnorm per head(Wqkv rms(x)));  x += rms(Wo attn);
  *                                 x += rms(Wdown (gelu_tanh(Wgate rms(x)) * Wup rms(x)));   then rms(x)
@@ -105,8 +106,12 @@ static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
         weight_dequant_row(&m->tok_embd, s->b->token_ids[t], x);
         if (cfg->arch == ENC_BERT) {
             int pos = (int)t - s->b->seq_start[s->seq_of[t]];
-            const float *pe = m->pos_embd + (size_t)pos * dim;
-            for (int i = 0; i < dim; i++) x[i] = x[i] + pe[i] + m->type_embd[i];
+            const float *pe = cfg->rotary ? NULL : m->pos_embd + (size_t)pos * dim;
+            const float *te = m->type_embd + (size_t)(s->b->type_ids ? s->b->type_ids[t] : 0) * dim;
+            if (cfg->rotary)
+                for (int i = 0; i < dim; i++) x[i] = x[i] + te[i];
+            else
+                for (int i = 0; i < dim; i++) x[i] = x[i] + pe[i] + te[i];
             layernorm(x, m->embd_norm_w, m->embd_norm_b, dim, cfg->norm_eps, x);
             quantize_for(first_reader(m, 0), x, dim, s->c->xq + t * (dim / QK));
         } else {
@@ -118,7 +123,7 @@ static void embed_fn(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* Gemma: q and k of each head RMS-normed, then rotated (the local table on sliding layers) */
+/* Gemma: q and k of each head RMS-normed, then rotated (the local table on sliding layers); rotary BERT: rotated */
 static void qk_prep_fn(void *arg, int64_t begin, int64_t end, int thread) {
     estage_t *s = arg;
     const encoder_t *m = s->c->model;
@@ -128,8 +133,10 @@ static void qk_prep_fn(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     for (int64_t t = begin; t < end; t++) {
         float *q = s->c->qkv + t * QKV_DIM(cfg), *k = q + Q_DIM(cfg);
-        for (int h = 0; h < cfg->n_heads; h++) rmsnorm(q + h * hd, L->q_norm, hd, cfg->norm_eps, q + h * hd);
-        for (int h = 0; h < cfg->n_kv_heads; h++) rmsnorm(k + h * hd, L->k_norm, hd, cfg->norm_eps, k + h * hd);
+        if (cfg->arch != ENC_BERT) {
+            for (int h = 0; h < cfg->n_heads; h++) rmsnorm(q + h * hd, L->q_norm, hd, cfg->norm_eps, q + h * hd);
+            for (int h = 0; h < cfg->n_kv_heads; h++) rmsnorm(k + h * hd, L->k_norm, hd, cfg->norm_eps, k + h * hd);
+        }
         int pos = (int)t - s->b->seq_start[s->seq_of[t]];
         const float *cs = (L->sliding ? m->rope_local : m->rope_global) + (size_t)pos * hd;
         rope_apply(q, cfg->n_heads, hd, cs, 1);
@@ -213,13 +220,14 @@ static void ffn_up_fn(void *arg, int64_t begin, int64_t end, int thread) {
         int nt = s->ntok - t0 < ENC_CHUNK ? s->ntok - t0 : ENC_CHUNK;
         const float *in = s->in + (size_t)t0 * cfg->dim;
         const block_q8x *xq = c->xq + (size_t)t0 * nb;
-        if (cfg->arch == ENC_BERT) {
+        if (cfg->arch == ENC_BERT && !cfg->gated_ffn) {
             up_rows(c, L, j, nt, in, xq, g);
             bias_gelu_erf(g, L->bup + j * QK, QK, nt * QK);
         } else {
             up_rows(c, L, 2 * j, nt, in, xq, g);          /* gate and up rows alternate in blocks of 32 */
             up_rows(c, L, 2 * j + 1, nt, in, xq, u);
-            geglu(g, u, g, nt * QK);                      /* the decoder's GeGLU (norm.c) */
+            if (cfg->arch == ENC_BERT) swiglu(g, u, g, nt * QK);   /* the decoder's SwiGLU and GeGLU (norm.c) */
+            else geglu(g, u, g, nt * QK);
         }
         if (is_quant(&L->wdown))
             quantize_act_strided(g, nt * QK, c->xq_h + (size_t)t0 * nbh + j, nbh);
@@ -314,6 +322,11 @@ static int check_batch(const encoder_ctx_t *c, const enc_batch_t *b) {
     }
     for (int t = 0; t < b->num_tokens; t++)
         if (b->token_ids[t] < 0 || b->token_ids[t] >= cfg->vocab) return -4;
+    if (b->type_ids) {
+        if (cfg->arch != ENC_BERT) return -5;
+        for (int t = 0; t < b->num_tokens; t++)
+            if (b->type_ids[t] < 0 || b->type_ids[t] >= cfg->n_types) return -5;
+    }
     return 0;
 }
 
@@ -338,7 +351,7 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
         if (L->wqkv_f_p || L->wqkv_f_bf)
             matmul_any(c, ESTAGE_QKV, &s, &L->wqkv_f, L->wqkv_f_p, L->wqkv_f_bf, in, c->xq, c->qkv + r0, qkv_dim, 0,
                        L->bqkv ? L->bqkv + r0 : NULL);
-        if (!bert) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);                 /* qk norm, rope */
+        if (!bert || cfg->rotary) run(c, ESTAGE_ATTENTION, T, 4, qk_prep_fn, &s);  /* qk norm, rope */
         run(c, ESTAGE_ATTENTION, (int64_t)b->num_seqs * cfg->n_heads, 1, attention_fn, &s);
         /* BERT: x += Wo attn + b; Gemma: xn = Wo attn */
         matmul(c, ESTAGE_WO, &s, &L->wo, L->wo_p, c->attn, c->xq, bert ? c->x : c->xn, dim, bert, L->bo);
@@ -359,6 +372,8 @@ int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b) {
     s.ntok = b->num_seqs;
     for (int i = 0; i < m->n_dense; i++) {                 /* the Dense chain, float weights */
         matmul(c, ESTAGE_POOL, &s, &m->dense[i], m->dense_p[i], cur, c->xq, other, m->dense[i].rows, 0, m->dense_bias[i]);
+        if (m->dense_act[i] == ENC_ACT_TANH)              /* a few hundred values per sequence: no region */
+            for (size_t k = 0; k < (size_t)b->num_seqs * m->dense[i].rows; k++) other[k] = tanhf(other[k]);
         float *tmp = cur; cur = other; other = tmp;
     }
     s.pool_in = cur;

@@ -1,4 +1,4 @@
-/* Encoders (embedding models): BERT and bidirectional Gemma 3. Types and the entry points the Cython wrapper
+/* Encoders (embedding models): BERT (nomic-bert too: rotary positions, SwiGLU) and bidirectional Gemma 3. Types and the entry points the Cython wrapper
  * calls; the forward pass is encoder.c, its own kernels encoder_kernels.c. Shapes in comments as in inferd.h. */
 #ifndef INFERD_ENCODER_H
 #define INFERD_ENCODER_H
@@ -7,12 +7,16 @@
 
 enum { ENC_BERT = 0, ENC_GEMMA3 = 1 };                  /* values are stable, the Python side uses them */
 enum { POOL_MEAN = 0, POOL_CLS = 1, POOL_LAST = 2 };
+enum { ENC_ACT_IDENTITY = 0, ENC_ACT_TANH = 1 };        /* after a Dense layer (a cross-encoder's pooler: tanh) */
 #define ENC_MAX_DENSE 4
 
 typedef struct {
     int arch;
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, hidden;
     int max_positions;         /* BERT: rows of the position table; Gemma: rows of the RoPE tables */
+    int n_types;               /* BERT: rows of the token-type table (a cross-encoder's pair uses 0 and 1) */
+    int rotary;                /* BERT: rotary positions on q and k (nomic-bert) instead of a position table */
+    int gated_ffn;             /* BERT: a SwiGLU FFN, down(silu(gate x) * up x) without biases (nomic-bert) */
     float norm_eps;
     float attn_scale;          /* multiplies q.k: 1/sqrt(head_dim), Gemma query_pre_attn_scalar^-1/2 */
     float embed_scale;         /* Gemma: sqrt(dim); BERT: 1 */
@@ -24,8 +28,8 @@ typedef struct {
 typedef struct {
     weight_t wqkv;  float *bqkv;      /* (q_dim + 2 kv_dim, dim); bias (q_dim + 2 kv_dim) or NULL */
     weight_t wo;    float *bo;        /* (dim, q_dim); (dim) or NULL */
-    weight_t wup;   float *bup;       /* BERT (hidden, dim) + (hidden); Gemma (2 hidden, dim): per 32 hidden
-                                       * units their 32 gate rows then their 32 up rows, no bias */
+    weight_t wup;   float *bup;       /* BERT (hidden, dim) + (hidden); Gemma and gated BERT (2 hidden, dim): per
+                                       * 32 hidden units their 32 gate rows then their 32 up rows, no bias */
     weight_t wdown; float *bdown;     /* (dim, hidden); (dim) or NULL */
     /* BERT, post-norm: norm1 after attention, norm2 after the FFN, LayerNorm weight and bias (dim) */
     float *norm1_w, *norm1_b, *norm2_w, *norm2_b;
@@ -45,16 +49,17 @@ typedef struct {
 typedef struct {
     encoder_config_t cfg;
     weight_t tok_embd;                /* (vocab, dim) */
-    float *pos_embd;                  /* BERT: (max_positions, dim) */
-    float *type_embd;                 /* BERT: (dim), token type 0 */
+    float *pos_embd;                  /* BERT: (max_positions, dim), NULL when rotary */
+    float *type_embd;                 /* BERT: (n_types, dim) */
     float *embd_norm_w, *embd_norm_b; /* BERT: (dim) */
     float *final_norm;                /* Gemma: (dim), 1 + w */
-    float *rope_global, *rope_local;  /* Gemma: (max_positions, head_dim/2, 2) cos, sin */
+    float *rope_global, *rope_local;  /* Gemma, rotary BERT (global only): (max_positions, head_dim/2, 2) cos, sin */
     enc_layer_t *layers;              /* (n_layers) */
     int n_dense;                      /* sentence-transformers Dense modules after pooling, float weights */
     weight_t dense[ENC_MAX_DENSE];    /* (out, in) */
     float *dense_bias[ENC_MAX_DENSE]; /* (out) or NULL */
     float *dense_p[ENC_MAX_DENSE];    /* panels of dense[i] */
+    int dense_act[ENC_MAX_DENSE];     /* ENC_ACT_* applied to dense[i]'s output */
     int out_dim;                      /* the vector's length: dim, or the last Dense's out */
 } encoder_t;
 
@@ -63,6 +68,7 @@ typedef struct {
     int num_tokens, num_seqs;
     const int32_t *token_ids;         /* (num_tokens) */
     const int32_t *seq_start;         /* (num_seqs + 1) first token of each sequence, then num_tokens */
+    const int32_t *type_ids;          /* (num_tokens) BERT token types, or NULL: all 0 */
     float *out;                       /* (num_seqs, out_dim) the embeddings */
     float *hidden_out;                /* (num_tokens, dim) or NULL: last hidden states before pooling, for tests */
 } enc_batch_t;

@@ -97,7 +97,7 @@ def load_embedding_model(path: str | os.PathLike[str], quantize: str | None = No
     except ValueError as e:
         raise ModelLoadError(root, str(e)) from e
     if not root.is_dir():
-        raise ModelLoadError(root, "an embedding model is a folder (sentence-transformers layout)")
+        raise ModelLoadError(root, "an embedding model is a folder (sentence-transformers layout) or a GGUF file")
     modules = _modules(root)
     transformer = root / modules[TRANSFORMER][0] if TRANSFORMER in modules else root
     raw = _json(transformer / "config.json")
@@ -272,13 +272,14 @@ class _Weights:
         if len(cols) != 1:
             raise ModelLoadError(parts[0].name, f"parts of {name} have different widths {sorted(cols)}")
         if interleave32:
-            g, u = (p.data.reshape(p.rows // 32, 32, p.cols) for p in parts)
-            data = np.stack([g, u], axis=1).reshape(-1, parts[0].cols)
+            width = parts[0].data.shape[1]  # values, or bytes for a quantized GGUF's rows
+            g, u = (p.data.reshape(p.rows // 32, 32, width) for p in parts)
+            data = np.stack([g, u], axis=1).reshape(-1, width)
         else:
             data = np.concatenate([p.data for p in parts])
         for n in part_names:  # copied: the file's pages of the parts are not read again
             self.drop_pages(n)
-        c = convert_tensor(Tensor(name, parts[0].type, data.shape[0], data.shape[1], data), quantize)
+        c = convert_tensor(Tensor(name, parts[0].type, data.shape[0], parts[0].cols, data), quantize)
         return (c.type, c.rows, c.cols, c.data)
 
     def drop_pages(self, name: str) -> None:
@@ -333,9 +334,13 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     dim, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
     if dim % heads:
         raise ModelLoadError(w.folder, f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
+    e = "embeddings."
     positions = int(raw["max_position_embeddings"])
+    types = w.floats(e + "token_type_embeddings.weight") if w.has(e + "token_type_embeddings.weight") else None
+    types = np.zeros((1, dim), np.float32) if types is None else types.reshape(-1, dim)
     cfg: dict[str, Any] = {
         "arch": "bert",
+        "n_types": types.shape[0],
         "vocab": int(raw["vocab_size"]),
         "dim": dim,
         "n_layers": layers,
@@ -347,11 +352,10 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
         "norm_eps": float(raw.get("layer_norm_eps", 1e-12)),
         "attn_scale": float((dim // heads) ** -0.5),
     }
-    e = "embeddings."
     t: dict[str, Any] = {
         "tok_embd": w.spec(e + "word_embeddings.weight", quantize),
         "pos_embd": w.floats(e + "position_embeddings.weight")[:positions],
-        "type_embd": w.floats(e + "token_type_embeddings.weight")[0],
+        "type_embd": types,
         "embd_norm_w": w.vector(e + "LayerNorm.weight", dim),
         "embd_norm_b": w.vector(e + "LayerNorm.bias", dim),
     }
@@ -382,7 +386,8 @@ def _bert(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[d
     return cfg, t
 
 
-def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple[dict, dict]:
+def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None, norm_shift: float = 1.0) -> tuple[dict, dict]:
+    """norm_shift: what Gemma's RMSNorm adds to its stored weights (a GGUF file stores them shifted already: 0)"""
     for key in ("attn_logit_softcapping", "final_logit_softcapping", "rope_scaling"):
         if raw.get(key) is not None:
             raise ModelLoadError(w.folder, f"{key} is set; inferd's Gemma 3 encoder does not support it")
@@ -407,12 +412,14 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
         "norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "attn_scale": float(raw.get("query_pre_attn_scalar", hd)) ** -0.5,
         "embed_scale": float(np.float32(dim**0.5)),
-        "sliding_window": int(raw.get("sliding_window") or 0),
+        # transformers' Gemma3TextConfig turns a bidirectional model's sliding_window W into W // 2 + 1 (keys within
+        # W / 2 positions either side: EmbeddingGemma's 512 is 256 each way, as llama.cpp's symmetric window too)
+        "sliding_window": int(raw.get("sliding_window") or 0) // 2 + 1 if raw.get("sliding_window") else 0,
         "sliding_layers": [i for i, k in enumerate(types) if k == "sliding_attention"],
     }
     t: dict[str, Any] = {
         "tok_embd": w.spec("embed_tokens.weight", quantize),
-        "final_norm": 1.0 + w.vector("norm.weight", dim),
+        "final_norm": norm_shift + w.vector("norm.weight", dim),
         "rope_global": _rope_table(float(raw.get("rope_theta", 1e6)), hd, positions),
         "rope_local": _rope_table(float(raw.get("rope_local_base_freq", 1e4)), hd, positions),
     }
@@ -429,9 +436,9 @@ def _gemma3(raw: dict, w: _Weights, max_len: int, quantize: str | None) -> tuple
             ("ffn_norm", "pre_feedforward_layernorm"),
             ("post_ffn_norm", "post_feedforward_layernorm"),
         ):
-            t[o + ours] = 1.0 + w.vector(p + theirs + ".weight", dim)
-        t[o + "q_norm"] = 1.0 + w.vector(a + "q_norm.weight", hd)
-        t[o + "k_norm"] = 1.0 + w.vector(a + "k_norm.weight", hd)
+            t[o + ours] = norm_shift + w.vector(p + theirs + ".weight", dim)
+        t[o + "q_norm"] = norm_shift + w.vector(a + "q_norm.weight", hd)
+        t[o + "k_norm"] = norm_shift + w.vector(a + "k_norm.weight", hd)
     return cfg, t
 
 

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, middlewares (errors, API keys, lifecycle gate) and start-up/shutdown.
+"""The aiohttp application: routes, middlewares (middleware.py) and start-up/shutdown.
 
 The app starts answering at once: /health says 503 while the model loads in a worker thread, then the
 scheduler thread starts and the service reports READY=1 to systemd. Shutdown (cleanup_ctx) stops the
@@ -8,25 +8,19 @@ scheduler, which fails whatever is still in flight.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from collections.abc import Callable, Sequence
 
-import msgspec
 from aiohttp import web
 
 from inferd.config import Settings
 from inferd.engine.request import Request
 from inferd.model.sampling_defaults import resolve as resolve_sampling
-from inferd.server import embeddings, openai, routes
-from inferd.server.apis.ollama import embed as ollama_embed
-from inferd.server.apis.ollama import models as ollama_models
-from inferd.server.apis.messages import count
-from inferd.server.apis.messages.request import CountTokensRequest
+from inferd.server import routes
 from inferd.server.cors import setup_cors
-from inferd.server.protocol import ProtocolError
+from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
+from inferd.server.openapi_doc import OPENAPI, openapi, openapi_document
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
 
@@ -34,131 +28,6 @@ if TYPE_CHECKING:
     from inferd.model.loader import LoadedModel
 
 log = logging.getLogger("inferd.server")
-
-OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
-# what an embedding-only server answers (besides /v1/models): its embeddings, and Ollama's listings of it
-EMBEDDING_ONLY_PATHS = (
-    "/v1/embeddings",
-    "/",
-    "/api/embed",
-    "/api/embeddings",
-    "/api/tags",
-    "/api/show",
-    "/api/ps",
-    "/api/version",
-)
-OPENAPI = web.AppKey("openapi", dict)
-
-
-def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
-
-
-def needs_auth(path: str) -> bool:
-    return path.startswith(("/v1/", routes.OLLAMA_PREFIX)) or path in ("/tokenize", "/detokenize")
-
-
-# ---- middlewares -------------------------------------------------------------------------------------------
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except ProtocolError as e:
-        return routes.error_response(request.path, e)
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[STATE].settings.max_body_bytes
-        return routes.error_response(
-            request.path,
-            ProtocolError(
-                f"the request body is larger than the limit of {limit} bytes", status=413, code="request_too_large"
-            ),
-        )
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        message = {
-            404: f"no route for {request.method} {request.path}",
-            405: f"method {request.method} is not allowed on {request.path}",
-        }.get(e.status, e.reason)
-        return routes.error_response(request.path, ProtocolError(message, status=e.status))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return routes.error_response(
-            request.path, ProtocolError("internal server error; the failure has been logged", status=500)
-        )
-
-
-def request_keys(request: web.Request) -> list[str]:
-    """The API keys a request carries: `Authorization: Bearer KEY` (OpenAI's clients) and `x-api-key: KEY`
-    (Anthropic's), on every route; either may hold the key (a gateway in front may add the other)."""
-    keys = []
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        keys.append(token.strip())
-    key = request.headers.get("x-api-key", "").strip()
-    if key:
-        keys.append(key)
-    return keys
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler):
-    state = request.app[STATE]
-    if state.api_key_digests and needs_auth(request.path):
-        keys = request_keys(request)
-        # Compare fixed-length digests of every configured key, without stopping at the first match: the
-        # time taken says nothing about how much of a guess was right, or which key it resembled.
-        ok = False
-        for key in keys or [""]:
-            digest = key_digest(key)
-            for d in state.api_key_digests:
-                ok |= hmac.compare_digest(digest, d)
-        if not keys or not ok:
-            given = "Authorization" in request.headers or "x-api-key" in request.headers
-            message = (
-                "incorrect API key provided"
-                if given
-                else "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-            )
-            raise ProtocolError(message, status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-    return await handler(request)
-
-
-@web.middleware
-async def lifecycle_middleware(request: web.Request, handler):
-    state = request.app[STATE]
-    if request.path in OPEN_PATHS:
-        return await handler(request)
-    if state.status == "loading":
-        raise ProtocolError("the model is still loading; retry shortly", status=503, headers={"Retry-After": "5"})
-    if state.status == "failed":
-        raise ProtocolError(f"the model failed to load: {state.failure}", status=503)
-    if state.status == "draining" and not state.accepting:
-        raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
-    if (
-        state.model is None
-        and state.embeddings
-        and request.path not in EMBEDDING_ONLY_PATHS
-        and not request.path.startswith("/v1/models")
-    ):
-        raise ProtocolError(
-            f"this server serves only the embedding model `{state.embeddings[0].name}`: POST /v1/embeddings",
-            status=404,
-            code="model_not_found",
-        )
-    state.in_flight += 1
-    state.idle.clear()
-    try:
-        return await handler(request)
-    finally:
-        state.in_flight -= 1
-        if state.in_flight == 0:
-            state.idle.set()
-
 
 # ---- plain endpoints ----------------------------------------------------------------------------------------
 
@@ -192,52 +61,6 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def openapi_document() -> dict[str, Any]:
-    """A minimal OpenAPI 3.1 document of the POST endpoints' request bodies (for clients and fuzzers)."""
-    bodies: dict[str, type] = {api.path: api.request for api in routes.APIS}
-    bodies |= {
-        "/tokenize": openai.TokenizeRequest,
-        "/detokenize": openai.DetokenizeRequest,
-        "/v1/cache/warm": openai.CacheWarmRequest,
-        "/v1/embeddings": embeddings.EmbeddingRequest,
-        "/api/embed": ollama_embed.EmbedRequest,
-        "/api/embeddings": ollama_embed.LegacyEmbeddingsRequest,
-        "/api/show": ollama_models.ShowRequest,
-        count.PATH: CountTokensRequest,
-    }
-    _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
-    paths: dict[str, Any] = {}
-    for path, t in bodies.items():
-        paths[path] = {
-            "post": {
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{t.__name__}"}}},
-                },
-                "responses": {"200": {"description": "OK"}, "400": {"description": "invalid request"}},
-            }
-        }
-    for path in ("/v1/models", "/health", "/metrics"):
-        paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
-    paths["/v1/responses/{response_id}"] = {
-        verb: {
-            "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "OK"}, "404": {"description": "not stored (or expired)"}},
-        }
-        for verb in ("get", "delete")
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "inferd", "version": "0.1.0"},
-        "paths": paths,
-        "components": {"schemas": components},
-    }
-
-
-async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(request.app[OPENAPI])
-
-
 # ---- start-up -----------------------------------------------------------------------------------------------
 
 
@@ -263,7 +86,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
     pin_mmap_threshold()  # before the model's big allocations: RSS must not creep up over months
     try:
         if state.model is None and is_embedding_folder(s.model):  # the folder decides: an embedding-only server
-            await start_embeddings(state, s.model, s.served_model_name or None)
+            from inferd.server import rerank_service
+
+            start = rerank_service.start_reranker if rerank_service.is_reranker(s.model) else start_embeddings
+            await start(state, s.model, s.served_model_name or None)
             state.status = "ready"
             state.notifier.ready(f"serving {state.embeddings[0].name}")
             return
@@ -319,6 +145,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
         engine_loop.observer = metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
+        if s.rerank_model or s.rerank_prompt != "none":
+            from inferd.server.rerank_service import start_rerankers
+
+            await start_rerankers(state)
         if s.pooling != "none":
             await start_chat_embeddings(state)
         state.status = "ready"
@@ -438,9 +268,13 @@ async def start_chat_embeddings(state: ServerState) -> None:
 
 
 def is_embedding_folder(path: str) -> bool:
+    """An encoder to serve alone: a sentence-transformers folder, an embedding GGUF or a cross-encoder folder."""
     from inferd.model.embedding import is_embedding_folder as check
+    from inferd.model.embedding_gguf import is_embedding_gguf
 
-    return check(path)
+    from inferd.model.cross_encoder import is_cross_encoder_folder
+
+    return check(path) or is_embedding_gguf(path) or is_cross_encoder_folder(path)
 
 
 def idle_wait(notifier: Notifier) -> float:

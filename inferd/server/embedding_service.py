@@ -8,11 +8,10 @@ same names in the embedding registry."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -20,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from inferd.engine.chat_embedder import ChatEmbedder
 from inferd.engine.embedder import Embedder
 from inferd.engine.embedding_queue import EmbeddingJob, EmbeddingQueue, EmbeddingWorker
-from inferd.model.embedding import load_embedding_model
+from inferd.model.embedding_gguf import load_embedding
 from inferd.server import metrics as chat_metrics
 
 P = "inferd:"
@@ -122,6 +121,7 @@ class EmbeddingMetrics:
 
 @dataclass
 class EmbeddingService:
+    kind: ClassVar[str] = "embedding"  # "rerank": a cross-encoder's scores (server/rerank_service.py)
     name: str
     embedder: Embedder | ChatEmbedder
     queue: EmbeddingQueue
@@ -165,11 +165,11 @@ def start_embedding_service(
     watchdog: Callable[[], None] | None = None,
     engine_loop: Any = None,
 ) -> EmbeddingService:
-    """Loads the folder and builds the encoder (blocking: call it off the event loop). Its queue's steps run on
-    `engine_loop`'s thread when given (beside a chat model), else on a thread of its own."""
-    model = load_embedding_model(path, quantize=quantize)
+    """Loads the folder or GGUF file and builds the encoder (blocking: call it off the event loop). Its queue's
+    steps run on `engine_loop`'s thread when given (beside a chat model), else on a thread of its own."""
+    model = load_embedding(path, quantize=quantize)
     embedder = Embedder(model, threads=threads, max_batch_tokens=max_batch_tokens)
-    service_name = name or os.path.basename(os.path.normpath(path)).lower()
+    service_name = name or model.name  # the folder's name, or the file's without .gguf
     queue = EmbeddingQueue(embedder, max_waiting=max_waiting, observer=metrics.observer(service_name))
     embedder.embed(embedder.tokenize(["warm up"]))  # first-touch page faults before the first user request
     if engine_loop is not None:

@@ -163,7 +163,7 @@ def build_response(
 
 def pick_service(state: ServerState, name: str | None) -> EmbeddingService:
     """The embedding model a request's `model` names (the first one when it names none)."""
-    services = state.embeddings
+    services = [s for s in state.embeddings if s.kind == "embedding"]
     for s in services:
         if name is None or s.answers_to(name):
             return s

@@ -1,6 +1,7 @@
 """Every route of the API server: the generating APIs (one `Api` each, on the pipeline of generation.py), the
-stored responses, Anthropic's token count, the OpenAI routes that do not generate (openai.py) and embeddings
-(embeddings.py), and Ollama's (apis/ollama/). Each answers errors in its API's envelope (error_response)."""
+stored responses, Anthropic's token count, the OpenAI routes that do not generate (openai.py), embeddings
+(embeddings.py), reranking (rerank.py) and Ollama's (apis/ollama/). Each answers errors in its API's envelope
+(error_response)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, openai
+from inferd.server import embeddings, openai, rerank
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -80,3 +81,4 @@ def add_routes(app: web.Application) -> None:
     embeddings.add_routes(app)
     ollama_models.add_routes(app)
     ollama_embed.add_routes(app)
+    rerank.add_routes(app)

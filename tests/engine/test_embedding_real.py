@@ -124,3 +124,23 @@ def test_cosine_against_live_sentence_transformers(name):
     assert (rec_prompt, rec_tokens) == (prompt, tokens)
     assert _cos(recorded, ref).min() > 0.99999        # the recording is still what sentence-transformers computes
     assert_close_to(folder, prompt, ref, tokens, None, 0.9999)
+
+
+@pytest.mark.slow  # torch and EmbeddingGemma in float32
+def test_embeddinggemma_inputs_longer_than_its_sliding_window():
+    """transformers makes a bidirectional Gemma's window W into W // 2 + 1 (keys within 256 positions either side for
+    EmbeddingGemma's 512): inputs of 300 and 600 tokens, which the 200 sentences never reach, agree with it too."""
+    folder = model_folder("embeddinggemma-300m")
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers computes the reference vectors")
+    import torch
+
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, n)) for n in (300, 600)]
+    model = st.SentenceTransformer(str(folder), device="cpu")
+    with torch.inference_mode():
+        ref = model.encode(texts, convert_to_numpy=True)
+    emb = Embedder(load_embedding_model(folder), threads=2)
+    ids = emb.tokenize(texts)
+    assert min(map(len, ids)) > 257
+    assert _cos(emb.embed(ids), ref).min() >= 0.9999

@@ -1,5 +1,6 @@
-"""Tiny random embedding models as sentence-transformers folders (BERT and bidirectional Gemma 3), each with a
-small WordPiece tokenizer, for tests that must run without the real files.
+"""Tiny random embedding models as sentence-transformers folders (BERT and bidirectional Gemma 3; nomic-bert in BERT's
+names, as the source of tiny nomic-bert GGUFs), each with a small WordPiece tokenizer, for tests that must run
+without the real files.
 
     folder = write_tiny_embedding(tmp_path / "bert", arch="bert", dense=[48], normalize=True)
 
@@ -36,7 +37,7 @@ def write_tokenizer(path: Path, arch: str) -> int:
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    first, last = ("[CLS]", "[SEP]") if arch == "bert" else ("<bos>", "<eos>")
+    first, last = ("[CLS]", "[SEP]") if arch in ("bert", "nomic") else ("<bos>", "<eos>")
     tok.post_processor = processors.TemplateProcessing(single=f"{first} $A {last}", pair=f"{first} $A {last} $B {last}",
                                                        special_tokens=[(first, vocab[first]), (last, vocab[last])])
     tok.save(str(path))
@@ -52,7 +53,7 @@ def write_tiny_embedding(folder: Path, arch: str = "bert", *, dim: int = 64, n_l
     vocab = write_tokenizer(folder / "tokenizer.json", arch)
     t: dict[str, np.ndarray] = {}
     s = 1.0 / np.sqrt(dim)
-    if arch == "bert":
+    if arch in ("bert", "nomic"):
         n_kv_heads, head_dim = n_heads, dim // n_heads
         config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": dim,
                   "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "intermediate_size": hidden,
@@ -64,8 +65,15 @@ def write_tiny_embedding(folder: Path, arch: str = "bert", *, dim: int = 64, n_l
         t["embeddings.token_type_embeddings.weight"] = _rand(seed, "type", (2, dim), 0.2)
         t["embeddings.LayerNorm.weight"] = 1 + _rand(seed, "lnw", (dim,), 0.1)
         t["embeddings.LayerNorm.bias"] = _rand(seed, "lnb", (dim,), 0.1)
+        if arch == "nomic":
+            # nomic-bert in BERT's names (test-only: its own folders use other names and custom code): rotary
+            # positions, no position table, a gate beside the up projection, linear layers without biases
+            config |= {"model_type": "nomic_bert", "rotary_emb_base": 1000.0, "activation_function": "swiglu"}
+            del t["embeddings.position_embeddings.weight"]
         for i in range(n_layers):
             p = f"encoder.layer.{i}."
+            if arch == "nomic":
+                t[p + "intermediate.gate.weight"] = _rand(seed, p + "gate", (hidden, dim), s)
             for n in ("query", "key", "value"):
                 t[p + f"attention.self.{n}.weight"] = _rand(seed, p + n, (dim, dim), s)
                 t[p + f"attention.self.{n}.bias"] = _rand(seed, p + n + "b", (dim,), 0.1)
@@ -78,6 +86,9 @@ def write_tiny_embedding(folder: Path, arch: str = "bert", *, dim: int = 64, n_l
             for n in ("attention.output.LayerNorm", "output.LayerNorm"):
                 t[p + n + ".weight"] = 1 + _rand(seed, p + n + "w", (dim,), 0.1)
                 t[p + n + ".bias"] = _rand(seed, p + n + "b", (dim,), 0.1)
+        if arch == "nomic":
+            for name in [n for n in t if n.startswith("encoder.") and n.endswith(".bias") and "LayerNorm" not in n]:
+                del t[name]
     else:
         types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
         config = {"architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "hidden_size": dim,

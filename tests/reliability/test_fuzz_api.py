@@ -25,6 +25,7 @@ hjs = pytest.importorskip("hypothesis_jsonschema")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tests.model.make_tiny_cross_encoder import write_tiny_cross_encoder  # noqa: E402
 from tests.reliability.wire import WireError, parse_sse  # noqa: E402
 from tests.server.conftest import ServerThread, make_settings  # noqa: E402
 
@@ -69,9 +70,10 @@ def body_schemas(url: str) -> dict[str, dict]:
     return out
 
 
+RERANK_PATHS = ["/v1/rerank", "/v1/score"]
 POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm", "/v1/responses",
               "/v1/embeddings", "/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate",
-              "/api/embed", "/api/embeddings", "/api/show"]
+              "/api/embed", "/api/embeddings", "/api/show"] + RERANK_PATHS
 EMBEDDING_PATHS = ("/v1/embeddings", "/api/embed", "/api/embeddings")
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -268,8 +270,8 @@ def refined(fuzz_server, schemas):
 
 
 # the fuzz server serves a chat model only: the embedding routes refuse there (tests/server/test_embeddings.py and
-# test_ollama_embed.py)
-@pytest.mark.parametrize("path", [p for p in POST_PATHS if p not in EMBEDDING_PATHS])
+# test_ollama_embed.py), and so do the rerank routes (their own server below)
+@pytest.mark.parametrize("path", [p for p in POST_PATHS if p not in EMBEDDING_PATHS and p not in RERANK_PATHS])
 def test_refined_bodies_reach_the_engine(fuzz_server, refined, path):
     statuses = fuzz_bodies(fuzz_server, path, refined[path])
     print(f"{path}: {len(statuses)} bodies, statuses {dict(sorted(collections.Counter(statuses).items()))}")
@@ -287,8 +289,8 @@ EDGE = st.sampled_from([0, -1, 1, 2 ** 31, 2 ** 63 - 1, 2 ** 63, 2 ** 64, -2 ** 
 
 
 @st.composite
-def invalid_bodies(draw, schemas):
-    path = draw(st.sampled_from(POST_PATHS))
+def invalid_bodies(draw, schemas, paths=tuple(POST_PATHS)):
+    path = draw(st.sampled_from(paths))
     kind = draw(st.sampled_from(["replace", "replace", "edge", "extra", "drop", "not-object", "truncated",
                                  "bytes", "bad-utf8"]))
     if kind in ("not-object", "bytes"):
@@ -329,3 +331,53 @@ def test_invalid_and_mutated_bodies(fuzz_server, schemas):
     with urllib.request.urlopen(fuzz_server.url + "/health", timeout=10) as r:
         assert json.loads(r.read()) == {"status": "ready"}
     assert fuzz_server.state.engine_loop.dead is None
+
+
+@pytest.fixture(scope="module")
+def rerank_fuzz_server(tiny_model, tmp_path_factory):
+    folder = write_tiny_cross_encoder(tmp_path_factory.mktemp("ce") / "tiny-ce", max_length=32)
+    srv = ServerThread(make_settings(rerank_model=str(folder), max_tokens_limit=4, request_timeout_s=20.0),
+                       tiny_model).start()
+    yield srv
+    srv.stop()
+
+
+def refine_rerank(schema: dict) -> dict:
+    """Rerank and score bodies the reranker answers: the served name or none, short texts, few of them."""
+    schema = json.loads(json.dumps(schema))
+    text = {"type": "string", "maxLength": 60}
+    texts = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 4}]}
+    narrowed = {"model": {"anyOf": [{"const": "tiny-ce"}, {"type": "null"}]}, "query": text,
+                "documents": {"type": "array", "minItems": 1, "maxItems": 4, "items": {"anyOf": [
+                    text, {"type": "object", "required": ["text"], "properties": {"text": text}}]}},
+                "text_1": {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}]},
+                "text_2": texts}
+    for name, sub in narrowed.items():
+        if name in schema["properties"]:
+            schema["properties"][name] = sub
+    schema["additionalProperties"] = False
+    return schema
+
+
+@pytest.mark.parametrize("path", RERANK_PATHS)
+def test_rerank_bodies_from_the_schema_and_refined(rerank_fuzz_server, schemas, path):
+    fuzz_bodies(rerank_fuzz_server, path, schemas[path])
+    statuses = fuzz_bodies(rerank_fuzz_server, path, refine_rerank(schemas[path]))
+    print(f"{path}: {len(statuses)} bodies, statuses {dict(sorted(collections.Counter(statuses).items()))}")
+    assert statuses.count(200) >= len(statuses) // 2, f"too few bodies got through: {statuses}"
+
+
+def test_invalid_and_mutated_rerank_bodies(rerank_fuzz_server, schemas):
+    statuses = []
+
+    @FUZZ
+    @given(case=invalid_bodies(schemas, tuple(RERANK_PATHS)))
+    def run(case):
+        path, raw = case
+        status, answer = send(rerank_fuzz_server.port, path, raw)
+        check_answer(path, raw, status, answer)
+        statuses.append(status)
+    run()
+    rerank_fuzz_server.wait_idle()
+    with urllib.request.urlopen(rerank_fuzz_server.url + "/health", timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ready"}

@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from inferd.config import Settings
-from inferd.server.app import auth_middleware, error_middleware, key_digest
+from inferd.server.middleware import auth_middleware, error_middleware, key_digest
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState

@@ -221,3 +221,20 @@ def test_chat_model_without_pooling_says_how(make_server):
     status, body = post(srv.url, {"model": srv.state.served_model_name, "input": "hello"})
     assert status == 400 and body["error"]["code"] == "model_not_embedding"
     assert "--pooling" in body["error"]["message"]
+
+
+def test_an_embedding_gguf_serves_alone(tmp_path):
+    """a GGUF made from the tiny folder: an embedding-only server named after the file, the folder's vectors"""
+    from inferd.model.embedding_gguf import load_embedding
+    from tests.model.make_tiny_embedding_gguf import write_tiny_embedding_gguf
+
+    path = write_tiny_embedding_gguf(write_tiny_embedding(tmp_path / "f"), tmp_path / "tiny-bert-f16.gguf", "F16")
+    ref = Embedder(load_embedding(path), threads=1)
+    srv = ServerThread(make_settings(model=str(path))).start()
+    try:
+        status, body = post(srv.url, {"input": TEXTS})
+        assert status == 200 and body["model"] == "tiny-bert-f16"
+        np.testing.assert_array_equal(np.array([d["embedding"] for d in body["data"]], np.float32),
+                                      ref.embed(ref.tokenize(TEXTS)))
+    finally:
+        srv.stop()
