@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, openai
+from inferd.server import embeddings, openai, prompt_cache
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -34,3 +34,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     openai.add_routes(app)
     embeddings.add_routes(app)
+    prompt_cache.add_routes(app)
