@@ -40,6 +40,7 @@ class KVStats:
     num_cached_free: int  # cached and unreferenced: hits still possible, evicted first-in first-out
     prefix_queries: int  # prompt tokens looked up in the prefix cache since start
     prefix_hits: int  # of which found cached
+    source_hits: int = 0  # of which filled by the block source (read from disk)
 
     @property
     def usage(self) -> float:
@@ -134,6 +135,7 @@ class KVCacheManager:
             num_cached_free=len(self._free_cached),
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
+            source_hits=self.source_hits,
         )
 
     # ---- sequence lifecycle --------------------------------------------------------------------------

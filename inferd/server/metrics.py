@@ -337,6 +337,7 @@ class _StateCollector:
             "num_gpu_blocks": str(kv.num_blocks if kv else 0),  # the KV pool, wherever it lives
             "num_cpu_blocks": "0",  # vLLM's swap space: none here
             "engine": "0",
+            "model_name": m.model_name,  # beyond vLLM's labels: every series here names its model
         }
         info = GaugeMetricFamily(VLLM + "cache_config_info", "Information of the KV cache.", labels=list(config))
         info.add_metric(list(config.values()), 1.0)
@@ -345,7 +346,7 @@ class _StateCollector:
         lora = GaugeMetricFamily(
             VLLM + "lora_requests_info",
             "Running stats on lora requests.",
-            labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+            labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters", "model_name"],
         )
-        lora.add_metric(["", "0", ""], time.time())
+        lora.add_metric(["", "0", "", m.model_name], time.time())
         yield lora
