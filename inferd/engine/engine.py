@@ -109,8 +109,6 @@ class Engine(EngineShape):
 
     # ---- KV blocks in and out (the prompt cache on disk: prompt_cache_disk.py) ------------------------------
 
-    supports_kv_block_io = True
-
     def kv_layout(self) -> dict[str, object]:
         """What a KV block image depends on besides the weights: two engines with equal layouts read each
         other's images."""

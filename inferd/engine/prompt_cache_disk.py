@@ -183,7 +183,7 @@ class CacheFile:
         start, step, count = HEAD.size + meta_len + CRC.size, record_size(self.layout), int(meta["records"])
         if count < 0 or start + count * step != size:
             raise CacheFileError(f"{size} bytes where its header promises {start + count * step}: torn or truncated")
-        index = {}
+        index: dict[bytes, int] = {}
         for i in range(count):
             h = os.pread(self._f.fileno(), 16, start + i * step)
             index.setdefault(h, start + i * step)

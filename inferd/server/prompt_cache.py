@@ -42,7 +42,9 @@ async def open_prompt_cache(state: ServerState) -> None:
     if not s.prompt_cache_disk_mib or not s.enable_prefix_caching:
         return
     assert engine is not None and engine_loop is not None and model is not None
-    if not getattr(engine, "supports_kv_block_io", False):
+    from inferd.engine.engine import Engine
+
+    if not isinstance(engine, Engine):
         raise ValueError(
             f"prompt_cache_disk_mib: the prompt cache on disk needs device = cpu (the {s.device} engine cannot copy "
             "KV blocks out); set prompt_cache_disk_mib = 0"
