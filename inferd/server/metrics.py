@@ -330,6 +330,9 @@ class _StateCollector:
         for prefix in ("", "gpu_"):
             yield counter(f"{prefix}prefix_cache_queries", "Prefix cache queries, in tokens.", queries, VLLM)
             yield counter(f"{prefix}prefix_cache_hits", "Prefix cache hits, in tokens.", hits, VLLM)
+        # vLLM v0's gauge, still read by its production-stack router
+        rate = hits / queries if queries else 0.0
+        yield gauge("gpu_prefix_cache_hit_rate", "Prefix cache hit rate since start (hits over queries).", rate, VLLM)
         config = {
             "block_size": str(s.scheduler.block_size if s else 64),
             "cache_dtype": str(getattr(s.engine, "kv_cache_dtype", "f16")) if s else "f16",

@@ -5,6 +5,7 @@ import threading
 import time
 
 import openai
+import pytest
 
 SYSTEM = ("You are a librarian. Recommend one book per question, give its author and year, and explain the pick "
           "in a single sentence without spoilers. ") * 6
@@ -82,3 +83,4 @@ def test_prefix_cache_counters_count_tokens_like_vllm(make_server):
     for prefix in ("vllm:", "vllm:gpu_", "inferd:"):
         assert srv.metric(f"{prefix}prefix_cache_hits_total") == hits
         assert srv.metric(f"{prefix}prefix_cache_queries_total") == queries
+    assert srv.metric("vllm:gpu_prefix_cache_hit_rate") == pytest.approx(hits / queries)
