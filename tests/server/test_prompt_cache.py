@@ -147,3 +147,21 @@ def test_restore_errors_are_4xx(make_server, tmp_path):
     off = make_server()
     status, err = post(off, "/v1/cache/save", {"name": "x", "prompt": SYSTEM})
     assert status == 400 and err["error"]["code"] == "cache_off"
+
+
+def test_an_engine_without_kv_block_copies_refuses_the_setting():
+    import asyncio
+    from types import SimpleNamespace
+
+    from inferd.config import Settings
+    from inferd.server.prompt_cache import open_prompt_cache
+    from inferd.server.state import ServerState
+    from inferd.server.systemd import Notifier
+
+    state = ServerState(settings=Settings(device="cuda", prompt_cache_disk_mib=64), notifier=Notifier())
+    state.engine, state.engine_loop, state.model = SimpleNamespace(), SimpleNamespace(), SimpleNamespace()
+    with pytest.raises(ValueError, match="needs device = cpu .* set prompt_cache_disk_mib = 0"):
+        asyncio.run(open_prompt_cache(state))
+    state.settings = Settings(device="cuda", prompt_cache_disk_mib=0)
+    asyncio.run(open_prompt_cache(state))
+    assert state.prompt_cache is None
