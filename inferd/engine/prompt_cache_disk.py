@@ -126,9 +126,15 @@ def decode_record(raw: bytes, layout: dict[str, Any]) -> Record:
     return Record(h, up, tokens, body[RECORD_HEAD.size + 4 * n :])
 
 
-def write_cache_file(path: Path, fingerprint: str, layout: dict[str, Any], records: Sequence[Record]) -> int:
-    """Writes `records` (parents before children) to `path` atomically; returns the bytes written."""
-    meta = json.dumps({"fingerprint": fingerprint, "layout": layout, "records": len(records)}).encode()
+def write_cache_file(
+    path: Path, fingerprint: str, layout: dict[str, Any], records: Iterable[Record], count: int | None = None
+) -> int:
+    """Writes `records` (parents before children; `count` of them, when given, so that they can be made one at a
+    time instead of held together) to `path` atomically; returns the bytes written."""
+    if count is None:
+        records = list(records)
+        count = len(records)
+    meta = json.dumps({"fingerprint": fingerprint, "layout": layout, "records": count}).encode()
     head = HEAD.pack(MAGIC, VERSION, len(meta)) + meta
     head += CRC.pack(zlib.crc32(head))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,15 +142,21 @@ def write_cache_file(path: Path, fingerprint: str, layout: dict[str, Any], recor
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head)
+            written = 0
             for r in records:
+                if written == count:
+                    break
                 f.write(encode_record(r))
+                written += 1
+            if written != count:
+                raise ValueError(f"{written} records where {count} were announced")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
-    return len(head) + len(records) * record_size(layout)
+    return len(head) + count * record_size(layout)
 
 
 class CacheFile:
@@ -154,6 +166,7 @@ class CacheFile:
         """Raises CacheFileError when the file is torn, truncated, foreign or corrupt; OSError when unreadable."""
         self.path = path
         self.layout = layout
+        self.parents: dict[bytes, bytes | None] = {}
         self._f = open(path, "rb")
         try:
             self.index = self._read_index(fingerprint)
@@ -185,8 +198,12 @@ class CacheFile:
             raise CacheFileError(f"{size} bytes where its header promises {start + count * step}: torn or truncated")
         index: dict[bytes, int] = {}
         for i in range(count):
-            h = os.pread(self._f.fileno(), 16, start + i * step)
-            index.setdefault(h, start + i * step)
+            head = os.pread(self._f.fileno(), RECORD_HEAD.size, start + i * step)
+            h, parent, has_parent, _ = RECORD_HEAD.unpack(head)
+            if h not in index:
+                index[h] = start + i * step
+                # unchecked until the record is read (its checksum covers it): only used to choose what to keep
+                self.parents[h] = parent if has_parent else None
         return index
 
     def __contains__(self, block_hash: bytes) -> bool:
@@ -248,6 +265,8 @@ class DiskPromptCache:
 
     def open(self) -> None:
         """Index the last run's file and hand it to the KV manager: a prompt whose blocks it holds hits them."""
+        for stale in self.folder.glob(f".{self.path.name}.*.tmp"):  # a save cut short by a kill
+            stale.unlink(missing_ok=True)
         self.file = open_cache_file(self.path, self.fingerprint, self.layout)
         if self.file is None and self.path.exists():
             self.files_skipped += 1
@@ -285,31 +304,46 @@ class DiskPromptCache:
 
     def save(self) -> int:
         """Write the blocks worth keeping: the cached ones, most recently hit first, then those of the last run's
-        file that were not used this run, within the budget. Returns the number of blocks written."""
+        file that were not used this run, within the budget. Returns the number of blocks written. Blocks are chosen
+        first and their bytes read one at a time while writing, so the save needs no memory of its size."""
         limit = self.max_records
-        records: list[Record] = []
+        chosen: list[tuple[bytes, int | None]] = []  # (hash, KV block id), or (hash, None): from the last file
         kept: set[bytes] = set()
         for b in self.kv.cached_blocks():
-            if len(records) >= limit:
+            if len(chosen) >= limit:
                 break
             if b.parent is None or b.parent in kept:
-                records.append(Record(b.block_hash, b.parent, b.token_ids, self.engine.read_kv_block(b.block_id)))
+                chosen.append((b.block_hash, b.block_id))
                 kept.add(b.block_hash)
-        if self.file is not None and len(records) < limit:
-            try:
-                for r in self.file.records():
-                    if len(records) >= limit:
-                        break
-                    if r.block_hash not in kept and (r.parent is None or r.parent in kept):
-                        records.append(r)
-                        kept.add(r.block_hash)
-            except (CacheFileError, OSError) as e:
-                log.warning("prompt cache file %s: its unused blocks are not kept: %s", self.path, e)
-        if not records:
+        old = self.file
+        if old is not None:
+            for h in sorted(old.index, key=old.index.__getitem__):
+                if len(chosen) >= limit:
+                    break
+                parent = old.parents[h]
+                if h not in kept and (parent is None or parent in kept):
+                    chosen.append((h, None))
+                    kept.add(h)
+        if not chosen:
             return 0
-        self.bytes_written += write_cache_file(self.path, self.fingerprint, self.layout, records)
-        log.info("prompt cache: %d blocks written to %s", len(records), self.path)
-        return len(records)
+
+        def records() -> Iterator[Record]:
+            for h, block_id in chosen:
+                if block_id is None:
+                    assert old is not None
+                    yield old.read(h)
+                else:
+                    b = self.kv.block_parent[block_id], self.kv.block_tokens[block_id]
+                    yield Record(h, b[0], b[1], self.engine.read_kv_block(block_id))
+
+        try:
+            self.bytes_written += write_cache_file(self.path, self.fingerprint, self.layout, records(), len(chosen))
+        except CacheFileError as e:  # a block of the last file went bad since it was indexed: keep this run's
+            log.warning("prompt cache file %s: its unused blocks are not kept: %s", self.path, e)
+            self._drop_file()
+            return self.save()
+        log.info("prompt cache: %d blocks written to %s", len(chosen), self.path)
+        return len(chosen)
 
     # ---- named saves ------------------------------------------------------------------------------------------
 

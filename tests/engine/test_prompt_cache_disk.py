@@ -254,3 +254,24 @@ def test_the_fingerprint_changes_with_the_file(tmp_path):
     assert model_fingerprint(p) == a and model_fingerprint(p, "q8_0") != a
     p.write_bytes(b"GGUF" + bytes(150_000) + b"x" + bytes(149_999))
     assert model_fingerprint(p) != a
+
+
+def test_save_drops_the_last_runs_blocks_when_one_went_bad(tmp_path, caplog):
+    engine, kv = FakeEngine(), KVCacheManager(8, BS)
+    write_cache_file(tmp_path / "fp.kvc", "fp", LAYOUT, records(2))
+    disk = DiskPromptCache(tmp_path, 1 << 20, "fp", engine, kv)
+    disk.open()
+    raw = bytearray((tmp_path / "fp.kvc").read_bytes())
+    raw[-5] ^= 1  # after indexing: found only when the save copies it
+    (tmp_path / "fp.kvc").write_bytes(bytes(raw))
+    disk.file = CacheFile(tmp_path / "fp.kvc", "fp", LAYOUT)
+    toks = list(range(7000, 7000 + BS))
+    kv.match_prefix("s", toks, 0)
+    kv.allocate("s", BS)
+    engine.blocks[kv.block_table("s")[0]] = bytes([3]) * 32
+    kv.cache_blocks("s", toks, BS)
+    with caplog.at_level(logging.WARNING, "inferd.prompt_cache"):
+        assert disk.save() == 1
+    assert "not kept" in caplog.records[0].getMessage()
+    assert [r.token_ids for r in CacheFile(tmp_path / "fp.kvc", "fp", LAYOUT).records()] == [tuple(toks)]
+    assert not list(tmp_path.glob(".*.tmp"))
