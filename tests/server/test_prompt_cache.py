@@ -165,3 +165,11 @@ def test_an_engine_without_kv_block_copies_refuses_the_setting():
     state.settings = Settings(device="cuda", prompt_cache_disk_mib=0)
     asyncio.run(open_prompt_cache(state))
     assert state.prompt_cache is None
+
+
+def test_the_routes_need_the_api_key(make_server, tmp_path):
+    srv = make_server(api_keys=["sk-cache"], prompt_cache_dir=str(tmp_path), prompt_cache_disk_mib=64)
+    for path in ("/v1/cache/save", "/v1/cache/restore"):
+        status, err = post(srv, path, {"name": "x", "prompt": SYSTEM})
+        assert status == 401 and err["error"]["code"] == "invalid_api_key"
+    assert list(tmp_path.rglob("*.kvc")) == []
