@@ -857,6 +857,39 @@ cdef class Context:
             raise ValueError(f"invalid batch: {FORWARD_ERRORS.get(rc, f'code {rc}')}")
         return out
 
+    @property
+    def kv_block_bytes(self):
+        """Bytes of one KV block's image: every layer's K slab then V slab, in the pool's format (kv_dtype)."""
+        return kv_block_bytes(self.c)
+
+    def read_kv_block(self, int block):
+        """A copy of KV block `block`'s image (bytes of kv_block_bytes); ValueError for a block outside the cache."""
+        if block < 0 or block >= self.num_kv_blocks:
+            raise ValueError(f"KV block {block} is outside the cache of {self.num_kv_blocks} blocks")
+        cdef size_t n = kv_block_bytes(self.c)
+        out = bytearray(n)
+        cdef uint8_t[::1] ov = out
+        cdef int rc
+        with nogil:
+            rc = kv_block_read(self.c, block, &ov[0], n)
+        if rc != KV_IO_OK:
+            raise ValueError(f"cannot read KV block {block} (code {rc})")
+        return bytes(out)
+
+    def write_kv_block(self, int block, const uint8_t[::1] data):
+        """Overwrite KV block `block` with an image read_kv_block made (of this model and kv_dtype); ValueError for
+        a block outside the cache or an image of another length, and nothing is written then."""
+        if block < 0 or block >= self.num_kv_blocks:
+            raise ValueError(f"KV block {block} is outside the cache of {self.num_kv_blocks} blocks")
+        cdef size_t n = data.shape[0]
+        if n != kv_block_bytes(self.c):
+            raise ValueError(f"a KV block image of this context is {kv_block_bytes(self.c)} bytes, got {n}")
+        cdef int rc
+        with nogil:
+            rc = kv_block_write(self.c, block, &data[0], n)
+        if rc != KV_IO_OK:
+            raise ValueError(f"cannot write KV block {block} (code {rc})")
+
     cdef _read_samples(self, sample_out_t *so, int n, dict samples):
         cdef int32_t[::1] tok = samples["token"]
         cdef float[::1] lp = samples["logprob"]

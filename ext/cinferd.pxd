@@ -231,3 +231,10 @@ cdef extern from "inferd.h" nogil:
         FORWARD_BAD_MASK_ROW
         FORWARD_BAD_BLOCK_KIND
     int forward(context_t *c, const batch_t *b)
+    enum:
+        KV_IO_OK
+        KV_IO_BAD_BLOCK
+        KV_IO_BAD_LENGTH
+    size_t kv_block_bytes(const context_t *c)
+    int kv_block_read(const context_t *c, int block, uint8_t *out, size_t out_len)
+    int kv_block_write(context_t *c, int block, const uint8_t *in_, size_t in_len)

@@ -77,6 +77,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0
     enable_prefix_caching: bool = True
+    prompt_cache_disk_mib: NonNegInt = 1024
+    prompt_cache_dir: str = ""
     speculative: bool = False
     generation_config: str = "model"
     override_generation_config: str = ""
@@ -204,6 +206,11 @@ DOCS: dict[str, str] = {
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
+    "prompt_cache_disk_mib": "Most MiB of prefix-cache blocks written to disk at shutdown and read back as cache "
+    "hits by the next run (most recently hit first); also the cap of one named save. 0 turns the disk cache off. "
+    "device = cpu only (off on cuda).",
+    "prompt_cache_dir": "Folder of the prompt cache on disk; empty means .prompt-cache in the model cache folder "
+    "(see model_cache_dir).",
     "cpu_path": (
         "Force a CPU kernel path (scalar, avx2, avx512vnni, avxvnni, vnni); empty picks the best this CPU "
         "runs. All paths give bit-identical results."

@@ -2,6 +2,7 @@
 from the checkout without installing."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+# Servers started as processes (`inferd serve`) read settings from the environment: they must neither write a
+# prompt cache into the user's cache folder nor start with the blocks an earlier test left there.
+os.environ.setdefault("INFERD_PROMPT_CACHE_DISK_MIB", "0")
 
 
 @pytest.fixture(scope="session")

@@ -408,4 +408,11 @@ typedef enum {
 } forward_status_t;
 int forward(context_t *c, const batch_t *b);
 
+/* One KV block's image (every layer's K slab, then V slab, in the pool's format: kv_block_io.c) copied out of the
+ * cache or into it; a block id outside the cache or a buffer of another length is refused, nothing copied. */
+enum { KV_IO_OK = 0, KV_IO_BAD_BLOCK = -1, KV_IO_BAD_LENGTH = -2 };
+size_t kv_block_bytes(const context_t *c);
+int kv_block_read(const context_t *c, int block, uint8_t *out, size_t out_len);
+int kv_block_write(context_t *c, int block, const uint8_t *in, size_t in_len);
+
 #endif

@@ -107,6 +107,28 @@ class Engine(EngineShape):
         ]
         return (outputs, hidden) if want_hidden else outputs
 
+    # ---- KV blocks in and out (the prompt cache on disk: prompt_cache_disk.py) ------------------------------
+
+    def kv_layout(self) -> dict[str, object]:
+        """What a KV block image depends on besides the weights: two engines with equal layouts read each
+        other's images."""
+        cfg = self.config
+        return {
+            "engine": "cpu",
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "block_size": self.block_size,
+            "n_layers": cfg.n_layers,
+            "n_kv_heads": cfg.n_kv_heads,
+            "head_dim": cfg.head_dim,
+            "block_bytes": self._ctx.kv_block_bytes,
+        }
+
+    def read_kv_block(self, block_id: int) -> bytes:
+        return self._ctx.read_kv_block(block_id)
+
+    def write_kv_block(self, block_id: int, image: bytes) -> None:
+        self._ctx.write_kv_block(block_id, image)
+
     def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
         """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t), the flat
         history and logit-bias arrays they point into, and the grammars' mask rows (None when no row has one)."""

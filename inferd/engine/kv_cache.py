@@ -9,6 +9,10 @@ hash of (parent block's hash, the block's token ids). A later sequence whose tok
 finds the chain of hashes in ``hash_to_block`` and reuses those blocks instead of recomputing them. Blocks
 are refcounted; a block whose refcount drops to zero keeps its contents and its hash and waits in an LRU
 queue, so it can still be hit until the space is needed for something else (eviction).
+
+Each cached block also keeps its parent's hash, its token ids and when it was last hit, so that the blocks worth
+keeping can be written to disk (inferd/engine/prompt_cache_disk.py); a `block_source` (the file written by an
+earlier run) is asked for a hash the cache lacks, and the block it fills counts as a hit like any other.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+BROKEN = -2  # cached_blocks' depth of a block whose chain has lost a link
 
 
 class NoFreeBlocks(Exception):
@@ -32,6 +40,7 @@ class KVStats:
     num_cached_free: int  # cached and unreferenced: hits still possible, evicted first-in first-out
     prefix_queries: int  # prompt tokens looked up in the prefix cache since start
     prefix_hits: int  # of which found cached
+    source_hits: int = 0  # of which filled by the block source (read from disk)
 
     @property
     def usage(self) -> float:
@@ -44,6 +53,25 @@ class _SeqBlocks:
     # hashes of the sequence's first len(block_hashes) full blocks, all registered in the cache (or already
     # present there under the same hash, computed by someone else)
     block_hashes: list[bytes] = field(default_factory=list)
+
+
+class BlockSource(Protocol):
+    """Prefix blocks computed elsewhere (an earlier run's file), by hash."""
+
+    def __contains__(self, block_hash: bytes) -> bool: ...
+
+    def fill(self, block_hash: bytes, block_id: int) -> bool:
+        """Write the block's K/V into KV block `block_id`; False (nothing usable written) if it cannot."""
+        ...
+
+
+@dataclass(frozen=True)
+class CachedBlock:
+    block_hash: bytes
+    parent: bytes | None
+    token_ids: tuple[int, ...]
+    block_id: int
+    last_hit: int  # a tick of the manager's clock: larger is more recent
 
 
 def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
@@ -74,6 +102,13 @@ class KVCacheManager:
         self._seqs: dict[object, _SeqBlocks] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # what a cached block needs to be saved and found again: its parent's hash, its token ids, its last hit
+        self.block_parent: list[bytes | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...]] = [()] * num_blocks
+        self.block_last_hit = [0] * num_blocks
+        self._tick = 0
+        self.block_source: BlockSource | None = None
+        self.source_hits = 0  # of prefix_hits, tokens whose blocks the block_source filled
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -100,6 +135,7 @@ class KVCacheManager:
             num_cached_free=len(self._free_cached),
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
+            source_hits=self.source_hits,
         )
 
     # ---- sequence lifecycle --------------------------------------------------------------------------
@@ -120,12 +156,19 @@ class KVCacheManager:
             return 0
         parent: bytes | None = None
         bs = self.block_size
+        self._tick += 1
         for i in range(min(len(token_ids), max_cached_tokens) // bs):
-            h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            chunk = token_ids[i * bs : (i + 1) * bs]
+            h = hash_block(parent, chunk)
             block_id = self.hash_to_block.get(h)
-            if block_id is None:
-                break
-            self._ref(block_id)
+            if block_id is not None:
+                self._ref(block_id)
+            else:
+                block_id = self._fill_from_source(h, parent, chunk)
+                if block_id is None:
+                    break
+                self.source_hits += bs
+            self.block_last_hit[block_id] = self._tick
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
             parent = h
@@ -170,8 +213,7 @@ class KVCacheManager:
             h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             block_id = seq.block_table[i]
             if h not in self.hash_to_block:
-                self.hash_to_block[h] = block_id
-                self.block_hash[block_id] = h
+                self._register(block_id, h, parent, token_ids[i * bs : (i + 1) * bs])
             # else: another sequence computed the same block concurrently; that copy stays the cached one
             # and ours is returned to the plain free list when this sequence ends.
             seq.block_hashes.append(h)
@@ -192,6 +234,73 @@ class KVCacheManager:
                 else:
                     self._free_plain.append(block_id)
 
+    def cached_blocks(self) -> list[CachedBlock]:
+        """Every cached block whose whole chain back to the first block is cached, most recently hit first and
+        each block after its parent (so any prefix of the list is a set of usable chains)."""
+        tick: dict[bytes, int] = {}
+        depth: dict[bytes, int] = {}
+        for h, block_id in self.hash_to_block.items():
+            # a parent is worth at least what its most recently hit descendant is worth
+            t, node = self.block_last_hit[block_id], h
+            while node in self.hash_to_block and tick.get(node, -1) < t:
+                tick[node] = t
+                up = self.block_parent[self.hash_to_block[node]]
+                if up is None:
+                    break
+                node = up
+
+        def depth_of(h: bytes) -> int:  # BROKEN: an ancestor is no longer cached, so the chain cannot be hit
+            path: list[bytes] = []
+            node = h
+            while True:
+                if node in depth:
+                    base = depth[node]
+                    break
+                block_id = self.hash_to_block.get(node)
+                if block_id is None:
+                    base = BROKEN
+                    break
+                path.append(node)
+                up = self.block_parent[block_id]
+                if up is None:
+                    base = -1
+                    break
+                node = up
+            for n in reversed(path):
+                base = BROKEN if base == BROKEN else base + 1
+                depth[n] = base
+            return depth[h]
+
+        out = []
+        for h, block_id in self.hash_to_block.items():
+            d = depth_of(h)
+            if d >= 0:
+                out.append((-tick[h], d, h, block_id))
+        out.sort(key=lambda r: (r[0], r[1]))
+        return [CachedBlock(h, self.block_parent[b], self.block_tokens[b], b, -t) for t, _d, h, b in out]
+
+    def insert_cached(
+        self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int], fill: Callable[[int], bool]
+    ) -> bool:
+        """Add a block computed elsewhere (a saved conversation) to the cache, unreferenced, as the most recently
+        freed. `fill(block_id)` writes its K/V and says whether it could. True if the block is cached now."""
+        if not self.enable_prefix_caching:
+            return False
+        if block_hash in self.hash_to_block:
+            return True
+        if (parent is not None and parent not in self.hash_to_block) or not self.num_free_blocks:
+            return False
+        block_id = self._take_free_block()
+        self.ref_counts[block_id] = 0
+        if not fill(block_id):
+            self._free_plain.append(block_id)
+            return False
+        self._register(block_id, block_hash, parent, token_ids)
+        self._tick += 1
+        self.block_last_hit[block_id] = self._tick
+        self._free_cached[block_id] = None
+        return True
+
     def reset_prefix_cache(self) -> int:
         """Forget every unreferenced cached block; returns how many were dropped."""
         dropped = 0
@@ -209,6 +318,27 @@ class KVCacheManager:
             self._free_cached.pop(block_id, None)
         self.ref_counts[block_id] += 1
 
+    def _register(self, block_id: int, h: bytes, parent: bytes | None, token_ids: Sequence[int]) -> None:
+        self.hash_to_block[h] = block_id
+        self.block_hash[block_id] = h
+        self.block_parent[block_id] = parent
+        self.block_tokens[block_id] = tuple(token_ids)
+        self.block_last_hit[block_id] = self._tick
+
+    def _fill_from_source(self, h: bytes, parent: bytes | None, token_ids: Sequence[int]) -> int | None:
+        """A free block filled by the block source and registered under `h`, referenced once; None if the source
+        lacks it, fails, or no block is free."""
+        source = self.block_source
+        if source is None or not self.num_free_blocks or h not in source:
+            return None
+        block_id = self._take_free_block()
+        if not source.fill(h, block_id):
+            self.ref_counts[block_id] = 0
+            self._free_plain.append(block_id)
+            return None
+        self._register(block_id, h, parent, token_ids)
+        return block_id
+
     def _take_free_block(self) -> int:
         if self._free_plain:
             block_id = self._free_plain.popleft()
@@ -222,5 +352,7 @@ class KVCacheManager:
         h = self.block_hash[block_id]
         if h is not None:
             self.block_hash[block_id] = None
+            self.block_parent[block_id] = None
+            self.block_tokens[block_id] = ()
             if self.hash_to_block.get(h) == block_id:
                 del self.hash_to_block[h]

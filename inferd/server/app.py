@@ -21,6 +21,7 @@ from inferd.server import routes
 from inferd.server.cors import setup_cors
 from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
 from inferd.server.openapi_doc import OPENAPI, openapi, openapi_document
+from inferd.server.prompt_cache import save_prompt_cache
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
 
@@ -79,6 +80,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
     from inferd.engine.scheduler import Scheduler
     from inferd.server.memory import pin_mmap_threshold
     from inferd.server.metrics import Metrics
+    from inferd.server.prompt_cache import open_prompt_cache
     from inferd.text.chat import ChatTemplate
 
     loop = asyncio.get_running_loop()
@@ -138,9 +140,10 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             watchdog=state.notifier.watchdog,
             idle_wait_s=idle_wait(state.notifier),
         )
+        await open_prompt_cache(state)
         engine_loop.start()
         await warm_up(state)
-        metrics = state.metrics = Metrics(state.served_model_name)
+        metrics = state.metrics = Metrics(state.served_model_name, disk_cache=state.prompt_cache)
         metrics.bind(engine_loop)
         engine_loop.observer = metrics  # after the warm-up, which is not a user request
         if s.embedding_model:
@@ -328,6 +331,7 @@ def create_app(
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if state.engine_loop is not None:
+            await save_prompt_cache(state)
             await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
         for svc in state.embeddings:
             await asyncio.get_running_loop().run_in_executor(None, svc.stop)
@@ -336,7 +340,7 @@ def create_app(
             state.grammar = None
         # aiohttp caches each app's middleware chains in a module-level lru_cache (aiohttp.web_app), so a stopped
         # app can live on: let go of what is big here, so the engines' memory leaves with the server.
-        state.engine = state.engine_loop = state.model = None
+        state.engine = state.engine_loop = state.model = state.prompt_cache = state.scheduler_tasks = None
         state.embeddings = []
         if state.metrics is not None:
             state.metrics.engine_loop = None

@@ -1,4 +1,6 @@
-"""Prometheus metrics: vLLM-compatible names under the `inferd:` prefix, label `model_name`, plus ours.
+"""Prometheus metrics: vLLM-compatible names under the `inferd:` prefix, label `model_name`, plus ours; and the
+scheduler-state names under vLLM's own `vllm:` prefix, the ones routing layers read by default (Gateway API
+Inference Extension's endpoint picker, llm-d, vLLM's production-stack router, KEDA triggers; docs/operations.md).
 
 Event metrics (tokens, latencies, finished requests) are updated from the scheduler thread through the
 Observer interface; state metrics (queue lengths, KV usage, throughput, bandwidth) are read from the
@@ -23,6 +25,7 @@ from inferd.engine.scheduler import StepStats
 
 if TYPE_CHECKING:
     from inferd.engine.loop import EngineLoop
+    from inferd.engine.prompt_cache_disk import DiskPromptCache
 
 # *_created series double the output and no dashboard uses them (vLLM turns them off too).
 prometheus_client.disable_created_metrics()
@@ -30,6 +33,7 @@ prometheus_client.disable_created_metrics()
 # The classic text format: every name here is valid in it, and every Prometheus version reads it.
 CONTENT_TYPE = getattr(prometheus_client.exposition, "CONTENT_TYPE_PLAIN_0_0_4", prometheus_client.CONTENT_TYPE_LATEST)
 P = "inferd:"
+VLLM = "vllm:"
 
 TTFT_BUCKETS = [
     0.001,
@@ -106,9 +110,10 @@ WINDOW_S = 10.0  # throughput and bandwidth gauges average the steps of the last
 class Metrics:
     """Implements the scheduler's Observer; `render()` produces the /metrics body."""
 
-    def __init__(self, model_name: str, read_bandwidth: float = 0.0):
+    def __init__(self, model_name: str, read_bandwidth: float = 0.0, disk_cache: DiskPromptCache | None = None):
         self.model_name = model_name
         self.read_bandwidth = read_bandwidth
+        self.disk_cache = disk_cache
         self.registry = CollectorRegistry()
         self.engine_loop: EngineLoop | None = None
         self._base = (0, 0, 0)
@@ -232,13 +237,13 @@ class _StateCollector:
     def collect(self):
         m, labels = self.m, [self.m.model_name]
 
-        def gauge(name, doc, value):
-            g = GaugeMetricFamily(P + name, doc, labels=["model_name"])
+        def gauge(name, doc, value, prefix=P):
+            g = GaugeMetricFamily(prefix + name, doc, labels=["model_name"])
             g.add_metric(labels, value)
             return g
 
-        def counter(name, doc, value):
-            c = CounterMetricFamily(P + name, doc, labels=["model_name"])
+        def counter(name, doc, value, prefix=P):
+            c = CounterMetricFamily(prefix + name, doc, labels=["model_name"])
             c.add_metric(labels, value)
             return c
 
@@ -267,6 +272,23 @@ class _StateCollector:
             "Sequences preempted (blocks freed, recomputed later).",
             s.scheduler.num_preemptions - base[2] if s else 0,
         )
+        disk = m.disk_cache
+        if disk is not None:
+            yield counter(
+                "prompt_cache_disk_hits",
+                "Prompt tokens whose KV was read from the prompt cache on disk (of prefix_cache_hits).",
+                kv.source_hits if kv else 0,
+            )
+            yield counter("prompt_cache_disk_read_bytes", "Bytes read from the prompt cache on disk.", disk.bytes_read)
+            yield counter(
+                "prompt_cache_disk_written_bytes", "Bytes written to the prompt cache on disk.", disk.bytes_written
+            )
+            yield counter(
+                "prompt_cache_disk_skipped_files",
+                "Prompt cache files not loaded (torn, truncated, corrupt, or of another model or KV format).",
+                disk.files_skipped,
+            )
+        yield from self._vllm_names(gauge, counter, kv)
         rates = m.rates()
         yield gauge(
             "prefill_tokens_per_second",
@@ -293,3 +315,41 @@ class _StateCollector:
             "RAM read bandwidth measured at start-up with numpy (0 if not measured).",
             m.read_bandwidth,
         )
+
+    def _vllm_names(self, gauge, counter, kv):
+        """The same scheduler state under the names and labels vLLM gives it (its v0 and v1 names both)."""
+        m, s = self.m, self.m.engine_loop
+        running, waiting = (s.num_running, s.num_waiting) if s else (0, 0)
+        usage = kv.usage if kv else 0.0
+        queries = kv.prefix_queries - m._base[0] if kv else 0
+        hits = kv.prefix_hits - m._base[1] if kv else 0
+        yield gauge("num_requests_running", "Number of requests in model execution batches.", running, VLLM)
+        yield gauge("num_requests_waiting", "Number of requests waiting to be processed.", waiting, VLLM)
+        yield gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage, VLLM)
+        yield gauge("gpu_cache_usage_perc", "KV-cache usage (the older name). 1 means 100 percent usage.", usage, VLLM)
+        for prefix in ("", "gpu_"):
+            yield counter(f"{prefix}prefix_cache_queries", "Prefix cache queries, in tokens.", queries, VLLM)
+            yield counter(f"{prefix}prefix_cache_hits", "Prefix cache hits, in tokens.", hits, VLLM)
+        # vLLM v0's gauge, still read by its production-stack router
+        rate = hits / queries if queries else 0.0
+        yield gauge("gpu_prefix_cache_hit_rate", "Prefix cache hit rate since start (hits over queries).", rate, VLLM)
+        config = {
+            "block_size": str(s.scheduler.block_size if s else 64),
+            "cache_dtype": str(getattr(s.engine, "kv_cache_dtype", "f16")) if s else "f16",
+            "enable_prefix_caching": str(bool(s and s.scheduler.kv.enable_prefix_caching)),
+            "num_gpu_blocks": str(kv.num_blocks if kv else 0),  # the KV pool, wherever it lives
+            "num_cpu_blocks": "0",  # vLLM's swap space: none here
+            "engine": "0",
+            "model_name": m.model_name,  # beyond vLLM's labels: every series here names its model
+        }
+        info = GaugeMetricFamily(VLLM + "cache_config_info", "Information of the KV cache.", labels=list(config))
+        info.add_metric(list(config.values()), 1.0)
+        yield info
+        # vLLM's LoRA gauge: adapter lists as labels, the value a timestamp so readers take the latest series
+        lora = GaugeMetricFamily(
+            VLLM + "lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters", "model_name"],
+        )
+        lora.add_metric(["", "0", "", m.model_name], time.time())
+        yield lora

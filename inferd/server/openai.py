@@ -153,25 +153,38 @@ async def cache_warm(request: web.Request) -> web.Response:
     state = request.app[STATE]
     req = decode(await request.read(), CacheWarmRequest)
     check_model(state, req.model)
-    if (req.prompt is None) == (req.messages is None):
+    ids = await warm_prompt_ids(state, req.prompt, req.messages)
+    target = len(ids) // state.ready_loop.scheduler.block_size * state.ready_loop.scheduler.block_size
+    if target == 0:
+        return json_response(CacheWarmResponse(len(ids), 0, 0))
+    hit = await warm_ids(state, ids)
+    return json_response(CacheWarmResponse(len(ids), target, target - hit))
+
+
+async def warm_prompt_ids(state: ServerState, prompt: str | None, messages: list[Message] | None) -> list[int]:
+    """The token ids of a prompt or of a conversation so far, as its next request will start (checked)."""
+    if (prompt is None) == (messages is None):
         raise ProtocolError("send exactly one of prompt or messages", "prompt")
-    if req.messages is not None:
-        messages = check_messages(req.messages, limits(state))
+    if messages is not None:
+        checked = check_messages(messages, limits(state))
         # Render with a marker in place of the last message's text and cut there: what follows the draft
         # (end-of-turn, the assistant header) does not exist yet.
-        marked = messages[:-1] + [{**messages[-1], "content": WARM_SENTINEL}]
+        marked = checked[:-1] + [{**checked[-1], "content": WARM_SENTINEL}]
         rendered = render_chat(state, marked, add_generation_prompt=False)
         cut = rendered.find(WARM_SENTINEL)
         if cut < 0:
             raise ProtocolError("the chat template drops the last message's text; cannot warm it", "messages")
-        text, add_special = rendered[:cut] + messages[-1]["content"], False
+        text, add_special = rendered[:cut] + checked[-1]["content"], False
     else:
-        text, add_special = req.prompt, True
+        assert prompt is not None
+        text, add_special = prompt, True
     ids = stable_prefix(state, text, await encode(state, text, add_special), add_special)
-    check_prompt_len(state, len(ids), "messages" if req.messages is not None else "prompt")
-    target = len(ids) // state.ready_loop.scheduler.block_size * state.ready_loop.scheduler.block_size
-    if target == 0:
-        return json_response(CacheWarmResponse(len(ids), 0, 0))
+    check_prompt_len(state, len(ids), "messages" if messages is not None else "prompt")
+    return ids
+
+
+async def warm_ids(state: ServerState, ids: list[int]) -> int:
+    """Compute the whole blocks of `ids` into the prefix cache; returns how many tokens were cached already."""
     (handle,) = submit_all(
         state,
         [
@@ -192,8 +205,7 @@ async def cache_warm(request: web.Request) -> web.Response:
     err = output_error(out)
     if err is not None:
         raise err
-    hit = out.usage.cached_tokens if out.usage else 0
-    return json_response(CacheWarmResponse(len(ids), target, target - hit))
+    return out.usage.cached_tokens if out.usage else 0
 
 
 def add_routes(app: web.Application) -> None:

@@ -12,6 +12,7 @@ from inferd.server.apis.messages import count
 from inferd.server.apis.messages.request import CountTokensRequest
 from inferd.server.apis.ollama import embed as ollama_embed
 from inferd.server.apis.ollama import models as ollama_models
+from inferd.server.prompt_cache import CacheRestoreRequest, CacheSaveRequest
 
 OPENAPI = web.AppKey("openapi", dict)
 
@@ -23,6 +24,8 @@ def openapi_document() -> dict[str, Any]:
         "/tokenize": openai.TokenizeRequest,
         "/detokenize": openai.DetokenizeRequest,
         "/v1/cache/warm": openai.CacheWarmRequest,
+        "/v1/cache/save": CacheSaveRequest,
+        "/v1/cache/restore": CacheRestoreRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
         "/api/embed": ollama_embed.EmbedRequest,
         "/api/embeddings": ollama_embed.LegacyEmbeddingsRequest,

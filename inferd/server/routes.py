@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, openai, rerank
+from inferd.server import embeddings, openai, prompt_cache, rerank
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -82,3 +82,4 @@ def add_routes(app: web.Application) -> None:
     ollama_models.add_routes(app)
     ollama_embed.add_routes(app)
     rerank.add_routes(app)
+    prompt_cache.add_routes(app)

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from inferd.server.apis.responses.store import ResponseStore
     from inferd.server.embedding_service import EmbeddingMetrics, EmbeddingService
     from inferd.server.metrics import Metrics
+    from inferd.engine.prompt_cache_disk import DiskPromptCache
+    from inferd.engine.scheduler_tasks import SchedulerTasks
     from inferd.text.chat import ChatTemplate
     from inferd.text.grammar import GrammarCompiler
     from inferd.text.tokenizer import Tokenizer
@@ -58,6 +60,8 @@ class ServerState:
     ready_event: asyncio.Event = field(default_factory=asyncio.Event)  # set on ready or failed
     embeddings: list[EmbeddingService] = field(default_factory=list)  # the embedding models served
     embedding_metrics: EmbeddingMetrics | None = None
+    prompt_cache: DiskPromptCache | None = None  # the prefix cache on disk (prompt_cache_disk_mib > 0)
+    scheduler_tasks: SchedulerTasks | None = None  # calls on the scheduler thread (the prompt cache's)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -167,10 +167,10 @@ def test_inference_pool_and_endpoint_picker_use_our_ports_and_metric_names(docs,
     assert flags["pool-name"] == pool["metadata"]["name"]
     assert flags["model-server-metrics-path"] == "/metrics"
     exported = exported_names(rendered_metrics())
-    assert flags["total-queued-requests-metric"] == "inferd:num_requests_waiting"
-    assert flags["kv-cache-usage-percentage-metric"] == "inferd:kv_cache_usage_perc"
-    for name in ("total-queued-requests-metric", "total-running-requests-metric", "kv-cache-usage-percentage-metric"):
-        assert flags[name] in exported, name
+    # no metric flag: the picker's defaults (vLLM's names, older and newer) are all exported
+    assert not [f for f in flags if f.endswith("-metric")]
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc", "vllm:lora_requests_info", "vllm:cache_config_info"} <= exported
     config = yaml.safe_load(docs["ConfigMap", "inferd-epp-config"]["data"]["epp.yaml"])
     scorers = {p["pluginRef"] for p in config["schedulingProfiles"][0]["plugins"]}
     assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"} <= scorers

@@ -20,8 +20,9 @@ from inferd.server.app import create_app
 from inferd.server.state import STATE
 
 # 128 blocks = 8192 positions: the model's whole context fits, and tests stay around 200 MB of KV cache.
+# The prompt cache on disk is off: a server must not start with blocks another test's server left behind.
 BASE = dict(port=0, num_kv_blocks=128, max_batch_tokens=256, max_running=16, measure_bandwidth=False,
-            sse_keepalive_s=15.0)
+            sse_keepalive_s=15.0, prompt_cache_disk_mib=0)
 
 
 @pytest.fixture(scope="session")
