@@ -5,6 +5,7 @@
  * The mask comes first: a masked token's logit is -inf, which every later step keeps (bias and penalties add to
  * or scale it, a temperature weight of -inf is exactly 0), so it has probability exactly 0 under any setting,
  * and logprobs are those of the masked distribution. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,8 +186,12 @@ static void apply_penalties(float *logits, int vocab, const sample_params_t *sp,
     for (int i = 0; i < sp->history_len; i++) {
         int id = hist[i];
         if (id < 0 || id >= vocab) continue;
-        if (count[id] == 0 && sp->repetition_penalty != 1.0f)
-            logits[id] = logits[id] > 0 ? logits[id] / sp->repetition_penalty : logits[id] * sp->repetition_penalty;
+        if (count[id] == 0 && sp->repetition_penalty != 1.0f) {
+            /* a penalty near 0 (or one that underflowed to 0 as a float) would make the logit infinite, which the
+             * truncations downstream cannot rank: keep it finite, the largest a float holds */
+            float v = logits[id] > 0 ? logits[id] / sp->repetition_penalty : logits[id] * sp->repetition_penalty;
+            logits[id] = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);
+        }
         count[id] |= 1 << 30;                               /* seen: the repetition penalty is applied */
         if (i >= sp->num_prompt) count[id]++;
     }
@@ -194,7 +199,7 @@ static void apply_penalties(float *logits, int vocab, const sample_params_t *sp,
         int id = hist[i];
         if (id < 0 || id >= vocab || count[id] == 0) continue;
         int n = count[id] & ~(1 << 30);
-        if (n > 0) logits[id] -= sp->presence_penalty + sp->frequency_penalty * (float)n;
+        if (n > 0) logits[id] = fmaxf(logits[id] - (sp->presence_penalty + sp->frequency_penalty * (float)n), -FLT_MAX);
         count[id] = 0;
     }
 }

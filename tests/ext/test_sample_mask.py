@@ -242,3 +242,13 @@ def test_forward_rejects_bad_masks(ctx):
         run_forward(ctx, np.zeros((1, 3), np.uint32), mask_row=[0, 0])
     with pytest.raises(ValueError, match="mask_row outside token_masks"):
         run_forward(ctx, np.zeros((1, _cpu.mask_words(vocab)), np.uint32), mask_row=[0, 1])
+
+
+@pytest.mark.parametrize("penalty", [1e-323, 1e-40, 1e-30])
+def test_a_vanishing_repetition_penalty_never_lets_a_masked_token_through(penalty):
+    """A penalty that underflows (or nearly) would make the repeated token's logit infinite; the truncations must
+    still rank the allowed tokens and never draw a masked one."""
+    for seed in range(20):
+        kw = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=seed, repetition_penalty=penalty)
+        token, *_ = sample([1.0, 2.0, 0.5], allowed=pack([1, 2], 3), history=[1], **kw)
+        assert token in (1, 2)
