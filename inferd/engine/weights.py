@@ -15,8 +15,23 @@ from inferd.model.arch import ATTENTION, FFN_GATED, MODEL_TENSORS
 from inferd.model.layers import Block, layer_plan
 
 # most precise first
-PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS",
-             "Q3_K", "Q2_K")
+PRECISION = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q6_K",
+    "Q5_K",
+    "Q5_1",
+    "Q5_0",
+    "Q4_K",
+    "Q4_1",
+    "Q4_0",
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q3_K",
+    "Q2_K",
+)
 FLOATS = ("F32", "F16", "BF16")
 QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")  # the types _cpu.quantize writes
 MAX_SEGMENTS = 3

@@ -1,7 +1,7 @@
 """Numpy writers of GGUF K-quant and IQ4 blocks (Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS) for tests: the gguf
-package reads these types but does not write them. A plain quantizer (scales from each sub-block's range, rounded to nearest), not llama.cpp's
-search for the best scales: tests need valid blocks with values close to the input, and they read them back with
-gguf's own dequantize, so the packing below is checked against an independent reader.
+package reads these types but does not write them. A plain quantizer (scales from each sub-block's range, rounded
+to nearest), not llama.cpp's search for the best scales: tests need valid blocks with values close to the input,
+and they read them back with gguf's own dequantize, so the packing below is checked against an independent reader.
 
 random_blocks() gives arbitrary valid blocks (every bit pattern but the f16 scales is valid), which exercise
 every value and scale, including those a quantizer rarely produces."""
