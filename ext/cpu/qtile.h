@@ -107,7 +107,7 @@ KINLINE int KFN(has_int_scales)(const int type) {
 
 KINLINE void KFN(load_q6scales)(const int type, const uint8_t *sc, KFN(q6scales) *o) {
     __m128i a = _mm_loadl_epi64((const __m128i *)sc), b = _mm_loadl_epi64((const __m128i *)(sc + 8));
-    if (type == WT_IQ4_XS) b = a;   /* its 8 scales of the next sub-block follow: not read */
+    if (type == WT_IQ4_XS) b = a;   /* one scale per row: the 8 bytes after it are the next sub-block's */
     if (type == WT_Q2_K) {          /* bytes sc | mn << 4 */
         const __m128i m4 = _mm_set1_epi8(0x0f);
         __m128i ma = _mm_and_si128(_mm_srli_epi16(a, 4), m4), mb = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
