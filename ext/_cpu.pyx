@@ -377,7 +377,7 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
 # the block kinds a layer can hold (inferd/model/arch.py names them), and those this build runs
 BLOCK_KINDS = {"attention": BLOCK_ATTENTION, "ffn_gated": BLOCK_FFN_GATED, "ffn_moe": BLOCK_FFN_MOE,
                "recurrent": BLOCK_RECURRENT}
-BUILT_BLOCK_KINDS = ("attention", "ffn_gated")
+BUILT_BLOCK_KINDS = ("attention", "ffn_gated", "ffn_moe")
 FFN_ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
 
 
@@ -400,8 +400,10 @@ cdef class Model:
     (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm'. `layers`: per layer its
     blocks in order, each (kind, options, tensors) as inferd.engine.weights builds them from the architecture table:
     every block has tensors 'norm' and optionally 'post_norm'; "attention" has 'wqkv', 'wo', optionally 'qkv_bias'
-    and 'q_norm' + 'k_norm', and options rope_neox, window (0: global), scale (0: 1/sqrt(head_dim)); "ffn_gated"
-    has 'wgu', 'wdown' and option act ("silu" or "gelu_tanh")."""
+    and 'q_norm' + 'k_norm', and options rope_neox, window (0: global), scale (0: 1/sqrt(head_dim)), qk_norm_full
+    (q_norm and k_norm over all of q and k); "ffn_gated" has 'wgu', 'wdown' and option act ("silu" or "gelu_tanh");
+    "ffn_moe" has 'router', 'experts_gu' and 'experts_down' (a spec per expert), optionally 'shared_gate' +
+    'shared_gu' + 'shared_down', and options act, n_used, norm_topk, weights_scale (moe.pxi)."""
     cdef model_t m
     cdef list _keep
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
@@ -423,11 +425,13 @@ cdef class Model:
         for i, blocks in enumerate(layers):
             if not 0 < len(blocks) <= MAX_LAYER_BLOCKS:
                 raise ValueError(f"layer {i}: {len(blocks)} blocks (1 to {MAX_LAYER_BLOCKS})")
-            for kind, _, _ in blocks:
+            for kind, _, ts in blocks:
                 if kind not in BLOCK_KINDS:
                     raise ValueError(f"layer {i}: unknown block kind {kind!r}")
                 if kind not in BUILT_BLOCK_KINDS:
                     raise ValueError(f"layer {i}: {kind} blocks are not built yet")
+                if kind == "ffn_moe":
+                    moe_block_check(i, ts)
         self._keep = []
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:
@@ -435,7 +439,9 @@ cdef class Model:
         matrices = [tensors["tok_embd"]] + ([tensors["output"]] if "output" in tensors else [])
         for blocks in layers:
             for _, _, ts in blocks:
-                matrices += [ts[n] for n in ("wqkv", "wo", "wgu", "wdown") if n in ts]
+                matrices += [ts[n] for n in ("wqkv", "wo", "wgu", "wdown", "router", "shared_gu", "shared_down")
+                             if n in ts]
+                matrices += ts.get("experts_gu", []) + ts.get("experts_down", [])
         self.arena_bytes = sum(layout_bytes(spec) for spec in matrices)
         self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
         if self.arena == NULL:
@@ -479,9 +485,14 @@ cdef class Model:
                 B.attn.qkv_bias = self._floats(ts["qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
             if ("q_norm" in ts) != ("k_norm" in ts):
                 raise ValueError(f"layer {layer}: QK-norm needs both q_norm and k_norm")
+            B.attn.qk_norm_full = options.get("qk_norm_full", 0)
+            if B.attn.qk_norm_full and "qkv_bias" in ts:
+                raise ValueError(f"layer {layer}: a QK-norm over the whole of q and k with QKV biases is not built")
             if "q_norm" in ts:
-                B.attn.q_norm = self._floats(ts["q_norm"], c.head_dim)
-                B.attn.k_norm = self._floats(ts["k_norm"], c.head_dim)
+                B.attn.q_norm = self._floats(ts["q_norm"], c.n_heads * c.head_dim if B.attn.qk_norm_full
+                                             else c.head_dim)
+                B.attn.k_norm = self._floats(ts["k_norm"], c.n_kv_heads * c.head_dim if B.attn.qk_norm_full
+                                             else c.head_dim)
             if options["window"] < 0:
                 raise ValueError(f"layer {layer}: sliding window {options['window']} (0: none)")
             B.attn.window = options["window"]
@@ -490,6 +501,8 @@ cdef class Model:
             B.attn.scale = options.get("scale", 0.0) or 1.0 / sqrtf(<float>c.head_dim)
             self._init_weight(&B.attn.wqkv, ts["wqkv"])
             self._init_weight(&B.attn.wo, ts["wo"])
+        elif B.kind == BLOCK_FFN_MOE:
+            moe_block_init(self, c, &B.moe, layer, options, ts)
         else:
             if options["act"] not in FFN_ACTS:
                 raise ValueError(f"layer {layer}: FFN activation {options['act']!r} (one of {', '.join(FFN_ACTS)})")
@@ -522,8 +535,9 @@ cdef class Model:
         self._keep.append(arr)
         return <float *>cnp.PyArray_DATA(arr)
 
-    cdef size_t _block_weights(self, int layer, bint free_them):
-        """Bytes of layer's block matrices, or (free_them) their release."""
+    cdef size_t _block_weights(self, int layer, bint free_them, bint per_token=False):
+        """Bytes of layer's block matrices (per_token: those one token reads, its share of the experts), or
+        (free_them) their release."""
         cdef size_t total = 0
         cdef block_t *B
         cdef int j
@@ -537,6 +551,8 @@ cdef class Model:
                 total += B.ffn.wgu.nbytes + B.ffn.wdown.nbytes
                 if free_them:
                     weight_free(&B.ffn.wgu); weight_free(&B.ffn.wdown)
+            elif B.kind == BLOCK_FFN_MOE:
+                total += moe_block_weights(&B.moe, free_them, per_token)
         return total
 
     def __dealloc__(self):
@@ -554,20 +570,25 @@ cdef class Model:
 
     @property
     def weight_bytes(self):
-        """Bytes of weights one step reads (all layers and the output matrix)."""
+        """Bytes of weights one token's step reads (all layers, of a mixture of experts the experts it uses, and the
+        output matrix)."""
         cdef size_t total = self.m.output.nbytes
+        cdef int i
+        for i in range(self.m.cfg.n_layers):
+            total += self._block_weights(i, False, True)
+        return total
+
+    @property
+    def memory_bytes(self):
+        cdef size_t total = self.m.output.nbytes + (0 if self.m.output_tied else self.m.tok_embd.nbytes)
         cdef int i
         for i in range(self.m.cfg.n_layers):
             total += self._block_weights(i, False)
         return total
 
-    @property
-    def memory_bytes(self):
-        return self.weight_bytes + (0 if self.m.output_tied else self.m.tok_embd.nbytes)
-
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample")
+               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route")
 
 
 FORWARD_ERRORS = {
@@ -929,3 +950,4 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None,
 
 
 include "encoder.pxi"
+include "moe.pxi"

@@ -137,22 +137,36 @@ cdef extern from "inferd.h" nogil:
         ACT_SILU
         ACT_GELU_TANH
         MAX_LAYER_BLOCKS
+        MOE_MAX_EXPERTS
+        MOE_MAX_USED
     ctypedef struct attention_block_t:
         weight_t wqkv, wo
         float *qkv_bias
         float *q_norm
         float *k_norm
+        int qk_norm_full
         int rope_neox, window
         float scale
     ctypedef struct ffn_gated_block_t:
         weight_t wgu, wdown
         int act
+    ctypedef struct ffn_moe_block_t:
+        weight_t router
+        weight_t *wgu
+        weight_t *wdown
+        int n_experts, n_used, hidden, norm_topk
+        float weights_scale
+        int act
+        float *shared_gate
+        weight_t shared_gu, shared_down
+        int shared_hidden
     ctypedef struct block_t:
         int kind
         float *norm
         float *post_norm
         attention_block_t attn
         ffn_gated_block_t ffn
+        ffn_moe_block_t moe
     ctypedef struct layer_t:
         int n_blocks
         block_t blocks[4]

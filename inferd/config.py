@@ -8,6 +8,7 @@ config/inferd.toml documents each setting with its default; a test keeps it equa
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tomllib
 from typing import Annotated, Any
@@ -77,6 +78,8 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     speculative: bool = False
     generation_config: str = "model"
     override_generation_config: str = ""
+    chat_template_kwargs: str = ""
+    max_thinking_tokens: NonNegInt = 0
     cpu_path: str = ""
     cuda_device: NonNegInt = 0
     cuda_weights: str = "auto"
@@ -113,6 +116,19 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
         if self.override_generation_config.strip():
             parse_overrides(self.override_generation_config)
+        self.template_defaults()
+
+    def template_defaults(self) -> dict[str, Any]:
+        """chat_template_kwargs as a dict (raises ValueError naming what is wrong)."""
+        if not self.chat_template_kwargs.strip():
+            return {}
+        try:
+            value = json.loads(self.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError('chat_template_kwargs must be a JSON object, e.g. {"enable_thinking": false}')
+        return value
 
 
 # One line per setting: shown by `inferd serve --help` and mirrored in config/inferd.toml.
@@ -169,6 +185,10 @@ DOCS: dict[str, str] = {
     "says) or openai (temperature 1, nothing truncated).",
     "override_generation_config": "A JSON object of sampling defaults over generation_config's, e.g. "
     '{"temperature": 0.7, "top_k": 20} (fields: temperature, top_k, top_p, min_p, repetition_penalty).',
+    "chat_template_kwargs": "A JSON object of variables for the chat template of every request, e.g. "
+    '{"enable_thinking": false}; a request\'s own chat_template_kwargs win key by key.',
+    "max_thinking_tokens": "Most tokens a reasoning model may think before the end of its thinking is forced "
+    "and it answers (a request's max_thinking_tokens overrides it); 0 means no limit.",
     "max_running": "Most sequences generating at once.",
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",

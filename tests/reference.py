@@ -1,8 +1,9 @@
 """A float64 numpy forward pass of a llama-family model, written from the model's definition rather than from the
 engine, to check the C engine against (tests/engine/test_forward_reference.py, test_engine.py). Covers Llama,
 Mistral, Qwen2, Qwen3 (QK-norm) and Gemma 3 (embedding scale, QK-norm, sandwich norms, tanh-GELU GeGLU, sliding-window
-layers with their own RoPE base, query_pre_attn_scalar, logit soft-cap), each switch written as Hugging Face's
-modeling code defines it.
+layers with their own RoPE base, query_pre_attn_scalar, logit soft-cap), and the mixtures of experts (Qwen3-MoE,
+Qwen2-MoE with its shared expert, OLMoE with its QK-norm over all of q and k, Mixtral), each switch written as Hugging
+Face's modeling code defines it.
 
 - Weights are dequantized with the `gguf` package's numpy code (not with the engine's tile layout), so a bug in
   the engine's repacking shows up as a mismatch instead of being shared by both sides.
@@ -162,6 +163,9 @@ class Reference:
         self.cfg = config
         self.t = tensors
         self._cache: dict[str, np.ndarray] = {}
+        # per MoE layer run, each token's router margin: its k-th largest logit less the (k+1)-th (a near tie's
+        # choice may go either way in float32)
+        self.route_margins: list[np.ndarray] = []
 
     def w(self, name: str) -> np.ndarray:
         if name not in self._cache:
@@ -224,8 +228,11 @@ class Reference:
             q = q + self.vec(p + "attn_q.bias")
             k = k + self.vec(p + "attn_k.bias")
             v = v + self.vec(p + "attn_v.bias")
+        if cfg.qk_norm and cfg.qk_norm_full:                                  # OLMoE: all of q, all of k
+            q = rms_norm(q, self.vec(p + "attn_q_norm.weight"), cfg.norm_eps)
+            k = rms_norm(k, self.vec(p + "attn_k_norm.weight"), cfg.norm_eps)
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
-        if cfg.qk_norm:                                                       # per head, before RoPE
+        if cfg.qk_norm and not cfg.qk_norm_full:                              # per head, before RoPE
             q = rms_norm(q, self.vec(p + "attn_q_norm.weight"), cfg.norm_eps)
             k = rms_norm(k, self.vec(p + "attn_k_norm.weight"), cfg.norm_eps)
         window = cfg.layer_window(i)
@@ -250,13 +257,58 @@ class Reference:
             o = rms_norm(o, self.vec(p + "post_attention_norm.weight"), cfg.norm_eps)
         x = x + o
         h = rms_norm(x, self.vec(p + "ffn_norm.weight"), cfg.norm_eps)
-        g = self.mm(h, p + "ffn_gate.weight", act_quant)
-        u = self.mm(h, p + "ffn_up.weight", act_quant)
-        act = gelu_tanh if cfg.ffn_act == "gelu_tanh" else silu
-        f = self.mm(act(g) * u, p + "ffn_down.weight", act_quant)
+        if cfg.n_experts:
+            f = self.moe_ffn(p, h, act_quant)
+        else:
+            g = self.mm(h, p + "ffn_gate.weight", act_quant)
+            u = self.mm(h, p + "ffn_up.weight", act_quant)
+            act = gelu_tanh if cfg.ffn_act == "gelu_tanh" else silu
+            f = self.mm(act(g) * u, p + "ffn_down.weight", act_quant)
         if cfg.sandwich_norms:
             f = rms_norm(f, self.vec(p + "post_ffw_norm.weight"), cfg.norm_eps)
         return x + f, k, v
+
+    def gated_ffn(self, h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                  act_quant: bool = False) -> np.ndarray:
+        act = gelu_tanh if self.cfg.ffn_act == "gelu_tanh" else silu
+        g = act(h @ gate.T) * (h @ up.T)
+        return (quantize_activations(g) if act_quant else g) @ down.T
+
+    def experts(self, name: str) -> np.ndarray:
+        """(n_experts, rows, cols) of a 3-D expert tensor (held stacked by rows)."""
+        w = self.w(name)
+        return w.reshape(self.cfg.n_experts, -1, w.shape[1])
+
+    def moe_ffn(self, p: str, h: np.ndarray, act_quant: bool = False) -> np.ndarray:
+        """The mixture of experts as Hugging Face's Qwen2/Qwen3-MoE, OLMoE and Mixtral blocks define it: softmax of
+        the router's logits, the top k (ties to the lower index), renormalized where the model says
+        (norm_topk_prob; Mixtral's softmax over its top-k logits is the same), each token the weighted sum of its
+        experts' gated FFNs; Qwen2-MoE adds sigmoid(shared gate . h) times its shared expert. act_quant: the router's
+        and experts' inputs rounded as the engine's 8-bit activations (quantized weights only)."""
+        cfg = self.cfg
+        x = quantize_activations(h) if act_quant else h
+        logits = h @ self.w(p + "ffn_gate_inp.weight").T
+        ranked = -np.sort(-logits, axis=1)
+        if cfg.n_experts_used < cfg.n_experts:
+            self.route_margins.append(ranked[:, cfg.n_experts_used - 1] - ranked[:, cfg.n_experts_used])
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        gate, up, down = (self.experts(p + f"ffn_{r}_exps.weight") for r in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            chosen = np.lexsort((np.arange(cfg.n_experts), -probs[t]))[:cfg.n_experts_used]
+            w = probs[t, chosen]
+            if cfg.expert_norm_topk:
+                w = w / w.sum()
+            w = w * cfg.expert_weights_scale
+            for e, we in zip(chosen, w):
+                out[t] += we * self.gated_ffn(x[t:t + 1], gate[e], up[e], down[e], act_quant)[0]
+        if cfg.shared_expert_hidden_dim:
+            shared = self.gated_ffn(x, *(self.w(p + f"ffn_{r}_shexp.weight") for r in ("gate", "up", "down")),
+                                    act_quant)
+            g = h @ self.vec(p + "ffn_gate_inp_shexp.weight")
+            out += (1.0 / (1.0 + np.exp(-g)))[:, None] * shared
+        return out
 
     def logits(self, x: np.ndarray, act_quant: bool = False) -> np.ndarray:
         """(rows, vocab) logits of final residual-stream rows x (rows, dim)."""
@@ -281,6 +333,7 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
                  rope_theta: float = 10000.0, rope_scaling: dict | None = None, rope_neox: bool | None = None,
                  qkv_bias: bool | None = None, tie: bool = True, context_length: int = 256,
                  norm_eps: float = 1e-5, seed: int = 0, mix: dict[str, str] | None = None,
+                 experts: int = 0, experts_used: int = 2, expert_hidden: int = 64, shared_hidden: int = 0,
                  **switches) -> SimpleNamespace:
     """A random model as the loaders would hand it to Engine: `.config` (ModelConfig) and `.tensors`.
 
@@ -289,13 +342,22 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
     vectors to F32). embed_type/output_type default to weight_type; `mix` overrides the type of layer tensors by
     short name, as llama.cpp's Q4_K_M does: {"attn_v": "Q6_K", "ffn_down": "Q6_K"}.
     arch "qwen3" turns QK-norm on; "gemma3" every Gemma 3 switch, with a sliding window of 24 on all layers but
-    every third (so an 80-token test crosses it); `switches` are further ModelConfig fields (sliding_window=...)."""
+    every third (so an 80-token test crosses it); `switches` are further ModelConfig fields (sliding_window=...).
+    experts > 0: a mixture of `experts` experts of expert_hidden, experts_used per token, with a shared expert of
+    shared_hidden when that is > 0; arch "qwen3moe" (QK-norm, renormalized top-k), "qwen2moe" (QKV bias),
+    "olmoe" (QK-norm over all of q and k) or "llama" (Mixtral: renormalized)."""
     rng = np.random.default_rng(seed)
     head_dim = head_dim or dim // n_heads
     neox = (arch != "llama") if rope_neox is None else rope_neox
-    bias = (arch == "qwen2") if qkv_bias is None else qkv_bias
-    if arch == "qwen3":
+    bias = (arch in ("qwen2", "qwen2moe")) if qkv_bias is None else qkv_bias
+    if experts:
+        switches = {"n_experts": experts, "n_experts_used": experts_used, "expert_hidden_dim": expert_hidden,
+                    "shared_expert_hidden_dim": shared_hidden, "expert_norm_topk": arch in ("qwen3moe", "llama"),
+                    **switches}
+    if arch in ("qwen3", "qwen3moe"):
         switches = {"qk_norm": True, **switches}
+    elif arch == "olmoe":
+        switches = {"qk_norm": True, "qk_norm_full": True, **switches}
     elif arch == "gemma3":
         switches = {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh", "embed_scale": math.sqrt(dim),
                     "attn_scale": 1.0 / math.sqrt(head_dim), "sliding_window": 24,
@@ -333,16 +395,27 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
         add(p + "attn_k.weight", mat(kv_dim, dim, 1.5), weight_type)
         add(p + "attn_v.weight", mat(kv_dim, dim), weight_type)
         add(p + "attn_output.weight", mat(dim, q_dim), weight_type)
-        add(p + "ffn_gate.weight", mat(hidden, dim), weight_type)
-        add(p + "ffn_up.weight", mat(hidden, dim), weight_type)
-        add(p + "ffn_down.weight", mat(dim, hidden), weight_type)
+        if experts:   # the experts' 3-D tensors held stacked by rows, as the GGUF loader holds them
+            add(p + "ffn_gate_inp.weight", mat(experts, dim, 3.0), "F32")
+            add(p + "ffn_gate_exps.weight", mat(experts * expert_hidden, dim), weight_type)
+            add(p + "ffn_up_exps.weight", mat(experts * expert_hidden, dim), weight_type)
+            add(p + "ffn_down_exps.weight", mat(experts * dim, expert_hidden), weight_type)
+            if shared_hidden:
+                add(p + "ffn_gate_inp_shexp.weight", mat(1, dim, 3.0), "F32")
+                add(p + "ffn_gate_shexp.weight", mat(shared_hidden, dim), weight_type)
+                add(p + "ffn_up_shexp.weight", mat(shared_hidden, dim), weight_type)
+                add(p + "ffn_down_shexp.weight", mat(dim, shared_hidden), weight_type)
+        else:
+            add(p + "ffn_gate.weight", mat(hidden, dim), weight_type)
+            add(p + "ffn_up.weight", mat(hidden, dim), weight_type)
+            add(p + "ffn_down.weight", mat(dim, hidden), weight_type)
         if bias:
             add(p + "attn_q.bias", 0.5 * rng.standard_normal(q_dim), "F32")
             add(p + "attn_k.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
             add(p + "attn_v.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
         if cfg.qk_norm:
-            add(p + "attn_q_norm.weight", norm_w(head_dim), "F32")
-            add(p + "attn_k_norm.weight", norm_w(head_dim), "F32")
+            add(p + "attn_q_norm.weight", norm_w(q_dim if cfg.qk_norm_full else head_dim), "F32")
+            add(p + "attn_k_norm.weight", norm_w(kv_dim if cfg.qk_norm_full else head_dim), "F32")
         if cfg.sandwich_norms:
             add(p + "post_attention_norm.weight", norm_w(dim), "F32")
             add(p + "post_ffw_norm.weight", norm_w(dim), "F32")

@@ -17,7 +17,7 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
         for (int i = 0; i < heads * group * hd; i++) q[i] += bq[i];
         for (int i = 0; i < heads * hd; i++) { k[i] += bk[i]; v[i] += bk[KV_DIM(cfg) + i]; }
     }
-    if (A->q_norm) {                                     /* QK-norm: each head on its own, before RoPE */
+    if (A->q_norm && !A->qk_norm_full) {                 /* QK-norm: each head on its own, before RoPE */
         for (int h = 0; h < heads * group; h++) rmsnorm(q + h * hd, A->q_norm, hd, cfg->norm_eps, q + h * hd);
         for (int h = 0; h < heads; h++) rmsnorm(k + h * hd, A->k_norm, hd, cfg->norm_eps, k + h * hd);
     }
@@ -40,6 +40,20 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
         size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
         kv_store_key(k + h * hd, c->k_cache + off - pos % KV_BLOCK * hd, pos % KV_BLOCK, hd);
         store_f16(v + h * hd, c->v_cache + off, hd);
+    }
+}
+
+/* QK-norm over the whole of a token's q and of its k (OLMoE), before the items that split it by heads */
+static void qk_norm_full_fn(void *arg, int64_t begin, int64_t end, int thread) {
+    stage_t *s = arg;
+    (void)thread;
+    const model_config_t *cfg = &s->c->model->cfg;
+    const attention_block_t *A = &s->block->attn;
+    int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
+    for (int64_t t = begin; t < end; t++) {
+        float *q = s->c->qkv + t * qkv_dim, *k = q + Q_DIM(cfg);
+        rmsnorm(q, A->q_norm, Q_DIM(cfg), cfg->norm_eps, q);
+        rmsnorm(k, A->k_norm, KV_DIM(cfg), cfg->norm_eps, k);
     }
 }
 
@@ -201,6 +215,7 @@ void attention_block(context_t *c, stage_t *s, const block_t *B) {
     s->block = B;
     stage_prepare_input(c, s, c->x, cfg->dim, B->norm, &A->wqkv);                           /* rmsnorm(x) */
     stage_matmul(c, STAGE_QKV, s, &A->wqkv, c->qkv, 0);                                   /* qkv = Wqkv xn */
+    if (A->qk_norm_full) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, qk_norm_full_fn, s);     /* (no bias with it) */
     if (!s->fused_rope) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, rope_kv_fn, s);         /* rope, cache k and v */
     if (s->segments > 1)
         for (int64_t i = 0; i < s->attn_items / s->segments; i++) c->attn_pending[i] = s->segments;

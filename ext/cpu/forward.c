@@ -1,7 +1,7 @@
 /* One step of the model over a flat batch: every token of every sequence in the batch, prefill chunks and
  * decode tokens mixed, through each layer's blocks (the model's table of them: inferd.h's layer_t), then logits
  * for the rows that need them, then sampling. Read it top to bottom in forward(); each stage is one parallel
- * region over the thread pool. The blocks' stages are in block_attention.c and block_ffn.c. */
+ * region over the thread pool. The blocks' stages are in block_attention.c, block_ffn.c and block_moe.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +108,11 @@ void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, 
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
+void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma) {
+    s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->xq = c->xq; s->out = c->xn;
+    stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
+}
+
 void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm) {
     if (!post_norm) { stage_matmul(c, stage, s, w, c->x, 1); return; }
     stage_matmul(c, stage, s, w, c->y, 0);
@@ -149,9 +154,9 @@ static int layer_forward(context_t *c, stage_t *s, const layer_t *L) {
         switch (B->kind) {
         case BLOCK_ATTENTION: attention_block(c, s, B); break;           /* x += attention(rmsnorm(x)) */
         case BLOCK_FFN_GATED: ffn_gated_block(c, s, B); break;           /* x += down(act(gate) * up) */
-        /* BLOCK_FFN_MOE's place: a router matmul and top-k per token, then each expert's gated FFN over the rows
-         * routed to it, weighted into x. BLOCK_RECURRENT's: its per-sequence state read and written in the order of
-         * each sequence's tokens. The model builder refuses both until they are built. */
+        case BLOCK_FFN_MOE: ffn_moe_block(c, s, B); break;               /* x += the chosen experts, weighted */
+        /* BLOCK_RECURRENT's place: its per-sequence state read and written in the order of each sequence's tokens.
+         * The model builder refuses it until it is built. */
         default: return FORWARD_BAD_BLOCK_KIND;
         }
     }
@@ -249,7 +254,7 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     if (!c->pool || !kv_ok || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
         !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
         !c->attn_parts || !c->attn_pending ||
-        (post_norms && !c->y)) {
+        (post_norms && !c->y) || moe_scratch_create(c)) {
         context_free(c);
         return NULL;
     }
@@ -264,5 +269,6 @@ void context_free(context_t *c) {
     free(c->h); free(c->y); free(c->xq); free(c->xq_h); free(c->runs); free(c->logits); free(c->attn_scratch);
     free(c->attn_parts); free(c->attn_pending);
     free(c->sample_scratch);
+    moe_scratch_free(c);
     free(c);
 }

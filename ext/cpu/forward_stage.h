@@ -40,12 +40,19 @@ void stage_set_input(stage_t *s, const float *in, int in_dim, const block_q8x *x
 /* xq = quantize(rmsnorm(in)) for the matmul by `reader` (and xn = rmsnorm(in) if that weight is in floats) */
 void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma,
                          const weight_t *reader);
+/* the same, with xn = rmsnorm(in) kept in floats whatever the readers (the MoE router and shared gate read them) */
+void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma);
 /* x += W in, or, with a post-norm (sandwich norms), x += rmsnorm(W in) */
 void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm);
 
-/* the blocks a layer is made of: each x += block(x) over the batch's tokens (block_attention.c, block_ffn.c) */
+/* the blocks a layer is made of: each x += block(x) over the batch's tokens (block_attention.c, block_ffn.c,
+ * block_moe.c) */
 void attention_plan(context_t *c, const batch_t *b, stage_t *s);   /* once per step, before the layers */
 void attention_block(context_t *c, stage_t *s, const block_t *B);
 void ffn_gated_block(context_t *c, stage_t *s, const block_t *B);
+void ffn_moe_block(context_t *c, stage_t *s, const block_t *B);
+/* the MoE blocks' buffers in c->moe, for the largest of the model's (none for a dense model): 0, or -1 out of memory */
+int moe_scratch_create(context_t *c);
+void moe_scratch_free(context_t *c);
 
 #endif

@@ -253,7 +253,7 @@ typedef struct {
 typedef enum {
     BLOCK_ATTENTION = 1,     /* the mixer: causal self-attention over the paged KV cache (attention_block_t) */
     BLOCK_FFN_GATED = 2,     /* the FFN: down(act(gate xn) * up xn), dense (ffn_gated_block_t) */
-    BLOCK_FFN_MOE = 3,       /* the FFN as a router and k of n gated experts per token: not built yet */
+    BLOCK_FFN_MOE = 3,       /* the FFN as a router and k of n gated experts per token (ffn_moe_block_t) */
     BLOCK_RECURRENT = 4,     /* a mixer with a recurrent state per sequence in place of the KV cache: not built yet */
 } block_kind_t;
 
@@ -264,6 +264,7 @@ typedef struct {
     weight_t wo;                       /* (dim, q_dim) */
     float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
     float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
+    int qk_norm_full;                  /* the QK-norm is over all of q and all of k: q_norm (q_dim), k_norm (kv_dim) */
     int rope_neox;                     /* RoPE pairs (i, i + head_dim/2) (rotate-half); else (2i, 2i+1) */
     int window;                        /* sliding window (keys per query, itself included); 0: global attention */
     float scale;                       /* of q.k: the model's own, else 1/sqrt(head_dim) */
@@ -276,6 +277,24 @@ typedef struct {
     int act;                           /* ACT_SILU or ACT_GELU_TANH */
 } ffn_gated_block_t;
 
+/* A mixture of experts (block_moe.c): per token, the router's softmax over n_experts logits chooses the n_used
+ * highest (ties to the lower index); the token's output is the sum over them, by rank, of weight * expert(xn), each
+ * expert a gated FFN of `hidden` units, plus, with a shared expert, sigmoid(shared_gate . xn) * shared(xn). */
+#define MOE_MAX_EXPERTS 256
+#define MOE_MAX_USED 32
+typedef struct {
+    weight_t router;                   /* (n_experts, dim) */
+    weight_t *wgu;                     /* (n_experts) each (2 hidden, dim), gate|up interleaved by 32 as the dense FFN's */
+    weight_t *wdown;                   /* (n_experts) each (dim, hidden) */
+    int n_experts, n_used, hidden;
+    int norm_topk;                     /* the n_used weights renormalized to sum to 1 */
+    float weights_scale;               /* the weights times this; 0: 1 */
+    int act;                           /* ACT_SILU or ACT_GELU_TANH */
+    float *shared_gate;                /* (dim) the shared expert's gate, or NULL for none */
+    weight_t shared_gu, shared_down;   /* (2 shared_hidden, dim), (dim, shared_hidden) */
+    int shared_hidden;
+} ffn_moe_block_t;
+
 typedef struct {
     int kind;                          /* block_kind_t */
     float *norm;                       /* (dim) RMSNorm of the block's input */
@@ -283,6 +302,7 @@ typedef struct {
     union {
         attention_block_t attn;        /* BLOCK_ATTENTION */
         ffn_gated_block_t ffn;         /* BLOCK_FFN_GATED */
+        ffn_moe_block_t moe;           /* BLOCK_FFN_MOE */
     };
 } block_t;
 
@@ -333,7 +353,7 @@ typedef struct {
 
 /* stages of a step, for the optional profile */
 enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP_SWIGLU,
-       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, NUM_STAGES };
+       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, NUM_STAGES };
 
 typedef struct {
     const model_t *model;
@@ -365,6 +385,7 @@ typedef struct {
     int32_t *runs;                     /* (max_tokens + 1) first token of each attention run, then num_tokens */
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
     kernel_config_t kernels;           /* this context's matmul kernel settings */
+    struct moe_scratch *moe;           /* the mixtures of experts' buffers (block_moe.c), or NULL for a dense model */
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);

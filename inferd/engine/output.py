@@ -31,13 +31,12 @@ class TextState:
         self.stops = StopChecker(list(stop)) if stop else None
         self.num_tokens = 0  # generated tokens delivered so far (a stop string may cut a step's tokens)
 
-    def add(self, token_id: int) -> tuple[str, bool]:
-        """Text that is now safe to show, and whether a stop string was hit (text then ends before it)."""
+    def add(self, token_id: int) -> tuple[str, str | None]:
+        """Text that is now safe to show, and the stop string it hit, if any (text then ends before it)."""
         text = self.detok.add(token_id)
         if self.stops is None:
-            return text, False
-        text, matched = self.stops.feed(text)
-        return text, matched is not None
+            return text, None
+        return self.stops.feed(text)
 
     def flush(self) -> str:
         # the detokenizer's incomplete UTF-8 tail goes through the stop checker like any other text
@@ -89,7 +88,8 @@ class OutputProcessor:
                 break
             piece, hit_stop = text.add(tok)
             pieces.append(piece)
-            if hit_stop:
+            if hit_stop is not None:
+                out.stop_string = hit_stop
                 self._cut(st, out, text, i + 1)
                 out.text = "".join(pieces)
                 return

@@ -76,6 +76,7 @@ class RequestOutput:
     error_status: int | None = None  # HTTP status when finish_reason is ERROR
     error_message: str | None = None
     usage: Usage | None = None
+    stop_string: str | None = None  # the request's stop string that ended it (APIs that say which: Anthropic's)
 
 
 @dataclass(eq=False)

@@ -7,12 +7,14 @@ interleaved parts (gate|up) of different types; then they are brought to the mos
 from __future__ import annotations
 
 import mmap
+from typing import Any
 
 import numpy as np
 
 from inferd import _cpu
-from inferd.model.arch import ATTENTION, FFN_GATED, MODEL_TENSORS
+from inferd.model.arch import ATTENTION, FFN_GATED, FFN_MOE, MODEL_TENSORS
 from inferd.model.layers import Block, layer_plan
+from inferd.model.tensor import Tensor
 
 # most precise first
 PRECISION = (
@@ -178,7 +180,7 @@ def cpu_model_parts(model) -> tuple[dict, dict, list]:
 def _cpu_block(block: Block, ts) -> tuple:
     """A block as _cpu.Model takes it: (kind, options, the engine's tensors)."""
     t = {role: ts[name] for role, name in block.tensors.items()}
-    out = {"norm": _vector(t["norm"])}
+    out: dict[str, Any] = {"norm": _vector(t["norm"])}
     if "post_norm" in t:
         out["post_norm"] = _vector(t["post_norm"])
     if block.kind == ATTENTION:
@@ -195,6 +197,24 @@ def _cpu_block(block: Block, ts) -> tuple:
         # (block_ffn.c)
         out["wgu"] = fuse([t["gate"], t["up"]], interleave=32)
         out["wdown"] = _spec(t["down"])
+    elif block.kind == FFN_MOE:
+        # the router, then each expert as a weight of its own made from its rows of the file's 3-D tensors (views:
+        # the repack is the one copy), gate|up interleaved by 32 as the dense FFN's
+        out["router"] = _spec(t["router"])
+        n = block.shapes["gate_exps"][0]
+        gates, ups, downs = (experts(t[role], n) for role in ("gate_exps", "up_exps", "down_exps"))
+        out["experts_gu"] = [fuse([g, u], interleave=32) for g, u in zip(gates, ups)]
+        out["experts_down"] = [_spec(d) for d in downs]
+        if "shared_gate" in t:
+            out["shared_gate"] = _vector(t["shared_gate"])
+            out["shared_gu"] = fuse([t["gate_shexp"], t["up_shexp"]], interleave=32)
+            out["shared_down"] = _spec(t["down_shexp"])
     else:
         raise ValueError(f"the CPU engine has no {block.kind} block")
     return (block.kind, block.options, out)
+
+
+def experts(t: Tensor, n: int) -> list[Tensor]:
+    """The n matrices of a 3-D tensor held stacked by rows (inferd.model.gguf), each a view of its rows."""
+    rows = t.rows // n
+    return [Tensor(f"{t.name}[{e}]", t.type, rows, t.cols, t.data[e * rows : (e + 1) * rows]) for e in range(n)]

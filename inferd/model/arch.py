@@ -4,8 +4,9 @@ config through it (inferd.model.model_config), and both engines build their weig
 it (inferd.model.layers). docs/design/architectures.md says how to add a row or a block kind.
 
 A layer is a short list of blocks run in order, each adding its output to the residual stream: the token mixer
-(attention), then the FFN (dense gated). A block kind names the C block that runs it (ext/cpu/inferd.h's
-block_kind_t); the kinds without a builder yet have their names here so that a row can say what it needs."""
+(attention), then the FFN (dense gated, or a mixture of experts). A block kind names the C block that runs it
+(ext/cpu/inferd.h's block_kind_t); the kinds without a builder yet have their names here so that a row can say what
+it needs."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from typing import Any
 # block kinds
 ATTENTION = "attention"  # causal self-attention over the KV cache, with the row's options
 FFN_GATED = "ffn_gated"  # down(act(gate x) * up x), dense
-FFN_MOE = "ffn_moe"  # a router choosing k of n gated experts per token: not built yet
+FFN_MOE = "ffn_moe"  # a router choosing k of n gated experts per token (and a shared expert beside them)
 RECURRENT = "recurrent"  # a mixer with a recurrent state per sequence: not built yet
-BUILT_KINDS = (ATTENTION, FFN_GATED)
+BUILT_KINDS = (ATTENTION, FFN_GATED, FFN_MOE)
 
 # Each block kind's tensors: role -> GGUF name inside layer i (after "blk.{i}."). Optional roles are present when
 # the model's options turn them on (ModelConfig.qkv_bias, qk_norm, sandwich_norms).
@@ -43,6 +44,19 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
         "up": "ffn_up.weight",
         "down": "ffn_down.weight",
         "post_norm": "post_ffw_norm.weight",
+    },
+    # the experts' matrices are 3-D in the file, (n_experts, rows, cols); shared_* is Qwen2-MoE's shared expert,
+    # shared_gate its sigmoid gate (one row of dim)
+    FFN_MOE: {
+        "norm": "ffn_norm.weight",
+        "router": "ffn_gate_inp.weight",
+        "gate_exps": "ffn_gate_exps.weight",
+        "up_exps": "ffn_up_exps.weight",
+        "down_exps": "ffn_down_exps.weight",
+        "shared_gate": "ffn_gate_inp_shexp.weight",
+        "gate_shexp": "ffn_gate_shexp.weight",
+        "up_shexp": "ffn_up_shexp.weight",
+        "down_shexp": "ffn_down_shexp.weight",
     },
 }
 # the model's own tensors, outside the layers: role -> GGUF name ("output" is absent when tied to the embedding)
@@ -93,6 +107,12 @@ GGUF_KEYS = {
     "rope_scaling_factor": "rope.scaling.factor",
     "rope_scale_linear": "rope.scale_linear",
     "rope_original_context": "rope.scaling.original_context_length",
+    # mixtures of experts (absent in dense files)
+    "n_experts": "expert_count",
+    "n_experts_used": "expert_used_count",
+    "expert_hidden_dim": "expert_feed_forward_length",
+    "shared_expert_hidden_dim": "expert_shared_feed_forward_length",
+    "expert_weights_scale": "expert_weights_scale",
 }
 
 # reads a metadata key of the file: key(name, default) (a missing key without a default raises ValueError)
@@ -109,12 +129,19 @@ class Architecture:
     ffn: str = FFN_GATED  # the block kind of its feed-forward part
     qkv_bias: bool = False  # attn_q/k/v.bias in every layer (a file of another row may still carry them)
     qk_norm: bool = False  # RMSNorm of every q and k head before RoPE
+    qk_norm_full: bool = False  # the QK-norm is over all of q and all of k (every head together: OLMoE)
     sandwich_norms: bool = False  # RMSNorm of the mixer's and the FFN's outputs before the residual add
     ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
     # llama.cpp's converter permutes llama-family Wq/Wk so that RoPE pairs are adjacent (2i, 2i+1); the others
     # keep Hugging Face's rotate-half pairs (i, i + head_dim/2), as every HF checkpoint does
     gguf_rope_neox: bool = True
     hf_sliding_window: bool = False  # config.json's sliding_window applies unless use_sliding_window says not
+    # mixtures of experts, as llama.cpp runs each: the top-k router weights renormalized to sum to 1 (Qwen3-MoE,
+    # Mixtral: its softmax over the k chosen logits is the same weights), and a shared expert beside the routed
+    # ones with a sigmoid gate of its own (Qwen2-MoE). A row whose ffn is FFN_GATED runs as a mixture when its file
+    # has experts (llama with ffn_gate_inp: Mixtral).
+    moe_norm_topk: bool = False
+    shared_expert: bool = False
     # the row's own metadata (sliding windows, scales): ModelConfig fields read from the file by this function
     gguf_options: Callable[[MetadataReader, int, int, int, int], dict[str, Any]] | None = field(
         default=None, compare=False
@@ -159,11 +186,14 @@ def gemma3_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, h
 ARCHITECTURES: dict[str, Architecture] = {
     row.name: row
     for row in (
-        Architecture("llama", "LlamaForCausalLM", gguf_rope_neox=False),
+        Architecture("llama", "LlamaForCausalLM", gguf_rope_neox=False, moe_norm_topk=True),
         Architecture("mistral", "MistralForCausalLM", gguf_rope_neox=False, hf_sliding_window=True),
         Architecture("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
         Architecture("qwen3", "Qwen3ForCausalLM", qk_norm=True),
         Architecture("gemma3", qk_norm=True, sandwich_norms=True, ffn_act="gelu_tanh", gguf_options=gemma3_options),
+        Architecture("qwen2moe", qkv_bias=True, ffn=FFN_MOE, shared_expert=True),
+        Architecture("qwen3moe", qk_norm=True, ffn=FFN_MOE, moe_norm_topk=True),
+        Architecture("olmoe", qk_norm=True, qk_norm_full=True, ffn=FFN_MOE),
     )
 }
 ARCHS = tuple(ARCHITECTURES)

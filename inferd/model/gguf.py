@@ -113,9 +113,9 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
         )
 
     for info in infos.values():
-        if len(info.dims) > 2 and info.name in by_name:
+        if len(info.dims) > 3 and info.name in by_name:
             raise ModelLoadError(
-                path, f"tensor {info.name} has {len(info.dims)} dimensions; only 1-D and 2-D weights are supported"
+                path, f"tensor {info.name} has {len(info.dims)} dimensions; only 1-D to 3-D weights are supported"
             )
     try:
         check_tensors(config, {n: _rows_cols(infos[n].dims) for n in by_name})
@@ -148,8 +148,11 @@ def _check_tokenizer_metadata(path: str, metadata: dict[str, Any]) -> None:
         raise ModelLoadError(path, "tokenizer.ggml.merges is not a list of strings")
 
 
-def _rows_cols(dims: tuple[int, ...]) -> tuple[int, int]:
-    return (1, dims[0]) if len(dims) == 1 else (dims[1], dims[0])
+def _rows_cols(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """(rows, cols) of a 1-D or 2-D tensor; (n, rows, cols) of a 3-D one (the experts of a layer, one after another)."""
+    if len(dims) == 1:
+        return (1, dims[0])
+    return tuple(reversed(dims))
 
 
 def _tensor_data(file_map: mmap.mmap, info: TensorInfo) -> np.ndarray:
@@ -159,7 +162,10 @@ def _tensor_data(file_map: mmap.mmap, info: TensorInfo) -> np.ndarray:
 
 
 def _to_tensor(name: str, data: np.ndarray, info: TensorInfo) -> Tensor:
-    rows, cols = _rows_cols(info.dims)
+    """A 3-D tensor (n, rows, cols) is held as its n matrices stacked by rows, (n * rows, cols): the engine takes
+    each expert as a view of its rows (inferd.engine.weights)."""
+    *outer, cols = _rows_cols(info.dims)
+    rows = int(np.prod(outer))
     if info.type in ("F32", "F16", "BF16"):
         arr = data.reshape(rows, cols)
     else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from inferd.model.arch import ARCHITECTURES, ATTENTION, BLOCK_TENSORS, BUILT_KINDS, FFN_GATED, MODEL_TENSORS
+from inferd.model.arch import ARCHITECTURES, ATTENTION, BLOCK_TENSORS, BUILT_KINDS, FFN_GATED, FFN_MOE, MODEL_TENSORS
 from inferd.model.model_config import ModelConfig
 
 
@@ -19,44 +19,92 @@ class Block:
     kind: str  # inferd.model.arch's block kinds
     options: dict[str, Any]  # what the C block reads besides its tensors
     tensors: dict[str, str]  # role -> the GGUF name of this layer's tensor (the roles this model has)
-    shapes: dict[str, tuple[int, int]]  # role -> (rows = out features, cols = in features)
+    # role -> (rows = out features, cols = in features); the experts' (n_experts, rows, cols)
+    shapes: dict[str, tuple[int, ...]]
 
 
 def _attention(cfg: ModelConfig, layer: int) -> Block:
     dim, q, kv = cfg.dim, cfg.q_dim, cfg.kv_dim
-    shapes = {"norm": (1, dim), "q": (q, dim), "k": (kv, dim), "v": (kv, dim), "o": (dim, q)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm": (1, dim),
+        "q": (q, dim),
+        "k": (kv, dim),
+        "v": (kv, dim),
+        "o": (dim, q),
+    }
     if cfg.qkv_bias:
         shapes.update({"q_bias": (1, q), "k_bias": (1, kv), "v_bias": (1, kv)})
-    if cfg.qk_norm:
-        shapes.update({"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)})
+    if cfg.qk_norm:  # per head, or (OLMoE) over the whole of q and of k
+        shapes.update(
+            {"q_norm": (1, q), "k_norm": (1, kv)}
+            if cfg.qk_norm_full
+            else {"q_norm": (1, cfg.head_dim), "k_norm": (1, cfg.head_dim)}
+        )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
     options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale)}
+    if cfg.qk_norm_full:
+        options["qk_norm_full"] = 1
     return _block(ATTENTION, layer, options, shapes)
 
 
 def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
     dim, hidden = cfg.dim, cfg.hidden_dim
-    shapes = {"norm": (1, dim), "gate": (hidden, dim), "up": (hidden, dim), "down": (dim, hidden)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm": (1, dim),
+        "gate": (hidden, dim),
+        "up": (hidden, dim),
+        "down": (dim, hidden),
+    }
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
     return _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
 
 
-def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> Block:
+def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
+    dim, n, hidden, shared = cfg.dim, cfg.n_experts, cfg.expert_hidden_dim, cfg.shared_expert_hidden_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm": (1, dim),
+        "router": (n, dim),
+        "gate_exps": (n, hidden, dim),
+        "up_exps": (n, hidden, dim),
+        "down_exps": (n, dim, hidden),
+    }
+    if shared:
+        shapes.update(
+            {
+                "shared_gate": (1, dim),
+                "gate_shexp": (shared, dim),
+                "up_shexp": (shared, dim),
+                "down_shexp": (dim, shared),
+            }
+        )
+    if cfg.sandwich_norms:
+        shapes["post_norm"] = (1, dim)
+    options = {
+        "act": cfg.ffn_act,
+        "n_used": cfg.n_experts_used,
+        "norm_topk": int(cfg.expert_norm_topk),
+        "weights_scale": float(cfg.expert_weights_scale),
+    }
+    return _block(FFN_MOE, layer, options, shapes)
+
+
+def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> Block:
     names = {role: f"blk.{layer}.{BLOCK_TENSORS[kind][role]}" for role in shapes}
     return Block(kind, options, names, shapes)
 
 
 # the block kinds the engines build, each from the config; a kind of arch.py without one is refused at load
-BUILDERS = {ATTENTION: _attention, FFN_GATED: _ffn_gated}
+BUILDERS = {ATTENTION: _attention, FFN_GATED: _ffn_gated, FFN_MOE: _ffn_moe}
 assert tuple(BUILDERS) == BUILT_KINDS
 
 
 def layer_blocks(cfg: ModelConfig, layer: int) -> list[Block]:
-    """Layer `layer`'s blocks in the order they run: the architecture's mixer, then its FFN."""
+    """Layer `layer`'s blocks in the order they run: the architecture's mixer, then its FFN (a mixture of experts
+    whenever the model has experts: a llama file with them is Mixtral)."""
     row = ARCHITECTURES[cfg.arch]
-    kinds = (row.mixer, row.ffn)
+    kinds = (row.mixer, FFN_MOE if cfg.is_moe else row.ffn)
     missing = [k for k in kinds if k not in BUILDERS]
     if missing:
         raise ValueError(f"{cfg.arch} layers need {' and '.join(missing)} blocks, which are not built yet")
@@ -75,17 +123,19 @@ def model_tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Every tensor the engine needs, GGUF-named, as (rows = out features, cols = in features)."""
-    shapes = model_tensor_shapes(cfg)
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the engine needs, GGUF-named, as (rows = out features, cols = in features), the experts'
+    as (n_experts, rows, cols)."""
+    shapes: dict[str, tuple[int, ...]] = dict(model_tensor_shapes(cfg))
     for blocks in layer_plan(cfg):
         for block in blocks:
             shapes.update({block.tensors[role]: shape for role, shape in block.shapes.items()})
     return shapes
 
 
-def check_tensors(cfg: ModelConfig, shapes: Mapping[str, tuple[int, int]]) -> None:
-    """Raise ValueError naming any missing, unexpected or mis-shaped tensor (shapes: name -> (rows, cols)).
+def check_tensors(cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raise ValueError naming any missing, unexpected or mis-shaped tensor (shapes: name -> (rows, cols), or
+    (n_experts, rows, cols) for a 3-D one).
 
     Unknown tensors are refused rather than ignored: a weight the engine would skip means a different model.
     """

@@ -15,13 +15,16 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from inferd.model.arch import ARCHITECTURES, ARCHS, GGUF_KEYS, HF_ARCHS
+from inferd.model.arch import ARCHITECTURES, ARCHS, FFN_MOE, GGUF_KEYS, HF_ARCHS
 from inferd.model.rope_scaling import check_llama3, hf_rope_scaling, llama3_from_factors
 
 HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
 FFN_ACTS = ("silu", "gelu_tanh")
 # Weight rows are split into 32-value blocks (Q8_0/Q4_0/Q4_1), so every matmul input width must be a multiple.
 DIM_MULTIPLE = 32
+# experts per layer and experts per token the CPU engine's router holds (ext/cpu/inferd.h MOE_MAX_*)
+MAX_EXPERTS = 256
+MAX_EXPERTS_USED = 32
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,16 @@ class ModelConfig:
     local_layers: tuple[int, ...] = ()  # the layers that use the sliding window
     rope_theta_local: float | None = None  # RoPE base of the local layers (None: rope_theta)
     rope_linear_factor: float = 1.0  # linear RoPE scaling of the global layers: positions / factor
+    qk_norm_full: bool = False  # the QK-norm is over all of q and all of k rather than per head (OLMoE)
+    # a mixture of experts (n_experts > 0): each token's FFN is the weighted sum of the n_experts_used experts its
+    # router scores highest (each a gated FFN of expert_hidden_dim), plus a shared expert of shared_expert_hidden_dim
+    # with a sigmoid gate when that is > 0
+    n_experts: int = 0
+    n_experts_used: int = 0
+    expert_hidden_dim: int = 0
+    shared_expert_hidden_dim: int = 0
+    expert_norm_topk: bool = False  # the k router weights renormalized to sum to 1
+    expert_weights_scale: float = 1.0  # the router weights times this
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -97,10 +110,34 @@ class ModelConfig:
             raise ValueError(f"sliding_window must be 0 (none) or positive, got {self.sliding_window}")
         if self.local_layers and self.sliding_window == 0:
             raise ValueError("local (sliding-window) layers need a sliding_window")
+        self._check_experts()
         if any(not 0 <= i < self.n_layers for i in self.local_layers) or list(self.local_layers) != sorted(
             set(self.local_layers)
         ):
             raise ValueError(f"local_layers must be distinct ascending layer indices, got {self.local_layers}")
+
+    def _check_experts(self) -> None:
+        if self.n_experts == 0:
+            if self.n_experts_used or self.shared_expert_hidden_dim:
+                raise ValueError("experts used or a shared expert without experts (expert_count 0)")
+            return
+        if not 1 <= self.n_experts <= MAX_EXPERTS:
+            raise ValueError(f"expert_count {self.n_experts} is not supported (1 to {MAX_EXPERTS})")
+        if not 1 <= self.n_experts_used <= min(self.n_experts, MAX_EXPERTS_USED):
+            raise ValueError(
+                f"expert_used_count {self.n_experts_used} must be 1 to {min(self.n_experts, MAX_EXPERTS_USED)} "
+                f"for {self.n_experts} experts"
+            )
+        for name in ("expert_hidden_dim", "shared_expert_hidden_dim"):
+            value = getattr(self, name)
+            if value < 0 or value % DIM_MULTIPLE or (name == "expert_hidden_dim" and value == 0):
+                raise ValueError(f"{name} {value} is not a positive multiple of {DIM_MULTIPLE}")
+        if not math.isfinite(self.expert_weights_scale) or self.expert_weights_scale <= 0:
+            raise ValueError(f"expert_weights_scale must be a positive number, got {self.expert_weights_scale!r}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
 
     def layer_window(self, i: int) -> int:
         """Layer i's sliding window (keys per query, itself included), or 0 for a global layer."""
@@ -117,6 +154,7 @@ class ModelConfig:
             ("logit soft-capping", self.logit_softcap > 0),
             ("sliding-window layers", bool(self.local_layers)),
             ("linear RoPE scaling", self.rope_linear_factor != 1.0),
+            ("experts", self.is_moe),
         ]
         return [name for name, is_on in on if is_on]
 
@@ -238,6 +276,8 @@ class ModelConfig:
                 return _meta(fields, name, default)
 
             options = row.gguf_options(own_key, n_layers, dim, n_heads, head_dim)
+        hidden = int(key("hidden_dim", 0) or 0)
+        options.update(_gguf_experts(key, arch, hidden))
         return cls(
             arch=arch,
             vocab_size=int(vocab),
@@ -246,7 +286,7 @@ class ModelConfig:
             n_heads=n_heads,
             n_kv_heads=int(key("n_kv_heads", n_heads)),
             head_dim=head_dim,
-            hidden_dim=int(key("hidden_dim")),
+            hidden_dim=hidden or int(key("hidden_dim")),
             rope_theta=theta,
             rope_scaling=scaling,
             rope_neox=row.gguf_rope_neox,
@@ -256,6 +296,7 @@ class ModelConfig:
             context_length=int(key("context_length")),
             rope_linear_factor=linear,
             qk_norm=row.qk_norm,
+            qk_norm_full=row.qk_norm_full,
             sandwich_norms=row.sandwich_norms,
             ffn_act=row.ffn_act,
             **options,
@@ -268,6 +309,30 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+
+def _gguf_experts(key, arch: str, hidden: int) -> dict[str, Any]:
+    """A file's mixture-of-experts fields, read as llama.cpp reads them: an expert's width is
+    expert_feed_forward_length, else feed_forward_length (Qwen2-MoE: that over the experts used); the shared expert's
+    is expert_shared_feed_forward_length, else feed_forward_length. Empty for a dense file."""
+    row = ARCHITECTURES[arch]
+    n_experts = int(key("n_experts", 0) or 0)
+    if n_experts == 0:
+        if row.ffn == FFN_MOE:
+            raise ValueError(f"{arch} files need {arch}.{GGUF_KEYS['n_experts']} (a mixture of experts)")
+        return {}
+    used = int(key("n_experts_used", 0) or 0)
+    if used == 0:
+        raise ValueError(f"{arch}.{GGUF_KEYS['n_experts_used']} is missing or 0 for {n_experts} experts")
+    default = hidden // used if row.shared_expert else hidden
+    return {
+        "n_experts": n_experts,
+        "n_experts_used": used,
+        "expert_hidden_dim": int(key("expert_hidden_dim", 0) or default),
+        "shared_expert_hidden_dim": int(key("shared_expert_hidden_dim", 0) or hidden) if row.shared_expert else 0,
+        "expert_norm_topk": row.moe_norm_topk,
+        "expert_weights_scale": float(key("expert_weights_scale", 0.0) or 1.0),
+    }
 
 
 def _int(cfg: Mapping[str, Any], key: str) -> int:

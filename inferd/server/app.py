@@ -21,6 +21,10 @@ from inferd.config import Settings
 from inferd.engine.request import Request
 from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import embeddings, openai, routes
+from inferd.server.apis.ollama import embed as ollama_embed
+from inferd.server.apis.ollama import models as ollama_models
+from inferd.server.apis.messages import count
+from inferd.server.apis.messages.request import CountTokensRequest
 from inferd.server.cors import setup_cors
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
@@ -32,7 +36,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferd.server")
 
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
-EMBEDDING_ONLY_PATHS = ("/v1/embeddings",)
+# what an embedding-only server answers (besides /v1/models): its embeddings, and Ollama's listings of it
+EMBEDDING_ONLY_PATHS = (
+    "/v1/embeddings",
+    "/",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/tags",
+    "/api/show",
+    "/api/ps",
+    "/api/version",
+)
 OPENAPI = web.AppKey("openapi", dict)
 
 
@@ -41,7 +55,7 @@ def key_digest(key: str) -> bytes:
 
 
 def needs_auth(path: str) -> bool:
-    return path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+    return path.startswith(("/v1/", routes.OLLAMA_PREFIX)) or path in ("/tokenize", "/detokenize")
 
 
 # ---- middlewares -------------------------------------------------------------------------------------------
@@ -52,13 +66,14 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ProtocolError as e:
-        return openai.error_response(e)
+        return routes.error_response(request.path, e)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[STATE].settings.max_body_bytes
-        return openai.error_response(
+        return routes.error_response(
+            request.path,
             ProtocolError(
                 f"the request body is larger than the limit of {limit} bytes", status=413, code="request_too_large"
-            )
+            ),
         )
     except web.HTTPException as e:
         if e.status < 400:
@@ -67,28 +82,47 @@ async def error_middleware(request: web.Request, handler):
             404: f"no route for {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(e.status, e.reason)
-        return openai.error_response(ProtocolError(message, status=e.status))
+        return routes.error_response(request.path, ProtocolError(message, status=e.status))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return openai.error_response(ProtocolError("internal server error; the failure has been logged", status=500))
+        return routes.error_response(
+            request.path, ProtocolError("internal server error; the failure has been logged", status=500)
+        )
+
+
+def request_keys(request: web.Request) -> list[str]:
+    """The API keys a request carries: `Authorization: Bearer KEY` (OpenAI's clients) and `x-api-key: KEY`
+    (Anthropic's), on every route; either may hold the key (a gateway in front may add the other)."""
+    keys = []
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        keys.append(token.strip())
+    key = request.headers.get("x-api-key", "").strip()
+    if key:
+        keys.append(key)
+    return keys
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler):
     state = request.app[STATE]
     if state.api_key_digests and needs_auth(request.path):
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        keys = request_keys(request)
         # Compare fixed-length digests of every configured key, without stopping at the first match: the
         # time taken says nothing about how much of a guess was right, or which key it resembled.
-        digest = key_digest(token.strip())
         ok = False
-        for d in state.api_key_digests:
-            ok |= hmac.compare_digest(digest, d)
-        if scheme.lower() != "bearer" or not ok:
+        for key in keys or [""]:
+            digest = key_digest(key)
+            for d in state.api_key_digests:
+                ok |= hmac.compare_digest(digest, d)
+        if not keys or not ok:
+            given = "Authorization" in request.headers or "x-api-key" in request.headers
             message = (
-                "missing API key: send it as 'Authorization: Bearer KEY'" if not token else "incorrect API key provided"
+                "incorrect API key provided"
+                if given
+                else "missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
             )
             raise ProtocolError(message, status=401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return await handler(request)
@@ -166,6 +200,10 @@ def openapi_document() -> dict[str, Any]:
         "/detokenize": openai.DetokenizeRequest,
         "/v1/cache/warm": openai.CacheWarmRequest,
         "/v1/embeddings": embeddings.EmbeddingRequest,
+        "/api/embed": ollama_embed.EmbedRequest,
+        "/api/embeddings": ollama_embed.LegacyEmbeddingsRequest,
+        "/api/show": ollama_models.ShowRequest,
+        count.PATH: CountTokensRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}

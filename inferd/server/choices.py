@@ -31,6 +31,7 @@ class Choice:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop string that ended the choice, if one did
     usage: Usage | None = None
 
     def add(self, out: RequestOutput) -> None:
@@ -45,6 +46,7 @@ class Choice:
             self.usage = out.usage
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason.value
+            self.stop_string = out.stop_string
 
 
 @dataclass
@@ -167,6 +169,7 @@ def merge_outputs(outs: list[RequestOutput]) -> RequestOutput:
         error_status=last.error_status,
         error_message=last.error_message,
         usage=next((o.usage for o in reversed(outs) if o.usage is not None), None),
+        stop_string=last.stop_string,
     )
 
 

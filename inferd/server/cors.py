@@ -15,8 +15,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
-# what the OpenAI SDKs send from a browser when the preflight does not list its headers
-DEFAULT_ALLOW_HEADERS = "Authorization, Content-Type, OpenAI-Organization, OpenAI-Project, OpenAI-Beta"
+# what the OpenAI and Anthropic SDKs send from a browser when the preflight does not list its headers
+DEFAULT_ALLOW_HEADERS = (
+    "Authorization, Content-Type, OpenAI-Organization, OpenAI-Project, OpenAI-Beta, "
+    "x-api-key, anthropic-version, anthropic-beta, anthropic-dangerous-direct-browser-access"
+)
 MAX_AGE_S = 600
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -90,6 +90,7 @@ class Encoder(Protocol):
     """A generation's outputs -> one API's answer; made per request, after the submit."""
 
     content_type: str  # of a stream: "text/event-stream" (Server-Sent Events), "application/x-ndjson", ...
+    # (an encoder may also have `headers`, a dict of response headers that go out with the answer)
 
     def full(self) -> object:
         """The whole response (a Struct or plain JSON values), once every choice has finished."""
@@ -270,7 +271,7 @@ async def respond(request: web.Request, gen: Generation, encoder: Encoder, strea
         if not stream:
             async for _ in gen.outputs(3600.0):
                 pass
-            response = json_response(encoder.full())
+            response = json_response(encoder.full(), headers=getattr(encoder, "headers", None))
             gen.log("ok")
             return response
         return await write_stream(request, gen, encoder)
@@ -291,7 +292,7 @@ async def write_stream(request: web.Request, gen: Generation, encoder: Encoder) 
     """The stream side: each chunk (bytes, or a Struct as one SSE event) as it comes, the encoder's error ending if
     a choice fails once the stream has started. Once every choice has finished, what is left comes without waiting
     and goes out with the stream's end in one write."""
-    resp = await start_stream(request, encoder.content_type)
+    resp = await start_stream(request, encoder.content_type, getattr(encoder, "headers", None))
     tail: list[bytes] = []
     try:
         async for chunk in encoder.stream():

@@ -40,10 +40,18 @@ class TextFrames:
 SSE = "text/event-stream"
 
 
-async def start_stream(request: web.Request, content_type: str = SSE) -> web.StreamResponse:
-    """A streamed answer's headers, sent: no caching, and no buffering by a proxy in front (nginx)."""
+async def start_stream(
+    request: web.Request, content_type: str = SSE, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
+    """A streamed answer's headers, sent: no caching, and no buffering by a proxy in front (nginx); `headers`
+    beside them."""
     resp = web.StreamResponse(
-        headers={"Content-Type": content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers={
+            "Content-Type": content_type,
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            **(headers or {}),
+        }
     )
     await resp.prepare(request)
     return resp

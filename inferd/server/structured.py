@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -20,14 +20,15 @@ from inferd.engine.constraints import Constraint
 from inferd.server.protocol import ProtocolError
 from inferd.server.state import ServerState
 from inferd.text.parsing import Chain, OutputParser
-from inferd.text.reasoning import detect_reasoning, reasoning_parser
+from inferd.text.grammar.budget import ThinkingBudget
+from inferd.text.reasoning import BUDGET_MARKERS, detect_reasoning, reasoning_parser, shown_texts, starts_thinking
 from inferd.text.grammar import CONSTRAINT_FIELDS, GrammarCompiler, GrammarError, GrammarSpec, grammar_from_request
 from inferd.text.tools import (
     Tool,
     ToolCallParser,
     ToolFormat,
     detect_format,
-    marker_ids,
+    marker_token_ids,
     parse_tool_choice,
     parse_tools,
     prepare_messages,
@@ -88,6 +89,8 @@ class ChatPrep:
     tool_names: tuple[str, ...] = ()
     shown_special: frozenset[int] = frozenset()  # control tokens the parser must see (Mistral's markers)
     reasoning: Callable[[], OutputParser] | None = None  # set: the thinking is parsed out of the text
+    # tool name -> parameters schema (the XML formats type their bare-text values by it)
+    tool_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def parses_answer(self) -> bool:
@@ -147,7 +150,7 @@ async def prepare_chat(
         answer_schema = json.loads(spec.grammar)["grammars"][0]["json_schema"]
     parallel = tool_req.parallel
     trigger = trigger_token(fmt, tok.hf.token_to_id)
-    markers = marker_ids(tok.hf.token_to_id) if fmt.is_mistral else {}
+    markers = marker_token_ids(fmt, tok.hf.token_to_id)
     try:
         if choice == "required":  # the calls are forced; a response format is for a later answer
             call_spec: GrammarSpec | None = tool_call_grammar(
@@ -177,6 +180,7 @@ async def prepare_chat(
         fmt,
         tuple(t.name for t in tools),
         shown_tokens(fmt, tok.hf.token_to_id),
+        tool_params={t.name: t.parameters for t in tools},
     )
 
 
@@ -184,10 +188,45 @@ async def prepare_completion(state: ServerState, req: Any) -> Constraint | None:
     return await compile_spec(state, request_grammar(req))
 
 
-def with_reasoning(state: ServerState, prep: ChatPrep, prompt: str) -> ChatPrep:
-    """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud."""
+def with_reasoning(
+    state: ServerState, prep: ChatPrep, prompt: str, max_thinking_tokens: int | None = None, param: str = ""
+) -> ChatPrep:
+    """`prep`, set to parse the thinking out of the answer where the model's template thinks aloud, and to close
+    the thinking after `max_thinking_tokens` (None: the server's max_thinking_tokens; 0: no limit)."""
     name = detect_reasoning(state.ready_template.source)
-    return prep if name is None else replace(prep, reasoning=lambda: reasoning_parser(name, prompt))
+    if name is None:
+        return prep
+    token_id = state.tokenizer.hf.token_to_id
+    shown = {i for i in (token_id(t) for t in shown_texts(name)) if i is not None}
+    prep = replace(prep, reasoning=lambda: reasoning_parser(name, prompt), shown_special=prep.shown_special | shown)
+    limit = state.settings.max_thinking_tokens if max_thinking_tokens is None else max_thinking_tokens
+    if not limit:
+        return prep
+    if not getattr(state.engine, "supports_token_masks", False):
+        raise ProtocolError(
+            f"{param or 'max_thinking_tokens'}: a reasoning budget is not available on this server's device "
+            f"({state.settings.device}); it needs the CPU engine",
+            param or "max_thinking_tokens",
+        )
+    return replace(prep, constraint=_with_budget(state, prep.constraint, name, prompt, limit))
+
+
+def _with_budget(state: ServerState, constraint: Constraint | None, name: str, prompt: str, limit: int) -> Constraint:
+    tok = state.tokenizer
+    markers = BUDGET_MARKERS[name]
+    budget = ThinkingBudget(
+        limit,
+        markers.open,
+        markers.close,
+        tuple(tok.encode(markers.forced, add_special=False)),
+        lambda t: tok.token_bytes(t, skip_special=False).decode("utf-8", errors="replace"),
+        frozenset(tok.eos_ids),
+        state.engine.vocab_size if state.engine is not None else tok.vocab_size,
+        start_inside=starts_thinking(name, prompt),
+    )
+    if constraint is None:
+        return Constraint(None, budget=budget)
+    return replace(constraint, budget=budget)
 
 
 def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser | None]:
@@ -195,6 +234,12 @@ def answer_parser(prep: ChatPrep) -> tuple[OutputParser | None, ToolCallParser |
     reasoning parser first, the tool-call parser behind its answer text."""
     if not prep.parses_answer:
         return None, None
-    tools = ToolCallParser(prep.tool_format, tool_names=prep.tool_names) if prep.tool_format else None
+    tools = (
+        ToolCallParser(prep.tool_format, tool_names=prep.tool_names, param_schemas=prep.tool_params)
+        if prep.tool_format
+        else None
+    )
+    if tools is not None and prep.tool_format is not None and prep.tool_format.parses_thinking:
+        return tools, tools
     parsers = [p for p in (prep.reasoning() if prep.reasoning else None, tools) if p is not None]
     return (parsers[0] if len(parsers) == 1 else Chain(parsers[0], parsers[1])), tools

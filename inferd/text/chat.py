@@ -197,7 +197,9 @@ def render_chat(
 
 
 def _flatten(message: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """OpenAI clients may send content as [{"type": "text", "text": ...}]; most templates expect a string."""
+    """OpenAI clients may send content as [{"type": "text", "text": ...}]; most templates expect a string. An
+    earlier turn's thinking goes by both the names templates read: `reasoning_content` (Qwen3's, DeepSeek's) and
+    `thinking` (gpt-oss's)."""
     if not isinstance(message, Mapping) or "role" not in message:
         raise ChatTemplateError(f"message {index} is not an object with a role")
     out = dict(message)
@@ -211,6 +213,10 @@ def _flatten(message: Mapping[str, Any], index: int) -> dict[str, Any]:
         out["content"] = "".join(texts)
     elif content is None:
         out["content"] = ""
+    if out.get("reasoning_content") is not None and "thinking" not in out:
+        out["thinking"] = out["reasoning_content"]
+    elif out.get("thinking") is not None and "reasoning_content" not in out:
+        out["reasoning_content"] = out["thinking"]
     return out
 
 

@@ -24,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -69,6 +69,16 @@ EOG_TEXTS = (
     "<|end_of_text|>",
     "<｜end▁of▁sentence｜>",
 )
+# Harmony (gpt-oss) ends a turn with <|return|> or a tool call with <|call|>; its <|end|> only closes one message of
+# the turn (the thinking), after which the answer follows, so a vocabulary with both of them does not stop at it.
+HARMONY_EOG_TEXTS = ("<|return|>", "<|call|>")
+
+
+def eog_ids(token_id_of: Callable[[str], int | None]) -> set[int]:
+    """The ids of the end-of-generation texts this vocabulary has (EOG_TEXTS, with harmony's rule)."""
+    ids = {t: token_id_of(t) for t in (*EOG_TEXTS, *HARMONY_EOG_TEXTS)}
+    harmony = all(ids[t] is not None for t in HARMONY_EOG_TEXTS)
+    return {i for t, i in ids.items() if i is not None and not (harmony and t == "<|end|>")}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -244,7 +254,7 @@ class Tokenizer:
             for i in (eos, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id"))
             if i is not None
         }
-        eos_ids |= {vocab[t] for t in EOG_TEXTS if t in vocab}
+        eos_ids |= eog_ids(vocab.get)
         f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.fim_{k}_token_id") for k in ("pre", "suf", "mid"))
         if f_pre is None or f_suf is None or f_mid is None:  # older files
             f_pre, f_suf, f_mid = (token_id(f"tokenizer.ggml.{k}_token_id") for k in ("prefix", "suffix", "middle"))
@@ -301,7 +311,7 @@ class Tokenizer:
         eos_ids = set(extra_eos_ids)
         gen_eos = gcfg.get("eos_token_id")
         eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
-        eos_ids |= {i for i in (hf.token_to_id(t) for t in EOG_TEXTS) if i is not None and i in added}
+        eos_ids |= eog_ids(lambda t: i if (i := hf.token_to_id(t)) in added else None)
         if bos is None and isinstance(gcfg.get("bos_token_id"), int):
             bos = gcfg["bos_token_id"]
         add_bos = tcfg.get("add_bos_token")

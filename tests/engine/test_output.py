@@ -81,9 +81,10 @@ def test_a_stop_string_cuts_the_text_the_tokens_and_the_usage_where_it_completes
     stops = [text[30:32], text[70:73]]
     for stop in stops:
         k, want = expected_cut(tokens, stop)
-        outs, states, s = run([req("r", n_prompt, max_tokens, stop=[stop])], speculative)
+        outs, states, s = run([req("r", n_prompt, max_tokens, stop=["zzz", stop])], speculative)
         got = outs["r"]
         assert "".join(o.text for o in got) == want
+        assert got[-1].stop_string == stop and all(o.stop_string is None for o in got[:-1])  # which stop ended it
         assert [t for o in got for t in o.token_ids] == tokens[:k]
         assert sum(len(o.logprobs) for o in got) == k  # logprobs cut with their tokens
         assert got[-1].finish_reason is FinishReason.STOP and got[-1].usage.completion_tokens == k
@@ -122,7 +123,7 @@ def test_text_held_back_is_released_at_eos_too():
     got = outs["r"]
     assert [t for o in got for t in o.token_ids] == tokens + [EOS]
     assert "".join(o.text for o in got) == text_of(tokens)
-    assert got[-1].finish_reason is FinishReason.STOP
+    assert got[-1].finish_reason is FinishReason.STOP and got[-1].stop_string is None  # EOS, not a stop string
 
 
 def test_requests_without_text_pass_through_untouched():

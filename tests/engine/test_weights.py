@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from inferd import _cpu
-from inferd.engine.weights import fuse
+from inferd.engine.weights import cpu_model_parts, fuse
 from tests.reference import dequantize, make_tensor, random_model
 
 
@@ -120,3 +120,27 @@ def test_low_bit_types_reach_the_engine_in_their_own_width():
     ts = model.tensors
     spec = fuse([ts[f"blk.1.attn_{x}.weight"] for x in "qkv"])
     assert [p[0] for p in spec[1]] == ["Q8_0", "Q8_0", "Q2_K"]     # V stays Q2_K: a segment of its own
+
+
+def test_experts_are_views_of_their_rows(tmp_path):
+    """Each expert's parts are its rows of the file's 3-D tensors, not copies: the repack into the engine's arena is
+    the one copy of the experts, as of a dense weight."""
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import make_variant
+
+    model = load_model(make_variant("qwen2moe-gguf-q4_k", tmp_path))
+    _, _, layers = cpu_model_parts(model)
+    kind, options, ts = layers[1][1]
+    assert kind == "ffn_moe" and options["n_used"] == 2 and options["norm_topk"] == 0
+    n, hidden = model.config.n_experts, model.config.expert_hidden_dim
+    assert len(ts["experts_gu"]) == len(ts["experts_down"]) == n
+    gate = model.tensors["blk.1.ffn_gate_exps.weight"].data
+    down = model.tensors["blk.1.ffn_down_exps.weight"].data
+    for e in range(n):
+        (_, g_rows, _, g), (_, u_rows, _, _) = ts["experts_gu"][e][1]
+        assert g_rows == u_rows == hidden and ts["experts_gu"][e][2] == 32
+        assert np.shares_memory(g, gate) and g.ctypes.data == gate[e * hidden].ctypes.data
+        d = ts["experts_down"][e][3]
+        assert np.shares_memory(d, down) and d.ctypes.data == down[e * model.config.dim].ctypes.data
+    assert ts["shared_gate"][2] == model.config.dim
+    assert ts["shared_gu"][1][0][1] == model.config.shared_expert_hidden_dim

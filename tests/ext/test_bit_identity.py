@@ -261,6 +261,16 @@ MODELS["Q5_K-Q5_0"] = dict(weight_type="Q5_K", dim=256, hidden=512, embed_type="
 MODELS["qwen3-Q8_0-qk-norm"] = dict(arch="qwen3", weight_type="Q8_0", head_dim=128)
 # sliding window 24 on layers 0 and 1 (random_model), crossed by the 70-token prefill and its chunks
 MODELS["gemma3-Q4_0-window"] = dict(arch="gemma3", weight_type="Q4_0", embed_type="Q8_0", n_layers=3, head_dim=256)
+# mixtures of experts: 8 experts, 2 or 3 used per token, so a step's experts have a few rows each (a decode, one), or
+# none; Qwen2-MoE's shared expert in Q4_K_M's mix; OLMoE's float experts and its QK-norm over all of q and k
+MODELS["qwen3moe-Q8_0"] = dict(arch="qwen3moe", weight_type="Q8_0", head_dim=128, experts=8, experts_used=2)
+MODELS["qwen2moe-Q4_K_M-shared"] = dict(arch="qwen2moe", weight_type="Q4_K", dim=256, n_heads=4, n_kv_heads=2,
+                                        tie=False, output_type="Q6_K", mix={"attn_v": "Q6_K", "ffn_down_exps": "Q6_K"},
+                                        experts=8, experts_used=2, expert_hidden=256, shared_hidden=512)
+MODELS["olmoe-F16"] = dict(arch="olmoe", weight_type="F16", n_kv_heads=2, experts=8, experts_used=3)
+MODELS["mixtral-Q4_0"] = dict(arch="llama", weight_type="Q4_0", embed_type="Q8_0", experts=8, experts_used=2,
+                              expert_hidden=96)
+MOE_MODELS = ["qwen3moe-Q8_0", "qwen2moe-Q4_K_M-shared", "olmoe-F16", "mixtral-Q4_0"]
 
 
 # the int8 KV cache (kv_cache_dtype q8_0) under the same promises, with head sizes 64, 128 and 256, GQA and windows
@@ -289,7 +299,8 @@ def test_q8_kv_changes_the_result_a_little():
         np.testing.assert_allclose(y, x, rtol=0, atol=0.05 * (x.max() - x.min()))
 
 
-@pytest.mark.parametrize("name,kv", [("Q4_1", "f16"), ("BF16", "f16"), ("qwen2-Q4_K_M", "f16"), ("Q4_1", "q8_0")])
+@pytest.mark.parametrize("name,kv", [("Q4_1", "f16"), ("BF16", "f16"), ("qwen2-Q4_K_M", "f16"), ("Q4_1", "q8_0")]
+                         + [(n, "f16") for n in MOE_MODELS])
 def test_engine_step_identical_with_more_threads(name, kv):
     model = random_model(**MODELS[name])
     assert_same_run(run_mixed(model, threads=2, kv=kv), run_mixed(model, threads=1, kv=kv),
@@ -401,7 +412,8 @@ def sequence_token_by_token(eng, prompt, params):
 
 @pytest.mark.parametrize("name,kv", [("Q4_1", "f16"), ("BF16", "f16"), ("qwen2-Q4_0-bias", "f16"),
                                      ("qwen2-Q4_K_M", "f16"), ("gemma3-Q4_0-window", "f16"), ("Q4_1", "q8_0"),
-                                     ("qwen2-Q4_K_M", "q8_0"), ("gemma3-Q4_0-window", "q8_0")])
+                                     ("qwen2-Q4_K_M", "q8_0"), ("gemma3-Q4_0-window", "q8_0")]
+                         + [(n, "f16") for n in MOE_MODELS])
 def test_sequence_logits_do_not_depend_on_batching(name, kv):
     model = random_model(**MODELS[name])
     vocab = model.config.vocab_size

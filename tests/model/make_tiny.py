@@ -41,7 +41,9 @@ _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausa
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"  # llama | mistral | qwen2 (q/k/v biases) | qwen3 (QK-norm) | gemma3 (GGUF only)
+    # llama | mistral | qwen2 (q/k/v biases) | qwen3 (QK-norm) | gemma3; GGUF only: the mixtures of experts qwen3moe,
+    # qwen2moe (with a shared expert), olmoe (QK-norm over all of q and k), and llama with n_experts (Mixtral)
+    arch: str = "llama"
     vocab_size: int = 512
     dim: int = 128
     n_layers: int = 2
@@ -56,16 +58,19 @@ class TinySpec:
     norm_eps: float = 1e-5
     tokenizer: str = "bpe"  # bpe (byte-level, like SmolLM2/Qwen2) | spm (SentencePiece-style, like Llama 2)
     sliding_window: int = 0  # gemma3: the local layers' window (every 6th layer is global, as in Gemma 3)
+    n_experts: int = 0  # > 0: a mixture of experts (hidden_dim is then each expert's width)
+    n_experts_used: int = 0
+    shared_expert_dim: int = 0  # qwen2moe: its shared expert's width
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def qkv_bias(self) -> bool:
-        return self.arch == "qwen2"
+        return self.arch in ("qwen2", "qwen2moe")
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -194,13 +199,18 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         b = f"blk.{i}."
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
                        b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
-                       b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,),
-                       b + "ffn_gate.weight": (spec.hidden_dim, spec.dim),
-                       b + "ffn_up.weight": (spec.hidden_dim, spec.dim),
-                       b + "ffn_down.weight": (spec.dim, spec.hidden_dim)})
+                       b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,)})
+        if spec.n_experts:
+            shapes.update(_expert_shapes(spec, b))
+        else:
+            shapes.update({b + "ffn_gate.weight": (spec.hidden_dim, spec.dim),
+                           b + "ffn_up.weight": (spec.hidden_dim, spec.dim),
+                           b + "ffn_down.weight": (spec.dim, spec.hidden_dim)})
         if spec.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
-        if spec.qk_norm:
+        if spec.arch == "olmoe":      # its QK-norm is over all of q and all of k
+            shapes.update({b + "attn_q_norm.weight": (q,), b + "attn_k_norm.weight": (kv,)})
+        elif spec.qk_norm:
             shapes.update({b + "attn_q_norm.weight": (spec.head_dim,), b + "attn_k_norm.weight": (spec.head_dim,)})
         if spec.arch == "gemma3":      # sandwich norms; GGUF's Gemma norms hold 1 + w, as these do
             shapes.update({b + "post_attention_norm.weight": (spec.dim,), b + "post_ffw_norm.weight": (spec.dim,)})
@@ -211,10 +221,25 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             w = 0.1 * rng.standard_normal(shape)
+        elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
+            w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[1])
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = w.astype(np.float32)
     return out
+
+
+def _expert_shapes(spec: TinySpec, b: str) -> dict[str, tuple[int, ...]]:
+    """A mixture-of-experts layer's tensors as llama.cpp's converter writes them: the router, the experts as 3-D
+    (n_experts, rows, cols), and qwen2moe's shared expert with its gate (one vector of dim)."""
+    n, d, h = spec.n_experts, spec.dim, spec.hidden_dim
+    shapes: dict[str, tuple[int, ...]] = {b + "ffn_gate_inp.weight": (n, d), b + "ffn_gate_exps.weight": (n, h, d),
+                                          b + "ffn_up_exps.weight": (n, h, d), b + "ffn_down_exps.weight": (n, d, h)}
+    if spec.shared_expert_dim:
+        s = spec.shared_expert_dim
+        shapes.update({b + "ffn_gate_inp_shexp.weight": (d,), b + "ffn_gate_shexp.weight": (s, d),
+                       b + "ffn_up_shexp.weight": (s, d), b + "ffn_down_shexp.weight": (d, s)})
+    return shapes
 
 
 def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -240,6 +265,7 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 
 # ---- writers -------------------------------------------------------------------------------------------------
+ROUTER_GAIN = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
 GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 
 
@@ -274,6 +300,13 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_vocab_size(spec.vocab_size)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
+    if spec.n_experts:
+        w.add_expert_count(spec.n_experts)
+        w.add_expert_used_count(spec.n_experts_used)
+        if arch in ("qwen2moe", "qwen3moe"):
+            w.add_expert_feed_forward_length(spec.hidden_dim)
+        if spec.shared_expert_dim:
+            w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
     tok = gguf_tokenizer_metadata(replace(spec, vocab_size=spec.vocab_size - len(control_tokens)))
     tok["tokens"] = tok["tokens"] + list(control_tokens)
     tok["types"] = tok["types"] + [TokenType.CONTROL] * len(control_tokens)
@@ -307,7 +340,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1:
+        if x.ndim == 1 or name.endswith("ffn_gate_inp.weight"):   # llama-quantize keeps routers in F32 too
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
@@ -325,9 +358,9 @@ def _add_matrix(w: GGUFWriter, name: str, x: np.ndarray, ttype: str, seed: int) 
         w.add_tensor(name, x)
     elif ttype == "F16":
         w.add_tensor(name, x.astype(np.float16))
-    elif ttype in ("Q4_K", "Q6_K"):
-        data = random_kquant(x.shape[0], x.shape[1], ttype, seed + zlib.crc32(name.encode()))
-        w.add_tensor(name, data, raw_dtype=qtype)
+    elif ttype in ("Q4_K", "Q6_K"):   # a 3-D tensor's matrices one after another
+        data = random_kquant(int(np.prod(x.shape[:-1])), x.shape[-1], ttype, seed + zlib.crc32(name.encode()))
+        w.add_tensor(name, data.reshape(*x.shape[:-1], -1), raw_dtype=qtype)
     else:
         w.add_tensor(name, gguf_quants.quantize(x, qtype), raw_dtype=qtype)
 
@@ -436,6 +469,16 @@ _QWEN3 = TinySpec(arch="qwen3", dim=256, n_heads=4, n_kv_heads=2, head_dim=128, 
                   norm_eps=1e-6)
 _GEMMA3 = TinySpec(arch="gemma3", dim=256, n_heads=4, n_kv_heads=2, head_dim=256, hidden_dim=512, n_layers=7,
                    rope_theta=1e6, norm_eps=1e-6, sliding_window=40)
+# The mixtures of experts: 8 experts (Qwen2-MoE's shared one beside them), 2 used per token, untied outputs as
+# llama.cpp requires of OLMoE and Qwen2-MoE; dim 256 and experts of 256 for the K-quant files' blocks
+_MOE = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 256, "n_experts": 8, "n_experts_used": 2,
+        "tie_embeddings": False, "rope_theta": 1e6, "norm_eps": 1e-6}
+MOE_SPECS = {
+    "qwen3moe": TinySpec(arch="qwen3moe", head_dim=128, **_MOE),
+    "qwen2moe": TinySpec(arch="qwen2moe", shared_expert_dim=512, **_MOE),
+    "olmoe": TinySpec(arch="olmoe", **{**_MOE, "n_kv_heads": 4}),
+    "mixtral": TinySpec(arch="llama", **_MOE),
+}
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -459,6 +502,8 @@ VARIANTS = {
     "qwen3-gguf-q8_0": ("gguf", _QWEN3, {"weight_type": "Q8_0"}),
     "gemma3-gguf-f32": ("gguf", _GEMMA3, {"weight_type": "F32"}),
     "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
+    **{f"{name}-gguf-{t.lower()}": ("gguf", spec, {"weight_type": t})
+       for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
@@ -492,4 +537,4 @@ def variant_spec(name: str) -> TinySpec:
 
 __all__ = ["TinySpec", "VARIANTS", "make_variant", "variant_spec", "write_tiny_gguf", "write_tiny_hf",
            "tiny_weights", "permute_for_gguf", "tokenizer_json", "gguf_tokenizer_metadata", "write_safetensors",
-           "to_bf16_bits", "hf_tensor_name", "random_kquant"]
+           "to_bf16_bits", "hf_tensor_name", "random_kquant", "MOE_SPECS"]

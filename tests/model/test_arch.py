@@ -10,9 +10,9 @@ from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS,
 
 
 def test_every_row_is_made_of_built_blocks():
-    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe")
     for row in ARCHITECTURES.values():
-        assert (row.mixer, row.ffn) == ("attention", "ffn_gated")
+        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if row.name.endswith("moe") else "ffn_gated")
         assert row.mixer in BUILT_KINDS and row.ffn in BUILT_KINDS
     assert HF_ARCHS == {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                         "Qwen3ForCausalLM": "qwen3"}
@@ -23,13 +23,25 @@ def test_rows_say_what_each_architecture_is():
           for name, r in ARCHITECTURES.items()}
     assert on == {"llama": (False, False, False, "silu", False), "mistral": (False, False, False, "silu", False),
                   "qwen2": (True, False, False, "silu", True), "qwen3": (False, True, False, "silu", True),
-                  "gemma3": (False, True, True, "gelu_tanh", True)}
+                  "gemma3": (False, True, True, "gelu_tanh", True), "qwen2moe": (True, False, False, "silu", True),
+                  "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True)}
     assert [n for n, r in ARCHITECTURES.items() if r.hf_sliding_window] == ["mistral"]
+    # the mixtures of experts as llama.cpp runs them: top-k weights renormalized (Qwen3-MoE, and Mixtral as a llama
+    # file with experts), Qwen2-MoE's shared expert, OLMoE's QK-norm over all of q and k
+    assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.qk_norm_full] == ["olmoe"]
 
 
 def test_tensor_names_are_llama_cpp_s_and_never_shared():
-    names = [n for roles in BLOCK_TENSORS.values() for n in roles.values()] + list(MODEL_TENSORS.values())
-    assert len(names) == len(set(names)) == 19
+    # the two FFN kinds (a layer has one) share their input norm's name, as llama.cpp's files do
+    moe_own = {r: n for r, n in BLOCK_TENSORS["ffn_moe"].items() if r != "norm"}
+    assert BLOCK_TENSORS["ffn_moe"]["norm"] == BLOCK_TENSORS["ffn_gated"]["norm"]
+    kinds = [BLOCK_TENSORS["attention"], BLOCK_TENSORS["ffn_gated"], moe_own]
+    names = [n for roles in kinds for n in roles.values()] + list(MODEL_TENSORS.values())
+    assert len(names) == len(set(names)) == 27
+    assert BLOCK_TENSORS["ffn_moe"]["gate_exps"] == "ffn_gate_exps.weight"
+    assert BLOCK_TENSORS["ffn_moe"]["shared_gate"] == "ffn_gate_inp_shexp.weight"
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
     assert BLOCK_TENSORS["ffn_gated"]["post_norm"] == "post_ffw_norm.weight"
 

@@ -302,3 +302,29 @@ def test_validate_gguf_reports_layout(tiny):
     assert "token_embd.weight" in names and len(names) == 2 + 9
     embd = next(t for t in header.tensors if t.name == "token_embd.weight")
     assert (embd.dims, embd.type, embd.nbytes) == ((128, 512), "Q8_0", 512 * 4 * 34)
+
+
+def test_expert_tensors_load_as_views_of_their_matrices(tmp_path):
+    """A 3-D expert tensor (n_experts, rows, cols) is held as its matrices stacked by rows, a view of the mapped file
+    (the engine repacks each expert from it: no copy of the experts besides that)."""
+    spec = variant_spec("qwen3moe-gguf-q8_0")
+    model = load_model(make_variant("qwen3moe-gguf-q8_0", tmp_path))
+    t = model.tensors["blk.1.ffn_down_exps.weight"]
+    assert (t.type, t.rows, t.cols) == ("Q8_0", spec.n_experts * spec.dim, spec.hidden_dim)
+    assert not t.data.flags.owndata and not t.data.flags.writeable
+    values = gguf_quants.dequantize(np.asarray(t.data), GGMLQuantizationType.Q8_0)
+    want = tiny_weights(spec)["blk.1.ffn_down_exps.weight"]                # (n_experts, dim, hidden)
+    np.testing.assert_allclose(values.reshape(want.shape), want, rtol=0, atol=0.01 * np.abs(want).max())
+    assert model.tensors["blk.1.ffn_gate_inp.weight"].type == "F32"
+
+
+def test_mis_shaped_experts_are_named(tmp_path):
+    src = make_variant("qwen3moe-gguf-f32", tmp_path)
+    split_wrong = np.zeros((4, 512, 256), np.float32)      # the same values as 4 experts of 512
+    _expect(_rewrite(src, tmp_path / "e.gguf",
+                     replace={"blk.0.ffn_gate_exps.weight": (split_wrong, GGMLQuantizationType.F32)}),
+            "tensor blk.0.ffn_gate_exps.weight has shape (rows, cols) (4, 512, 256), the config implies (8, 256, 256)")
+    four_d = np.zeros((2, 4, 256, 256), np.float32)
+    _expect(_rewrite(src, tmp_path / "d.gguf",
+                     replace={"blk.0.ffn_up_exps.weight": (four_d, GGMLQuantizationType.F32)}),
+            "tensor blk.0.ffn_up_exps.weight has 4 dimensions; only 1-D to 3-D weights are supported")

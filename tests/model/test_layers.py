@@ -45,7 +45,7 @@ def test_expected_shapes_are_the_plan_s_tensors():
 
 
 def test_an_architecture_needing_a_block_not_built_is_refused(monkeypatch):
-    moe = dataclasses.replace(arch.ARCHITECTURES["qwen3"], ffn=arch.FFN_MOE)
-    monkeypatch.setitem(arch.ARCHITECTURES, "qwen3", moe)
-    with pytest.raises(ValueError, match="qwen3 layers need ffn_moe blocks, which are not built yet"):
+    recurrent = dataclasses.replace(arch.ARCHITECTURES["qwen3"], mixer=arch.RECURRENT)
+    monkeypatch.setitem(arch.ARCHITECTURES, "qwen3", recurrent)
+    with pytest.raises(ValueError, match="qwen3 layers need recurrent blocks, which are not built yet"):
         layer_blocks(random_model(arch="qwen3").config, 0)

@@ -3,6 +3,7 @@ unsupported models; the tensors a config implies (inferd.model.layers)."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -242,3 +243,49 @@ def test_expected_shapes_and_check_tensors():
         check_tensors(c, {**shapes, "blk.0.attn_output.bias": (1, 896)})
     with pytest.raises(ValueError, match=r"tensor blk.2.ffn_up.weight has shape \(rows, cols\) \(4864, 895\)"):
         check_tensors(c, {**shapes, "blk.2.ffn_up.weight": (4864, 895)})
+
+
+def moe_metadata(arch: str, **extra) -> dict:
+    meta = {k.replace("llama.", f"{arch}."): v for k, v in GGUF_SMOLLM2.items()}
+    meta.update({"general.architecture": arch, f"{arch}.expert_count": 128, f"{arch}.expert_used_count": 8,
+                 f"{arch}.feed_forward_length": 6144})
+    meta.update({f"{arch}.{k}": v for k, v in extra.items()})
+    return meta
+
+
+def test_from_gguf_mixtures_of_experts():
+    """Qwen3-30B-A3B's keys: 128 experts of 768, 8 used, renormalized; its dense feed_forward_length is unused."""
+    c = ModelConfig.from_gguf(moe_metadata("qwen3moe", expert_feed_forward_length=768), ["output.weight"])
+    assert (c.n_experts, c.n_experts_used, c.expert_hidden_dim, c.shared_expert_hidden_dim) == (128, 8, 768, 0)
+    assert c.expert_norm_topk and c.qk_norm and not c.qk_norm_full and c.expert_weights_scale == 1.0
+    shapes = expected_shapes(c)
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (128, 768, c.dim)
+    assert shapes["blk.0.ffn_down_exps.weight"] == (128, c.dim, 768)
+    assert shapes["blk.0.ffn_gate_inp.weight"] == (128, c.dim) and "blk.0.ffn_gate.weight" not in shapes
+    # Qwen2-MoE: a shared expert; without the expert widths llama.cpp's defaults (6144 / 8 and 6144)
+    c = ModelConfig.from_gguf(moe_metadata("qwen2moe"), ["output.weight"])
+    assert (c.expert_hidden_dim, c.shared_expert_hidden_dim, c.expert_norm_topk, c.qkv_bias) == (768, 6144, False,
+                                                                                                 True)
+    assert expected_shapes(c)["blk.1.ffn_gate_inp_shexp.weight"] == (1, c.dim)
+    # OLMoE: QK-norm over all of q and of k, weights as the softmax gives them
+    c = ModelConfig.from_gguf(moe_metadata("olmoe", feed_forward_length=1024), ["output.weight"])
+    assert (c.expert_hidden_dim, c.expert_norm_topk, c.qk_norm_full) == (1024, False, True)
+    assert expected_shapes(c)["blk.0.attn_q_norm.weight"] == (1, c.q_dim)
+    # Mixtral: a llama file with experts; a scale of the router weights when the file has one
+    c = ModelConfig.from_gguf(moe_metadata("llama", expert_count=8, expert_used_count=2, feed_forward_length=14336,
+                                           expert_weights_scale=2.5), [])
+    assert (c.n_experts, c.expert_hidden_dim, c.expert_norm_topk, c.expert_weights_scale) == (8, 14336, True, 2.5)
+    assert c.switches() == ["experts"]
+
+
+@pytest.mark.parametrize("meta,message", [
+    ({**moe_metadata("qwen3moe"), "qwen3moe.expert_count": 0}, "qwen3moe files need qwen3moe.expert_count"),
+    ({k: v for k, v in moe_metadata("olmoe").items() if k != "olmoe.expert_used_count"},
+     "olmoe.expert_used_count is missing or 0 for 128 experts"),
+    ({**moe_metadata("qwen3moe"), "qwen3moe.expert_used_count": 200}, "expert_used_count 200 must be 1 to 32"),
+    ({**moe_metadata("qwen3moe"), "qwen3moe.expert_count": 512}, "expert_count 512 is not supported (1 to 256)"),
+    (moe_metadata("qwen3moe", expert_feed_forward_length=100), "expert_hidden_dim 100 is not a positive multiple"),
+])
+def test_from_gguf_expert_refusals(meta, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig.from_gguf(meta, [])

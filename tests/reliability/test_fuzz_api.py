@@ -3,9 +3,11 @@
 Valid bodies come from the published JSON schemas (hypothesis-jsonschema); invalid ones from mutating them:
 a field replaced by arbitrary JSON, unknown fields, non-objects, truncated or non-UTF-8 text, random bytes.
 Every answer must come within a timeout and never be a 5xx: not as a status, and not as an error event inside
-a 200 stream. Refusals must use the OpenAI error envelope. Afterwards the server is healthy and holds no KV
-block. The model is a tiny random one (the API, not the model, is under test), the examples derandomized
-(a fixed seed) and bounded: INFERD_FUZZ_EXAMPLES per test (default 30; more for a deeper run).
+a 200 stream. Refusals must use the API's error envelope: OpenAI's, Anthropic's on /v1/messages, or Ollama's
+{"error": "..."} under /api/. Afterwards the server is healthy and holds no KV block. The model is a tiny random
+one (the API, not the model, is under test), the examples derandomized (a fixed seed) and bounded:
+INFERD_FUZZ_EXAMPLES per test (default 30; more
+for a deeper run).
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ def body_schemas(url: str) -> dict[str, dict]:
 
 
 POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm", "/v1/responses",
-              "/v1/embeddings"]
+              "/v1/embeddings", "/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate",
+              "/api/embed", "/api/embeddings", "/api/show"]
+EMBEDDING_PATHS = ("/v1/embeddings", "/api/embed", "/api/embeddings")
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def send(port: int, path: str, raw: bytes) -> tuple[int, bytes]:
@@ -81,11 +86,33 @@ def send(port: int, path: str, raw: bytes) -> tuple[int, bytes]:
         conn.close()
 
 
+def check_ollama_answer(path: str, where: str, status: int, answer: bytes) -> None:
+    """Ollama's refusals are {"error": "..."}; its answers one JSON object, or NDJSON lines of them of which none
+    is an error (nothing here fails once an answer has begun) and the last is done."""
+    if status >= 400:
+        err = json.loads(answer)
+        assert set(err) == {"error"} and isinstance(err["error"], str) and err["error"], where
+        return
+    assert status == 200, where
+    lines = [json.loads(line) for line in answer.splitlines()]
+    assert lines and not any("error" in line for line in lines), where
+    if path in ("/api/chat", "/api/generate"):
+        assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1]), where
+
+
 def check_answer(path: str, raw_body: bytes, status: int, answer: bytes) -> None:
     where = f"POST {path} {raw_body[:300]!r} -> {status} {answer[:300]!r}"
     assert status < 500, where
+    if path.startswith("/api/"):
+        check_ollama_answer(path, where, status, answer)
+        return
     if status >= 400:
-        err = json.loads(answer)["error"]
+        payload = json.loads(answer)
+        if path in ANTHROPIC_PATHS:
+            assert payload["type"] == "error" and set(payload["error"]) == {"type", "message"}, where
+            assert payload["error"]["message"] and payload["error"]["type"] != "api_error", where
+            return
+        err = payload["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], where
         return
     assert status == 200, where
@@ -96,7 +123,7 @@ def check_answer(path: str, raw_body: bytes, status: int, answer: bytes) -> None
             raise AssertionError(f"{where}: {e}") from None
         for ev in events:
             if isinstance(ev, dict) and "error" in ev:
-                assert ev["error"]["type"] != "internal_server_error", where
+                assert ev["error"]["type"] not in ("internal_server_error", "api_error", "overloaded_error"), where
                 assert not str(ev["error"].get("type", "")).startswith("service_unavailable"), where
     else:
         json.loads(answer)
@@ -181,11 +208,57 @@ def refine(schema: dict, path: str, vocab: int, model: str) -> dict:
                          "max_output_tokens": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 4},
                                                          {"type": "null"}]},
                          "text": {"type": "null"}, "instructions": {"anyOf": [short_text, {"type": "null"}]}})
+    if path.startswith("/api/"):
+        narrowed.update(ollama_fields(path, short_text, token_ids, model))
+    if path in ANTHROPIC_PATHS:   # user and assistant turns of text blocks; tools and formats have their own tests
+        block = {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": {**short_text, "minLength": 1}}}
+        content = {"anyOf": [{**short_text, "minLength": 1}, {"type": "array", "items": block, "minItems": 1,
+                                                               "maxItems": 2}]}
+        narrowed.update({
+            "model": {"const": model},
+            "messages": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                "type": "object", "required": ["role", "content"],
+                "properties": {"role": {"const": "user"}, "content": content}}},
+            "system": {"anyOf": [short_text, {"type": "null"}, {"type": "array", "items": block, "maxItems": 2}]},
+            "max_tokens": {"type": "integer", "minimum": 0, "maximum": 4},
+            "stop_sequences": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 3,
+                                                            "items": {"type": "string", "minLength": 1,
+                                                                      "maxLength": 5}}]},
+            "thinking": {"anyOf": [{"type": "null"}, {"type": "object", "required": ["type"], "properties": {
+                "type": {"enum": ["disabled", "adaptive"]}}}]},
+            "output_config": {"type": "null"},
+        })
     for name, sub in narrowed.items():
         if name in props:
             props[name] = sub
     schema["additionalProperties"] = False
     return schema
+
+
+def ollama_fields(path: str, short_text: dict, token_ids: dict, model: str) -> dict:
+    """Ollama's fields as its documentation describes them (string contents, options by name, format as "json")."""
+    nullable = lambda sub: {"anyOf": [sub, {"type": "null"}]}  # noqa: E731
+    message = {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+        "role": {"enum": ["system", "user", "assistant"]}, "content": short_text}}
+    options = {"type": "object", "maxProperties": 4, "properties": {
+        "num_predict": {"type": "integer", "minimum": -2, "maximum": 4},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_k": {"type": "integer", "minimum": -1, "maximum": 100},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "seed": {"type": "integer"},
+        "stop": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 5}, "maxItems": 3},
+        "num_ctx": {"type": "integer", "minimum": 1, "maximum": 512}}}
+    fields = {
+        "model": {"enum": [model, model + ":latest"]},
+        "messages": {"type": "array", "items": message, "maxItems": 3},
+        "prompt": nullable(short_text), "system": nullable(short_text), "context": nullable(token_ids),
+        "options": nullable(options), "format": {"enum": [None, "", "json"]}, "think": {"enum": [None, False]},
+        "keep_alive": {"anyOf": [{"type": "null"}, {"enum": ["5m", "-1", "1h30m", "0"]}, {"type": "number"}]},
+        "images": {"type": "null"}, "template": {"type": "null"}, "suffix": {"type": "null"},
+        "tools": {"type": "null"},
+    }
+    return fields
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +267,9 @@ def refined(fuzz_server, schemas):
     return {p: refine(s, p, vocab, fuzz_server.state.served_model_name) for p, s in schemas.items()}
 
 
-# the fuzz server serves a chat model only: /v1/embeddings answers 404 there (tests/server/test_embeddings.py)
-@pytest.mark.parametrize("path", [p for p in POST_PATHS if p != "/v1/embeddings"])
+# the fuzz server serves a chat model only: the embedding routes refuse there (tests/server/test_embeddings.py and
+# test_ollama_embed.py)
+@pytest.mark.parametrize("path", [p for p in POST_PATHS if p not in EMBEDDING_PATHS])
 def test_refined_bodies_reach_the_engine(fuzz_server, refined, path):
     statuses = fuzz_bodies(fuzz_server, path, refined[path])
     print(f"{path}: {len(statuses)} bodies, statuses {dict(sorted(collections.Counter(statuses).items()))}")

@@ -21,9 +21,9 @@ class WireError(AssertionError):
 def parse_sse(raw: bytes) -> list[Any]:
     """The data payloads of an SSE body (dicts, or the string "[DONE]"); comments (pings) dropped.
 
-    Two framings: chat/completions streams (one `data: ` line per event, ending with [DONE]) and the Responses
-    API's typed events (`event: NAME` then `data: ` whose "type" is NAME; no [DONE], the last event is
-    response.completed, response.incomplete, response.failed or error).
+    Two framings: chat/completions streams (one `data: ` line per event, ending with [DONE]) and the typed events
+    of the Responses and Anthropic's Messages APIs (`event: NAME` then `data: ` whose "type" is NAME; no [DONE],
+    the last event is response.completed, response.incomplete, response.failed, message_stop or error).
     Raises WireError for bad framing: a body that does not end in a blank line, an event of more lines than its
     framing has, a line that is neither `data: ` nor a `: ` comment, JSON that does not parse, anything after the end.
     """
@@ -55,7 +55,7 @@ def parse_sse(raw: bytes) -> list[Any]:
     return out
 
 
-TYPED_ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
+TYPED_ENDS = ("response.completed", "response.incomplete", "response.failed", "message_stop", "error")
 
 
 def _parse_typed_sse(body: str) -> list[Any]:

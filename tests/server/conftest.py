@@ -81,6 +81,13 @@ class ServerThread:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def use_template(self, source: str) -> ServerThread:
+        """Serve `source` as the model's chat template (one that thinks aloud, that knows tools, ...)."""
+        from inferd.text.chat import ChatTemplate
+        tok = self.state.tokenizer
+        self.state.chat_template = ChatTemplate(source, tok.bos_token, tok.eos_token)
+        return self
+
     def call(self, coro, timeout: float = 30):
         """Run a coroutine on the server's loop (to read or change server state safely)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -122,6 +129,14 @@ class ServerThread:
                 return
             time.sleep(0.02)
         raise AssertionError(f"not idle: running={s.num_running} waiting={s.num_waiting} kv_used={self.kv_used()}")
+
+
+def with_template(srv: ServerThread, source: str) -> ServerThread:
+    """`srv`, rendering chats with the template `source` instead of its model's (a started server)."""
+    from inferd.text.chat import ChatTemplate
+    tok = srv.state.tokenizer
+    srv.state.chat_template = ChatTemplate(source, tok.bos_token, tok.eos_token)
+    return srv
 
 
 def make_settings(**overrides) -> Settings:

@@ -124,3 +124,63 @@ def test_responses_api_gives_the_thinking_as_a_reasoning_item(make_server):
     assert deltas == thinking
     done = [e for e in events if e.type == "response.output_item.done"]
     assert [e.item.type for e in done] == ["reasoning"] and done[0].item.content[0].text == thinking
+
+
+@pytest.fixture(scope="module")
+def opened_block_server(loaded_model):
+    from tests.server.conftest import ServerThread, make_settings
+    srv = ServerThread(make_settings(max_thinking_tokens=10), loaded_model).start()
+    tok = srv.state.tokenizer
+    srv.state.chat_template = ChatTemplate(OPENS_THE_BLOCK, tok.bos_token, tok.eos_token)
+    yield srv
+    srv.stop()
+
+
+def think(srv, **kw):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    return client.chat.completions.create(model=srv.state.served_model_name, messages=MSG, max_tokens=30,
+                                          temperature=0, logprobs=True, **kw)
+
+
+FORCED = "\n</think>\n\n"
+
+
+def written(r):
+    return [t.token for t in r.choices[0].logprobs.content]
+
+
+@pytest.mark.parametrize("budget", [4, 7])
+def test_past_max_thinking_tokens_the_thinking_is_closed_and_the_model_answers(opened_block_server, budget):
+    r = think(opened_block_server, extra_body={"max_thinking_tokens": budget})
+    tokens = written(r)
+    thought = "".join(tokens[:budget])
+    assert "".join(tokens[budget:]).startswith(FORCED)  # the budget's tokens, then the forced closing
+    m = r.choices[0].message
+    assert field(m, "reasoning_content") == thought.strip()
+    assert abs(r.usage.completion_tokens_details.reasoning_tokens - budget) <= 2
+
+
+def test_the_servers_budget_applies_when_the_request_sets_none_and_0_lifts_it(opened_block_server):
+    default = written(think(opened_block_server))
+    assert "".join(default[10:]).startswith(FORCED)  # max_thinking_tokens = 10 in the settings
+    free = written(think(opened_block_server, extra_body={"max_thinking_tokens": 0}))
+    assert free[:10] == default[:10] and not "".join(free[10:]).startswith(FORCED)
+
+
+def test_the_servers_chat_template_kwargs_apply_unless_the_request_sets_them(make_server):
+    srv = make_server(chat_template_kwargs='{"enable_thinking": false}')
+    tok = srv.state.tokenizer
+    srv.state.chat_template = ChatTemplate(THINKING_TEMPLATE, tok.bos_token, tok.eos_token)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    name = srv.state.served_model_name
+    plain = ask(client, name, extra_body={"guided_regex": r"[A-Z][a-z]{2,8}\."}).choices[0].message
+    assert re.fullmatch(r"[A-Z][a-z]{2,8}\.", plain.content) and field(plain, "reasoning_content") is None
+    thinks = ask(client, name, extra_body={"guided_regex": SHAPE, "chat_template_kwargs": {"enable_thinking": True}})
+    assert field(thinks.choices[0].message, "reasoning_content")
+
+
+@pytest.mark.parametrize("value", ["{", "[1]"])
+def test_bad_chat_template_kwargs_in_the_settings_are_named(value):
+    from tests.server.conftest import make_settings
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        make_settings(chat_template_kwargs=value)

@@ -10,7 +10,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from inferd.server.apis.responses.encode import ResponseBuilder
-from inferd.server.apis.responses.render import input_messages
+from inferd.server.apis.responses.items import input_messages
 from inferd.server.apis.responses.render import plan as plan_request
 from inferd.server.apis.responses.request import ResponsesRequest
 from inferd.server.apis.responses.store import ResponseStore
@@ -43,12 +43,12 @@ def test_input_items_become_chat_messages():
         {"type": "function_call", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": "22 C"},
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
-    ])
+    ]).messages
     assert msgs[0] == {"role": "user", "content": "Weather in Paris?"}
     assert msgs[1]["role"] == "assistant" and [c["id"] for c in msgs[1]["tool_calls"]] == ["call_1", "call_2"]
     assert msgs[2] == {"role": "tool", "tool_call_id": "call_1", "content": "22 C"}
     assert msgs[3] == {"role": "system", "content": "Be brief."}
-    assert input_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert input_messages("hi").messages == [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("items,param", [

@@ -176,3 +176,24 @@ def test_gemma_template_for_files_without_one():
     assert t.render(msgs[1:2], add_generation_prompt=False) == "<bos><start_of_turn>user\nHi<end_of_turn>\n"
     with pytest.raises(ChatTemplateError, match="alternate"):
         t.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_earlier_thinking_reaches_templates_by_either_name():
+    from inferd.text.chat import render_chat
+    from tests.text.harmony import GPT_OSS
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET"}}}
+    messages = [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "Ask the tool."},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    prompt = render_chat(GPT_OSS, messages, reasoning_effort="high")
+    assert "Reasoning: high" in prompt
+    assert "<|start|>assistant<|channel|>analysis<|message|>Ask the tool.<|end|>" in prompt
+    call_text = '<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"tz": "CET"}<|call|>'
+    assert call_text in prompt
+    assert '<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>"12:00"<|end|>' in prompt
+    assert prompt.endswith("<|start|>assistant")
+    qwen_like = "{% for m in messages %}[{{ m.reasoning_content }}]{% endfor %}"
+    assert render_chat(qwen_like, [{"role": "assistant", "content": "", "thinking": "hm"}]) == "[hm]"

@@ -140,16 +140,32 @@ class PromptTokensDetails(Struct):
     cached_tokens: int
 
 
-class UsageInfo(Struct):
+class CompletionTokensDetails(Struct):
+    reasoning_tokens: int
+
+
+class UsageInfo(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None  # models that think aloud
 
 
-def usage_info(usage: Usage) -> UsageInfo:
+def usage_info(usage: Usage, reasoning_tokens: int | None = None) -> UsageInfo:
+    """reasoning_tokens: how many of the completion's tokens were thinking (None: the model does not think aloud)."""
     total = usage.prompt_tokens + usage.completion_tokens
-    return UsageInfo(usage.prompt_tokens, usage.completion_tokens, total, PromptTokensDetails(usage.cached_tokens))
+    details = (
+        None if reasoning_tokens is None else CompletionTokensDetails(min(reasoning_tokens, usage.completion_tokens))
+    )
+    return UsageInfo(
+        usage.prompt_tokens, usage.completion_tokens, total, PromptTokensDetails(usage.cached_tokens), details
+    )
+
+
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """The length of a piece of output in tokens, counted on its text (the thinking of reasoning_tokens)."""
+    return len(tokenizer.encode(text, add_special=False)) if text else 0
 
 
 def token_str(tokenizer: Tokenizer, token_id: int) -> str:

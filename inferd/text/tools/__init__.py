@@ -10,7 +10,10 @@ One module per job:
 - one module per format, each a parser, a grammar and its markers (a syntax.CallSyntax):
   hermes (Qwen2.5, Hermes, most templates with a `tools` variable; and "generic" templates, taught it),
   llama3 (Llama 3.1+ JSON), mistral (before tokenizer v11, `[TOOL_CALLS] [...]`) and mistral_v11
-  (`[TOOL_CALLS]name[ARGS]{...}`), with mistral_tokens (their control tokens and ids);
+  (`[TOOL_CALLS]name[ARGS]{...}`), with mistral_tokens (their control tokens and ids); harmony (gpt-oss's
+  channels, whose parser reads the thinking too); qwen3_coder (Qwen3-Coder and Qwen3.5's
+  `<function=name><parameter=p>`) and glm45 (GLM-4.5+'s `<arg_key>`/`<arg_value>`), with xml_args (values typed
+  by the tool's schema); deepseek_v3 and deepseek_v31, with deepseek_calls (their markers);
 - base, scanner, grammar_rules, syntax: what the formats share (the parser base classes, the JSON call object
   scanner, Lark pieces, the format record).
 """
@@ -22,14 +25,20 @@ from inferd.text.tools.grammar import tool_call_grammar, trigger_token
 from inferd.text.tools.mistral_tokens import ARGS, CALL_ID, TOOL_CALLS, marker_ids, mistral_id, new_mistral_id
 from inferd.text.tools.parser import ToolCallParser, parse_tool_calls
 from inferd.text.tools.registry import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V31,
     FORMATS,
     GENERIC,
+    GLM45,
+    HARMONY,
     HERMES,
     LLAMA3,
     MISTRAL,
     MISTRAL_V11,
+    QWEN3_CODER,
     ToolFormat,
     detect_format,
+    marker_token_ids,
     shown_tokens,
     syntax_of,
 )
@@ -43,13 +52,18 @@ Event = ToolDelta  # what a tool-call parser emits
 __all__ = [
     "ARGS",
     "CALL_ID",
+    "DEEPSEEK_V3",
+    "DEEPSEEK_V31",
     "FORMATS",
     "GENERIC",
     "GENERIC_TOOLS_BLOCK",
+    "GLM45",
+    "HARMONY",
     "HERMES",
     "LLAMA3",
     "MISTRAL",
     "MISTRAL_V11",
+    "QWEN3_CODER",
     "TOOL_CALLS",
     "CallObject",
     "CallParser",
@@ -69,6 +83,7 @@ __all__ = [
     "ToolFormat",
     "detect_format",
     "marker_ids",
+    "marker_token_ids",
     "mistral_id",
     "new_call_id",
     "new_mistral_id",

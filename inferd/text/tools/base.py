@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import string
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,9 @@ class CallParser:
     id and name first, then fragments of its arguments). The modes step until one needs more text."""
 
     OPEN = ""  # the text that opens a call
+    # tool name -> its parameters schema, for formats whose values are bare text typed by the schema (ToolCallParser
+    # sets it; the JSON formats ignore it)
+    param_schemas: Mapping[str, Mapping[str, Any]] = {}
 
     def __init__(self, new_id: Callable[[], str], tool_names: Iterable[str] = ()):
         self._new_id = new_id

@@ -71,7 +71,34 @@ def prepare_messages(
         out.append(msg)
     if fmt.template_renders_tools:
         return out
+    if fmt.name in WRITES_ITS_OWN_CALLS:
+        return _with_tools_block(out, tools, fmt)
     return _generic_conversation(out, tools)
+
+
+# formats whose templates write past calls and results themselves even where they take no `tools` (DeepSeek's
+# published templates): only the tools go in a system block, with a call in the format's own syntax as the example
+WRITES_ITS_OWN_CALLS = ("deepseek_v3", "deepseek_v31", "qwen3_coder", "glm45")
+OWN_TOOLS_BLOCK = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query. The functions, as JSON "
+    "signatures, are within <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call a function, answer with:\n"
+    "{example}"
+)
+
+
+def _with_tools_block(messages: list[dict[str, Any]], tools: Sequence[Tool], fmt: ToolFormat) -> list[dict[str, Any]]:
+    if not tools:
+        return messages
+    example = syntax_of(fmt).write_calls([ToolCall("", "<function-name>", "<args-json-object>")], False)
+    block = OWN_TOOLS_BLOCK.format(
+        tools="\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools), example=example
+    )
+    out = list(messages)
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{_text(out[0].get('content'), 0)}\n\n{block}"}
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
 
 
 def template_tools(tools: Sequence[Tool], fmt: ToolFormat) -> list[dict[str, Any]] | None:

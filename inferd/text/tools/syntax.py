@@ -7,8 +7,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferd.text.tools.base import CallParser, ToolCall, new_call_id
+from inferd.text.parsing import Delta
+from inferd.text.tools.base import ToolCall, new_call_id
 from inferd.text.tools.validation import Tool
+
+
+class FormatParser(Protocol):
+    """A format's parser: an OutputParser (inferd.text.parsing) that keeps the calls it has parsed. Its deltas are
+    tool deltas, and the thinking too for a format that carries both (harmony)."""
+
+    @property
+    def calls(self) -> list[ToolCall]: ...
+
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> Sequence[Delta]: ...
+
+    def finish(self) -> Sequence[Delta]: ...
 
 
 class CallGrammar(Protocol):
@@ -29,7 +42,7 @@ class CallGrammar(Protocol):
 @dataclass(frozen=True)
 class CallSyntax:
     name: str
-    parser: Callable[[Callable[[], str], Iterable[str]], CallParser]  # (new_id, tool_names) -> a fresh parser
+    parser: Callable[[Callable[[], str], Iterable[str]], FormatParser]  # (new_id, tool_names) -> a fresh parser
     grammar: CallGrammar
     # the calls written as the grammar has the model write them (with_ids: the ids too, where the format has them)
     write_calls: Callable[[Sequence[ToolCall], bool], str]

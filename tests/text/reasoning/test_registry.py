@@ -3,13 +3,16 @@
 import pytest
 
 from inferd.text.parsing import ContentDelta, ReasoningDelta
-from inferd.text.reasoning import THINK, detect_reasoning, reasoning_parser
+from inferd.text.reasoning import HARMONY, THINK, detect_reasoning, reasoning_parser, shown_texts
+from inferd.text.tools.harmony import HarmonyParser
 
 QWEN3_TAIL = "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+GPT_OSS_TAIL = "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}"
 R1_TAIL = "{% if add_generation_prompt %}{{'<｜Assistant｜><think>\\n'}}{% endif %}"
 
 
 @pytest.mark.parametrize("template, expected", [(QWEN3_TAIL, THINK), (R1_TAIL, THINK), ("{{ messages }}", None),
+                                                (GPT_OSS_TAIL, HARMONY),
                                                 (None, None)])
 def test_templates_that_write_think_tags_think(template, expected):
     assert detect_reasoning(template) == expected
@@ -28,5 +31,10 @@ def test_a_prompt_ending_inside_the_block_starts_the_output_there():
 
 
 def test_unknown_formats_are_named():
-    with pytest.raises(ValueError, match="unknown reasoning format 'harmony'"):
-        reasoning_parser("harmony", "")
+    with pytest.raises(ValueError, match="unknown reasoning format 'channels'"):
+        reasoning_parser("channels", "")
+
+
+def test_harmony_parses_with_its_markers_shown():
+    assert isinstance(reasoning_parser(HARMONY, "<|start|>assistant"), HarmonyParser)
+    assert "<|channel|>" in shown_texts(HARMONY) and shown_texts(THINK) == ()

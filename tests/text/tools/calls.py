@@ -116,3 +116,23 @@ def assert_parses(fmt, text, content, calls, new_ids, id_of):
     assert [(c.name, c.arguments) for c in got_calls] == calls
     assert [c.id for c in got_calls] == [id_of(i) for i in range(len(calls))]
     return got_calls
+
+
+def assert_lazy_grammar_takes(tok, compiler, fmt, tools, text):
+    """Under tool_choice "auto" (the call grammar from the format's trigger token on, the markers as the
+    vocabulary's tokens), the text before the call is free and the call, token by token, is what the grammar takes;
+    the marker is one token of the text's encoding."""
+    from inferd.text.tools import LazyMatcher, marker_token_ids, shown_tokens, tool_call_grammar, trigger_token
+
+    token_id_of = tok.hf.token_to_id
+    trigger = trigger_token(fmt, token_id_of)
+    markers = marker_token_ids(fmt, token_id_of)
+    assert trigger is not None and trigger in shown_tokens(fmt, token_id_of)
+    compiled = compiler.compile_sync(tool_call_grammar(tools, fmt, parallel=True, trigger_token_id=trigger,
+                                                       markers=markers))
+    lazy = LazyMatcher(compiled, trigger)
+    tokens = tok.encode(text, add_special=False)
+    assert trigger in tokens and tok.decode(tokens, skip_special=False) == text
+    for t in tokens:
+        assert lazy.advance(t), (text, lazy.active.error if lazy.active else None)
+    assert lazy.active is not None and lazy.accepts_eos()

@@ -33,3 +33,22 @@ def mistral(tmp_path_factory):
     compiler = GrammarCompiler(tok, tok.vocab_size)
     yield tok, compiler
     compiler.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tmp_path_factory):
+    """format name -> (tokenizer, grammar compiler) of a tiny GGUF with that format's markers as control tokens."""
+    from tests.text.tools.tiny import write_tiny
+
+    made: dict = {}
+
+    def get(fmt: str):
+        if fmt not in made:
+            path = write_tiny(tmp_path_factory.mktemp(fmt), fmt)
+            tok = Tokenizer.from_gguf(GGUFReader(str(path)).fields)
+            made[fmt] = (tok, GrammarCompiler(tok, tok.vocab_size))
+        return made[fmt]
+
+    yield get
+    for _, compiler in made.values():
+        compiler.close()

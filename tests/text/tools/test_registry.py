@@ -8,12 +8,17 @@ import importlib
 import pytest
 
 from inferd.text.tools import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V31,
     FORMATS,
     GENERIC,
+    GLM45,
+    HARMONY,
     HERMES,
     LLAMA3,
     MISTRAL,
     MISTRAL_V11,
+    QWEN3_CODER,
     ToolCall,
     ToolFormat,
     detect_format,
@@ -30,21 +35,25 @@ from tests.text.tools.calls import TIME, ids, weather
 
 
 def test_the_registry_lists_every_format_by_its_module():
-    assert sorted(FORMATS) == sorted([HERMES, LLAMA3, MISTRAL, MISTRAL_V11, GENERIC])
+    assert sorted(FORMATS) == sorted([HERMES, LLAMA3, MISTRAL, MISTRAL_V11, QWEN3_CODER, GLM45, DEEPSEEK_V3,
+                                      DEEPSEEK_V31, HARMONY, GENERIC])
     assert (HERMES, LLAMA3, MISTRAL, MISTRAL_V11, GENERIC) == ("hermes", "llama3", "mistral", "mistral_v11", "generic")
+    assert (QWEN3_CODER, GLM45, DEEPSEEK_V3, DEEPSEEK_V31) == ("qwen3_coder", "glm45", "deepseek_v3", "deepseek_v31")
     for name, syntax in FORMATS.items():
         module = importlib.import_module(f"inferd.text.tools.{syntax.name}")
         assert module.SYNTAX is syntax
         assert syntax.name == (HERMES if name == GENERIC else name)     # a generic template is taught Hermes
         assert syntax_of(name) is syntax is syntax_of(ToolFormat(name, True))
-    assert [n for n, s in FORMATS.items() if s.trigger] == [HERMES, MISTRAL, MISTRAL_V11, GENERIC]
+    assert [n for n, s in FORMATS.items() if s.trigger] == [HERMES, MISTRAL, MISTRAL_V11, QWEN3_CODER, GLM45,
+                                                            DEEPSEEK_V3, DEEPSEEK_V31, GENERIC]
 
 
 CALLS = [ToolCall("a1B2c3D4e", "get_time", '{"tz": "CET"}'),
          ToolCall("Z9y8X7w6v", "get_weather", '{"city": "Oslo", "unit": "celsius"}')]
 
 
-@pytest.mark.parametrize("fmt", [ToolFormat(n, True) for n in FORMATS] + [ToolFormat(MISTRAL_V11, True, True)],
+@pytest.mark.parametrize("fmt", [ToolFormat(n, True) for n in FORMATS if n != HARMONY]  # test_harmony.py has its own
+                         + [ToolFormat(MISTRAL_V11, True, True)],
                          ids=lambda f: f.name + ("+ids" if f.call_ids else ""))
 @pytest.mark.parametrize("parallel", [False, True])
 def test_each_format_round_trips_calls_its_grammar_accepts(mistral, fmt, parallel):
@@ -71,6 +80,10 @@ def test_each_format_round_trips_calls_its_grammar_accepts(mistral, fmt, paralle
     ("{{ tools }}<|python_tag|>{{ '<|eom_id|>' }}", LLAMA3),
     ("{% if tools %}{{ tools | tojson }}{% endif %}", HERMES),
     ("{{ messages }}", GENERIC),
+    ("{% if tools %}<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>{% endif %}", QWEN3_CODER),
+    ("{% if tools %}<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>{% endif %}", GLM45),
+    ("{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>' + args }}", DEEPSEEK_V31),
+    ("{{ '<｜tool▁call▁begin｜>function<｜tool▁sep｜>' + name + '\n```json\n' + args }}", DEEPSEEK_V3),
 ])
 def test_detect_format(template, name):
     assert detect_format(template).name == name

@@ -3,12 +3,19 @@ chat.completion.chunk events (a role chunk, content or tool-call deltas, a finis
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from msgspec import Struct
 
 from inferd.server.apis.chat.request import ChatCompletionRequest
-from inferd.server.apis.openai_fields import UsageInfo, stream_error, token_str, usage_info, wants_usage
+from inferd.server.apis.openai_fields import (
+    UsageInfo,
+    count_tokens,
+    stream_error,
+    token_str,
+    usage_info,
+    wants_usage,
+)
 from inferd.server.choices import Choice, Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
@@ -146,6 +153,7 @@ class ChoiceParser:
         parser, self.tools = answer_parser(prep)
         assert parser is not None, "a choice parser for a plan that parses nothing"
         self.parser: OutputParser = parser
+        self.thinking = ""  # all of the choice's thinking so far
 
     @property
     def has_calls(self) -> bool:
@@ -171,6 +179,7 @@ class ChoiceParser:
                     f.arguments = (f.arguments or "") + e.text
                 else:
                     deltas.append(ToolCallDelta(e.index, function=FunctionDelta(arguments=e.text)))
+        self.thinking += reasoning
         return content, reasoning, deltas
 
     def message(self, text: str) -> ChatMessage:
@@ -200,13 +209,22 @@ class ChatEncoder:
     def logprobs(self, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> ChatLogprobs:
         return chat_logprobs(self.tokenizer, self.gen.stop_token_ids, ids, lps, tops)
 
+    def reasoning_tokens(self, parsers: Iterable[ChoiceParser]) -> int | None:
+        """The choices' thinking in tokens, where the model thinks aloud."""
+        if self.prep.reasoning is None:
+            return None
+        return sum(count_tokens(self.tokenizer, p.thinking) for p in parsers)
+
     def full(self) -> ChatCompletionResponse:
         gen = self.gen
         choices = []
+        parsers = []
         for c in gen.choices:
-            message = (
-                ChoiceParser(self.prep).message(c.text) if self.prep.parses_answer else ChatMessage("assistant", c.text)
-            )
+            if self.prep.parses_answer:
+                parsers.append(ChoiceParser(self.prep))
+                message = parsers[-1].message(c.text)
+            else:
+                message = ChatMessage("assistant", c.text)
             choices.append(
                 ChatChoice(
                     c.index,
@@ -215,7 +233,7 @@ class ChatEncoder:
                     finish_reason(c.finish_reason, bool(message.tool_calls)),
                 )
             )
-        usage = usage_info(gen.usage())
+        usage = usage_info(gen.usage(), self.reasoning_tokens(parsers))
         return ChatCompletionResponse(gen.rid, gen.created, gen.model, choices, gen.fingerprint, usage=usage)
 
     def chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> ChatCompletionChunk:
@@ -265,7 +283,7 @@ class ChatEncoder:
             if events:
                 yield events
         if wants_usage(self.req):
-            yield sse_event(chunk([], usage_info(gen.usage())))
+            yield sse_event(chunk([], usage_info(gen.usage(), self.reasoning_tokens(parsers.values()))))
 
     def stream_error(self, err: ProtocolError) -> bytes:
         return stream_error(err)

@@ -22,9 +22,10 @@ def render_chat(
     extra: dict[str, Any] | None = None,
 ) -> str:
     """The chat template's text; `param` names the request field the messages came from."""
+    variables = {**state.settings.template_defaults(), **(extra or {})}  # the request's own win key by key
     try:
         template = state.ready_template
-        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **(extra or {}))
+        return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools, **variables)
     except ValueError as e:  # ChatTemplateError: the template refused these messages
         raise ProtocolError(str(e), param) from None
 
@@ -38,7 +39,7 @@ async def render(state: ServerState, req: ChatCompletionRequest) -> Rendered[Cha
     prep = await prepare_chat(state, messages, tools, request_grammar(req))
     text = render_chat(state, prep.messages, req.add_generation_prompt, prep.tools, extra=template_kwargs(req))
     if req.add_generation_prompt:  # an answer follows the prompt
-        prep = with_reasoning(state, prep, text)
+        prep = with_reasoning(state, prep, text, req.max_thinking_tokens, "max_thinking_tokens")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     given = req.max_completion_tokens is not None
     return Rendered(

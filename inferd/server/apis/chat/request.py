@@ -53,6 +53,7 @@ class ChatCompletionRequest(SamplingRequest, kw_only=True):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template (enable_thinking, ...)
     reasoning_effort: str | None = None  # none/minimal: no thinking where the template can switch it off
+    max_thinking_tokens: Annotated[int, Meta(ge=0)] | None = None  # past it the thinking is closed (0: no limit)
 
 
 def message_text(m: Message, i: int) -> str:

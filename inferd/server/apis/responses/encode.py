@@ -10,12 +10,15 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from inferd.server.apis.responses.items import encrypt_reasoning
 from inferd.server.apis.responses.render import ChatPlan, ResponsesContext
 from inferd.server.apis.responses.request import ResponsesRequest
+from inferd.server.apis.responses.tools import exposed_name
 from inferd.server.choices import Generation
 from inferd.server.generation import Rendered
 from inferd.server.protocol import ProtocolError
 from inferd.server.sse import PING, SSE, sse_event
+from inferd.server.apis.openai_fields import count_tokens
 from inferd.server.structured import answer_parser
 from inferd.text.parsing import Delta, ReasoningDelta
 from inferd.text.tools import ContentDelta, ToolCallStart
@@ -76,11 +79,13 @@ class ResponseBuilder:
             )
         elif isinstance(event, ToolCallStart):
             self._close_message()
+            namespace, name = self.plan.names.client_name(event.name)
             item = {
                 "type": "function_call",
                 "id": new_id("fc"),
                 "call_id": event.id,
-                "name": event.name,
+                "name": name,
+                **({"namespace": namespace} if namespace else {}),
                 "arguments": "",
                 "status": "in_progress",
             }
@@ -134,6 +139,8 @@ class ResponseBuilder:
             text=item["content"][0]["text"],
         )
         item["status"] = "completed"
+        if self.plan.reasoning_content:  # the thinking, for a client that replays it (include)
+            item["encrypted_content"] = encrypt_reasoning(item["content"][0]["text"])
         self._emit("response.output_item.done", output_index=index, item=dict(item))
 
     def _open_message(self) -> dict[str, Any]:
@@ -204,7 +211,7 @@ class ResponseBuilder:
             "input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": usage.get("reasoning_tokens", 0)},
             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
         }
         response = self.response()
@@ -239,24 +246,45 @@ class ResponseBuilder:
             "previous_response_id": e.get("previous_response_id"),
             "metadata": e.get("metadata") or {},
             "store": True if e.get("store") is None else e["store"],
+            "reasoning": {
+                "effort": None,
+                "summary": None,
+                **{k: v for k, v in (e.get("reasoning") or {}).items() if k in ("effort", "summary")},
+            },
+            "service_tier": "default",
+            "truncation": e.get("truncation") or "disabled",
+            "user": e.get("user"),
+            "safety_identifier": e.get("safety_identifier"),
+            "prompt_cache_key": e.get("prompt_cache_key"),
+            "max_tool_calls": e.get("max_tool_calls"),
+            "top_logprobs": e.get("top_logprobs"),
+            "background": False,
             "usage": self.usage,
         }
+
+    def thinking(self) -> str:
+        return "".join(p["text"] for i in self.output if i["type"] == "reasoning" for p in i["content"])
 
     def output_messages(self) -> list[dict[str, Any]]:
         """The output as chat messages (kept in the store for previous_response_id)."""
         text = "".join(p["text"] for i in self.output if i["type"] == "message" for p in i["content"])
         calls = [
-            {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+            {"id": i["call_id"], "type": "function", "function": {"name": chat_name(i), "arguments": i["arguments"]}}
             for i in self.output
             if i["type"] == "function_call"
         ]
         msg: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             msg["tool_calls"] = calls
-        thinking = "".join(p["text"] for i in self.output if i["type"] == "reasoning" for p in i["content"])
+        thinking = self.thinking()
         if thinking:
             msg["reasoning_content"] = thinking
         return [msg]
+
+
+def chat_name(item: Mapping[str, Any]) -> str:
+    """A function_call item's function as the model saw it (a namespaced one under its joined name)."""
+    return exposed_name(item["namespace"], item["name"]) if item.get("namespace") else item["name"]
 
 
 class ResponsesEncoder:
@@ -264,6 +292,7 @@ class ResponsesEncoder:
 
     def __init__(self, gen: Generation, req: ResponsesRequest, rendered: Rendered[ResponsesContext]):
         self.gen, self.context = gen, rendered.context
+        self.headers = self.context.plan.headers  # what was left out (hosted tools and their items)
         self.builder = ResponseBuilder(gen.model, self.context.plan)
         self.parser, _ = answer_parser(self.context.prep)
 
@@ -281,6 +310,7 @@ class ResponsesEncoder:
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "cached_tokens": u.cached_tokens,
+            "reasoning_tokens": count_tokens(self.gen.state.tokenizer, self.builder.thinking()),
         }
         response = self.builder.finish(self.gen.choices[0].finish_reason or "stop", usage)
         p = self.context.plan

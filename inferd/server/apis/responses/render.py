@@ -1,26 +1,34 @@
 """The Responses API's renderer: a request becomes a chat conversation, then the chat template's text.
 
 `instructions` is the system message, then the stored conversation of `previous_response_id` (its input and
-output), then `input` (a string, or message / function_call / function_call_output items). `text.format`, `tools`
-(flat function tools) and `tool_choice` map onto chat completions' fields; every problem names the Responses
-API's own field.
+output), then `input` (a string, or items: items.py); the system and developer messages before the first turn
+become one. `text.format`, `tools` (tools.py: functions, namespaces, hosted tools left out) and `tool_choice` map
+onto chat completions' fields; every problem names the Responses API's own field. What was left out (hosted
+tools, their items) is logged and named in response headers (ChatPlan.headers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from inferd.server.apis.chat.render import render_chat
+from inferd.server.apis.responses.items import input_messages, merge_leading_system
 from inferd.server.apis.responses.request import ResponsesRequest
 from inferd.server.apis.responses.store import ResponseStore, not_found
+from inferd.server.apis.responses.tools import ToolNames, chat_tool_choice, chat_tools
 from inferd.server.apis.sampling import sampling_params
 from inferd.server.generation import PromptText, Rendered, limits
 from inferd.server.protocol import Limits, ProtocolError
 from inferd.server.state import ServerState
 from inferd.server.structured import ChatPrep, prepare_chat, tool_request, with_reasoning
 from inferd.text.grammar import GrammarError, GrammarSpec, response_format_grammar
+
+log = logging.getLogger("inferd.server")
 
 # request fields the response object repeats
 ECHOED = (
@@ -35,7 +43,17 @@ ECHOED = (
     "previous_response_id",
     "metadata",
     "store",
+    "reasoning",
+    "service_tier",
+    "truncation",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "max_tool_calls",
+    "top_logprobs",
 )
+IGNORED_TOOLS_HEADER = "x-inferd-ignored-tools"
+IGNORED_ITEMS_HEADER = "x-inferd-ignored-items"
 
 
 @dataclass
@@ -49,6 +67,20 @@ class ChatPlan:
     max_tokens: int | None = None
     store: bool = True
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response repeats
+    names: ToolNames = field(default_factory=ToolNames)  # namespaced functions back to the client's names
+    ignored_tools: list[str] = field(default_factory=list)  # hosted tools left out of the prompt
+    ignored_items: list[str] = field(default_factory=list)  # hosted tools' input items left out
+    reasoning_content: bool = False  # include: reasoning.encrypted_content (the thinking, given back to replay)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """What was left out, for the client to see."""
+        out = {}
+        if self.ignored_tools:
+            out[IGNORED_TOOLS_HEADER] = ", ".join(self.ignored_tools)
+        if self.ignored_items:
+            out[IGNORED_ITEMS_HEADER] = ", ".join(sorted(set(self.ignored_items)))
+        return out or None
 
 
 @dataclass
@@ -66,101 +98,26 @@ def response_store(state: ServerState) -> ResponseStore:
     return state.responses
 
 
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = []
-        for j, p in enumerate(content):
-            if not isinstance(p, Mapping) or p.get("type") not in ("input_text", "output_text", "text"):
-                kind = p.get("type") if isinstance(p, Mapping) else type(p).__name__
-                raise ProtocolError(
-                    f"{where}[{j}]: content type {kind!r} is not supported (text only)", f"{where}[{j}]"
-                )
-            parts.append(str(p.get("text", "")))
-        return "".join(parts)
-    raise ProtocolError(f"{where} must be a string or a list of text parts", where)
-
-
-def input_messages(items: Any) -> list[dict[str, Any]]:
-    """`input` -> chat messages; consecutive function_call items become one assistant message with tool_calls."""
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    if not isinstance(items, Sequence):
-        raise ProtocolError("input must be a string or a list of items", "input")
-    out: list[dict[str, Any]] = []
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if not isinstance(item, Mapping):
-            raise ProtocolError(f"{where} must be an object", where)
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise ProtocolError(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
-            out.append(
-                {
-                    "role": "system" if role == "developer" else role,
-                    "content": _content_text(item.get("content"), f"{where}.content"),
-                }
-            )
-        elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            if not isinstance(name, str) or not isinstance(call_id, str):
-                raise ProtocolError(f"{where} needs name and call_id", where)
-            call = {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": item.get("arguments") or "{}"},
-            }
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") is not None:
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise ProtocolError(f"{where} needs call_id", f"{where}.call_id")
-            output = item.get("output")
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": call_id,
-                    "content": output if isinstance(output, str) else _content_text(output, f"{where}.output"),
-                }
-            )
-        else:
-            raise ProtocolError(
-                f"{where}: item type {kind!r} is not supported (message, function_call, function_call_output)",
-                f"{where}.type",
-            )
-    return out
-
-
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Responses function tools are flat ({"type", "name", "parameters", ...}); chat nests them under function."""
-    if tools is None:
-        return None
-    if not isinstance(tools, Sequence):
-        raise ProtocolError("tools must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, Mapping) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, Mapping) else None
-            raise ProtocolError(f"tools[{i}]: tool type {kind!r} is not supported (function)", f"tools[{i}].type")
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, Mapping) and choice.get("type") == "function" and "name" in choice:
-        return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
+def check_fields(req: ResponsesRequest) -> None:
+    """The fields a local server cannot honour, refused by name; text.verbosity checked (and then ignored)."""
+    if req.background:
+        raise ProtocolError("background responses are not supported: the request waits for its answer", "background")
+    if req.conversation is not None:
+        raise ProtocolError(
+            "conversation is not supported: send the items in input, or use previous_response_id", "conversation"
+        )
+    if req.prompt is not None:
+        raise ProtocolError("prompt (a stored prompt template) is not supported: send instructions", "prompt")
+    verbosity = (req.text or {}).get("verbosity")
+    if verbosity is not None and verbosity not in ("low", "medium", "high"):
+        raise ProtocolError(f"text.verbosity must be low, medium or high, got {verbosity!r}", "text.verbosity")
+    if req.include is not None and not all(isinstance(x, str) for x in req.include):
+        raise ProtocolError("include must be a list of strings", "include")
 
 
 def plan(req: ResponsesRequest, store: ResponseStore) -> ChatPlan:
     """A Responses request -> the conversation and the chat fields it amounts to."""
+    check_fields(req)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         stored = store.get(req.previous_response_id)
@@ -170,16 +127,30 @@ def plan(req: ResponsesRequest, store: ResponseStore) -> ChatPlan:
     new = input_messages(req.input)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     fmt = (req.text or {}).get("format")
+    tools = chat_tools(req.tools)
+    choice, allowed = chat_tool_choice(req.tool_choice, tools)
+    if not allowed and choice in ("auto", "none"):  # every tool was a hosted one: a plain answer
+        allowed, choice = None, None
+    if tools.ignored or new.ignored:
+        log.info(
+            "responses: left out hosted tools [%s] and input items [%s]",
+            ", ".join(tools.ignored),
+            ", ".join(sorted(set(new.ignored))),
+        )
     return ChatPlan(
-        messages=system + history + new,
-        new_messages=new,
-        tools=chat_tools(req.tools),
-        tool_choice=chat_tool_choice(req.tool_choice),
+        messages=merge_leading_system(system + history + new.messages),
+        new_messages=new.messages,
+        tools=allowed,
+        tool_choice=choice,
         response_format=dict(fmt) if isinstance(fmt, Mapping) else None,
         parallel_tool_calls=req.parallel_tool_calls,
         max_tokens=req.max_output_tokens,
         store=req.store,
-        echo={k: getattr(req, k) for k in ECHOED},
+        echo={k: msgspec.to_builtins(getattr(req, k)) for k in ECHOED},
+        names=tools.names,
+        ignored_tools=tools.ignored,
+        ignored_items=new.ignored,
+        reasoning_content="reasoning.encrypted_content" in (req.include or ()),
     )
 
 
@@ -201,13 +172,22 @@ def text_format_grammar(fmt: dict[str, Any] | None) -> GrammarSpec | None:
         raise ProtocolError(str(e), e.param) from None
 
 
+def effort_variables(req: ResponsesRequest) -> dict[str, Any]:
+    """reasoning.effort as chat completions' reasoning_effort reaches the template: `none`/`minimal` switch thinking
+    off where the template reads enable_thinking, and the effort itself for templates that read it (gpt-oss)."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if effort is None:
+        return {}
+    return {"enable_thinking": effort not in ("none", "minimal"), "reasoning_effort": effort}
+
+
 async def render(state: ServerState, req: ResponsesRequest) -> Rendered[ResponsesContext]:
     store = response_store(state)
     p = plan(req, store)
     messages = template_messages(p.messages, limits(state))
     tools = tool_request(p.tools, p.tool_choice, p.parallel_tool_calls)
     prep = await prepare_chat(state, messages, tools, text_format_grammar(p.response_format))
-    text = render_chat(state, prep.messages, True, prep.tools, param="input")
+    text = render_chat(state, prep.messages, True, prep.tools, param="input", extra=effort_variables(req))
     prep = with_reasoning(state, prep, text)
     return Rendered(
         [PromptText(text, add_special=False)],

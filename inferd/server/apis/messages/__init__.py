@@ -1,0 +1,1 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API."""

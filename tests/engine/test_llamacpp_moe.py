@@ -1,0 +1,67 @@
+"""inferd's log-probabilities equal llama.cpp's on tiny mixture-of-experts GGUF files of every MoE architecture
+(Qwen3-MoE, Qwen2-MoE with its shared expert, OLMoE, Mixtral), written by tests/model/make_tiny.py; read and held to
+the same tolerances as tests/engine/test_llamacpp_tiny.py's dense files (teacher forcing on llama.cpp's greedy tokens,
+the five most likely tokens' log-probabilities within LOGPROB_TOL at every reported position). The weights are F32,
+so neither engine quantizes activations. Measured (llama.cpp 0.3.36): at most 7.1e-3 apart, as on the dense files.
+
+One thing dense files do not have: a router whose k-th and (k+1)-th logits are nearly equal picks either expert,
+depending on float32 rounding in each engine (measured, with routers three times as sharp as these: a margin of
+1.3e-3 flipped in one position of 250 routing decisions, moving that token's log-probabilities by 0.56). So the
+float64 reference measures every position's margin (tests/reference.py), each prompt is one whose positions all
+route with a margin over ROUTE_MARGIN, and positions are compared up to the first near tie among llama.cpp's tokens
+(a flip there changes the keys and values later positions read)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferd.engine.engine import Engine, SeqInput
+from inferd.model.loader import load_model
+from tests.engine.test_llamacpp_tiny import (GENERATE, LOGPROB_TOL, NEAR_TIE, PROMPT_LEN, llama_cpp_greedy,
+                                             llama_server)
+from tests.model.make_tiny import MOE_SPECS, make_variant
+from tests.reference import Reference
+
+__all__ = ["llama_server"]   # the module's fixture, shared
+ROUTE_MARGIN = 0.003
+PROMPT_SEEDS = {"qwen3moe": 13, "qwen2moe": 4, "olmoe": 12, "mixtral": 13}   # prompts that route clear of ties
+MIN_COMPARED = 8
+
+
+def clear_routing_until(model, tokens: list[int]) -> int:
+    """The first position whose routing, in some layer, is within ROUTE_MARGIN of a tie (len(tokens) if none)."""
+    ref = Reference(model.config, model.tensors)
+    ref.forward(tokens, kv_dtype=np.float16, logit_rows=[len(tokens) - 1])
+    near = np.flatnonzero(np.min(np.stack(ref.route_margins), axis=0) < ROUTE_MARGIN)
+    return int(near[0]) if near.size else len(tokens)
+
+
+@pytest.mark.parametrize("arch", list(MOE_SPECS))
+def test_moe_logprobs_match_llama_cpp(llama_server, tmp_path, arch):
+    path = make_variant(f"{arch}-gguf-f32", tmp_path)
+    model = load_model(path)
+    prompt = np.random.default_rng(PROMPT_SEEDS[arch]).integers(3, model.config.vocab_size, PROMPT_LEN).tolist()
+    token_bytes = lambda t: model.tokenizer.token_bytes(t, False)  # noqa: E731
+    theirs, steps = llama_cpp_greedy(llama_server, path, prompt, tmp_path / "llama-server.log", token_bytes)
+    assert len(theirs) == GENERATE and sum(s is not None for s in steps) >= GENERATE // 2
+    clear = clear_routing_until(model, prompt + theirs)
+    assert clear >= PROMPT_LEN, f"{arch}: the prompt routes within {ROUTE_MARGIN} of a tie at position {clear}"
+    compared = [i for i, s in enumerate(steps) if s is not None and PROMPT_LEN - 1 + i < clear]
+    assert len(compared) >= MIN_COMPARED, f"{arch}: only {len(compared)} positions route clear of ties"
+
+    eng = Engine(model, num_kv_blocks=4, max_batch_tokens=256, max_seqs=1, threads=2, max_logits_rows=256)
+    logits = eng.step([SeqInput(prompt + theirs, 0, [0, 1, 2, 3], 0, want_logits=True)])[0].logits
+    logits = logits[PROMPT_LEN - 1:PROMPT_LEN - 1 + GENERATE].astype(np.float64)
+    peak = logits.max(1, keepdims=True)
+    logprobs = logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
+    worst = 0.0
+    for i in compared:
+        step = steps[i]
+        top = step["top_logprobs"]
+        for entry in top:
+            worst = max(worst, abs(logprobs[i, entry["id"]] - entry["logprob"]))
+        ours = int(np.argmax(logits[i]))
+        if ours != step["id"]:
+            assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, \
+                f"{arch} token {i}: we pick {ours}, llama.cpp {step['id']} ({top})"
+    assert worst < LOGPROB_TOL, f"{arch}: log-probabilities up to {worst:.4f} apart from llama.cpp's"
