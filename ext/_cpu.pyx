@@ -194,8 +194,7 @@ cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NU
     cdef cnp.ndarray arr
     cdef int prows, group, stride
     for i, part in enumerate(parts):
-        data = part[3]
-        arr = np.ascontiguousarray(data() if callable(data) else data)   # a callable: rows converted just now
+        arr = np.ascontiguousarray(part[3])
         prows = part[1]
         if arr.nbytes != gguf_row_bytes(WEIGHT_TYPES[part[0]], cols) * prows:
             weight_free(w)

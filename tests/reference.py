@@ -27,10 +27,10 @@ from gguf import quants as gguf_quants
 from inferd.model.model_config import ModelConfig
 from inferd.model.tensor import Tensor
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # gguf has no writer for these: tests/model/kquant_ref.py
-# types the reference also reads (real files' Q2_K/Q3_K, which the engine re-quantizes at load)
-FILE_QUANT_TYPES = QUANT_TYPES + ("Q2_K", "Q3_K")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+# gguf has no writer for these: tests/model/kquant_ref.py
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
+FILE_QUANT_TYPES = QUANT_TYPES
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -72,6 +72,9 @@ def make_tensor(name: str, values: np.ndarray, type_name: str) -> Tensor:
     elif type_name in K_TYPES:
         from tests.model.kquant_ref import quantize_k
         data = quantize_k(x, type_name)
+    elif type_name == "IQ4_NL":
+        from tests.model.kquant_ref import quantize_iq4_nl
+        data = quantize_iq4_nl(x)
     elif type_name in QUANT_TYPES:
         data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
     else:

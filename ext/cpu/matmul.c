@@ -56,9 +56,16 @@ void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const f
  *   Q4_K, Q5_K    isum = sum q x          (sub-block s of super-block)   dw = d * sc[s], mw = -(dmin * mn[s])
  *   Q6_K          isum = sc[2s] (sum_0..15 q x - 32 sum_0..15 x) + sc[2s+1] (sum_16..31 q x - 32 sum_16..31 x),
  *                                                                        dw = d
+ *   Q3_K          isum = sc[2s] (sum_0..15 q x - 4 sum_0..15 x) + sc[2s+1] (sum_16..31 q x - 4 sum_16..31 x),
+ *                                                                        dw = d
+ *   Q2_K          isum = sc[2s] sum_0..15 q x + sc[2s+1] sum_16..31 q x, dw = d,
+ *                 imin = mn[2s] sum_0..15 x + mn[2s+1] sum_16..31 x,     mw = -dmin
+ *   IQ4_NL        isum = sum v x   (v = IQ4_VALUES[q])                   dw = d
+ *   IQ4_XS        isum = sc[s] sum v x                                   dw = d
  * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
  * computed once per activation block (Q4_1 and Q5_1: acc = fma(float(sum x), mw * dx, acc), Q4_1's order from
- * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with). */
+ * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with); Q2_K's mins weigh the two
+ * halves apart: acc = fma(float(imin), mw * dx, acc). */
 static inline __attribute__((always_inline)) void quant_tile_scalar(const int type, const uint8_t *base, int nb,
                                                                     const block_q8x *xq, int nb32, int ntok, float *y,
                                                                     int ldy, int ycol, int nrows, int accumulate) {
@@ -93,6 +100,19 @@ static inline __attribute__((always_inline)) void quant_tile_scalar(const int ty
                     } else if (type == WT_Q6_K) {
                         const int8_t *sc = (const int8_t *)blk + tile_scales_off(type, s);
                         isum = sc[r] * (lo - 32 * xb->hsum[0]) + sc[8 + r] * (hi - 32 * xb->hsum[1]);
+                    } else if (type == WT_Q3_K) {
+                        const int8_t *sc = (const int8_t *)blk + tile_scales_off(type, s);
+                        isum = sc[r] * (lo - 4 * xb->hsum[0]) + sc[8 + r] * (hi - 4 * xb->hsum[1]);
+                    } else if (type == WT_Q2_K) {
+                        const uint8_t *scm = blk + tile_scales_off(type, s);
+                        isum = (scm[r] & 15) * lo + (scm[8 + r] & 15) * hi;
+                        int32_t imin = (scm[r] >> 4) * xb->hsum[0] + (scm[8 + r] >> 4) * xb->hsum[1];
+                        mw = -tile_f16(blk + 16, r);
+                        acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
+                        acc[r] = __builtin_fmaf((float)imin, mw * xb->d, acc[r]);
+                        continue;
+                    } else if (type == WT_IQ4_XS) {
+                        isum *= ((const int8_t *)blk + tile_scales_off(type, s))[r];
                     }
                     acc[r] = __builtin_fmaf((float)isum, dw * xb->d, acc[r]);
                     if (type == WT_Q4_1 || type == WT_Q5_1)
@@ -119,6 +139,10 @@ SCALAR_DEFINE(q8_0, WT_Q8_0)
 SCALAR_DEFINE(q4_k, WT_Q4_K)
 SCALAR_DEFINE(q5_k, WT_Q5_K)
 SCALAR_DEFINE(q6_k, WT_Q6_K)
+SCALAR_DEFINE(q3_k, WT_Q3_K)
+SCALAR_DEFINE(q2_k, WT_Q2_K)
+SCALAR_DEFINE(iq4_nl, WT_IQ4_NL)
+SCALAR_DEFINE(iq4_xs, WT_IQ4_XS)
 #undef SCALAR_DEFINE
 
 /* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */

@@ -10,7 +10,8 @@
  *   3. acc = fma(float(isum), dw * dx, acc), and for the types with a min, acc = fma(mw, dx * sum x, acc),
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
- * are the same operations in the same order on every path and for every ntok: bit-identical results. */
+ * are the same operations in the same order on every path and for every ntok: bit-identical results.
+ * Q2_K, Q3_K, IQ4_NL and IQ4_XS have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind those. */
 
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -32,12 +33,41 @@ KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[
         }
         return;
     }
+    if (type_is_2bit(type)) {   /* a q2group, and Q3_K's third bit from its hbit piece (bit j -> wv[j]'s bit 2) */
+        const __m256i m2 = _mm256_set1_epi8(3);
+        const uint8_t *g = blk + tile_group_off(type, s);
+        for (int v = 0; v < 2; v++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(g + 32 * v));
+            wv[4 * v] = _mm256_and_si256(q, m2);
+            wv[4 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m2);
+            wv[4 * v + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m2);
+            wv[4 * v + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m2);
+        }
+        if (type == WT_Q3_K) {
+            const __m256i m = _mm256_set1_epi8(4);
+            __m256i h = _mm256_loadu_si256((const __m256i *)(blk + tile_hbits_off(type, s)));
+            wv[0] = _mm256_or_si256(wv[0], _mm256_and_si256(_mm256_slli_epi16(h, 2), m));
+            wv[1] = _mm256_or_si256(wv[1], _mm256_and_si256(_mm256_slli_epi16(h, 1), m));
+            wv[2] = _mm256_or_si256(wv[2], _mm256_and_si256(h, m));
+            wv[3] = _mm256_or_si256(wv[3], _mm256_and_si256(_mm256_srli_epi16(h, 1), m));
+            wv[4] = _mm256_or_si256(wv[4], _mm256_and_si256(_mm256_srli_epi16(h, 2), m));
+            wv[5] = _mm256_or_si256(wv[5], _mm256_and_si256(_mm256_srli_epi16(h, 3), m));
+            wv[6] = _mm256_or_si256(wv[6], _mm256_and_si256(_mm256_srli_epi16(h, 4), m));
+            wv[7] = _mm256_or_si256(wv[7], _mm256_and_si256(_mm256_srli_epi16(h, 5), m));
+        }
+        return;
+    }
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const uint8_t *g = blk + tile_group_off(type, s);
     for (int p = 0; p < 4; p++) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(g + 32 * p));
         wv[p] = _mm256_and_si256(v, m4);
         wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    }
+    if (type_is_iq4(type)) {   /* codes -> their int8 values: one byte shuffle per 32 */
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+        for (int j = 0; j < 8; j++) wv[j] = _mm256_shuffle_epi8(book, wv[j]);
+        return;
     }
     /* the high bits move to bit 4 (5-bit) or bits 4-5 (Q6_K); 16-bit shifts carry bits across bytes only into
      * positions the mask clears */
@@ -67,17 +97,31 @@ KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[
 }
 
 /* Q6_K's sub-block scales of block s: sc32[0..1] (int32 per lane, for the VNNI products), sc16[0..1] (int16 in
- * both halves of a lane, AVX2's madd), pair (lane r = the two scales as int16, for the -32 * hsum correction) */
+ * both halves of a lane, AVX2's madd), pair (lane r = the two scales as int16, for the -32 * hsum correction).
+ * Q3_K's are the same; Q2_K's sc16 are its scales and its pair its mins; IQ4_XS has one scale, sc16[0]. */
 typedef struct { __m256i sc32[2], sc16[2], pair; } KFN(q6scales);
 
-KINLINE void KFN(load_q6scales)(const uint8_t *sc, KFN(q6scales) *o) {
+KINLINE int KFN(has_int_scales)(const int type) {
+    return type == WT_Q6_K || type == WT_Q3_K || type == WT_Q2_K || type == WT_IQ4_XS;
+}
+
+KINLINE void KFN(load_q6scales)(const int type, const uint8_t *sc, KFN(q6scales) *o) {
     __m128i a = _mm_loadl_epi64((const __m128i *)sc), b = _mm_loadl_epi64((const __m128i *)(sc + 8));
+    if (type == WT_IQ4_XS) b = a;   /* one scale per row: the 8 bytes after it are the next sub-block's */
+    if (type == WT_Q2_K) {          /* bytes sc | mn << 4 */
+        const __m128i m4 = _mm_set1_epi8(0x0f);
+        __m128i ma = _mm_and_si128(_mm_srli_epi16(a, 4), m4), mb = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+        a = _mm_and_si128(a, m4);
+        b = _mm_and_si128(b, m4);
+        o->pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(ma, mb));
+    } else {
+        o->pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+    }
     o->sc32[0] = _mm256_cvtepi8_epi32(a);
     o->sc32[1] = _mm256_cvtepi8_epi32(b);
     for (int i = 0; i < 2; i++)
         o->sc16[i] = _mm256_or_si256(_mm256_and_si256(o->sc32[i], _mm256_set1_epi32(0xffff)),
                                      _mm256_slli_epi32(o->sc32[i], 16));
-    o->pair = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
 }
 
 /* the exact int32 block sum of one token (xb) against wv, per lane */
@@ -86,6 +130,31 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
+    if (type_is_iq4(type)) {
+        /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
+         * (|pair sum| * 32 < 2^31) */
+        const __m256i sc = type == WT_IQ4_XS ? q6->sc16[0] : ones;
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
+                                                               _mm256_sign_epi8(x[j], wv[j])), sc);
+            if (chains == 2 && (j & 1)) b = _mm256_add_epi32(b, p);
+            else a = _mm256_add_epi32(a, p);
+        }
+        return _mm256_add_epi32(a, b);
+    }
+    if (type_is_2bit(type)) {
+        /* 4 maddubs of values <= 7 stay below 4 * 2 * 7 * 127 < 2^15 in int16; then each half times its scale */
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], x[j]));
+            b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wv[4 + j], x[4 + j]));
+        }
+        __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(a, q6->sc16[0]), _mm256_madd_epi16(b, q6->sc16[1]));
+        if (type == WT_Q3_K)   /* values are stored as q + 4: subtract 4 * (sc0 * sum(x[0..15]) + sc1 * ...) */
+            sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum)), 2));
+        return sum;
+    }
     if (type == WT_Q6_K) {
 #if KVNNI
         /* each half's sum starts from -32 * its sum of x (values are stored as q + 32) */
@@ -166,6 +235,8 @@ KINLINE void KFN(block_scales)(const int type, const uint8_t *blk, int s, __m256
         *mw = _mm256_xor_ps(_mm256_mul_ps(dmin, KFN(load_u8x8_ps)(sm + 8)), _mm256_set1_ps(-0.0f));
     } else if (type == WT_Q4_1 || type == WT_Q5_1) {
         *mw = KFN(load_f16x8)(blk + 16);
+    } else if (type == WT_Q2_K) {
+        *mw = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0f));
     }
 }
 
@@ -180,23 +251,32 @@ KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 
     return acc;
 }
 
+/* one token's block from its weight vectors: the block sum, accumulated; Q2_K's mins after (matmul.c's order) */
+KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, const __m256i wv[8], __m256 dw,
+                              __m256 mw, const KFN(q6scales) *q6, const block_q8x *xb) {
+    acc = KFN(accumulate)(type, acc, KFN(block_isum)(type, chains, wv, xb, q6), dw, mw, xb);
+    if (type == WT_Q2_K) {
+        __m256i imin = _mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(mw, _mm256_set1_ps(xb->d)), acc);
+    }
+    return acc;
+}
+
 /* One block of a tile (all its sub-blocks) against ntok tokens: acc[k] += the block's share of token k's rows.
  * xb0: the block's first activation block of token 0; token k's follow nb32 blocks later. */
 KINLINE void KFN(block_tokens)(const int type, const uint8_t *blk, const int nsub, const int chains, const int ntok,
                                const block_q8x *xb0, int nb32, __m256 *acc) {
     __m256 d = KFN(load_f16x8)(blk), dmin = d;
-    if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+    if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
     for (int s = 0; s < nsub; s++) {
         __m256i wv[8];
         KFN(load_wv)(type, blk, s, wv);
         __m256 dw, mw;
         KFN(block_scales)(type, blk, s, d, dmin, &dw, &mw);
         KFN(q6scales) q6;
-        if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &q6);
-        for (int k = 0; k < ntok; k++) {
-            const block_q8x *xb = xb0 + s + (size_t)k * nb32;
-            acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, wv, xb, &q6), dw, mw, xb);
-        }
+        if (KFN(has_int_scales)(type)) KFN(load_q6scales)(type, blk + tile_scales_off(type, s), &q6);
+        for (int k = 0; k < ntok; k++)
+            acc[k] = KFN(block_acc)(type, chains, acc[k], wv, dw, mw, &q6, xb0 + s + (size_t)k * nb32);
     }
 }
 
@@ -262,11 +342,11 @@ KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = base + (size_t)b * bb;
         __m256 d = KFN(load_f16x8)(blk), dmin = d;
-        if (type == WT_Q4_K || type == WT_Q5_K) dmin = KFN(load_f16x8)(blk + 16);
+        if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
         for (int s = 0; s < nsub; s++, p++) {
             KFN(load_wv)(type, blk, s, p->wv);
             KFN(block_scales)(type, blk, s, d, dmin, &p->dw, &p->mw);
-            if (type == WT_Q6_K) KFN(load_q6scales)(blk + tile_scales_off(type, s), &p->q6);
+            if (KFN(has_int_scales)(type)) KFN(load_q6scales)(type, blk + tile_scales_off(type, s), &p->q6);
         }
     }
 }
@@ -277,10 +357,8 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
     __m256 acc[8];
     for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb32; b++, p++)
-        for (int k = 0; k < ntok; k++) {
-            const block_q8x *xb = xq + (size_t)k * nb32 + b;
-            acc[k] = KFN(accumulate)(type, acc[k], KFN(block_isum)(type, chains, p->wv, xb, &p->q6), p->dw, p->mw, xb);
-        }
+        for (int k = 0; k < ntok; k++)
+            acc[k] = KFN(block_acc)(type, chains, acc[k], p->wv, p->dw, p->mw, &p->q6, xq + (size_t)k * nb32 + b);
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
@@ -323,6 +401,12 @@ KDEFINE(q8_0, WT_Q8_0)
 KDEFINE(q4_k, WT_Q4_K)
 KDEFINE(q5_k, WT_Q5_K)
 KDEFINE(q6_k, WT_Q6_K)
+#if !KVNNI
+KDEFINE(q3_k, WT_Q3_K)
+KDEFINE(q2_k, WT_Q2_K)
+KDEFINE(iq4_nl, WT_IQ4_NL)
+KDEFINE(iq4_xs, WT_IQ4_XS)
+#endif
 #undef KDEFINE
 
 /* each type's kernels of this path, for its row of the type-traits table (type_traits.c): qtile_<type>_<path>.
@@ -338,4 +422,10 @@ KENTRY(q8_0, WT_Q8_0)
 KENTRY(q4_k, WT_Q4_K)
 KENTRY(q5_k, WT_Q5_K)
 KENTRY(q6_k, WT_Q6_K)
+#if !KVNNI
+KENTRY(q3_k, WT_Q3_K)
+KENTRY(q2_k, WT_Q2_K)
+KENTRY(iq4_nl, WT_IQ4_NL)
+KENTRY(iq4_xs, WT_IQ4_XS)
+#endif
 #undef KENTRY

@@ -13,8 +13,8 @@
 
 /* ---- GGUF blocks -> values and scales ---- */
 typedef struct {
-    uint16_t d, m;           /* f16: d and (Q4_1/Q5_1) m, or (Q4_K/Q5_K) dmin */
-    uint8_t sc[16], mn[8];   /* K-quants: sub-block scales (Q6_K: int8) and mins */
+    uint16_t d, m;           /* f16: d and (Q4_1/Q5_1) m, or (Q4_K/Q5_K/Q2_K) dmin */
+    uint8_t sc[16], mn[8];   /* K-quants: sub-block scales (Q6_K, Q3_K, IQ4_XS: int8; Q2_K: sc | mn << 4) and mins */
     int8_t q8[32];           /* Q8_0's values */
     uint8_t q[QK_K];         /* the other types' unsigned values */
 } unpacked_t;
@@ -61,6 +61,35 @@ static inline __attribute__((always_inline)) void gguf_unpack(const int type, co
                 u->q[64 * c + l] = lo;
                 u->q[64 * c + 32 + l] = hi;
             }
+    } else if (type == WT_Q2_K) {   /* scales[16] | qs[64] | d | dmin; value 128n + 32k + l: qs[32n + l] bits 2k */
+        memcpy(u->sc, b, 16);
+        memcpy(&u->d, b + 80, 2);
+        memcpy(&u->m, b + 82, 2);
+        for (int i = 0; i < QK_K; i++) u->q[i] = (b[16 + 32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3;
+    } else if (type == WT_Q3_K) {   /* hmask[32] | qs[64] | scales[12] | d; the high bit of value 32i + l: hmask[l]
+                                     * bit i, set where the value is not offset by -4 */
+        const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+        memcpy(&u->d, b + 108, 2);
+        for (int i = 0; i < 16; i++) {
+            int lo = (i < 8 ? s[i] : s[i - 8] >> 4) & 15, hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+            u->sc[i] = (uint8_t)(int8_t)((lo | hi << 4) - 32);
+        }
+        for (int i = 0; i < QK_K; i++)
+            u->q[i] = (uint8_t)(((qs[32 * (i / 128) + i % 32] >> (2 * (i / 32 % 4))) & 3) |
+                                ((hm[i % 32] >> (i / 32)) & 1) << 2);
+    } else if (type == WT_IQ4_NL) {
+        for (int j = 0; j < 16; j++) { u->q[j] = b[2 + j] & 15; u->q[j + 16] = b[2 + j] >> 4; }
+    } else if (type == WT_IQ4_XS) {   /* d | scales_h (u16) | scales_l[4] | qs[128]: 16 bytes per 32 values */
+        uint16_t sh;
+        memcpy(&sh, b + 2, 2);
+        for (int s = 0; s < 8; s++) {
+            int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | ((sh >> (2 * s)) & 3) << 4;
+            u->sc[s] = (uint8_t)(int8_t)(ls - 32);
+            for (int j = 0; j < 16; j++) {
+                u->q[32 * s + j] = b[8 + 16 * s + j] & 15;
+                u->q[32 * s + 16 + j] = b[8 + 16 * s + j] >> 4;
+            }
+        }
     } else if (type == WT_Q6_K) {
         const uint8_t *ql = b, *qh = b + 128;
         memcpy(&u->d, b + 208, 2);
@@ -83,12 +112,23 @@ static void put_group(uint8_t *g, int r, const uint8_t *q) {
         for (int e = 0; e < 4; e++) g[32 * p + 4 * r + e] = (uint8_t)((q[4 * p + e] & 15) | (q[16 + 4 * p + e] & 15) << 4);
 }
 
-static void put_hbit(uint8_t *h, int r, const uint8_t *q) {
+/* bit `bit` of each value (the 5-bit types' bit 4, Q3_K's bit 2) */
+static void put_hbit(uint8_t *h, int r, const uint8_t *q, int bit) {
     for (int e = 0; e < 4; e++) {
         uint8_t v = 0;
-        for (int p = 0; p < 4; p++) v |= (uint8_t)(((q[4 * p + e] >> 4) & 1) << p | ((q[16 + 4 * p + e] >> 4) & 1) << (4 + p));
+        for (int p = 0; p < 4; p++)
+            v |= (uint8_t)(((q[4 * p + e] >> bit) & 1) << p | ((q[16 + 4 * p + e] >> bit) & 1) << (4 + p));
         h[4 * r + e] = v;
     }
+}
+
+static void put_q2group(uint8_t *g, int r, const uint8_t *q) {
+    for (int v = 0; v < 2; v++)
+        for (int e = 0; e < 4; e++) {
+            uint8_t b = 0;
+            for (int k = 0; k < 4; k++) b |= (uint8_t)((q[4 * (4 * v + k) + e] & 3) << (2 * k));
+            g[32 * v + 4 * r + e] = b;
+        }
 }
 
 static void put_h2bit(uint8_t *h, int r, const uint8_t *q) {
@@ -109,17 +149,22 @@ static inline __attribute__((always_inline)) void put_lane(const int type, uint8
         for (int j = 0; j < 8; j++) memcpy(blk + 16 + 32 * j + 4 * r, u->q8 + 4 * j, 4);
         return;
     }
-    if (type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K) memcpy(blk + 16 + 2 * r, &u->m, 2);
+    if (type == WT_Q4_1 || type == WT_Q5_1 || type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K)
+        memcpy(blk + 16 + 2 * r, &u->m, 2);
     int nsub = type_is_k(type) ? 8 : 1;
     for (int s = 0; s < nsub; s++) {
         const uint8_t *q = u->q + 32 * s;
-        put_group(blk + tile_group_off(type, s), r, q);
-        if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) put_hbit(blk + tile_hbits_off(type, s), r, q);
-        if (type == WT_Q6_K) {
-            put_h2bit(blk + tile_hbits_off(type, s), r, q);
+        if (type_is_2bit(type)) put_q2group(blk + tile_group_off(type, s), r, q);
+        else put_group(blk + tile_group_off(type, s), r, q);
+        if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) put_hbit(blk + tile_hbits_off(type, s), r, q, 4);
+        if (type == WT_Q3_K) put_hbit(blk + tile_hbits_off(type, s), r, q, 2);
+        if (type == WT_IQ4_XS) {
+            blk[tile_scales_off(type, s) + r] = u->sc[s];
+        } else if (type == WT_Q6_K || type == WT_Q3_K || type == WT_Q2_K) {
+            if (type == WT_Q6_K) put_h2bit(blk + tile_hbits_off(type, s), r, q);
             blk[tile_scales_off(type, s) + r] = u->sc[2 * s];
             blk[tile_scales_off(type, s) + 8 + r] = u->sc[2 * s + 1];
-        } else if (type != WT_Q4_0 && type != WT_Q4_1 && type != WT_Q5_0 && type != WT_Q5_1) {
+        } else if (type == WT_Q4_K || type == WT_Q5_K) {
             blk[tile_scales_off(type, s) + r] = u->sc[s];
             blk[tile_scales_off(type, s) + 8 + r] = u->mn[s];
         }
@@ -230,8 +275,21 @@ static inline __attribute__((always_inline)) void dequant_typed(const int type, 
         for (int s = 0; s < nsub; s++) {
             float *o = out + (size_t)(b * nsub + s) * QK;
             tile_lane_values(type, blk, s, r, q);
-            if (type == WT_Q8_0) {
+            if (type == WT_Q8_0 || type == WT_IQ4_NL) {
                 for (int i = 0; i < 32; i++) o[i] = d * (float)q[i];
+            } else if (type == WT_IQ4_XS) {
+                float dw = d * (float)((const int8_t *)blk + tile_scales_off(type, s))[r];
+                for (int i = 0; i < 32; i++) o[i] = dw * (float)q[i];
+            } else if (type == WT_Q3_K) {
+                const int8_t *sc = (const int8_t *)blk + tile_scales_off(type, s);
+                for (int i = 0; i < 32; i++) o[i] = d * (float)sc[8 * (i / 16) + r] * (float)(q[i] - 4);
+            } else if (type == WT_Q2_K) {
+                const uint8_t *scm = blk + tile_scales_off(type, s);
+                float dmin = tile_f16(blk + 16, r);
+                for (int i = 0; i < 32; i++) {
+                    uint8_t m = scm[8 * (i / 16) + r];
+                    o[i] = d * (float)(m & 15) * (float)q[i] - dmin * (float)(m >> 4);
+                }
             } else if (type == WT_Q4_0) {
                 for (int i = 0; i < 32; i++) o[i] = d * (float)(q[i] - 8);
             } else if (type == WT_Q5_0) {
@@ -264,6 +322,10 @@ QUANT_DEFINE(q8_0, WT_Q8_0)
 QUANT_DEFINE(q4_k, WT_Q4_K)
 QUANT_DEFINE(q5_k, WT_Q5_K)
 QUANT_DEFINE(q6_k, WT_Q6_K)
+QUANT_DEFINE(q3_k, WT_Q3_K)
+QUANT_DEFINE(q2_k, WT_Q2_K)
+QUANT_DEFINE(iq4_nl, WT_IQ4_NL)
+QUANT_DEFINE(iq4_xs, WT_IQ4_XS)
 #undef QUANT_DEFINE
 
 /* ---- float types: rows as they are ---- */

@@ -11,6 +11,9 @@
  *   h2bit    64 bytes, bits 4-5 of a group's values: byte 4r + e, bits 2p..2p+1 = value 4p+e; then byte 32+4r+e
  *           the same for value 16+4p+e.
  *   f16[8]   16 bytes, one f16 per row.
+ *   q2group   64 bytes, 32 values of 8 rows, their low 2 bits: byte 32v + 4r + e, bits 2k..2k+1 = value 4j+e of
+ *           row r, j = 4v + k. Loaded as 2 vectors, each shifted by 0, 2, 4, 6 and masked, it gives wv[0..7].
+ *   Q3_K's third bit lies in an hbit piece (bit j of byte 4r + e = value 4j+e, as for the 5-bit types).
  * Tile blocks:
  *   Q4_0  d | group                                   value = d * (q - 8)
  *   Q4_1  d | m | group                               value = d * q + m
@@ -20,8 +23,15 @@
  *   Q4_K  d | dmin | 8 x (sc[8] | mn[8]) | 8 x group               sub-block s (values 32s..32s+31):
  *   Q5_K  d | dmin | 8 x (sc[8] | mn[8]) | 8 x (hbit | group)      value = d*sc[s] * q - dmin*mn[s]
  *   Q6_K  d | 16 x sc[8] (int8) | 8 x (h2bit | group)              value = d * sc[k] * (q - 32), k = value / 16
- * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them.
- * The sizes are the GGUF sizes (Q6_K, 32-value types) or 32 bytes per 8 rows more (Q4_K, Q5_K: 1.6%/2.2%). */
+ *   Q3_K  d | 16 x sc[8] (int8) | 8 x (hbit | q2group)            value = d * sc[k] * (q - 4), k = value / 16
+ *   Q2_K  d | dmin | 8 x scm[16] | 8 x q2group                     value = d * sc[k] * q - dmin * mn[k]; scm byte
+ *           r (8 + r) holds row r's sc | mn << 4 of the sub-block's first (second) 16 values, as GGUF packs them
+ *   IQ4_NL  d | group                                 value = d * IQ4_VALUES[q]
+ *   IQ4_XS  d | 8 x sc[8] (int8) | 8 x group          value = d * sc[s] * IQ4_VALUES[q]
+ * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them; so are
+ * Q3_K's and IQ4_XS's 6-bit scales (into int8, their offset 32 taken off).
+ * The sizes are the GGUF sizes (Q6_K, Q2_K, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32 bytes,
+ * 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
 #ifndef INFERD_TILE_H
 #define INFERD_TILE_H
 
@@ -29,24 +39,36 @@
 #include "inferd.h"
 
 enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
-       TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192 };
+       TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192,
+       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144, TB_IQ4_XS = 16 + 8 * 8 + 8 * 128 };
+
+/* the 16 values of IQ4_NL's and IQ4_XS's 4-bit codes (GGUF's non-linear grid): one byte shuffle maps 32 codes */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* Where a tile block's pieces lie, per quantized type (the drawing above as numbers): bytes of the tile block;
  * 32-value blocks in it (1, or 8 for the K-quants); block s's group at group + s * group_step, its hbit or h2bit piece
- * at hbits + s * hbits_step (0: none); the K-quants' scales of block s at scales + 16 s. The kernels read it with
- * their type a constant, so that every offset folds into an immediate. */
-typedef struct { uint16_t bytes, nsub, group, group_step, hbits, hbits_step, scales; } tile_layout_t;
+ * at hbits + s * hbits_step (0: none); the K-quants' scales of block s at scales + s * scales_step (the group or
+ * q2group is the type's; its 2-bit types have a q2group). The kernels read it with their type a constant, so that
+ * every offset folds into an immediate. */
+typedef struct { uint16_t bytes, nsub, group, group_step, hbits, hbits_step, scales, scales_step; } tile_layout_t;
 static const tile_layout_t TILE_LAYOUT[NUM_WEIGHT_TYPES] = {
-    /*           bytes    nsub  group  step  hbits  step  scales */
-    [WT_Q4_0] = {TB_Q4_0, 1,    16,    0,    0,     0,    0},
-    [WT_Q4_1] = {TB_Q4_1, 1,    32,    0,    0,     0,    0},
-    [WT_Q5_0] = {TB_Q5_0, 1,    48,    0,    16,    0,    0},
-    [WT_Q5_1] = {TB_Q5_1, 1,    64,    0,    32,    0,    0},
-    [WT_Q8_0] = {TB_Q8_0, 1,    0,     0,    0,     0,    0},    /* d | qs: no pieces */
-    [WT_Q4_K] = {TB_Q4_K, 8,    160,   128,  0,     0,    32},
-    [WT_Q5_K] = {TB_Q5_K, 8,    192,   160,  160,   160,  32},
-    [WT_Q6_K] = {TB_Q6_K, 8,    208,   192,  144,   192,  16},
+    /*             bytes      nsub  group  step  hbits  step  scales  step */
+    [WT_Q4_0] =   {TB_Q4_0,   1,    16,    0,    0,     0,    0,      0},
+    [WT_Q4_1] =   {TB_Q4_1,   1,    32,    0,    0,     0,    0,      0},
+    [WT_Q5_0] =   {TB_Q5_0,   1,    48,    0,    16,    0,    0,      0},
+    [WT_Q5_1] =   {TB_Q5_1,   1,    64,    0,    32,    0,    0,      0},
+    [WT_Q8_0] =   {TB_Q8_0,   1,    0,     0,    0,     0,    0,      0},    /* d | qs: no pieces */
+    [WT_Q4_K] =   {TB_Q4_K,   8,    160,   128,  0,     0,    32,     16},
+    [WT_Q5_K] =   {TB_Q5_K,   8,    192,   160,  160,   160,  32,     16},
+    [WT_Q6_K] =   {TB_Q6_K,   8,    208,   192,  144,   192,  16,     16},
+    [WT_Q3_K] =   {TB_Q3_K,   8,    176,   96,   144,   96,   16,     16},
+    [WT_Q2_K] =   {TB_Q2_K,   8,    160,   64,   0,     0,    32,     16},
+    [WT_IQ4_NL] = {TB_IQ4_NL, 1,    16,    0,    0,     0,    0,      0},
+    [WT_IQ4_XS] = {TB_IQ4_XS, 8,    80,    128,  0,     0,    16,     8},
 };
+
+static inline int type_is_iq4(int type) { return type == WT_IQ4_NL || type == WT_IQ4_XS; }
+static inline int type_is_2bit(int type) { return type == WT_Q2_K || type == WT_Q3_K; }   /* values in a q2group */
 
 static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
 
@@ -160,7 +182,9 @@ static inline size_t tile_group_off(int type, int s) {
 static inline size_t tile_hbits_off(int type, int s) {
     return TILE_LAYOUT[type].hbits + (size_t)TILE_LAYOUT[type].hbits_step * s;
 }
-static inline size_t tile_scales_off(int type, int s) { return TILE_LAYOUT[type].scales + 16 * (size_t)s; }
+static inline size_t tile_scales_off(int type, int s) {
+    return TILE_LAYOUT[type].scales + (size_t)TILE_LAYOUT[type].scales_step * s;
+}
 
 static inline float tile_f16(const uint8_t *p, int r) {
     uint16_t h;
@@ -168,7 +192,8 @@ static inline float tile_f16(const uint8_t *p, int r) {
     return f16_to_f32(h);
 }
 
-/* the 32 values of block s, lane r, as stored: unsigned (4-6 bits) or, for Q8_0, signed */
+/* the 32 values of block s, lane r, as stored: unsigned (2-6 bits) or, for Q8_0, signed; IQ4's codes mapped to
+ * their values */
 static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, int q[32]) {
     if (type == WT_Q8_0) {
         for (int j = 0; j < 8; j++)
@@ -176,6 +201,15 @@ static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, 
         return;
     }
     const uint8_t *g = blk + tile_group_off(type, s), *h = blk + tile_hbits_off(type, s);
+    if (type_is_2bit(type)) {
+        for (int j = 0; j < 8; j++)
+            for (int e = 0; e < 4; e++) {
+                int v = (g[32 * (j / 4) + 4 * r + e] >> (2 * (j % 4))) & 3;
+                if (type == WT_Q3_K) v |= ((h[4 * r + e] >> j) & 1) << 2;
+                q[4 * j + e] = v;
+            }
+        return;
+    }
     int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
     for (int p = 0; p < 4; p++)
         for (int e = 0; e < 4; e++) {
@@ -188,8 +222,8 @@ static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, 
                 lo |= ((h[4 * r + e] >> (2 * p)) & 3) << 4;
                 hi |= ((h[32 + 4 * r + e] >> (2 * p)) & 3) << 4;
             }
-            q[4 * p + e] = lo;
-            q[16 + 4 * p + e] = hi;
+            q[4 * p + e] = type_is_iq4(type) ? IQ4_VALUES[lo] : lo;
+            q[16 + 4 * p + e] = type_is_iq4(type) ? IQ4_VALUES[hi] : hi;
         }
 }
 

@@ -14,11 +14,26 @@ import numpy as np
 from inferd import _cpu
 from inferd.model.arch import ATTENTION, FFN_GATED, FFN_MOE, MODEL_TENSORS
 from inferd.model.layers import Block, layer_plan
-from inferd.model.quant import REQUANT_TYPES, requantize, to_float32
 from inferd.model.tensor import Tensor
 
 # most precise first
-PRECISION = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0")
+PRECISION = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q6_K",
+    "Q5_K",
+    "Q5_1",
+    "Q5_0",
+    "Q4_K",
+    "Q4_1",
+    "Q4_0",
+    "IQ4_NL",
+    "IQ4_XS",
+    "Q3_K",
+    "Q2_K",
+)
 FLOATS = ("F32", "F16", "BF16")
 QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")  # the types _cpu.quantize writes
 MAX_SEGMENTS = 3
@@ -27,8 +42,6 @@ MAX_SEGMENTS = 3
 def _to_f32(t) -> np.ndarray:
     if t.type == "F32":
         return np.asarray(t.data, np.float32)
-    if t.type in REQUANT_TYPES:
-        return to_float32(t, 0, t.rows)
     return _cpu.Weight(t.type, t.rows, t.cols, t.data).dequantize()
 
 
@@ -61,7 +74,7 @@ def fuse(parts, interleave: int = 0) -> tuple:
         raise ValueError(f"cannot fuse {[p.name for p in parts]}: their input widths differ")
     if interleave and any(p.rows != parts[0].rows or p.rows % interleave for p in parts):
         raise ValueError(f"cannot interleave {[p.name for p in parts]} by {interleave} rows")
-    types = ["Q8_0" if p.type in REQUANT_TYPES else p.type for p in parts]
+    types = [p.type for p in parts]
     quantized = not any(t in FLOATS for t in types)
     if len(set(types)) == 1 or (
         quantized and not interleave and _segments(types) <= MAX_SEGMENTS and all(p.rows % 8 == 0 for p in parts[:-1])
@@ -77,21 +90,7 @@ def fuse(parts, interleave: int = 0) -> tuple:
     )
 
 
-def _requantized(t):
-    """Data of a matrix the engine does not compute in its type (Q2_K, Q3_K, IQ4_*): a function giving its Q8_0
-    rows, called when the weight is built, so that one such tensor at a time exists in Q8_0."""
-
-    def data() -> np.ndarray:
-        out = requantize(t).data
-        release_file_pages(t.data)
-        return out
-
-    return data
-
-
 def _spec(t) -> tuple:
-    if t.type in REQUANT_TYPES:
-        return ("Q8_0", t.rows, t.cols, _requantized(t))
     return (t.type, t.rows, t.cols, t.data)
 
 

@@ -1,12 +1,9 @@
 """Convert loaded tensors into the types the engine computes with (tensor.NATIVE_TYPES: F32, F16, BF16, Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS).
 
 - Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied; the C side
-  repacks them into its tiles straight from there.
-- Q2_K, Q3_K, IQ4_NL and IQ4_XS are dequantized with gguf.quants and re-quantized to Q8_0. Q8_0 is chosen over a
-  4-bit target because its rounding error (~0.4% of a block's max) is far below the source's own 2-4 bit
-  noise, so the model's quality is the file's; re-quantizing into another 4-bit grid would add a second error of
-  the same size as the first.
+  repacks them into its tiles straight from there, in their own bit width.
+- requantize() gives any readable type's values as Q8_0 (the CUDA engine's route for the types its kernels lack).
 - Float weights (HF checkpoints, F16/F32 GGUFs) are quantized on request to q8_0 or q4_0 by the C kernel
   inferd._cpu.quantize. With q4_0 the token embedding and output head go to Q8_0 instead: the output head is the
   matrix most sensitive to quantization (llama.cpp keeps it at Q6_K in its 4-bit presets for the same reason).
@@ -23,8 +20,7 @@ from gguf import quants as gguf_quants
 
 from .tensor import NATIVE_TYPES, Tensor, bytes_per_row
 
-REQUANT_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
-LOADABLE_TYPES = NATIVE_TYPES + REQUANT_TYPES
+LOADABLE_TYPES = NATIVE_TYPES
 QUANTIZE_TARGETS = ("q8_0", "q4_0")
 FLOAT_TYPES = ("F32", "F16", "BF16")
 _CHUNK_VALUES = 1 << 22  # convert ~16 MiB of f32 at a time so a 7B model never needs a full f32 copy
@@ -43,8 +39,6 @@ def target_type(t: Tensor, quantize: str | None = None) -> str:
     """The type tensor `t` will have after convert_tensor."""
     if t.rows == 1 and t.type in ("F16", "BF16"):
         return "F32"
-    if t.type in REQUANT_TYPES:
-        return "Q8_0"
     if quantize and t.type in FLOAT_TYPES and t.rows > 1:
         if quantize == "q4_0" and t.name not in ("token_embd.weight", "output.weight"):
             return "Q4_0"
@@ -77,11 +71,9 @@ def requantize(t: Tensor, target: str = "Q8_0") -> Tensor:
 
 
 def convert_all(tensors: Iterable[Tensor], quantize: str | None = None) -> dict[str, Tensor]:
-    """Every tensor in the type the engines take. Matrices of the re-quantized types (REQUANT_TYPES) stay as they
-    are in the file: the engines convert them one at a time while building their weights (see
-    inferd.engine.weights), so that a model is never held twice in memory."""
+    """Every tensor in the type the engines take."""
     quantize = check_quantize_arg(quantize)
-    return {t.name: t if t.type in REQUANT_TYPES and t.rows > 1 else convert_tensor(t, quantize) for t in tensors}
+    return {t.name: convert_tensor(t, quantize) for t in tensors}
 
 
 def to_float32(t: Tensor, r0: int, r1: int) -> np.ndarray:

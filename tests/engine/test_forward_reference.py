@@ -41,7 +41,7 @@ from tests.reference import Reference, random_model
 FLOAT_TOL = 1e-3
 QUANT_TOL = 5e-2
 TOL = {"F32": FLOAT_TOL, "F16": FLOAT_TOL, "BF16": FLOAT_TOL, **dict.fromkeys(
-    ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"), QUANT_TOL)}
+    ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), QUANT_TOL)}
 SMOLLM2_LAYER_TOL = 6e-2
 SMOLLM2_UPDATE_TOL = 0.15
 SMOLLM2_LOGITS_TOL = 5e-2
@@ -141,6 +141,11 @@ MEMORY_VARIANTS = {
     "qwen2-q4_k_m": dict(arch="qwen2", weight_type="Q4_K", dim=256, hidden=512, n_heads=4, n_kv_heads=2, tie=False,
                          output_type="Q6_K", mix={"attn_v": "Q6_K", "ffn_down": "Q6_K"}),
     "q5_k-q5_0-q5_1": dict(weight_type="Q5_K", dim=256, hidden=512, embed_type="Q5_0", mix={"ffn_down": "Q5_1"}),
+    # the low-bit types in their own width: a Q3_K_M-like mix, and Q2_K with IQ4_XS / IQ4_NL
+    "qwen2-q3_k_m": dict(arch="qwen2", weight_type="Q3_K", dim=256, hidden=512, n_heads=4, n_kv_heads=2, tie=False,
+                         output_type="Q6_K", mix={"attn_v": "Q5_K", "ffn_down": "Q4_K"}),
+    "q2_k-iq4_xs-iq4_nl": dict(weight_type="Q2_K", dim=256, hidden=512, embed_type="IQ4_NL",
+                               mix={"ffn_down": "IQ4_XS", "attn_output": "IQ4_XS"}),
     # Qwen3: QK-norm, no biases, head_dim 128 with q_dim != dim
     "qwen3-f32": dict(arch="qwen3", weight_type="F32", n_heads=4, n_kv_heads=2, head_dim=128),
     "qwen3-q4_0": dict(arch="qwen3", weight_type="Q4_0", embed_type="Q8_0", head_dim=128),

@@ -2,7 +2,6 @@
 interleaved Wgate|Wup layout that lets block_ffn.c finish SwiGLU 32 hidden units at a time."""
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -98,27 +97,29 @@ def test_cuda_engine_gets_k_quants_as_q8_0():
     assert _with_cuda_types(q8) is q8
 
 
-def test_requantized_types_are_converted_while_the_weights_are_built():
-    """A Q3_K/Q2_K/IQ4_XS matrix reaches the engine as the file holds it and is re-quantized to Q8_0 only when its
-    weight is built (one tensor at a time): the same logits as a model converted up front."""
-    from inferd.engine.engine import Engine, SeqInput
-    from inferd.model.quant import convert_all, requantize
+def test_low_bit_types_reach_the_engine_in_their_own_width():
+    """A Q3_K/Q2_K/IQ4_XS/IQ4_NL matrix is neither converted at load nor widened when its weight is built: each
+    weight holds its own tiles, within 4% of the file's bytes (tests/engine/test_forward_reference.py checks such
+    models' logits)."""
+    from inferd.model.quant import convert_all
     from inferd.model.tensor import Tensor
     from tests.model.make_tiny import random_kquant
 
     model = random_model(weight_type="Q8_0", dim=256, hidden=256)
-    for i, (name, kind) in enumerate([("blk.0.ffn_down.weight", "Q3_K"), ("blk.1.attn_v.weight", "Q2_K"),
-                                      ("blk.1.ffn_up.weight", "IQ4_XS")]):
+    kinds = [("blk.0.ffn_down.weight", "Q3_K"), ("blk.1.attn_v.weight", "Q2_K"), ("blk.1.ffn_up.weight", "IQ4_XS"),
+             ("blk.0.attn_output.weight", "IQ4_NL")]
+    for i, (name, kind) in enumerate(kinds):
         t = model.tensors[name]
         model.tensors[name] = Tensor(name, kind, t.rows, t.cols, random_kquant(t.rows, t.cols, kind, seed=i))
-    assert convert_all(model.tensors.values())["blk.0.ffn_down.weight"].type == "Q3_K"     # not converted at load
-    eager = copy.copy(model)
-    eager.tensors = {n: requantize(t) if t.type in ("Q3_K", "Q2_K", "IQ4_XS") else t for n, t in model.tensors.items()}
-    outs = []
-    for m in (model, eager):
-        eng = Engine(m, num_kv_blocks=2, max_seqs=1, threads=1)
-        outs.append(eng.step([SeqInput(list(range(20)), 0, [0], want_logits=True)])[0].logits)
-    np.testing.assert_array_equal(outs[0], outs[1])
+    converted = convert_all(model.tensors.values())
+    for name, kind in kinds:
+        t = converted[name]
+        assert t is model.tensors[name]
+        w = _cpu.Weight(kind, t.rows, t.cols, t.data)
+        assert t.data.nbytes <= w.nbytes <= 1.04 * t.data.nbytes, name
+    ts = model.tensors
+    spec = fuse([ts[f"blk.1.attn_{x}.weight"] for x in "qkv"])
+    assert [p[0] for p in spec[1]] == ["Q8_0", "Q8_0", "Q2_K"]     # V stays Q2_K: a segment of its own
 
 
 def test_experts_are_views_of_their_rows(tmp_path):

@@ -1,4 +1,5 @@
-"""The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1) against the gguf
+"""The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, and the low-bit Q2_K, Q3_K,
+IQ4_NL, IQ4_XS) against the gguf
 package's own dequantizer and float64 numpy, on every path this CPU runs, and fused weights of several types.
 
 Weights are random valid blocks (every bit pattern of values and sub-block scales; tests/model/kquant_ref.py) and
@@ -16,10 +17,10 @@ from gguf import quants as gguf_quants
 
 from inferd import _cpu
 from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, path_available
-from tests.model.kquant_ref import quantize_k, random_blocks
+from tests.model.kquant_ref import quantize_iq4_nl, quantize_k, random_blocks
 
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
-TYPES = K_TYPES + ("Q5_0", "Q5_1")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
+TYPES = K_TYPES + ("Q5_0", "Q5_1", "IQ4_NL")
 SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
 
 
@@ -34,6 +35,8 @@ def gguf_values(raw: np.ndarray, type_name: str, cols: int) -> np.ndarray:
 def quantized(values: np.ndarray, type_name: str) -> np.ndarray:
     if type_name in K_TYPES:
         return quantize_k(values, type_name)
+    if type_name == "IQ4_NL":
+        return quantize_iq4_nl(values)
     return gguf_quants.quantize(values, GGMLQuantizationType[type_name]).reshape(values.shape[0], -1)
 
 
@@ -103,6 +106,28 @@ def test_segments_of_different_types_compute_each_part():
             np.testing.assert_array_equal(fused.matmul(x).view(np.uint32), want.view(np.uint32))
     finally:
         _cpu.set_path(old)
+
+
+def test_low_bit_segments_compute_each_part():
+    """A Q3_K_M file's Wq|Wk (Q3_K) | Wv (Q5_K), and Q2_K | IQ4_XS | IQ4_NL: each part's rows, bit for bit, on every
+    path, for a decode step and a prefill."""
+    cols, rng = 512, np.random.default_rng(12)
+    for specs in ([("Q3_K", 24), ("Q5_K", 16)], [("Q2_K", 16), ("IQ4_XS", 8), ("IQ4_NL", 11)]):
+        parts = [(t, rows, cols, quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32),
+                                           t)) for t, rows in specs]
+        fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
+        singles = [_cpu.Weight(*p) for p in parts]
+        np.testing.assert_array_equal(fused.dequantize(), np.concatenate([s.dequantize() for s in singles]))
+        x = rng.standard_normal((12, cols)).astype(np.float32)
+        old = _cpu.get_path()
+        try:
+            for p in filter(path_available, ALL_PATHS):
+                _cpu.set_path(p)
+                for n in (1, 12):
+                    want = np.concatenate([s.matmul(x[:n]) for s in singles], axis=1)
+                    np.testing.assert_array_equal(fused.matmul(x[:n]).view(np.uint32), want.view(np.uint32))
+        finally:
+            _cpu.set_path(old)
 
 
 def test_interleaved_parts_alternate_groups_of_rows():

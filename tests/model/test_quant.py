@@ -9,9 +9,9 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from inferd.model.quant import check_quantize_arg, convert_tensor, target_type, to_float32
+from inferd.model.quant import check_quantize_arg, convert_tensor, requantize, target_type, to_float32
 from inferd.model.tensor import Tensor
-from tests.model.kquant_ref import quantize_k
+from tests.model.kquant_ref import quantize_iq4_nl, quantize_k
 from tests.model.make_tiny import random_kquant, to_bf16_bits
 from tests.model.quant_ref import quantize_reference
 
@@ -97,15 +97,17 @@ def _tensor(name: str, x: np.ndarray, type_name: str) -> Tensor:
         data = x.astype(np.float16).view(np.uint16)
     elif type_name == "BF16":
         data = to_bf16_bits(x)
-    elif type_name.endswith("_K"):
+    elif type_name.endswith("_K") or type_name == "IQ4_XS":
         data = quantize_k(x, type_name)
+    elif type_name == "IQ4_NL":
+        data = quantize_iq4_nl(x)
     else:
         data = gguf_quants.quantize(x, GGMLQuantizationType[type_name]).reshape(rows, -1)
     return Tensor(name, type_name, rows, cols, data)
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K",
-                                       "Q5_K", "Q6_K"])
+                                       "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 def test_native_types_pass_through_untouched(type_name):
     x = np.random.default_rng(1).standard_normal((8, 256)).astype(np.float32)
     t = _tensor("blk.0.ffn_up.weight", x, type_name)
@@ -144,15 +146,16 @@ def test_float_weights_quantized_on_load_equal_the_reference(quantize):
     np.testing.assert_array_equal(out.data, quantize_reference(to_float32(t, 0, 40), quantize.upper()))
 
 
-@pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it re-quantizes Q2_K and Q3_K)")
+@pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it quantizes to Q8_0)")
 @pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
-def test_requantized_types_become_q8_0_of_their_values(type_name):
+def test_requantize_gives_q8_0_of_the_values(type_name):
+    """requantize (the CUDA engine's route for the types its kernels lack) writes Q8_0 of the file's values."""
     rows, cols = 6, 512
     data = random_kquant(rows, cols, type_name, seed=5)
     t = Tensor("blk.0.ffn_gate.weight", type_name, rows, cols, data)
     values = gguf_quants.dequantize(data, GGMLQuantizationType[type_name]).astype(np.float32)
     assert np.isfinite(values).all() and np.abs(values).max() > 0
-    out = convert_tensor(t)
+    out = requantize(t)
     assert (out.type, out.data.shape) == ("Q8_0", (rows, cols // 32 * 34))
     np.testing.assert_array_equal(out.data, quantize_reference(values, "Q8_0"))
     # the added error is Q8_0's: half a step (amax / 127) plus 127 times the f16 rounding of the step
