@@ -84,7 +84,7 @@ def test_streamed_calls_match_the_whole_answer(served, tool_choice):
     assert deltas[0].index == 0 and deltas[0].type == "function" and deltas[0].id.startswith("call_")
     assert deltas[0].function.name == whole.message.tool_calls[0].function.name       # id and name come first
     assert all(d.id is None and d.function.name is None for d in deltas[1:])          # then argument fragments
-    assert len(deltas) > 2
+    # (how many fragments depends on how many steps' outputs wait for the client at each read: not checked here)
     assert "".join(d.function.arguments or "" for d in deltas) == whole.message.tool_calls[0].function.arguments
     content = "".join(ch.choices[0].delta.content or "" for ch in raw if ch.choices)
     assert "tool" not in content and "<" not in content                               # no marker as content
