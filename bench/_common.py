@@ -108,6 +108,8 @@ def parse_llama_bench(text: str) -> dict[tuple[str, int], dict[str, list[float]]
 
 REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
               "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
+# bench name -> make_moe_model.py's shape: random weights at a real model's shape, made on first use (never committed)
+SHAPED_FILES = {"qwen3-30b-a3b-q4_k_m": "qwen3-30b-a3b"}
 
 
 def real_file(name: str) -> Path:
@@ -136,18 +138,28 @@ def bench_model_path(spec: str) -> Path:
 
 def model_file(name: str, bin_dir: Path) -> Path:
     """The GGUF a bench model name stands for, made on first use: smollm2-q4_1 is the PyPI download, its Q4_0/Q8_0
-    are requantized from it with llama-quantize, tinyllama-<type> is random (make_random_model.py); the REAL_FILES
+    are requantized from it with llama-quantize, tinyllama-<type> is random (make_random_model.py), the
+    SHAPED_FILES random at a real model's shape (make_moe_model.py, with Qwen2.5's vocabulary); the REAL_FILES
     are downloads (../shared/models/fetch.sh, into $INFERD_TEST_MODELS or ~/.cache/inferd-test-models)."""
     from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve
 
     if name in REAL_FILES:
         return real_file(name)
+    folder = cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    if name in SHAPED_FILES:
+        out = folder / f"{name}-shape-random.gguf"
+        if not out.exists():  # written beside, then renamed: a run cut short leaves no file that looks whole
+            part = out.with_suffix(".part")
+            subprocess.run([sys.executable, str(HERE / "make_moe_model.py"), str(part), "--shape", SHAPED_FILES[name],
+                            "--vocab-from", str(real_file("qwen2.5-coder-1.5b-q4_k_m"))], check=True,
+                           stdout=subprocess.DEVNULL)
+            part.rename(out)
+        return out
     family, _, qtype = name.partition("-")
     if family not in ("smollm2", "tinyllama") or qtype not in ("q4_0", "q4_1", "q8_0"):
         raise SystemExit(f"unknown model {name!r}: smollm2-q4_0|q4_1|q8_0, tinyllama-q4_0|q4_1|q8_0, "
-                         f"or one of {', '.join(REAL_FILES)}")
-    folder = cache_dir() / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
+                         f"or one of {', '.join([*REAL_FILES, *SHAPED_FILES])}")
     base = resolve(DEFAULT_MODEL, progress=False)
     if family == "smollm2":
         if qtype == "q4_1":

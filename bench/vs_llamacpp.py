@@ -14,6 +14,8 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
     tinyllama-q4_0 (random)    pp512 tg128         depth 0 (ctx 2048)     -r 2   2 rounds   ~3.5 min
     qwen2.5-coder-1.5b-q4_k_m  pp512 tg128         depths 0, 4096         -r 1   2 rounds   ~13 min
                                                                                   all five: ~24 min
+    qwen3-30b-a3b-q4_k_m       pp512 tg128         depth 0                -r 1   2 rounds   (--models only: a
+                               Qwen3-30B-A3B-shaped file of random Q4_K/Q6_K blocks, 17 GB, made by make_moe_model.py)
 
 The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from
 bench/results/vs_llamacpp.md, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine:
@@ -81,6 +83,10 @@ PLANS = {
     "smollm2-q8_0": Plan(("pp128", "pp512", "tg128"), (0,), 3, 2),
     "tinyllama-q4_0": Plan(("pp512", "tg128"), (0,), 2, 2),
     "qwen2.5-coder-1.5b-q4_k_m": Plan(("pp512", "tg128"), (0, 4096), 1, 2),
+}
+# named with --models only: random weights at a mixture of experts' real shape (17 GB, made on first use)
+MOE_PLANS = {
+    "qwen3-30b-a3b-q4_k_m": Plan(("pp512", "tg128"), (0,), 1, 2),
 }
 QUICK = Plan(("pp128", "tg128"), (0,), 1, 1)
 
@@ -314,7 +320,7 @@ def main() -> None:
     rows: list[Row] = []
     notes: list[str] = []
     for name in names:
-        base = QUICK if args.quick else PLANS.get(name, PLANS["smollm2-q4_1"])
+        base = QUICK if args.quick else {**PLANS, **MOE_PLANS}.get(name, PLANS["smollm2-q4_1"])
         plan = Plan(tuple(args.tests.split(",")) if args.tests else base.tests,
                     tuple(int(d) for d in args.depths.split(",")) if args.depths else base.depths,
                     args.repeats or base.repeats, args.rounds or base.rounds)
