@@ -259,6 +259,17 @@ def machine() -> dict[str, object]:
             "memory_gib": round(mem_kb / 2**20, 1)}
 
 
+def available_memory() -> int:
+    """bytes the kernel says a new allocation can have (MemAvailable), 0 where /proc/meminfo cannot be read"""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def machine_line(m: dict[str, object]) -> str:
     simd = ", ".join(m["simd"]) or "no AVX2"   # type: ignore[arg-type]
     return f"Machine: {m['cpu']} ({simd}), {m['cores']} cores, {m['memory_gib']} GiB."

@@ -45,6 +45,7 @@ inferd runs (their mean: the phase that round decoded in), the median and range 
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import os
 import subprocess
@@ -57,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import (MEDIANS, abba, best_config, busy_warning, command_line, fmt_range, llama_bin,  # noqa: E402
+from _common import (MEDIANS, abba, available_memory, best_config, busy_warning, command_line, fmt_range, llama_bin,  # noqa: E402
                      machine, machine_line, median, model_file, parse_llama_bench, peer_build, peer_env, peer_env_words,
                      repack_works, test_sizes, write_results)
 from inferd import _cpu  # noqa: E402
@@ -204,7 +205,12 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
     """Rows of the summary for one model, and its decode-bandwidth note."""
     path = model_file(name, peer.bin_dir)
     longest = max(max(test_sizes(t)) for t in plan.tests)
-    engine = make_engine(path, threads, max(plan.depths) + longest, kv_cache)
+    engine: Engine | None = make_engine(path, threads, max(plan.depths) + longest, kv_cache)
+    assert engine is not None
+    weight_bytes = engine.weight_bytes
+    # a model that cannot sit in memory beside llama.cpp's copy of its weights is loaded again (untimed) for each
+    # of inferd's turns and dropped before each of llama.cpp's
+    reload = 2 * path.stat().st_size > available_memory()
     depths = [d for d in plan.depths if d + longest <= engine.context_length]
     if len(depths) < len(plan.depths):
         print(f"  {name}: depths {sorted(set(plan.depths) - set(depths))} skipped: past its context of "
@@ -218,12 +224,18 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
         peer_round: dict[tuple[str, int], dict[str, list[float]]] = {}
         ours_round: Samples = {}
         for side in abba(r, ("llama.cpp", "inferd")):
+            if reload and side == "llama.cpp" and engine is not None:
+                engine = None
+                gc.collect()
+            elif side == "inferd" and engine is None:
+                engine = make_engine(path, threads, max(plan.depths) + longest, kv_cache)
             for depth in depths:
                 t0 = time.monotonic()
                 if side == "inferd":
                     probe = depth == 0 and any(t.startswith("tg") for t in tests)
                     if probe:
                         before = _cpu.measure_read_bandwidth(512 << 20, threads, 5)
+                    assert engine is not None
                     ours_round.update(run_inferd(engine, tests, depth, plan.repeats))
                     if probe:   # the bandwidth of the phase the decode ran in: the mean of a probe on each side
                         probes.append((before + _cpu.measure_read_bandwidth(512 << 20, threads, 5)) / 2)
@@ -256,10 +268,10 @@ def bench_model(name: str, plan: Plan, peer: Peer, threads: int, kv_cache: str, 
         # a shared VM's bandwidth drifts between phases: each round's decode is compared with probes taken right
         # before and after it (best of 5 reads of 512 MB each, with the same threads)
         key = (tg[0].test, 0)
-        gbs = [engine.weight_bytes * median(o[key]) for o in our_rounds]
+        gbs = [weight_bytes * median(o[key]) for o in our_rounds]
         shares = [g / b for g, b in zip(gbs, probes)]
         probed = fmt_range([b / 1e9 for b in probes])
-        note = (f"{name}: decode reads {engine.weight_bytes / 1e6:.0f} MB of weights per token -> "
+        note = (f"{name}: decode reads {weight_bytes / 1e6:.0f} MB of weights per token -> "
                 f"{median(gbs) / 1e9:.1f} GB/s = {median(shares):.0%} ({min(shares):.0%}-{max(shares):.0%} per "
                 f"round) of the read bandwidth probed around each round's decode ({probed} GB/s, {threads} threads)")
     return rows, note
