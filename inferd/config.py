@@ -383,7 +383,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         flags = ["--" + name.replace("_", "-")] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
         default = getattr(defaults, name)
         shown = ",".join(default) if isinstance(default, list) else default
-        help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
+        help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})".replace("%", "%%")
         if _is_bool(t):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
