@@ -35,7 +35,7 @@ log = logging.getLogger("inferd.server")
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = {"status": state.status}
+    body: dict[str, object] = {"status": state.status}
     if state.engine_loop is not None and state.engine_loop.dead is not None:
         body = {"status": "failed", "error": f"the scheduler stopped: {state.engine_loop.dead!r}"}
         return web.json_response(body, status=503)

@@ -380,4 +380,4 @@ def render_many(models: Sequence[Metrics], embedding: object | None = None) -> b
     extra = getattr(embedding, "registry", None)
     if extra is not None:
         registries.append(extra)
-    return generate_latest(_Merged(registries))  # type: ignore[arg-type]
+    return generate_latest(_Merged(registries))

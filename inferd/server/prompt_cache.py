@@ -18,11 +18,12 @@ from inferd.engine.prompt_cache_disk import CacheFileError, DiskPromptCache
 from inferd.engine.scheduler_tasks import SchedulerTasks
 from inferd.server.apis.chat.request import Message
 from inferd.server.generation import check_model
+from inferd.server.models import use_model
 from inferd.server.openai import warm_ids, warm_prompt_ids
 from inferd.server.prompt_cache_files import FOLDER, cache_folder, open_prompt_cache, save_prompt_cache
 from inferd.server.protocol import ProtocolError, decode
 from inferd.server.sse import json_response
-from inferd.server.state import STATE, ServerState
+from inferd.server.state import ServerState
 
 log = logging.getLogger("inferd.prompt_cache")
 
@@ -68,8 +69,12 @@ def ready_cache(state: ServerState, name: str) -> tuple[DiskPromptCache, Schedul
 
 
 async def cache_save(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), CacheSaveRequest)
+    async with use_model(request.app, req.model) as state:  # one model of many: that model's own cache
+        return await save_with(state, req)
+
+
+async def save_with(state: ServerState, req: CacheSaveRequest) -> web.Response:
     check_model(state, req.model)
     disk, tasks = ready_cache(state, req.name)
     ids = await warm_prompt_ids(state, req.prompt, req.messages)
@@ -86,8 +91,12 @@ async def cache_save(request: web.Request) -> web.Response:
 
 
 async def cache_restore(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), CacheRestoreRequest)
+    async with use_model(request.app, req.model) as state:
+        return await restore_with(state, req)
+
+
+async def restore_with(state: ServerState, req: CacheRestoreRequest) -> web.Response:
     check_model(state, req.model)
     disk, tasks = ready_cache(state, req.name)
     try:
