@@ -76,17 +76,38 @@ def weights_bytes(path: str) -> int:
 
 
 def machine_memory_bytes() -> int:
-    """The memory this process may use: the machine's, or its cgroup's limit when lower (a container)."""
+    """The memory this process may use: the machine's, or its cgroup's limit when lower (a container, a systemd
+    unit's MemoryMax)."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit_file).read_text().strip()
-        except OSError:
+    limit = _cgroup_limit()
+    return min(total, limit) if limit else total
+
+
+def _cgroup_limit() -> int:
+    """The tightest memory limit on the way from this process's cgroup up to the root (v2 memory.max, or v1's
+    memory.limit_in_bytes); 0: none."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return 0
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            root, name = Path("/sys/fs/cgroup"), "memory.max"
+        elif "memory" in controllers.split(","):
+            root, name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
             continue
-        if text.isdigit():
-            total = min(total, int(text))
-        break
-    return total
+        group = root / path.strip().lstrip("/")
+        for folder in (group, *[p for p in group.parents if p.is_relative_to(root)]):
+            try:
+                text = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():
+                limits.append(int(text))
+    return min(limits, default=0)
 
 
 def memory_budget_bytes(settings: Settings) -> int:

@@ -92,3 +92,19 @@ def test_tables_from_file_env_and_flag(tmp_path, folder):
     with pytest.raises(ConfigError, match="INFERD_ALIASES: expected a JSON object"):
         load_settings(None, {"INFERD_ALIASES": "chat=alpha"})
     assert not Settings().many_models  # `inferd serve PATH` stays the one-model daemon
+
+
+def test_the_systemd_drop_in_sets_real_settings():
+    from pathlib import Path
+
+    from inferd.config import read_env
+
+    conf = Path(__file__).resolve().parents[2] / "systemd" / "inferd.service.d" / "models-folder.conf"
+    env = dict(
+        line.removeprefix("Environment=").split("=", 1)
+        for line in conf.read_text().splitlines()
+        if line.startswith("Environment=")
+    )
+    values = read_env(env)
+    assert sorted(values) == sorted(k.removeprefix("INFERD_").lower() for k in env)  # every one is a setting
+    assert Settings(**values).many_models and values["models_dir"] == "/srv/inferd/models"
