@@ -298,9 +298,12 @@ class ModelManager:
         log.info("unloaded %s (%s)", m.name, reason)
 
     async def _reap(self) -> None:
-        """Unload models idle for longer than their limit (idle_unload_s, or their last keep_alive)."""
+        """Unload models idle for longer than their limit (idle_unload_s, or their last keep_alive); feed the
+        watchdog while no model is loaded."""
         while True:
             await asyncio.sleep(REAP_INTERVAL_S)
+            if not any(m.status == LOADED for m in self.models.values()):
+                self.app_state.notifier.watchdog()  # no scheduler thread runs to feed systemd's watchdog
             now = time.monotonic()
             for m in list(self.models.values()):
                 if m.status != LOADED or m.active:
