@@ -194,6 +194,8 @@ class ModelManager:
 
     def _load_task(self, m: Managed) -> asyncio.Future[None]:
         if m.load_task is None or m.load_task.done():
+            if m.status == UNLOADED:
+                m.status = LOADING  # listed as loading from the first request on, also while earlier loads run
             m.load_task = asyncio.ensure_future(self._load(m))
             # a load nobody waits for any more (every waiter timed out) must not log "exception never retrieved"
             m.load_task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -219,8 +221,12 @@ class ModelManager:
         async with self.lock:
             if m.status == LOADED:
                 return
-            await self._make_room(m)
             m.status = LOADING
+            try:
+                await self._make_room(m)
+            except BaseException:
+                m.status = UNLOADED
+                raise
             started = time.monotonic()
             child = ServerState(
                 settings=m.entry.settings,

@@ -256,3 +256,60 @@ def test_admin_load_and_unload_need_the_key(tight):
     assert tight.states(KEY)["beta"] == "unloaded"
     status, body = tight.post("/v1/models/load", {"model": "../beta"}, KEY)
     assert status == 404
+
+
+def test_every_route_that_names_a_model_runs_on_that_model(roomy):
+    status, body = roomy.post("/tokenize", {"model": "beta", "prompt": "the sea"})
+    assert status == 200 and body["count"] > 0
+    status, body = roomy.post("/v1/messages/count_tokens", {"model": "gamma", "messages": PROMPT})
+    assert status == 200 and body["input_tokens"] > 0
+    status, body = roomy.post("/api/show", {"model": "alpha"})
+    assert status == 200 and body["model_info"]["general.architecture"] == "llama"
+    status, body = roomy.post("/tokenize", {"model": "../beta", "prompt": "the sea"})
+    assert status == 404
+
+
+def test_metrics_carry_each_loaded_model_once_per_family(roomy):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = openai.OpenAI(base_url=roomy.url + "/v1", api_key="none", max_retries=0)
+    for name in ("alpha", "beta"):
+        answer(client, name)
+    with urllib.request.urlopen(roomy.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))  # one HELP/TYPE per family, every model's samples under it
+    success = next(f for f in families if f.name == "inferd:request_success")
+    per_model = {s.labels["model_name"] for s in success.samples if s.value > 0}
+    assert {"alpha", "beta"} <= per_model
+
+
+@pytest.fixture(scope="module")
+def listed(tmp_path_factory):
+    """Models from [models.NAME] tables only: a default one (loaded at start-up) and a broken file."""
+    root = tmp_path_factory.mktemp("listed")
+    write_tiny_gguf(root / "one.gguf", TinySpec(seed=5), weight_type="Q8_0")
+    (root / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    config = (
+        'model = "first"\n' + BASE + f'\n[models.first]\npath = "{root / "one.gguf"}"\naliases = ["uno"]\n'
+        f'\n[models.broken]\npath = "{root / "broken.gguf"}"\n'
+    )
+    d = Daemon(root, config, "listed")
+    d.start()
+    try:
+        yield d.wait_ready()
+    finally:
+        d.stop()
+
+
+def test_tables_without_a_folder_the_default_model_and_a_broken_file(listed):
+    assert listed.states() == {"broken": "unloaded", "first": "loaded"}  # `model` is loaded at start-up
+    status, body = listed.post("/v1/completions", {"prompt": "the sea", "max_tokens": 3})  # no model: the default
+    assert status == 200 and body["model"] == "first"
+    status, body = listed.post("/v1/completions", {"model": "uno", "prompt": "the sea", "max_tokens": 3})
+    assert status == 200 and body["model"] == "first"
+    status, body = listed.post("/v1/chat/completions", {"model": "broken", "messages": PROMPT})
+    assert status == 500 and body["error"]["code"] == "model_load_failed" and "broken" in body["error"]["message"]
+    assert listed.states() == {"broken": "unloaded", "first": "loaded"}
+    assert (http_get(listed.url + "/health") or (0,))[0] == 200
