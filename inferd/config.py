@@ -41,7 +41,8 @@ NonNegFloat = Annotated[float, Meta(ge=0)]
 
 class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One model of a many-model daemon (a `[models.NAME]` table): its file and the settings that differ from the
-    daemon's. Zero and empty values mean the daemon's own setting (threads: the cores split between the models)."""
+    daemon's. Zero and empty values mean the daemon's own setting (threads: the cores split between the models that
+    fit in the memory budget at once)."""
 
     path: str = ""  # a GGUF file or model folder; empty: the file of this name in models_dir
     aliases: list[str] = []

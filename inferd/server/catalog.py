@@ -149,10 +149,22 @@ def model_settings(base: Settings, name: str, path: str, spec: ModelSpec, thread
 
 def default_threads(settings: Settings, n_models: int) -> int:
     """A model's compute threads unless its table says: the daemon's `threads` when set, else the physical cores
-    split evenly between the models, so that models busy at once do not fight over the same cores."""
+    split evenly between the models that can be loaded at once, so that models busy together do not fight over
+    the same cores."""
     from inferd.engine.engine import physical_cores
 
     return settings.threads or max(1, physical_cores() // max(1, n_models))
+
+
+def most_loaded_at_once(estimates: list[int], budget: int) -> int:
+    """How many models can be loaded together at most: the smallest ones first, within the budget."""
+    total, count = 0, 0
+    for size in sorted(estimates):
+        total += size
+        if total > budget:
+            break
+        count += 1
+    return max(1, count)
 
 
 def kv_bytes(settings: Settings) -> int:
@@ -175,12 +187,16 @@ def build_catalog(settings: Settings) -> dict[str, CatalogEntry]:
             if not os.path.exists(spec.path):
                 raise ConfigError(f"[models.{name}]: path {spec.path} does not exist")
             paths[name] = spec.path
-    threads = default_threads(settings, len(specs))
     catalog: dict[str, CatalogEntry] = {}
     for name in sorted(specs):
         spec, path = specs[name], paths[name]
-        own = model_settings(settings, name, path, spec, threads)
+        own = model_settings(settings, name, path, spec, 0)  # threads are given out once every size is known
         catalog[name] = CatalogEntry(name, path, spec, own, weights_bytes(path), kv_bytes(own))
+    together = most_loaded_at_once([e.estimate_bytes for e in catalog.values()], memory_budget_bytes(settings))
+    threads = default_threads(settings, together)
+    for entry in catalog.values():
+        if not entry.spec.threads:
+            entry.settings = msgspec.structs.replace(entry.settings, threads=threads)
     return catalog
 
 

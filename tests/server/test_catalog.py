@@ -108,3 +108,17 @@ def test_the_systemd_drop_in_sets_real_settings():
     values = read_env(env)
     assert sorted(values) == sorted(k.removeprefix("INFERD_").lower() for k in env)  # every one is a setting
     assert Settings(**values).many_models and values["models_dir"] == "/srv/inferd/models"
+
+
+def test_threads_are_split_between_the_models_that_fit_at_once(folder):
+    from inferd.engine.engine import physical_cores
+    from inferd.server.catalog import most_loaded_at_once
+
+    assert most_loaded_at_once([30, 10, 20], 35) == 2  # the two smallest
+    assert most_loaded_at_once([50], 35) == 1
+    # each model ~16 MiB (its KV cache): a 40 MiB budget holds two of the three at once
+    s = Settings(models_dir=str(folder), kv_cache_mib=16, memory_budget_mib=40, models={"big": ModelSpec(threads=7)})
+    catalog = build_catalog(s)
+    assert catalog["alpha"].settings.threads == catalog["hf-model"].settings.threads == max(1, physical_cores() // 2)
+    assert catalog["big"].settings.threads == 7
+    assert build_catalog(Settings(models_dir=str(folder), threads=5))["alpha"].settings.threads == 5
