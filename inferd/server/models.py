@@ -14,6 +14,7 @@ import asyncio
 import gc
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,10 +48,17 @@ class Managed:
     unload_when_idle: bool = False
     load_task: asyncio.Future[None] | None = None
     names: frozenset[str] = field(default_factory=frozenset)
+    measured_bytes: int = 0  # what its last load took: its engine's weights + KV pool, or the process's growth
 
     @property
     def name(self) -> str:
         return self.entry.name
+
+    @property
+    def bytes(self) -> int:
+        """What the model counts against the budget: its estimate (file bytes + KV pool), or what its last load
+        was seen to take if that was more (weights converted at load, the tokenizer)."""
+        return max(self.entry.estimate_bytes, self.measured_bytes)
 
     def idle_limit_s(self, default: float) -> float:
         """Seconds of idleness after which the model is unloaded (inf: never)."""
@@ -67,6 +75,7 @@ class ModelManager:
         self.models: dict[str, Managed] = {}
         self.aliases: dict[str, str] = {}
         self.budget_bytes = 0
+        self.loads = 0  # loads done by this process
         self.lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -215,7 +224,7 @@ class ModelManager:
     # ---- loading, unloading, eviction -----------------------------------------------------------------------
 
     def loaded_bytes(self, but: Managed | None = None) -> int:
-        return sum(x.entry.estimate_bytes for x in self.models.values() if x.status == LOADED and x is not but)
+        return sum(x.bytes for x in self.models.values() if x.status == LOADED and x is not but)
 
     async def _load(self, m: Managed) -> None:
         async with self.lock:
@@ -227,7 +236,7 @@ class ModelManager:
             except BaseException:
                 m.status = UNLOADED
                 raise
-            started = time.monotonic()
+            started, rss_before = time.monotonic(), rss_bytes()
             child = ServerState(
                 settings=m.entry.settings,
                 notifier=self.app_state.notifier,
@@ -250,9 +259,20 @@ class ModelManager:
                     f"the model `{m.name}` failed to load: {e}", status=500, code="model_load_failed"
                 ) from None
             child.served_model_name = m.name
+            # what the engine holds, or what the process grew by when that is more (the tokenizer and template
+            # beside the weights); the first load of a process also pays for imports and thread pools: not counted
+            grew = rss_bytes() - rss_before if self.loads else 0
+            m.measured_bytes = max(engine_bytes(child), grew)
+            self.loads += 1
             m.state, m.status, m.last_used, m.loaded_at = child, LOADED, time.monotonic(), time.time()
             m.keep_alive_s, m.unload_when_idle = None, False
-            log.info("loaded %s in %.1f s: %s", m.name, time.monotonic() - started, describe(child))
+            log.info(
+                "loaded %s in %.1f s, counted as %d MiB: %s",
+                m.name,
+                time.monotonic() - started,
+                m.bytes // MIB,
+                describe(child),
+            )
 
     @staticmethod
     def _read_model(m: Managed):
@@ -264,8 +284,8 @@ class ModelManager:
     async def _make_room(self, m: Managed) -> None:
         """Unload idle models, least recently used first, until `m` fits the budget; a 4xx if it never can (it is
         larger than the budget less the pinned models), a 503 if the room is held by models in use."""
-        need = m.entry.estimate_bytes
-        pinned = sum(x.entry.estimate_bytes for x in self.models.values() if x.entry.spec.pinned and x is not m)
+        need = m.bytes
+        pinned = sum(x.bytes for x in self.models.values() if x.entry.spec.pinned and x is not m)
         if need > self.budget_bytes - pinned:
             held = f" ({pinned // MIB} MiB of it held by pinned models)" if pinned else ""
             raise ProtocolError(
@@ -330,7 +350,7 @@ class ModelManager:
             "state": m.status,
             "aliases": sorted(m.names - {m.name}),
             "pinned": m.entry.spec.pinned,
-            "memory_mib": m.entry.estimate_bytes // MIB,
+            "memory_mib": m.bytes // MIB,
         }
         if m.state is not None:
             card["max_model_len"] = m.state.max_model_len
@@ -341,6 +361,26 @@ class ModelManager:
         """time.time() at which an idle `m` is unloaded (inf: never)."""
         limit = m.idle_limit_s(self.settings.idle_unload_s)
         return math.inf if math.isinf(limit) else time.time() + limit - (time.monotonic() - m.last_used)
+
+
+def engine_bytes(state: ServerState) -> int:
+    """What a loaded CPU engine holds: its repacked weights (more than the file where parts were converted) and
+    its whole KV pool (its pages arrive as it fills); 0 where the engine does not say (CUDA)."""
+    engine = state.engine
+    weights = getattr(engine, "weight_bytes", 0)
+    layout = getattr(engine, "kv_layout", None)
+    if engine is None or not weights or layout is None:
+        return 0
+    return int(weights) + engine.num_kv_blocks * int(layout()["block_bytes"])
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (0 where /proc cannot say)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 MODELS = web.AppKey("inferd_models", ModelManager)
