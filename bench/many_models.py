@@ -4,8 +4,9 @@ One `inferd serve` with two [models.NAME] tables (by default two copies of SmolL
 own engine and scheduler thread), both loaded up front (pinned). Each round sends `--requests` completions of
 `--max-tokens` tokens (ignore_eos) to model `a` alone, then to `a` and `b` at the same time, and records each
 model's decode throughput (completion tokens / wall time of its request). Run once with the threads split between
-the models (the default: the physical cores divided by the number of models) and once with every model on every
-core (`--threads` per model = the cores), so the oversubscribed case is measured too.
+the models (the default: the physical cores divided by the number of models that fit in the memory budget at
+once, here both) and once with every model on every core (`threads` = the cores in each table), so the
+oversubscribed case is measured too.
 
     python bench/many_models.py [--model PATH] [--rounds 3] [--max-tokens 64]
 
