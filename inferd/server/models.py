@@ -407,7 +407,7 @@ async def use_model(
 # ---- admin routes (under /v1/: behind the API key) --------------------------------------------------------------
 
 
-class _AdminRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ModelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
 
 
@@ -415,7 +415,7 @@ async def _admin_target(request: web.Request) -> tuple[ModelManager, Managed]:
     models = manager(request.app)
     if models is None:
         raise ProtocolError("this server serves one model; set models_dir or [models] to load and unload", status=404)
-    req = decode(await request.read(), _AdminRequest)
+    req = decode(await request.read(), ModelRequest)
     return models, models.lookup(req.model)
 
 
