@@ -43,7 +43,9 @@ class Daemon(Process):
         self.port = free_port()
         cfg = workdir / f"{name}.toml"
         cfg.write_text(config)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(cfg)}
+        # only the settings file speaks (the test session's INFERD_* variables would win over it)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERD_")}
+        env |= {"PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(cfg)}
         argv = [sys.executable, "-m", "inferd.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         super().__init__(argv, workdir / f"{name}.log", env)
 
@@ -287,12 +289,14 @@ def test_metrics_carry_each_loaded_model_once_per_family(roomy):
 
 @pytest.fixture(scope="module")
 def listed(tmp_path_factory):
-    """Models from [models.NAME] tables only: a default one (loaded at start-up) and a broken file."""
+    """Models from [models.NAME] tables only: a default one (loaded at start-up) and a broken file; the prompt
+    cache on disk is on."""
     root = tmp_path_factory.mktemp("listed")
     write_tiny_gguf(root / "one.gguf", TinySpec(seed=5), weight_type="Q8_0")
     (root / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    base = BASE.replace("prompt_cache_disk_mib = 0", f'prompt_cache_disk_mib = 16\nprompt_cache_dir = "{root / "pc"}"')
     config = (
-        'model = "first"\n' + BASE + f'\n[models.first]\npath = "{root / "one.gguf"}"\naliases = ["uno"]\n'
+        'model = "first"\n' + base + f'\n[models.first]\npath = "{root / "one.gguf"}"\naliases = ["uno"]\n'
         f'\n[models.broken]\npath = "{root / "broken.gguf"}"\n'
     )
     d = Daemon(root, config, "listed")
@@ -313,3 +317,18 @@ def test_tables_without_a_folder_the_default_model_and_a_broken_file(listed):
     assert status == 500 and body["error"]["code"] == "model_load_failed" and "broken" in body["error"]["message"]
     assert listed.states() == {"broken": "unloaded", "first": "loaded"}
     assert (http_get(listed.url + "/health") or (0,))[0] == 200
+
+
+def test_the_prefix_cache_survives_an_unload(listed):
+    prompt = "the sea and the ships " * 30  # several whole KV blocks of 64 tokens, within the 512 of context
+    request = {"model": "first", "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    status, body = listed.post("/v1/completions", request)
+    assert status == 200, body
+    status, _ = listed.post("/v1/models/unload", {"model": "first"})
+    assert status == 200 and listed.states()["first"] == "unloaded"
+    saved = list((listed.log_path.parent / "pc" / "first").glob("*.kvc"))
+    assert saved  # written on unload, in the model's own folder
+    status, again = listed.post("/v1/completions", request)
+    assert status == 200 and again["choices"][0]["text"] == body["choices"][0]["text"]
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 64 and cached % 64 == 0, again["usage"]
