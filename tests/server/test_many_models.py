@@ -332,3 +332,19 @@ def test_the_prefix_cache_survives_an_unload(listed):
     assert status == 200 and again["choices"][0]["text"] == body["choices"][0]["text"]
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 64 and cached % 64 == 0, again["usage"]
+
+
+def test_a_request_that_waits_longer_than_the_load_timeout_gets_503_and_the_load_goes_on(folder):
+    config = f'models_dir = "{folder}"\nmodel_load_timeout_s = 0.001\n' + BASE  # shorter than any load
+    d = Daemon(folder.parent, config, "impatient")
+    d.start()
+    try:
+        d.wait_ready()
+        status, body = d.post("/v1/completions", {"model": "beta", "prompt": "the sea", "max_tokens": 2})
+        assert status == 503 and "still loading after 0.001 s" in body["error"]["message"], body
+        d.wait_state("beta", "loaded")  # the load was not abandoned with the request
+        status, body = d.post("/v1/completions", {"model": "beta", "prompt": "the sea", "max_tokens": 2})
+        assert status == 200 and body["model"] == "beta"
+        assert (http_get(d.url + "/health") or (0,))[0] == 200
+    finally:
+        d.stop()
