@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
+from inferd.config import DEFAULT_MODEL
 from inferd.server.catalog import MIB, CatalogEntry, alias_table, build_catalog, memory_budget_bytes
 from inferd.server.chat_engine import describe, start_chat, stop_chat
 from inferd.server.protocol import ProtocolError, decode
@@ -99,6 +100,9 @@ class ModelManager:
         )
         first = [m for m in self.models.values() if m.entry.spec.pinned]
         default = self.default_model()
+        named = self.aliases.get(self.settings.model, self.settings.model)
+        if self.settings.model != DEFAULT_MODEL and named not in self.models:
+            log.warning("model %s is not one of the models served by name; it is not loaded", self.settings.model)
         if default is not None and default not in first:
             first.append(default)
         for m in first:
