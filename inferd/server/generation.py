@@ -37,7 +37,7 @@ from inferd.server.choices import Choice, Generation
 from inferd.server.protocol import Limits, ProtocolError, decode
 from inferd.server.sse import json_response, sse_event, start_stream
 from inferd.server.apis.ollama.request import keep_alive_seconds
-from inferd.server.models import use_model
+from inferd.server.models import ModelManager, manager, use_model
 from inferd.server.state import ServerState
 
 # ---- the trio's interface -------------------------------------------------------------------------------------
@@ -125,12 +125,19 @@ class Api(Generic[R, C]):
     encoder: Callable[[Generation, R, Rendered[C]], Encoder]
     id_prefix: str  # of the response's id ("chatcmpl", "cmpl", "resp")
     error_body: Callable[[ProtocolError], object] = ProtocolError.body  # the API's error envelope (OpenAI's)
+    # a many-model daemon's answer that needs no model loaded (Ollama's unload of an unloaded model), or None
+    without_model: Callable[[ModelManager, R], object | None] | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             req = decode(await request.read(), self.request)
             # Ollama's requests check their model themselves (in Ollama's words) and may say how long it stays loaded
             name = getattr(req, "model_name", None) or req.model
+            models = manager(request.app)
+            if models is not None and self.without_model is not None:
+                answer = self.without_model(models, req)
+                if answer is not None:
+                    return json_response(answer)
             async with use_model(request.app, name, keep_alive(req)) as state:
                 check_model(state, req.model)
                 rendered = await self.render(state, req)

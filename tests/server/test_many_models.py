@@ -196,6 +196,15 @@ def test_ollama_keep_alive_zero_unloads_and_a_duration_sets_the_expiry(roomy):
     status, body = roomy.post("/api/generate", {"model": "gamma:latest", "keep_alive": 0})
     assert status == 200 and body["done_reason"] == "unload"
     roomy.wait_state("gamma", "unloaded")
+    loads = roomy.log_text().count("loaded gamma in")
+    # unloading a model that is not loaded answers at once, without loading it first
+    status, body = roomy.post("/api/chat", {"model": "gamma", "messages": [], "keep_alive": "0s", "stream": False})
+    assert status == 200 and body["done_reason"] == "unload" and body["message"]["content"] == ""
+    status, body = roomy.post("/api/generate", {"model": "gamma", "keep_alive": 0})
+    assert status == 200 and body["done_reason"] == "unload" and body["model"] == "gamma"
+    assert roomy.states()["gamma"] == "unloaded" and roomy.log_text().count("loaded gamma in") == loads
+    status, body = roomy.post("/api/generate", {"model": "../gamma", "keep_alive": 0})
+    assert status == 404 and set(body) == {"error"}
 
 
 @pytest.mark.parametrize("name", ["../alpha", "alpha.gguf", "/etc/passwd", "models/alpha", "alpha/../beta", "delta"])
