@@ -19,7 +19,7 @@ from inferd.server import routes
 from inferd.server.chat_engine import describe as describe_chat
 from inferd.server.chat_engine import start_chat, stop_chat
 from inferd.server.cors import setup_cors
-from inferd.server.models import MODELS, ModelManager
+from inferd.server.models import MODELS, ModelManager, ModelStates
 from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
 from inferd.server.openapi_doc import OPENAPI, openapi, openapi_document
 from inferd.server.state import STATE, ServerState
@@ -65,7 +65,7 @@ async def metrics(request: web.Request) -> web.Response:
     models = request.app.get(MODELS)
     if models is not None:
         loaded = [m.state.metrics for m in models.models.values() if m.state is not None and m.state.metrics]
-        body = render_many(loaded, state.embedding_metrics)
+        body = render_many(loaded, state.embedding_metrics, [ModelStates(models)])
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
     if state.metrics is None and not state.embeddings:
         return web.Response(status=503, text="# the model is still loading\n", headers={"Retry-After": "5"})

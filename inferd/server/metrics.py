@@ -359,7 +359,7 @@ class _Merged:
     """Several registries as one: a family that several models export comes out once, with every model's samples
     (each carries its model_name), as the exposition format requires."""
 
-    def __init__(self, registries: Sequence[CollectorRegistry]):
+    def __init__(self, registries: Sequence[CollectorRegistry]):  # or any object with collect()
         self.registries = registries
 
     def collect(self):
@@ -374,10 +374,10 @@ class _Merged:
         return list(families.values())
 
 
-def render_many(models: Sequence[Metrics], embedding: object | None = None) -> bytes:
-    """The metrics of every loaded model of a many-model daemon (and of its embedding models) in one page."""
+def render_many(models: Sequence[Metrics], embedding: object | None = None, extra: Sequence[object] = ()) -> bytes:
+    """The metrics of every loaded model of a many-model daemon (and of its embedding models, and `extra`
+    collectors) in one page."""
     registries = [m.registry for m in models]
-    extra = getattr(embedding, "registry", None)
-    if extra is not None:
-        registries.append(extra)
-    return generate_latest(_Merged(registries))
+    if embedding is not None and getattr(embedding, "registry", None) is not None:
+        registries.append(embedding.registry)  # type: ignore[attr-defined]
+    return generate_latest(_Merged([*registries, *extra]))  # type: ignore[list-item]

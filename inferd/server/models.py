@@ -387,6 +387,29 @@ def rss_bytes() -> int:
         return 0
 
 
+class ModelStates:
+    """A many-model daemon's /metrics: each model's state and what it counts against the budget, and the budget."""
+
+    def __init__(self, models: ModelManager):
+        self.models = models
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from inferd.server.metrics import P
+
+        loaded = GaugeMetricFamily(P + "model_loaded", "1 while the model is loaded, else 0.", labels=["model_name"])
+        memory = GaugeMetricFamily(
+            P + "model_memory_bytes", "What the model counts against memory_budget_mib.", labels=["model_name"]
+        )
+        for m in self.models.models.values():
+            loaded.add_metric([m.name], 1.0 if m.status == LOADED else 0.0)
+            memory.add_metric([m.name], float(m.bytes))
+        budget = GaugeMetricFamily(P + "memory_budget_bytes", "The loaded models' memory budget.")
+        budget.add_metric([], float(self.models.budget_bytes))
+        return [loaded, memory, budget]
+
+
 MODELS = web.AppKey("inferd_models", ModelManager)
 
 

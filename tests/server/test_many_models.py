@@ -280,22 +280,6 @@ def test_every_route_that_names_a_model_runs_on_that_model(roomy):
     assert status == 404
 
 
-def test_metrics_carry_each_loaded_model_once_per_family(roomy):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    client = openai.OpenAI(base_url=roomy.url + "/v1", api_key="none", max_retries=0)
-    for name in ("alpha", "beta"):
-        answer(client, name)
-    with urllib.request.urlopen(roomy.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    families = list(text_string_to_metric_families(text))
-    names = [f.name for f in families]
-    assert len(names) == len(set(names))  # one HELP/TYPE per family, every model's samples under it
-    success = next(f for f in families if f.name == "inferd:request_success")
-    per_model = {s.labels["model_name"] for s in success.samples if s.value > 0}
-    assert {"alpha", "beta"} <= per_model
-
-
 @pytest.fixture(scope="module")
 def listed(tmp_path_factory):
     """Models from [models.NAME] tables only: a default one (loaded at start-up) and a broken file; the prompt
@@ -357,3 +341,22 @@ def test_a_request_that_waits_longer_than_the_load_timeout_gets_503_and_the_load
         assert (http_get(d.url + "/health") or (0,))[0] == 200
     finally:
         d.stop()
+
+
+def test_metrics_carry_each_loaded_model_once_per_family(tight):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = openai.OpenAI(base_url=tight.url + "/v1", api_key=KEY, max_retries=0)
+    for name in ("alpha", "beta"):
+        answer(client, name)
+    with urllib.request.urlopen(tight.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert len(families) == len(list(text_string_to_metric_families(text)))  # one HELP/TYPE per family
+    success = families["inferd:request_success"]
+    assert {s.labels["model_name"] for s in success.samples if s.value > 0} == {"alpha", "beta"}  # the loaded ones
+    loaded = {s.labels["model_name"]: s.value for s in families["inferd:model_loaded"].samples}
+    assert loaded == {"alpha": 1.0, "beta": 1.0, "gamma": 0.0, "huge": 0.0}
+    memory = {s.labels["model_name"]: s.value for s in families["inferd:model_memory_bytes"].samples}
+    assert memory["huge"] >= 64 << 20 and 16 << 20 <= memory["alpha"] < 20 << 20
+    assert families["inferd:memory_budget_bytes"].samples[0].value == 40 << 20
