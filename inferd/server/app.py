@@ -19,7 +19,8 @@ from inferd.server import routes
 from inferd.server.chat_engine import describe as describe_chat
 from inferd.server.chat_engine import start_chat, stop_chat
 from inferd.server.cors import setup_cors
-from inferd.server.models import MODELS, ModelManager, ModelStates
+from inferd.server.model_admin import ModelStates
+from inferd.server.models import MODELS, ModelManager
 from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
 from inferd.server.openapi_doc import OPENAPI, openapi, openapi_document
 from inferd.server.state import STATE, ServerState

@@ -20,14 +20,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-import msgspec
 from aiohttp import web
 
 from inferd.config import DEFAULT_MODEL
 from inferd.server.catalog import MIB, CatalogEntry, alias_table, build_catalog, memory_budget_bytes
 from inferd.server.chat_engine import describe, start_chat, stop_chat
-from inferd.server.protocol import ProtocolError, decode
-from inferd.server.sse import json_response
+from inferd.server.protocol import ProtocolError
 from inferd.server.state import STATE, ServerState
 
 log = logging.getLogger("inferd.models")
@@ -387,29 +385,6 @@ def rss_bytes() -> int:
         return 0
 
 
-class ModelStates:
-    """A many-model daemon's /metrics: each model's state and what it counts against the budget, and the budget."""
-
-    def __init__(self, models: ModelManager):
-        self.models = models
-
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
-
-        from inferd.server.metrics import P
-
-        loaded = GaugeMetricFamily(P + "model_loaded", "1 while the model is loaded, else 0.", labels=["model_name"])
-        memory = GaugeMetricFamily(
-            P + "model_memory_bytes", "What the model counts against memory_budget_mib.", labels=["model_name"]
-        )
-        for m in self.models.models.values():
-            loaded.add_metric([m.name], 1.0 if m.status == LOADED else 0.0)
-            memory.add_metric([m.name], float(m.bytes))
-        budget = GaugeMetricFamily(P + "memory_budget_bytes", "The loaded models' memory budget.")
-        budget.add_metric([], float(self.models.budget_bytes))
-        return [loaded, memory, budget]
-
-
 MODELS = web.AppKey("inferd_models", ModelManager)
 
 
@@ -429,38 +404,3 @@ async def use_model(
         return
     async with models.use(name, keep_alive_s) as state:
         yield state
-
-
-# ---- admin routes (under /v1/: behind the API key) --------------------------------------------------------------
-
-
-class ModelRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-
-
-async def _admin_target(request: web.Request) -> tuple[ModelManager, Managed]:
-    models = manager(request.app)
-    if models is None:
-        raise ProtocolError("this server serves one model; set models_dir or [models] to load and unload", status=404)
-    req = decode(await request.read(), ModelRequest)
-    return models, models.lookup(req.model)
-
-
-async def load_model(request: web.Request) -> web.Response:
-    """POST /v1/models/load {"model": NAME}: load it now (waits for the load); answers its card."""
-    models, m = await _admin_target(request)
-    await models.wait_loaded(m)
-    return json_response(models.card(m))
-
-
-async def unload_model(request: web.Request) -> web.Response:
-    """POST /v1/models/unload {"model": NAME}: unload it now, or once the requests using it end (state still
-    `loaded` in the answer); a pinned model too."""
-    models, m = await _admin_target(request)
-    await models.unload(m, "asked to")
-    return json_response(models.card(m))
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/models/load", load_model)
-    app.router.add_post("/v1/models/unload", unload_model)

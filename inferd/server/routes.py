@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, models, openai, prompt_cache, rerank
+from inferd.server import embeddings, model_admin, openai, prompt_cache, rerank
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -87,7 +87,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post(count.PATH, count.count_tokens)
-    models.add_routes(app)
+    model_admin.add_routes(app)
     openai.add_routes(app)
     embeddings.add_routes(app)
     ollama_models.add_routes(app)
