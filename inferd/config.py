@@ -39,6 +39,24 @@ NonNegInt = Annotated[int, Meta(ge=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
 
 
+class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One model of a many-model daemon (a `[models.NAME]` table): its file and the settings that differ from the
+    daemon's. Zero and empty values mean the daemon's own setting (threads: the cores split between the models that
+    fit in the memory budget at once)."""
+
+    path: str = ""  # a GGUF file or model folder; empty: the file of this name in models_dir
+    aliases: list[str] = []
+    threads: NonNegInt = 0
+    max_model_len: NonNegInt = 0
+    kv_cache_mib: NonNegInt = 0
+    num_kv_blocks: NonNegInt = 0
+    kv_cache_dtype: str = ""
+    quantize: str = ""
+    generation_config: str = ""
+    override_generation_config: str = ""
+    pinned: bool = False  # loaded at start-up, never unloaded when idle nor evicted for another model
+
+
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # model
     model: str = DEFAULT_MODEL
@@ -49,6 +67,13 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rerank_model: str = ""
     pooling: str = "none"
     rerank_prompt: str = "none"
+    # many models in one daemon (models_dir and/or [models.NAME] tables; empty: the one `model`)
+    models_dir: str = ""
+    models: dict[str, ModelSpec] = {}
+    aliases: dict[str, str] = {}
+    idle_unload_s: NonNegFloat = 0.0
+    memory_budget_mib: NonNegInt = 0
+    model_load_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -123,6 +148,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             parse_overrides(self.override_generation_config)
         self.template_defaults()
 
+    @property
+    def many_models(self) -> bool:
+        """Serving a folder or a list of models (loaded on demand) rather than the one `model`."""
+        return bool(self.models_dir or self.models)
+
     def template_defaults(self) -> dict[str, Any]:
         """chat_template_kwargs as a dict (raises ValueError naming what is wrong)."""
         if not self.chat_template_kwargs.strip():
@@ -155,6 +185,18 @@ DOCS: dict[str, str] = {
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."
     ),
+    "models_dir": "A folder of models to serve from one daemon, each GGUF file (or model folder) under the name of "
+    "its file stem, loaded on the first request that names it; empty: serve `model` alone.",
+    "models": "One [models.NAME] table per model to serve by NAME (path, aliases, threads, max_model_len, "
+    "kv_cache_mib, num_kv_blocks, kv_cache_dtype, quantize, generation_config, override_generation_config, pinned); "
+    "a table without a path sets the options of the models_dir file of that name. Env/flag: a JSON object.",
+    "aliases": "More names for the models of models_dir and [models], as {alias = name}. Env/flag: a JSON object.",
+    "idle_unload_s": "Unload a model no request has used for this many seconds (Ollama's keep_alive overrides it "
+    "per request); 0 keeps models loaded until the memory budget needs the room. Pinned models stay.",
+    "memory_budget_mib": "Most MiB the loaded models may take together (weights as in their files plus each KV "
+    "cache); a load that would not fit first unloads the least recently used idle models. 0 means 80% of the "
+    "machine's (or the cgroup's) memory.",
+    "model_load_timeout_s": "Seconds a request waits for its model to load before a 503 (the load goes on).",
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
     "api_keys": (
@@ -255,6 +297,10 @@ def _is_list(t: Any) -> bool:
     return isinstance(t, msgspec.inspect.ListType)
 
 
+def _is_dict(t: Any) -> bool:
+    return isinstance(t, msgspec.inspect.DictType)
+
+
 def _is_bool(t: Any) -> bool:
     return isinstance(t, msgspec.inspect.BoolType)
 
@@ -268,6 +314,14 @@ def _python_type(t: Any) -> type:
 def _parse_text(name: str, text: str, source: str) -> Any:
     """A setting's value from a string (environment variable or command-line option)."""
     t = field_types()[name]
+    if _is_dict(t):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source}: expected a JSON object: {e}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: expected a JSON object, got {text!r}")
+        return value
     if _is_list(t):
         return [part.strip() for part in text.split(",") if part.strip()]
     if _is_bool(t):
@@ -330,7 +384,7 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         flags = ["--" + name.replace("_", "-")] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
         default = getattr(defaults, name)
         shown = ",".join(default) if isinstance(default, list) else default
-        help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
+        help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})".replace("%", "%%")
         if _is_bool(t):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:

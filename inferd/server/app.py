@@ -15,13 +15,14 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from inferd.config import Settings
-from inferd.engine.request import Request
-from inferd.model.sampling_defaults import resolve as resolve_sampling
 from inferd.server import routes
+from inferd.server.chat_engine import describe as describe_chat
+from inferd.server.chat_engine import start_chat, stop_chat
 from inferd.server.cors import setup_cors
+from inferd.server.model_admin import ModelStates
+from inferd.server.models import MODELS, ModelManager
 from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
 from inferd.server.openapi_doc import OPENAPI, openapi, openapi_document
-from inferd.server.prompt_cache import save_prompt_cache
 from inferd.server.state import STATE, ServerState
 from inferd.server.systemd import Notifier
 
@@ -35,7 +36,7 @@ log = logging.getLogger("inferd.server")
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = {"status": state.status}
+    body: dict[str, object] = {"status": state.status}
     if state.engine_loop is not None and state.engine_loop.dead is not None:
         body = {"status": "failed", "error": f"the scheduler stopped: {state.engine_loop.dead!r}"}
         return web.json_response(body, status=503)
@@ -43,6 +44,14 @@ async def health(request: web.Request) -> web.Response:
         if svc.worker is not None and svc.worker.dead is not None:
             body = {"status": "failed", "error": f"the {svc.name} embedding worker stopped: {svc.worker.dead!r}"}
             return web.json_response(body, status=503)
+    models = request.app.get(MODELS)
+    if models is not None:
+        body["models"] = {m.name: m.status for m in models.models.values()}
+        for m in models.models.values():
+            loop = m.state.engine_loop if m.state is not None else None
+            if loop is not None and loop.dead is not None:
+                body |= {"status": "failed", "error": f"the scheduler of {m.name} stopped: {loop.dead!r}"}
+                return web.json_response(body, status=503)
     if state.status == "ready":
         return web.json_response(body)
     if state.failure:
@@ -51,9 +60,14 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    from inferd.server.metrics import CONTENT_TYPE
+    from inferd.server.metrics import CONTENT_TYPE, render_many
 
     state = request.app[STATE]
+    models = request.app.get(MODELS)
+    if models is not None:
+        loaded = [m.state.metrics for m in models.models.values() if m.state is not None and m.state.metrics]
+        body = render_many(loaded, state.embedding_metrics, [ModelStates(models)])
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
     if state.metrics is None and not state.embeddings:
         return web.Response(status=503, text="# the model is still loading\n", headers={"Retry-After": "5"})
     body = state.metrics.render() if state.metrics is not None else b""
@@ -74,19 +88,25 @@ def load_model_from_settings(settings: Settings):
     return load_model(path, quantize=settings.quantize or None, background_tokenizer=True)
 
 
-async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | None) -> None:
-    from inferd.engine.device import build_engine
-    from inferd.engine.loop import EngineLoop
-    from inferd.engine.scheduler import Scheduler
+async def start_serving(
+    state: ServerState, load: Callable[[], LoadedModel] | None, models: ModelManager | None = None
+) -> None:
     from inferd.server.memory import pin_mmap_threshold
-    from inferd.server.metrics import Metrics
-    from inferd.server.prompt_cache import open_prompt_cache
-    from inferd.text.chat import ChatTemplate
 
     loop = asyncio.get_running_loop()
     s = state.settings
     pin_mmap_threshold()  # before the model's big allocations: RSS must not creep up over months
     try:
+        if models is not None:  # many models: loaded on demand, the pinned and default ones now
+            from inferd.server.apis.responses.store import ResponseStore
+
+            state.responses = ResponseStore(s.responses_store_size, s.responses_ttl_s)  # one store for all models
+            await models.start()
+            if s.embedding_model:
+                await start_embeddings(state, s.embedding_model, None)
+            state.status = "ready"
+            state.notifier.ready(f"serving {len(models.models)} models")
+            return
         if state.model is None and is_embedding_folder(s.model):  # the folder decides: an embedding-only server
             from inferd.server import rerank_service
 
@@ -105,47 +125,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             state.notifier.status(f"loading model {s.model}")
             model = await loop.run_in_executor(None, load)
             state.model = model
-        engine = await loop.run_in_executor(None, build_engine, model, s)
-        state.engine = engine
-        tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
-        state.served_model_name = s.served_model_name or model.model_name
-        state.sampling_defaults = resolve_sampling(s.generation_config, model.sampling, s.override_generation_config)
-        state.chat_template = ChatTemplate(model.chat_template, tok.bos_token, tok.eos_token)
-        if getattr(engine, "supports_token_masks", False):
-            # the grammar vocabulary builds for the first constrained request (on the compiler's pool): ~0.6 s for
-            # 150k tokens, all of it holding the GIL (llguidance), which would stall the event loop, the scheduler
-            # and its watchdog pings wherever it ran; before ready it delayed /health, after it an idle server
-            from inferd.text.grammar import GrammarCompiler
-
-            state.grammar = GrammarCompiler(
-                tok, engine.vocab_size, compile_timeout=s.grammar_compile_timeout_s, build_now=False
-            )
-        state.max_model_len = min(
-            s.max_model_len or engine.context_length, engine.context_length, engine.num_kv_blocks * engine.block_size
-        )
-        scheduler = Scheduler(
-            engine,
-            max_running=s.max_running,
-            max_model_len=state.max_model_len,
-            enable_prefix_caching=s.enable_prefix_caching,
-            speculative=s.speculative,
-            max_prefill_while_decoding=s.max_prefill_while_decoding,
-            max_step_latency_s=s.max_step_latency_ms / 1000 or None,
-        )
-        engine_loop = state.engine_loop = EngineLoop(
-            engine,
-            scheduler,
-            tokenizer=tok,
-            max_waiting=s.max_waiting,
-            watchdog=state.notifier.watchdog,
-            idle_wait_s=idle_wait(state.notifier),
-        )
-        await open_prompt_cache(state)
-        engine_loop.start()
-        await warm_up(state)
-        metrics = state.metrics = Metrics(state.served_model_name, disk_cache=state.prompt_cache)
-        metrics.bind(engine_loop)
-        engine_loop.observer = metrics  # after the warm-up, which is not a user request
+        await start_chat(state, model)
         if s.embedding_model:
             await start_embeddings(state, s.embedding_model, None)
         if s.rerank_model or s.rerank_prompt != "none":
@@ -155,17 +135,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
         if s.pooling != "none":
             await start_chat_embeddings(state)
         state.status = "ready"
-        log.info(
-            "serving %s: %d KV blocks (%d positions, %s), context %d, %d threads, %s kernels, sampling defaults %s",
-            state.served_model_name,
-            engine.num_kv_blocks,
-            engine.num_kv_blocks * engine.block_size,
-            getattr(engine, "kv_cache_dtype", "f16"),
-            state.max_model_len,
-            engine.threads,
-            getattr(engine, "kernel_path", "?"),
-            state.sampling_defaults.describe(),
-        )
+        log.info("serving %s: %s", state.served_model_name, describe_chat(state))
         state.notifier.ready(f"serving {state.served_model_name}")
     except asyncio.CancelledError:
         raise
@@ -280,21 +250,6 @@ def is_embedding_folder(path: str) -> bool:
     return check(path) or is_embedding_gguf(path) or is_cross_encoder_folder(path)
 
 
-def idle_wait(notifier: Notifier) -> float:
-    # an idle scheduler still wakes often enough to ping the watchdog several times per interval
-    interval = notifier.watchdog_interval_s
-    return min(0.5, interval / 4) if interval else 0.5
-
-
-async def warm_up(state: ServerState) -> None:
-    """One tiny generation so the first user request does not pay for first-touch page faults."""
-    ids = state.tokenizer.encode("Hello", add_special=True) or [0]
-    handle = state.ready_loop.submit(Request("warmup", ids, max_tokens=1, detokenize=False))
-    async for out in handle:
-        if out.error_message:
-            raise RuntimeError(f"warm-up generation failed: {out.error_message}")
-
-
 def create_app(
     settings: Settings,
     *,
@@ -323,27 +278,24 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     load = load or (lambda: load_model_from_settings(settings))
+    models = ModelManager(state) if settings.many_models and model is None else None
+    if models is not None:
+        app[MODELS] = models
 
     async def lifecycle(app: web.Application):
-        task = asyncio.create_task(start_serving(state, load))
+        task = asyncio.create_task(start_serving(state, load, models))
         yield
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if state.engine_loop is not None:
-            await save_prompt_cache(state)
-            await asyncio.get_running_loop().run_in_executor(None, state.engine_loop.stop)
+        if models is not None:
+            await models.close()
+        await stop_chat(state)
         for svc in state.embeddings:
             await asyncio.get_running_loop().run_in_executor(None, svc.stop)
-        if state.grammar is not None:
-            state.grammar.close()
-            state.grammar = None
         # aiohttp caches each app's middleware chains in a module-level lru_cache (aiohttp.web_app), so a stopped
         # app can live on: let go of what is big here, so the engines' memory leaves with the server.
-        state.engine = state.engine_loop = state.model = state.prompt_cache = state.scheduler_tasks = None
         state.embeddings = []
-        if state.metrics is not None:
-            state.metrics.engine_loop = None
         if state.embedding_metrics is not None:
             state.embedding_metrics.services = []
 

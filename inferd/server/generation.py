@@ -36,7 +36,9 @@ from inferd.engine.types import SamplingParams
 from inferd.server.choices import Choice, Generation
 from inferd.server.protocol import Limits, ProtocolError, decode
 from inferd.server.sse import json_response, sse_event, start_stream
-from inferd.server.state import STATE, ServerState
+from inferd.server.apis.ollama.request import keep_alive_seconds
+from inferd.server.models import ModelManager, manager, use_model
+from inferd.server.state import ServerState
 
 # ---- the trio's interface -------------------------------------------------------------------------------------
 
@@ -123,20 +125,37 @@ class Api(Generic[R, C]):
     encoder: Callable[[Generation, R, Rendered[C]], Encoder]
     id_prefix: str  # of the response's id ("chatcmpl", "cmpl", "resp")
     error_body: Callable[[ProtocolError], object] = ProtocolError.body  # the API's error envelope (OpenAI's)
+    # a many-model daemon's answer that needs no model loaded (Ollama's unload of an unloaded model), or None
+    without_model: Callable[[ModelManager, R], object | None] | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        state = request.app[STATE]
         try:
             req = decode(await request.read(), self.request)
-            check_model(state, req.model)
-            rendered = await self.render(state, req)
-            gen = await generate(state, self.id_prefix, rendered)
-            return await respond(request, gen, self.encoder(gen, req, rendered), req.stream)
+            # Ollama's requests check their model themselves (in Ollama's words) and may say how long it stays loaded
+            name = getattr(req, "model_name", None) or req.model
+            models = manager(request.app)
+            if models is not None and self.without_model is not None:
+                answer = self.without_model(models, req)
+                if answer is not None:
+                    return json_response(answer)
+            async with use_model(request.app, name, keep_alive(req)) as state:
+                check_model(state, req.model)
+                rendered = await self.render(state, req)
+                gen = await generate(state, self.id_prefix, rendered)
+                return await respond(request, gen, self.encoder(gen, req, rendered), req.stream)
         except ProtocolError as e:
             return json_response(self.error_body(e), status=e.status, headers=e.headers)
 
 
 # ---- validate, tokenize, submit -------------------------------------------------------------------------------
+
+
+def keep_alive(req: object) -> float | None:
+    """Ollama's keep_alive in seconds (None: not given); a malformed one is the renderer's 400."""
+    try:
+        return keep_alive_seconds(getattr(req, "keep_alive", None))
+    except ProtocolError:
+        return None
 
 
 def limits(state: ServerState) -> Limits:

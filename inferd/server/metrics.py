@@ -353,3 +353,31 @@ class _StateCollector:
         )
         lora.add_metric(["", "0", "", m.model_name], time.time())
         yield lora
+
+
+class _Merged:
+    """Several registries as one: a family that several models export comes out once, with every model's samples
+    (each carries its model_name), as the exposition format requires."""
+
+    def __init__(self, registries: Sequence[CollectorRegistry]):  # or any object with collect()
+        self.registries = registries
+
+    def collect(self):
+        families: dict[str, prometheus_client.Metric] = {}
+        for registry in self.registries:
+            for family in registry.collect():
+                seen = families.get(family.name)
+                if seen is None:
+                    families[family.name] = family
+                else:
+                    seen.samples.extend(family.samples)
+        return list(families.values())
+
+
+def render_many(models: Sequence[Metrics], embedding: object | None = None, extra: Sequence[object] = ()) -> bytes:
+    """The metrics of every loaded model of a many-model daemon (and of its embedding models, and `extra`
+    collectors) in one page."""
+    registries = [m.registry for m in models]
+    if embedding is not None and getattr(embedding, "registry", None) is not None:
+        registries.append(embedding.registry)  # type: ignore[attr-defined]
+    return generate_latest(_Merged([*registries, *extra]))  # type: ignore[list-item]

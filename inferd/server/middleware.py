@@ -133,6 +133,7 @@ async def lifecycle_middleware(request: web.Request, handler):
         raise ProtocolError("the server is shutting down", status=503, headers={"Retry-After": "5"})
     if (
         state.model is None
+        and not state.settings.many_models
         and state.embeddings
         and request.path not in EMBEDDING_ONLY_PATHS
         and not request.path.startswith("/v1/models")

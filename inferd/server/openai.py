@@ -23,6 +23,7 @@ from inferd.server.choices import output_error
 from inferd.server.generation import check_model, check_prompt_len, encode, limits, submit_all
 from inferd.server.protocol import ProtocolError, decode
 from inferd.server.sse import json_response
+from inferd.server.models import manager, use_model
 from inferd.server.state import STATE, ServerState
 
 WARM_SENTINEL = "\ue000inferd-warm\ue001"  # private-use characters no real message contains
@@ -87,7 +88,11 @@ def model_card(state: ServerState) -> ModelCard:
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
+    models = manager(request.app)
+    if models is not None:
+        cards = [models.card(m) for m in models.models.values()]
+    else:
+        cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
     return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings if e.listed]})
 
 
@@ -97,14 +102,21 @@ async def get_model(request: web.Request) -> web.Response:
     for e in state.embeddings:
         if e.name == name and e.listed:
             return json_response(e.card())
+    models = manager(request.app)
+    if models is not None:
+        return json_response(models.card(models.lookup(name)))
     if state.model is None or name not in state.model_names():
         raise ProtocolError(f"The model `{name}` does not exist", "model", status=404, code="model_not_found")
     return json_response(model_card(state))
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), TokenizeRequest)
+    async with use_model(request.app, req.model) as state:
+        return await tokenize_with(state, req)
+
+
+async def tokenize_with(state: ServerState, req: TokenizeRequest) -> web.Response:
     check_model(state, req.model)
     if (req.prompt is None) == (req.messages is None):
         raise ProtocolError("send exactly one of prompt or messages", "prompt")
@@ -118,14 +130,14 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), DetokenizeRequest)
-    check_model(state, req.model)
-    vocab = state.tokenizer.vocab_size
-    bad = next((t for t in req.tokens if t >= vocab), None)
-    if bad is not None:
-        raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
-    return json_response(DetokenizeResponse(state.tokenizer.decode(req.tokens)))
+    async with use_model(request.app, req.model) as state:
+        check_model(state, req.model)
+        vocab = state.tokenizer.vocab_size
+        bad = next((t for t in req.tokens if t >= vocab), None)
+        if bad is not None:
+            raise ProtocolError(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return json_response(DetokenizeResponse(state.tokenizer.decode(req.tokens)))
 
 
 def _ends_at_boundary(text: str) -> bool:
@@ -150,8 +162,12 @@ def stable_prefix(state: ServerState, text: str, ids: list[int], add_special: bo
 
 
 async def cache_warm(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), CacheWarmRequest)
+    async with use_model(request.app, req.model) as state:
+        return await warm_with(state, req)
+
+
+async def warm_with(state: ServerState, req: CacheWarmRequest) -> web.Response:
     check_model(state, req.model)
     ids = await warm_prompt_ids(state, req.prompt, req.messages)
     target = len(ids) // state.ready_loop.scheduler.block_size * state.ready_loop.scheduler.block_size

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from inferd.server import embeddings, openai, rerank, routes
+from inferd.server import embeddings, model_admin, openai, rerank, routes
 from inferd.server.apis.messages import count
 from inferd.server.apis.messages.request import CountTokensRequest
 from inferd.server.apis.ollama import embed as ollama_embed
@@ -33,6 +33,8 @@ def openapi_document() -> dict[str, Any]:
         count.PATH: CountTokensRequest,
         "/v1/rerank": rerank.RerankRequest,
         "/v1/score": rerank.ScoreRequest,
+        "/v1/models/load": model_admin.ModelRequest,
+        "/v1/models/unload": model_admin.ModelRequest,
     }
     _, components = msgspec.json.schema_components(list(bodies.values()), ref_template="#/components/schemas/{name}")
     paths: dict[str, Any] = {}

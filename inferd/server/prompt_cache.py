@@ -10,63 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from aiohttp import web
 from msgspec import Struct
 
-from inferd.engine.prompt_cache_disk import CacheFileError, DiskPromptCache, model_fingerprint
+from inferd.engine.prompt_cache_disk import CacheFileError, DiskPromptCache
 from inferd.engine.scheduler_tasks import SchedulerTasks
 from inferd.server.apis.chat.request import Message
 from inferd.server.generation import check_model
+from inferd.server.models import use_model
 from inferd.server.openai import warm_ids, warm_prompt_ids
+from inferd.server.prompt_cache_files import FOLDER, cache_folder, open_prompt_cache, save_prompt_cache
 from inferd.server.protocol import ProtocolError, decode
 from inferd.server.sse import json_response
-from inferd.server.state import STATE, ServerState
+from inferd.server.state import ServerState
 
 log = logging.getLogger("inferd.prompt_cache")
 
-FOLDER = ".prompt-cache"  # under the model cache folder; hidden, so a scan of that folder for models skips it
-
-
-def cache_folder(state: ServerState) -> Path:
-    from inferd.model.pull import cache_dir
-
-    s = state.settings
-    return Path(s.prompt_cache_dir) if s.prompt_cache_dir else cache_dir(s.model_cache_dir) / FOLDER
-
-
-async def open_prompt_cache(state: ServerState) -> None:
-    """At start-up, before the engine loop starts: index the last run's file (when prompt_cache_disk_mib > 0)."""
-    s, engine, engine_loop, model = state.settings, state.engine, state.engine_loop, state.model
-    if not s.prompt_cache_disk_mib or not s.enable_prefix_caching:
-        return
-    assert engine is not None and engine_loop is not None and model is not None
-    from inferd.engine.engine import Engine
-
-    if not isinstance(engine, Engine):  # the setting's default must not stop a GPU server from starting
-        log.warning(
-            "the prompt cache on disk is off: it needs device = cpu (the %s engine cannot copy KV blocks out)", s.device
-        )
-        return
-    folder = cache_folder(state)
-    loop = asyncio.get_running_loop()
-    fingerprint = await loop.run_in_executor(None, model_fingerprint, model.path, s.quantize)
-    disk = DiskPromptCache(folder, s.prompt_cache_disk_mib << 20, fingerprint, engine, engine_loop.scheduler.kv)
-    await loop.run_in_executor(None, disk.open)
-    state.prompt_cache, state.scheduler_tasks = disk, SchedulerTasks(engine_loop)
-
-
-async def save_prompt_cache(state: ServerState) -> None:
-    """At shutdown, before the engine loop stops: write the blocks worth keeping (on the scheduler thread)."""
-    disk, tasks = state.prompt_cache, state.scheduler_tasks
-    if disk is None or tasks is None:
-        return
-    try:
-        await tasks.run(disk.save)
-    except Exception as e:  # a full disk or a dead scheduler must not stop the shutdown
-        log.warning("prompt cache not saved: %r", e)
-
+__all__ = ["FOLDER", "add_routes", "cache_folder", "open_prompt_cache", "save_prompt_cache"]
 
 # ---- named save / restore ---------------------------------------------------------------------------------------
 
@@ -108,8 +69,12 @@ def ready_cache(state: ServerState, name: str) -> tuple[DiskPromptCache, Schedul
 
 
 async def cache_save(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), CacheSaveRequest)
+    async with use_model(request.app, req.model) as state:  # one model of many: that model's own cache
+        return await save_with(state, req)
+
+
+async def save_with(state: ServerState, req: CacheSaveRequest) -> web.Response:
     check_model(state, req.model)
     disk, tasks = ready_cache(state, req.name)
     ids = await warm_prompt_ids(state, req.prompt, req.messages)
@@ -126,8 +91,12 @@ async def cache_save(request: web.Request) -> web.Response:
 
 
 async def cache_restore(request: web.Request) -> web.Response:
-    state = request.app[STATE]
     req = decode(await request.read(), CacheRestoreRequest)
+    async with use_model(request.app, req.model) as state:
+        return await restore_with(state, req)
+
+
+async def restore_with(state: ServerState, req: CacheRestoreRequest) -> web.Response:
     check_model(state, req.model)
     disk, tasks = ready_cache(state, req.name)
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from inferd.server import embeddings, openai, prompt_cache, rerank
+from inferd.server import embeddings, model_admin, openai, prompt_cache, rerank
 from inferd.server.apis.chat.encode import ChatEncoder
 from inferd.server.apis.chat.render import render as render_chat_completion
 from inferd.server.apis.chat.request import ChatCompletionRequest
@@ -31,6 +31,7 @@ from inferd.server.apis.ollama.render import render_generate as render_ollama_ge
 from inferd.server.apis.ollama.request import ChatRequest as OllamaChatRequest
 from inferd.server.apis.ollama.request import GenerateRequest as OllamaGenerateRequest
 from inferd.server.apis.ollama.request import error_body as ollama_error_body
+from inferd.server.apis.ollama.unload import answer_unloaded
 from inferd.server.apis.responses.encode import ResponsesEncoder
 from inferd.server.apis.responses.render import render as render_response
 from inferd.server.apis.responses.request import ResponsesRequest
@@ -43,7 +44,15 @@ APIS: tuple[Api[Any, Any], ...] = (
     Api("/v1/chat/completions", ChatCompletionRequest, render_chat_completion, ChatEncoder, "chatcmpl"),
     Api("/v1/completions", CompletionRequest, render_completion, CompletionsEncoder, "cmpl"),
     Api("/v1/responses", ResponsesRequest, render_response, ResponsesEncoder, "resp"),
-    Api("/api/chat", OllamaChatRequest, render_ollama_chat, OllamaChatEncoder, "ollama", ollama_error_body),
+    Api(
+        "/api/chat",
+        OllamaChatRequest,
+        render_ollama_chat,
+        OllamaChatEncoder,
+        "ollama",
+        ollama_error_body,
+        answer_unloaded,
+    ),
     Api(
         "/api/generate",
         OllamaGenerateRequest,
@@ -51,6 +60,7 @@ APIS: tuple[Api[Any, Any], ...] = (
         OllamaGenerateEncoder,
         "ollama",
         ollama_error_body,
+        answer_unloaded,
     ),
     Api("/v1/messages", MessagesRequest, render_messages, MessagesEncoder, "msg", error_body=anthropic_error),
 )
@@ -77,6 +87,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post(count.PATH, count.count_tokens)
+    model_admin.add_routes(app)
     openai.add_routes(app)
     embeddings.add_routes(app)
     ollama_models.add_routes(app)

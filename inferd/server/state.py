@@ -62,6 +62,7 @@ class ServerState:
     embedding_metrics: EmbeddingMetrics | None = None
     prompt_cache: DiskPromptCache | None = None  # the prefix cache on disk (prompt_cache_disk_mib > 0)
     scheduler_tasks: SchedulerTasks | None = None  # calls on the scheduler thread (the prompt cache's)
+    names: frozenset[str] = frozenset()  # a many-model daemon's model: its name and aliases (never its path)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -76,7 +77,10 @@ class ServerState:
         return _ready(self.chat_template, "chat template")
 
     def model_names(self) -> set[str]:
-        """Names a request's `model` field may use: the served name and the name it was started with."""
+        """Names a request's `model` field may use: the served name and the name it was started with (one model of
+        many: its name and aliases)."""
+        if self.names:
+            return set(self.names)
         return {self.served_model_name, self.settings.model}
 
 

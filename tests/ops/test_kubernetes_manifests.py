@@ -186,3 +186,27 @@ def test_http_route_sends_the_api_to_the_pool(docs):
     (rule,) = docs["HTTPRoute", "inferd"]["spec"]["rules"]
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "inferd"}]
     assert rule["matches"][0]["path"]["value"] == "/v1"
+
+
+def test_the_many_models_overlay_mounts_the_folder_its_settings_serve():
+    overlay = K8S / "many-models"
+    k = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    assert k["resources"] == ["..", "models-pvc.yaml"]
+    assert sorted(p["path"] for p in k["patches"]) == ["configmap.yaml", "deployment.yaml"]
+    assert sorted(p.name for p in overlay.glob("*.yaml")) == sorted(
+        ["kustomization.yaml", "models-pvc.yaml", *(p["path"] for p in k["patches"])])
+    text = yaml.safe_load((overlay / "configmap.yaml").read_text())["data"]["inferd.toml"]
+    s = msgspec.convert(tomllib.loads(text), Settings)
+    assert s.many_models and s.models_dir == "/models"
+    patch = yaml.safe_load((overlay / "deployment.yaml").read_text())
+    (c,) = patch["spec"]["template"]["spec"]["containers"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "models")
+    assert mount == {"name": "models", "mountPath": s.models_dir, "readOnly": True}
+    (volume,) = patch["spec"]["template"]["spec"]["volumes"]
+    pvc = yaml.safe_load((overlay / "models-pvc.yaml").read_text())
+    assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
+    # the budget holds the models; the limit adds what the daemon itself needs beside them
+    limit = quantity_mib(c["resources"]["limits"]["memory"])
+    assert s.memory_budget_mib + RUNTIME_MIB <= limit
+    assert c["resources"]["requests"] == c["resources"]["limits"]

@@ -75,7 +75,8 @@ def body_schemas(url: str) -> dict[str, dict]:
 RERANK_PATHS = ["/v1/rerank", "/v1/score"]
 POST_PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/cache/warm", "/v1/responses",
               "/v1/embeddings", "/v1/messages", "/v1/messages/count_tokens", "/api/chat", "/api/generate",
-              "/api/embed", "/api/embeddings", "/api/show", "/v1/cache/save", "/v1/cache/restore"] + RERANK_PATHS
+              "/api/embed", "/api/embeddings", "/api/show", "/v1/cache/save", "/v1/cache/restore",
+              "/v1/models/load", "/v1/models/unload"] + RERANK_PATHS
 EMBEDDING_PATHS = ("/v1/embeddings", "/api/embed", "/api/embeddings")
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 # named prompt-cache saves need a prompt of a whole KV block (64 tokens), which max_prompt_tokens leaves no room

@@ -15,6 +15,7 @@ from msgspec import Struct
 
 from inferd.server.apis.ollama.request import base_name
 from inferd.server.embedding_service import EmbeddingService
+from inferd.server.models import ModelManager, manager, use_model
 from inferd.server.protocol import ProtocolError, decode
 from inferd.server.sse import json_response
 from inferd.server.state import STATE, ServerState
@@ -200,30 +201,60 @@ async def version(request: web.Request) -> web.Response:
     return json_response({"version": OLLAMA_VERSION})
 
 
+def managed_models(many: ModelManager) -> list[Described]:
+    """A many-model daemon's models: a loaded one as its model describes it, the others by their files."""
+    out = []
+    for m in many.models.values():
+        loaded = chat_model(m.state) if m.state is not None else None
+        out.append(loaded or Described(m.name, m.entry.path, "", 0, "", 0))
+    return out
+
+
 async def tags(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return json_response({"models": [d.entry() for d, _ in models(state)]})
+    many = manager(request.app)
+    listed = [d for d, _ in models(state)]
+    if many is not None:
+        listed = managed_models(many) + listed
+    return json_response({"models": [d.entry() for d in listed]})
 
 
 async def show(request: web.Request) -> web.Response:
     state = request.app[STATE]
     req = decode(await request.read(), ShowRequest)
-    described, service = find_model(state, req.model or req.name)
+    name = req.model or req.name
+    if manager(request.app) is not None and not any(s.answers_to(name or "") for s in state.embeddings):
+        async with use_model(request.app, name) as state:  # described as loaded: the model is loaded for it
+            described = chat_model(state)
+            assert described is not None
+            return json_response(show_body(state, described, None))
+    described, service = find_model(state, name)
     return json_response(show_body(state, described, service))
 
 
 async def running(request: web.Request) -> web.Response:
-    """Every model here stays loaded while the server runs: it expires with the server, not before."""
+    """The models loaded now: a many-model daemon's until their idle limit, the others with the server."""
     state = request.app[STATE]
     on_gpu = state.settings.device != "cpu"
     forever = (datetime.now(UTC) + timedelta(days=365 * 100)).isoformat().replace("+00:00", "Z")
+    running = [(d, forever) for d, _ in models(state)]
+    many = manager(request.app)
+    if many is not None:  # the loaded models, each until its idle limit (keep_alive) runs out
+        for m in many.models.values():
+            described = chat_model(m.state) if m.state is not None else None
+            if described is not None:
+                expires = many.expires_at(m)
+                when = forever if expires == float("inf") else iso_time(expires)
+                running.insert(0, (described, when))
     out = [
-        RunningModel(
-            tag(d.name), tag(d.name), d.size, d.digest, d.details(), forever, d.size if on_gpu else 0, d.context
-        )
-        for d, _ in models(state)
+        RunningModel(tag(d.name), tag(d.name), d.size, d.digest, d.details(), t, d.size if on_gpu else 0, d.context)
+        for d, t in running
     ]
     return json_response({"models": out})
+
+
+def iso_time(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def add_routes(app: web.Application) -> None:
