@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tomllib
 from typing import Annotated, Any
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,9 @@ CUDA_KV = ("f16", "bf16")
 KV_CACHE_DTYPES = ("f16", "q8_0")
 CUDA_GEMMS = ("cublas", "own")
 # short options shared by every command that takes the setting
-SHORT_FLAGS = {"model": "-m", "threads": "-t"}
+SHORT_FLAGS = {"model": "-m", "threads": "-t", "lora_adapters": "--lora"}
 
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # an adapter's name, as requests spell it
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
@@ -49,6 +51,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rerank_model: str = ""
     pooling: str = "none"
     rerank_prompt: str = "none"
+    lora_adapters: dict[str, str] = {}
     # network and security
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
@@ -119,6 +122,12 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        for name, path in self.lora_adapters.items():
+            if not LORA_NAME.fullmatch(name) or not path:
+                raise ValueError(
+                    f"lora_adapters: {name!r} = {path!r}: a name of letters, digits, '.', '_' or '-' and a path are "
+                    f"needed"
+                )
         if self.override_generation_config.strip():
             parse_overrides(self.override_generation_config)
         self.template_defaults()
@@ -154,6 +163,11 @@ DOCS: dict[str, str] = {
     "pooling": (
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."
+    ),
+    "lora_adapters": (
+        "LoRA adapters of the chat model by name, each a PEFT folder or a llama.cpp adapter GGUF: NAME=PATH (TOML: a "
+        'table {name = "path"}; option --lora NAME=PATH, repeated). Requests choose one with model "base:NAME" or '
+        "a lora field."
     ),
     "host": "Address to listen on. Keep 127.0.0.1 unless clients on other machines need the API.",
     "port": "TCP port to listen on (0 picks a free one).",
@@ -255,6 +269,10 @@ def _is_list(t: Any) -> bool:
     return isinstance(t, msgspec.inspect.ListType)
 
 
+def _is_dict(t: Any) -> bool:
+    return isinstance(t, msgspec.inspect.DictType)
+
+
 def _is_bool(t: Any) -> bool:
     return isinstance(t, msgspec.inspect.BoolType)
 
@@ -270,6 +288,14 @@ def _parse_text(name: str, text: str, source: str) -> Any:
     t = field_types()[name]
     if _is_list(t):
         return [part.strip() for part in text.split(",") if part.strip()]
+    if _is_dict(t):  # NAME=VALUE pairs, comma-separated
+        out = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip() or not value.strip():
+                raise ConfigError(f"{source}: expected NAME=VALUE, got {part!r}")
+            out[key.strip()] = value.strip()
+        return out
     if _is_bool(t):
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -330,6 +356,10 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         flags = ["--" + name.replace("_", "-")] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
         default = getattr(defaults, name)
         shown = ",".join(default) if isinstance(default, list) else default
+        if _is_dict(t):  # repeatable: --lora a=PATH --lora b=PATH
+            parser.add_argument(*flags, dest=name, metavar="NAME=VALUE", action="append", default=None,
+                                help=f"{DOCS[name]} (env {ENV_PREFIX}{name.upper()}=NAME=VALUE,...)")  # fmt: skip
+            continue
         help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})"
         if _is_bool(t):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -352,6 +382,8 @@ def load_settings(args: argparse.Namespace | None = None, env: Mapping[str, str]
             if value is None:
                 continue
             flag = "--" + name.replace("_", "-")
+            if isinstance(value, list):  # a repeated option's values
+                value = ",".join(value)
             merged[name] = value if isinstance(value, bool) else _parse_text(name, value, flag)
     try:
         return msgspec.convert(merged, Settings)

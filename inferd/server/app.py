@@ -78,6 +78,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
     from inferd.engine.device import build_engine
     from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
+    from inferd.server.lora import load_adapters
     from inferd.server.memory import pin_mmap_threshold
     from inferd.server.metrics import Metrics
     from inferd.server.prompt_cache import open_prompt_cache
@@ -107,6 +108,7 @@ async def start_serving(state: ServerState, load: Callable[[], LoadedModel] | No
             state.model = model
         engine = await loop.run_in_executor(None, build_engine, model, s)
         state.engine = engine
+        await load_adapters(state, engine, model)  # the lora_adapters setting's, before any request
         tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
         state.served_model_name = s.served_model_name or model.model_name
         state.sampling_defaults = resolve_sampling(s.generation_config, model.sampling, s.override_generation_config)

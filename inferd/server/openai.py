@@ -22,6 +22,7 @@ from inferd.server.apis.chat.request import Message, check_messages
 from inferd.server.choices import output_error
 from inferd.server.generation import check_model, check_prompt_len, encode, limits, submit_all
 from inferd.server.protocol import ProtocolError, decode
+from inferd.server.lora import adapter_cards
 from inferd.server.sse import json_response
 from inferd.server.state import STATE, ServerState
 
@@ -88,6 +89,7 @@ def model_card(state: ServerState) -> ModelCard:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
+    cards += adapter_cards(state, cards[0]) if cards else []
     return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings if e.listed]})
 
 
@@ -97,6 +99,10 @@ async def get_model(request: web.Request) -> web.Response:
     for e in state.embeddings:
         if e.name == name and e.listed:
             return json_response(e.card())
+    if state.model is not None and name in state.loras:
+        return json_response(
+            adapter_cards(state, msgspec.to_builtins(model_card(state)))[list(state.loras).index(name)]
+        )
     if state.model is None or name not in state.model_names():
         raise ProtocolError(f"The model `{name}` does not exist", "model", status=404, code="model_not_found")
     return json_response(model_card(state))

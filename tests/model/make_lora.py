@@ -105,7 +105,8 @@ def write_gguf_lora(path: str | Path, cfg, matrices, *, alpha: float, dtype: str
             if dtype == "F16":
                 w.add_tensor(f"{name}.{suffix}", m.astype(np.float16))
             elif dtype == "BF16":
-                w.add_tensor(f"{name}.{suffix}", to_bf16_bits(m), raw_shape=m.shape, raw_dtype=GGMLQuantizationType.BF16)
+                bits = to_bf16_bits(m)
+                w.add_tensor(f"{name}.{suffix}", bits, raw_shape=m.shape, raw_dtype=GGMLQuantizationType.BF16)
             else:
                 w.add_tensor(f"{name}.{suffix}", m)
     w.write_header_to_file()
