@@ -82,6 +82,10 @@ class Engine(EngineShape):
         return len(self._loras) - 1
 
     @property
+    def num_adapters(self) -> int:
+        return len(self._loras)
+
+    @property
     def adapter_bytes(self) -> int:
         return sum(a.nbytes for a in self._loras)
 
