@@ -44,7 +44,7 @@ PEFT_MODULES = {
     "up_proj": "up",
     "down_proj": "down",
 }
-PEFT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+PEFT_DTYPES: dict[str, type] = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 _GGUF_NAME = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
 _PEFT_NAME = re.compile(
     r"^(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\.lora_([AB])\.weight$"
@@ -224,17 +224,17 @@ def _load_peft(path: Path, config: ModelConfig) -> Adapter:
             cfg_path, f"modules_to_save {lcfg['modules_to_save']} (trained copies of base weights) are not supported"
         )
     try:
-        alpha = float(lcfg.get("lora_alpha", lcfg.get("r", 8)))
+        alpha = float(lcfg.get("lora_alpha", lcfg.get("r", 8)) or 0)
         rslora = bool(lcfg.get("use_rslora", False))
         alpha_pattern = {str(k): float(v) for k, v in (lcfg.get("alpha_pattern") or {}).items()}
-    except (TypeError, ValueError) as e:
-        raise ModelLoadError(cfg_path, f"bad lora_alpha or alpha_pattern: {e}") from e
+    except (TypeError, ValueError) as err:
+        raise ModelLoadError(cfg_path, f"bad lora_alpha or alpha_pattern: {err}") from err
     entries = read_safetensors_header(st_path)
     with open(st_path, "rb") as f:
         file_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     modules: dict[tuple[int, str], str] = {}
-    for name, e in entries.items():
+    for name, entry in entries.items():
         m = _PEFT_NAME.match(name)
         if not m or m.group(2) not in PEFT_MODULES:
             raise ModelLoadError(
@@ -242,13 +242,15 @@ def _load_peft(path: Path, config: ModelConfig) -> Adapter:
                 f"tensor {name}: only the LoRA matrices of {', '.join(PEFT_MODULES)} in the decoder layers are "
                 f"supported",
             )
-        if e.dtype not in PEFT_DTYPES or len(e.shape) != 2:
+        if entry.dtype not in PEFT_DTYPES or len(entry.shape) != 2:
             raise ModelLoadError(
-                st_path, f"tensor {name} is {e.dtype} {list(e.shape)}; a 2-D F32/F16/BF16 matrix is needed"
+                st_path, f"tensor {name} is {entry.dtype} {list(entry.shape)}; a 2-D F32/F16/BF16 matrix is needed"
             )
-        dtype = np.dtype(PEFT_DTYPES[e.dtype])
-        raw = np.frombuffer(file_map, dtype, count=(e.end - e.start) // dtype.itemsize, offset=e.start).reshape(e.shape)
-        values = (raw.astype(np.uint32) << 16).view(np.float32) if e.dtype == "BF16" else raw.astype(np.float32)
+        dtype: np.dtype = np.dtype(PEFT_DTYPES[entry.dtype])
+        raw = np.frombuffer(
+            file_map, dtype, count=(entry.end - entry.start) // dtype.itemsize, offset=entry.start
+        ).reshape(entry.shape)
+        values = (raw.astype(np.uint32) << 16).view(np.float32) if entry.dtype == "BF16" else raw.astype(np.float32)
         key = (int(m.group(1)), PEFT_MODULES[m.group(2)])
         pairs.setdefault(key, {})[m.group(3)] = values
         modules[key] = name.split(".lora_")[0]
