@@ -55,8 +55,8 @@ GREEDY = SamplingParams(temperature=0.0)
 @dataclass(frozen=True)
 class LoraUse:
     """A request's LoRA adapter: the engine's index of it, the scale the request applies it with (times the
-    adapter's alpha / rank), and the adapter's identity ("name\0path"), under which the prefix cache keeps the K/V
-    it computes apart from the base model's and other adapters'."""
+    adapter's alpha / rank), and the adapter's identity ("name\0digest of its matrices"), under which the prefix
+    cache keeps the K/V it computes apart from the base model's and other adapters'."""
 
     index: int
     scale: float = 1.0

@@ -7,6 +7,7 @@ scale * B (A x) to the target's output for the sequences that use the adapter; t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import mmap
@@ -68,6 +69,16 @@ class Adapter:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b, _ in self.matrices.values())
+
+    def fingerprint(self) -> str:
+        """A digest of the matrices and scales: the prefix cache's K/V of an adapter stays valid only for these
+        values (a file replaced under the same name and path is another adapter)."""
+        h = hashlib.blake2b(digest_size=16)
+        for (layer, target), (a, b, scale) in sorted(self.matrices.items()):
+            h.update(f"{layer}.{target}:{scale!r}:{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+            h.update(np.ascontiguousarray(b).tobytes())
+        return h.hexdigest()
 
     @property
     def targets(self) -> list[str]:

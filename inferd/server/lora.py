@@ -37,9 +37,10 @@ class ServedAdapter:
     targets: tuple[str, ...]
     format: str  # "peft" or "gguf"
     nbytes: int
+    fingerprint: str  # of the matrices (Adapter.fingerprint)
 
     def use(self, scale: float) -> LoraUse:
-        return LoraUse(self.index, scale, f"{self.name}\0{self.path}")
+        return LoraUse(self.index, scale, f"{self.name}\0{self.fingerprint}")
 
 
 async def load_adapters(state: Any, engine: Any, model: Any) -> None:
@@ -56,7 +57,10 @@ async def load_adapters(state: Any, engine: Any, model: Any) -> None:
     for name, path in adapters.items():
         adapter = await loop.run_in_executor(None, load_adapter, path, model.config)
         index = engine.add_adapter(adapter)
-        served = ServedAdapter(name, path, index, adapter.rank, tuple(adapter.targets), adapter.format, adapter.nbytes)
+        fingerprint = await loop.run_in_executor(None, adapter.fingerprint)
+        served = ServedAdapter(
+            name, path, index, adapter.rank, tuple(adapter.targets), adapter.format, adapter.nbytes, fingerprint
+        )
         state.loras[name] = served
         log.info(
             "LoRA adapter %s: %s (%s, rank %d, %s; %.1f MiB)",

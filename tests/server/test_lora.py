@@ -122,3 +122,16 @@ def test_adapters_on_a_model_they_do_not_fit_fail_start_up(make_server, tmp_path
     srv.call(srv.state.ready_event.wait(), timeout=120)
     assert srv.state.status == "failed"
     assert "do not fit the base weight" in srv.state.failure
+
+
+def test_lora_requests_info_lists_running_and_waiting_adapters():
+    from types import SimpleNamespace
+
+    from inferd.engine.types import LoraUse
+    from inferd.server.metrics import adapters_in_use
+
+    def state(name):
+        return SimpleNamespace(request=SimpleNamespace(lora=LoraUse(0, 1.0, f"{name}\0abc") if name else None))
+
+    scheduler = SimpleNamespace(running=[state("b"), state(None), state("a"), state("b")], waiting=[state("c")])
+    assert adapters_in_use(scheduler) == ("a,b", "c")
