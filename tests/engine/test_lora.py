@@ -243,3 +243,21 @@ def test_bad_adapters_are_refused_with_their_reason(tmp_path):
     eng = engine_for(model)
     with pytest.raises(ValueError, match="LoRA adapter 3"):
         eng.step([SeqInput([1, 2], 0, [0], lora=3)])
+
+
+def test_prefix_cache_hashes_an_adapters_blocks_under_its_root():
+    from inferd.engine.kv_cache import KVCacheManager
+    from inferd.engine.types import LoraUse
+
+    kv = KVCacheManager(16, 64)
+    prompt = list(range(130))
+    roots = [None, LoraUse(0, 1.0, "a\0d1").cache_root, LoraUse(0, 0.5, "a\0d1").cache_root,
+             LoraUse(1, 1.0, "b\0d2").cache_root]
+    assert len(set(roots)) == 4
+    for i, root in enumerate(roots):                 # each computes and caches its two full blocks
+        assert kv.match_prefix(("first", i), prompt, 129, root) == 0
+        kv.allocate(("first", i), 130)
+        kv.cache_blocks(("first", i), prompt, 130)
+    for i, root in enumerate(roots):                 # and hits only its own
+        assert kv.match_prefix(("again", i), prompt, 129, root) == 128
+        assert kv.block_table(("again", i)) == kv.block_table(("first", i))[:2]
