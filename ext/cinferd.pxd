@@ -192,8 +192,8 @@ cdef extern from "inferd.h" nogil:
         LORA_TARGETS
     ctypedef struct lora_matrix_t:
         const float *a
-        const float *b
-        int rank
+        const float *bt
+        int rank, out
         float scale
     ctypedef struct lora_adapter_t:
         int n_layers

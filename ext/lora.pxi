@@ -48,12 +48,14 @@ cdef class LoraAdapter:
                 raise ValueError(f"layer {layer} {target}: A {a.shape} and B {b.shape} do not fit a weight of "
                                  f"(out, in) ({rows}, {cols}): A must be (rank, {cols}), B ({rows}, rank)")
             t = LORA_TARGET_NAMES.index(target)
+            b = np.ascontiguousarray(b.T)            # (rank, out): the B stage runs along a row of outputs
             av = a
             bv = b
             i = layer * LORA_TARGETS + t
             self.mats[i].a = &av[0, 0]
-            self.mats[i].b = &bv[0, 0]
+            self.mats[i].bt = &bv[0, 0]
             self.mats[i].rank = a.shape[0]
+            self.mats[i].out = rows
             self.mats[i].scale = scale
             self.max_rank = max(self.max_rank, a.shape[0])
             self.nbytes += a.nbytes + b.nbytes

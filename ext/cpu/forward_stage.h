@@ -71,7 +71,8 @@ void lora_job_add(lora_job_t *job, int target, int row0, int rows);
 void stage_lora(context_t *c, stage_t *s, const lora_job_t *job);
 /* A x only, for a stage that adds the rows itself with lora_add_rows (the gated FFN's gate|up) */
 void stage_lora_down(context_t *c, stage_t *s, const lora_job_t *job);
-/* rows [row_begin, row_end) of the job's target i, for every adapted token t, added to y[t * ldy + row - row_begin] */
+/* rows [row_begin, row_end) (at most 32) of the job's target i, for every adapted token t, added to
+ * y[t * ldy + row - row_begin] */
 void lora_add_rows(const stage_t *s, const lora_job_t *job, int i, int row_begin, int row_end, float *y, int ldy);
 
 /* the blocks a layer is made of: each x += block(x) over the batch's tokens (block_attention.c, block_ffn.c,

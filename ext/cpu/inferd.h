@@ -332,9 +332,9 @@ void rope_frequencies(const model_config_t *c, double theta, int llama3, double 
  * matrices by (layer, target); a target the adapter leaves alone has a = NULL. */
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
 typedef struct {
-    const float *a;                    /* (rank, in), or NULL */
-    const float *b;                    /* (out, rank) */
-    int rank;
+    const float *a;                    /* A (rank, in), or NULL */
+    const float *bt;                   /* B transposed: (rank, out) */
+    int rank, out;
     float scale;                       /* the adapter's own: alpha / rank */
 } lora_matrix_t;
 typedef struct {

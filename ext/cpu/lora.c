@@ -6,23 +6,37 @@
  * B (A x) added to y by items of (target, 32 output rows). The gated FFN adds its gate and up rows inside its own
  * gate|up stage (block_ffn.c), before the activation, from the A x of this file's first stage.
  *
- * Determinism: a token's sums read only its own input and its sequence's adapter, each in a fixed order (eight
- * partial sums, then their sum in lane order), so its output does not depend on the batch; the code is plain C,
- * the same for every kernel path. */
+ * Determinism: a token's sums read only its own input and its sequence's adapter, each in a fixed order, so its
+ * output does not depend on the batch; the code is plain C, the same for every kernel path. A x: each value is eight
+ * partial sums along the input (i % 8), added in lane order, then the tail; tokens of one adapter go four at a time
+ * (A's row read once for them), each with exactly the arithmetic it has alone. B (A x): B is held transposed,
+ * (rank, out), and each output is summed over r = 0..rank-1 in order, 32 outputs side by side (a loop the compiler
+ * vectorizes without reordering a sum). */
 #include <stdlib.h>
 #include "forward_stage.h"
 
 #define LORA_ROWS 32   /* output rows per item of the B stage */
 
-/* sum of a[i] * b[i] in a fixed order: eight running sums by i % 8, added in lane order, then the tail */
-static float lora_dot(const float *a, const float *b, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/* out[k] = sum of a[i] * x[k][i] for k < nx (1 to 4), each in the same fixed order: eight running sums by i % 8,
+ * added in lane order, then the tail. Four at once read a once, and give each the bits it gets alone. */
+static void lora_dots(const float *a, const float *const *x, int nx, int n, float *out) {
+    float acc[4][8] = {{0}};
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    if (nx == 4) {
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 4; k++)
+                for (int j = 0; j < 8; j++) acc[k][j] += a[i + j] * x[k][i + j];
+    } else {
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < nx; k++)
+                for (int j = 0; j < 8; j++) acc[k][j] += a[i + j] * x[k][i + j];
+    }
+    for (int k = 0; k < nx; k++) {
+        const float *q = acc[k];
+        float s = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+        for (int t = i; t < n; t++) s += a[t] * x[k][t];
+        out[k] = s;
+    }
 }
 
 /* token t's adapter matrix for `target` in the stage's layer, with the scale its product takes; NULL when the
@@ -56,34 +70,50 @@ int lora_check_batch(const context_t *c, const batch_t *b) {
     return FORWARD_OK;
 }
 
-/* items = tokens: lora_ax[t][i] = A_i x_t for each of the job's targets */
+/* items = groups of 4 tokens: lora_ax[t][i] = A_i x_t for each of the job's targets; the tokens of a group that
+ * share an adapter matrix (one sequence's prefill) go together */
 static void lora_down_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     const lora_job_t *job = s->lora_job;
-    int R = s->c->lora_rank;
-    for (int64_t t = begin; t < end; t++) {
-        const float *x = job->x + t * job->in_dim;
+    int R = s->c->lora_rank, in = job->in_dim;
+    for (int64_t g = begin; g < end; g++) {
+        int64_t t0 = g * 4, t1 = t0 + 4 < s->ntok ? t0 + 4 : s->ntok;
         for (int i = 0; i < job->n; i++) {
+            const lora_matrix_t *m[4];
             float scale;
-            const lora_matrix_t *m = token_lora(s, t, job->target[i], &scale);
-            if (!m) continue;
-            float *ax = s->c->lora_ax + ((size_t)t * 3 + i) * R;
-            for (int r = 0; r < m->rank; r++) ax[r] = lora_dot(m->a + (size_t)r * job->in_dim, x, job->in_dim);
+            for (int64_t t = t0; t < t1; t++) m[t - t0] = token_lora(s, t, job->target[i], &scale);
+            for (int64_t t = t0; t < t1;) {
+                if (!m[t - t0]) { t++; continue; }
+                const lora_matrix_t *mt = m[t - t0];
+                const float *x[4];
+                int nx = 0;
+                while (t + nx < t1 && m[t + nx - t0] == mt) { x[nx] = job->x + (t + nx) * in; nx++; }
+                float v[4];
+                for (int r = 0; r < mt->rank; r++) {
+                    lora_dots(mt->a + (size_t)r * in, x, nx, in, v);
+                    for (int k = 0; k < nx; k++) s->c->lora_ax[((size_t)(t + k) * 3 + i) * R + r] = v[k];
+                }
+                t += nx;
+            }
         }
     }
 }
 
 void lora_add_rows(const stage_t *s, const lora_job_t *job, int i, int row_begin, int row_end, float *y, int ldy) {
-    int R = s->c->lora_rank;
+    int R = s->c->lora_rank, n = row_end - row_begin;
     for (int64_t t = 0; t < s->ntok; t++) {
         float scale;
         const lora_matrix_t *m = token_lora(s, t, job->target[i], &scale);
         if (!m) continue;
         const float *ax = s->c->lora_ax + ((size_t)t * 3 + i) * R;
-        float *yt = y + (size_t)t * ldy - row_begin;
-        for (int row = row_begin; row < row_end; row++)
-            yt[row] += scale * lora_dot(m->b + (size_t)row * m->rank, ax, m->rank);
+        float acc[LORA_ROWS] = {0};
+        for (int r = 0; r < m->rank; r++) {
+            const float *bt = m->bt + (size_t)r * m->out + row_begin, v = ax[r];
+            for (int j = 0; j < n; j++) acc[j] += bt[j] * v;
+        }
+        float *yt = y + (size_t)t * ldy;
+        for (int j = 0; j < n; j++) yt[j] += scale * acc[j];
     }
 }
 
@@ -114,7 +144,7 @@ void lora_job_add(lora_job_t *job, int target, int row0, int rows) {
 
 void stage_lora_down(context_t *c, stage_t *s, const lora_job_t *job) {
     s->lora_job = job;
-    stage_run(c, STAGE_LORA, s->ntok, 1, lora_down_fn, s);
+    stage_run(c, STAGE_LORA, (s->ntok + 3) / 4, 1, lora_down_fn, s);
 }
 
 void stage_lora(context_t *c, stage_t *s, const lora_job_t *job) {

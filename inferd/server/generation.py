@@ -34,7 +34,7 @@ from inferd.engine.mailbox import RequestHandle
 from inferd.engine.request import Request
 from inferd.engine.types import LoraUse, SamplingParams
 from inferd.server.choices import Choice, Generation
-from inferd.server.lora import request_lora, split_model
+from inferd.server.lora import request_lora, split_model, unknown_adapter
 from inferd.server.protocol import Limits, ProtocolError, decode
 from inferd.server.sse import json_response, sse_event, start_stream
 from inferd.server.state import STATE, ServerState
@@ -154,13 +154,7 @@ def check_model(state: ServerState, name: str | None) -> None:
     if not served:
         base, sep, adapter = (name or "").rpartition(":")
         if sep and base in state.model_names():
-            raise ProtocolError(
-                f"The LoRA adapter `{adapter}` does not exist; this server has "
-                f"{', '.join(sorted(state.loras)) or 'none'}",
-                "model",
-                status=404,
-                code="model_not_found",
-            )
+            raise unknown_adapter(state, adapter, "model")
         raise ProtocolError(
             f"The model `{name}` does not exist; this server serves `{state.served_model_name}`",
             "model",
