@@ -2,8 +2,8 @@
  * scale * B (A x) added to its row of y, A and B the adapter's f32 matrices for that layer and weight. The base
  * weights stay as they are (quantized, shared by every sequence); a token without an adapter is untouched.
  *
- * Two stages per adapted matmul: A x per token (rank values per target, into c->lora_ax), then the rows of
- * B (A x) added to y by items of (target, 32 output rows). The gated FFN adds its gate and up rows inside its own
+ * Two stages per adapted matmul: A x (rank values per token and target, into c->lora_ax) by items of (4 tokens,
+ * target), then the rows of B (A x) added to y by items of (target, 32 output rows). The gated FFN adds its gate and up rows inside its own
  * gate|up stage (block_ffn.c), before the activation, from the A x of this file's first stage.
  *
  * Determinism: a token's sums read only its own input and its sequence's adapter, each in a fixed order, so its
@@ -17,26 +17,33 @@
 
 #define LORA_ROWS 32   /* output rows per item of the B stage */
 
-/* out[k] = sum of a[i] * x[k][i] for k < nx (1 to 4), each in the same fixed order: eight running sums by i % 8,
- * added in lane order, then the tail. Four at once read a once, and give each the bits it gets alone. */
+/* the sum of a[i] * x[i] in a fixed order: eight running sums by i % 8, added in lane order, then the tail */
+static inline float lora_sum8(const float *acc, const float *a, const float *x, int i, int n) {
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * x[i];
+    return s;
+}
+
+static float lora_dot(const float *a, const float *x, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * x[i + j];
+    return lora_sum8(acc, a, x, i, n);
+}
+
+/* out[k] = lora_dot(a, x[k], n) for k < nx (1 to 4); four at once read a once, each with the bits it has alone */
 static void lora_dots(const float *a, const float *const *x, int nx, int n, float *out) {
+    if (nx != 4) {
+        for (int k = 0; k < nx; k++) out[k] = lora_dot(a, x[k], n);
+        return;
+    }
     float acc[4][8] = {{0}};
     int i = 0;
-    if (nx == 4) {
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 4; k++)
-                for (int j = 0; j < 8; j++) acc[k][j] += a[i + j] * x[k][i + j];
-    } else {
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < nx; k++)
-                for (int j = 0; j < 8; j++) acc[k][j] += a[i + j] * x[k][i + j];
-    }
-    for (int k = 0; k < nx; k++) {
-        const float *q = acc[k];
-        float s = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
-        for (int t = i; t < n; t++) s += a[t] * x[k][t];
-        out[k] = s;
-    }
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 8; j++) acc[k][j] += a[i + j] * x[k][i + j];
+    for (int k = 0; k < 4; k++) out[k] = lora_sum8(acc[k], a, x[k], i, n);
 }
 
 /* token t's adapter matrix for `target` in the stage's layer, with the scale its product takes; NULL when the
@@ -70,32 +77,31 @@ int lora_check_batch(const context_t *c, const batch_t *b) {
     return FORWARD_OK;
 }
 
-/* items = groups of 4 tokens: lora_ax[t][i] = A_i x_t for each of the job's targets; the tokens of a group that
- * share an adapter matrix (one sequence's prefill) go together */
+/* items = (group of 4 tokens, target i): lora_ax[t][i] = A_i x_t; the tokens of a group that share an adapter
+ * matrix (one sequence's prefill) go together */
 static void lora_down_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     const lora_job_t *job = s->lora_job;
     int R = s->c->lora_rank, in = job->in_dim;
-    for (int64_t g = begin; g < end; g++) {
-        int64_t t0 = g * 4, t1 = t0 + 4 < s->ntok ? t0 + 4 : s->ntok;
-        for (int i = 0; i < job->n; i++) {
-            const lora_matrix_t *m[4];
-            float scale;
-            for (int64_t t = t0; t < t1; t++) m[t - t0] = token_lora(s, t, job->target[i], &scale);
-            for (int64_t t = t0; t < t1;) {
-                if (!m[t - t0]) { t++; continue; }
-                const lora_matrix_t *mt = m[t - t0];
-                const float *x[4];
-                int nx = 0;
-                while (t + nx < t1 && m[t + nx - t0] == mt) { x[nx] = job->x + (t + nx) * in; nx++; }
-                float v[4];
-                for (int r = 0; r < mt->rank; r++) {
-                    lora_dots(mt->a + (size_t)r * in, x, nx, in, v);
-                    for (int k = 0; k < nx; k++) s->c->lora_ax[((size_t)(t + k) * 3 + i) * R + r] = v[k];
-                }
-                t += nx;
+    for (int64_t item = begin; item < end; item++) {
+        int i = (int)(item % job->n);
+        int64_t t0 = item / job->n * 4, t1 = t0 + 4 < s->ntok ? t0 + 4 : s->ntok;
+        const lora_matrix_t *m[4];
+        float scale;
+        for (int64_t t = t0; t < t1; t++) m[t - t0] = token_lora(s, t, job->target[i], &scale);
+        for (int64_t t = t0; t < t1;) {
+            const lora_matrix_t *mt = m[t - t0];
+            if (!mt) { t++; continue; }
+            const float *x[4];
+            int nx = 0;
+            while (t + nx < t1 && m[t + nx - t0] == mt) { x[nx] = job->x + (t + nx) * in; nx++; }
+            float v[4];
+            for (int r = 0; r < mt->rank; r++) {
+                lora_dots(mt->a + (size_t)r * in, x, nx, in, v);
+                for (int k = 0; k < nx; k++) s->c->lora_ax[((size_t)(t + k) * 3 + i) * R + r] = v[k];
             }
+            t += nx;
         }
     }
 }
@@ -144,7 +150,7 @@ void lora_job_add(lora_job_t *job, int target, int row0, int rows) {
 
 void stage_lora_down(context_t *c, stage_t *s, const lora_job_t *job) {
     s->lora_job = job;
-    stage_run(c, STAGE_LORA, (s->ntok + 3) / 4, 1, lora_down_fn, s);
+    stage_run(c, STAGE_LORA, (int64_t)(s->ntok + 3) / 4 * job->n, 1, lora_down_fn, s);
 }
 
 void stage_lora(context_t *c, stage_t *s, const lora_job_t *job) {
