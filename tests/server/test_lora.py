@@ -65,6 +65,9 @@ def test_every_way_of_choosing_an_adapter_gives_its_output(client, lora_server):
     whisper, _ = chat(client, f"{base}:whisper")
     assert len({plain, shout, whisper}) == 3, "each adapter changes the greedy answer"
     assert chat(client, "shout")[0] == shout                                   # the adapter's own name (vLLM)
+    chunks = client.chat.completions.create(model=f"{base}:shout", messages=QUESTION, max_tokens=16, temperature=0,
+                                            stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == shout
     assert chat(client, base, lora=[{"name": "shout", "scale": 1.0}])[0] == shout
     assert chat(client, base, lora=[{"id": 1}])[0] == whisper                  # ids in the setting's order
     assert chat(client, f"{base}:shout", lora=[{"name": "shout", "scale": 0.0}])[0] == plain
