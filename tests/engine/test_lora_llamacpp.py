@@ -1,5 +1,5 @@
 """A GGUF adapter written as llama.cpp's convert_lora_to_gguf.py writes it, run by llama.cpp itself
-(`llama-server -m BASE --lora-scaled ADAPTER SCALE`) and by inferd on the same tiny base GGUF: the log-probabilities
+(`llama-server -m BASE --lora-scaled ADAPTER:SCALE`) and by inferd on the same tiny base GGUF: the log-probabilities
 agree as the base models' do (tests/engine/test_llamacpp_tiny.py's comparison and tolerances), and the adapter
 moves them far more than that. Skipped when llama.cpp is not built."""
 
@@ -35,7 +35,7 @@ def test_gguf_adapter_matches_llama_cpp(llama_server, tmp_path, name):
     prompt = np.random.default_rng(3).integers(3, cfg.vocab_size, PROMPT_LEN).tolist()
     token_bytes = lambda t: model.tokenizer.token_bytes(t, False)  # noqa: E731
     theirs, steps = llama_cpp_greedy(llama_server, path, prompt, tmp_path / "llama-server.log", token_bytes,
-                                     ("--lora-scaled", str(adapter_path), str(scale)))
+                                     ("--lora-scaled", f"{adapter_path}:{scale}"))
     assert sum(s is not None for s in steps) >= GENERATE // 2
 
     eng = Engine(model, num_kv_blocks=4, max_batch_tokens=256, max_seqs=2, threads=2, max_logits_rows=256)
