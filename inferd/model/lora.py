@@ -235,7 +235,7 @@ def _load_peft(path: Path, config: ModelConfig) -> Adapter:
             cfg_path, f"modules_to_save {lcfg['modules_to_save']} (trained copies of base weights) are not supported"
         )
     try:
-        alpha = float(lcfg.get("lora_alpha", lcfg.get("r", 8)) or 0)
+        alpha = float(lcfg.get("lora_alpha", 8) or 0)  # PEFT's default when a config leaves it out
         rslora = bool(lcfg.get("use_rslora", False))
         alpha_pattern = {str(k): float(v) for k, v in (lcfg.get("alpha_pattern") or {}).items()}
     except (TypeError, ValueError) as err:
