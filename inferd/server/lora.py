@@ -54,7 +54,10 @@ async def load_adapters(state: Any, engine: Any, model: Any) -> None:
     if not getattr(engine, "supports_lora", False):
         raise ValueError("LoRA adapters (lora_adapters) run on the CPU engine only (device = cpu)")
     loop = asyncio.get_running_loop()
+    base_names = {state.settings.served_model_name or model.model_name, state.settings.model}
     for name, path in adapters.items():
+        if name in base_names:
+            raise ValueError(f"lora_adapters: the adapter name {name!r} is the base model's")
         adapter = await loop.run_in_executor(None, load_adapter, path, model.config)
         index = engine.add_adapter(adapter)
         fingerprint = await loop.run_in_executor(None, adapter.fingerprint)
