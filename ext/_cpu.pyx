@@ -588,7 +588,7 @@ cdef class Model:
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route")
+               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora")
 
 
 FORWARD_ERRORS = {
@@ -601,6 +601,7 @@ FORWARD_ERRORS = {
     FORWARD_BAD_SAMPLE_PARAMS: "sampling parameters point outside the history or logit-bias arrays",
     FORWARD_BAD_MASK_ROW: "a row's mask_row outside token_masks",
     FORWARD_BAD_BLOCK_KIND: "a layer block of a kind this build does not run",
+    FORWARD_BAD_LORA: "a sequence's adapter outside the step's adapters or of another model",
 }
 
 
@@ -756,11 +757,14 @@ cdef class Context:
     def forward(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
                 int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask,
                 cnp.ndarray params, int32_t[::1] history, int32_t[::1] bias_ids, float[::1] bias_values,
-                bint want_logits=False, bint want_hidden=False, token_masks=None):
+                bint want_logits=False, bint want_hidden=False, token_masks=None, list loras=None,
+                lora_of_seq=None, lora_scale_of_seq=None):
         """Returns (samples, logits or None, hidden or None). `params`: num_out SAMPLE_PARAMS_DTYPE records, whose
         history and bias ranges must lie inside `history` and `bias_ids` (inferd/engine/engine.py builds them).
         token_masks: None or (num_masks, mask_words(vocab)) allowed-token bitmasks; a row whose record has
-        mask_row >= 0 samples under that mask (token -1 when it allows nothing). samples is a dict of arrays:
+        mask_row >= 0 samples under that mask (token -1 when it allows nothing). loras: the LoraAdapters of this
+        model the step uses, lora_of_seq each sequence's index into them (-1: none) and lora_scale_of_seq the
+        scale it applies its adapter with. samples is a dict of arrays:
         token, logprob, top_ids, top_logprobs (top entries past the number of allowed tokens are id -1)."""
         cdef int T = token_ids.shape[0], n_out = out_rows.shape[0], i, rc
         if positions.shape[0] != T or seq_of_token.shape[0] != T or sample_mask.shape[0] != n_out:
@@ -798,6 +802,7 @@ cdef class Context:
             if masks.shape[0]:
                 b.token_masks = &masks[0, 0]
                 b.num_masks = masks.shape[0]
+        cdef lora_adapter_t *lora_table = NULL
         cdef sample_out_t *so = <sample_out_t *>calloc(max(n_out, 1), sizeof(sample_out_t))
         if so == NULL:
             raise MemoryError("cannot allocate the step's sample records")
@@ -806,6 +811,10 @@ cdef class Context:
         cdef float[:, ::1] lv
         cdef float[:, :, ::1] hv
         try:
+            if loras:
+                lora_of_seq = np.ascontiguousarray(lora_of_seq, dtype=np.int32)
+                lora_scale_of_seq = np.ascontiguousarray(lora_scale_of_seq, dtype=np.float32)
+                fill_batch_lora(&b, self.c, loras, lora_of_seq, lora_scale_of_seq, &lora_table)
             if n_out:
                 b.out_rows = &out_rows[0]
                 b.sample_mask = &sample_mask[0]
@@ -828,6 +837,7 @@ cdef class Context:
             return samples, logits, hidden
         finally:
             free(so)
+            free(lora_table)
 
     def final_hidden(self, int32_t[::1] token_ids, int32_t[::1] positions, int32_t[::1] seq_of_token,
                      int32_t[:, ::1] block_tables):
@@ -984,3 +994,4 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None,
 
 include "encoder.pxi"
 include "moe.pxi"
+include "lora.pxi"

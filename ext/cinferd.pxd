@@ -181,6 +181,25 @@ cdef extern from "inferd.h" nogil:
     int model_init_rope(model_t *m)
     void rope_frequencies_c "rope_frequencies"(const model_config_t *c, double theta, int llama3, double *freqs)
 
+    enum:
+        LORA_Q
+        LORA_K
+        LORA_V
+        LORA_O
+        LORA_GATE
+        LORA_UP
+        LORA_DOWN
+        LORA_TARGETS
+    ctypedef struct lora_matrix_t:
+        const float *a
+        const float *bt
+        int rank, out
+        float scale
+    ctypedef struct lora_adapter_t:
+        int n_layers
+        int max_rank
+        const lora_matrix_t *m
+
     ctypedef struct batch_t:
         int num_tokens, num_seqs
         const int32_t *token_ids
@@ -203,6 +222,10 @@ cdef extern from "inferd.h" nogil:
         sample_out_t *samples
         float *hidden_out
         float *final_out
+        const lora_adapter_t *loras
+        int num_loras
+        const int32_t *lora_of_seq
+        const float *lora_scale_of_seq
     enum:
         NUM_STAGES
     ctypedef struct context_t:
@@ -219,6 +242,7 @@ cdef extern from "inferd.h" nogil:
     context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                                  int kv_dtype)
     void context_free(context_t *c)
+    int context_reserve_lora(context_t *c, int max_rank)
     ctypedef enum forward_status_t:
         FORWARD_OK
         FORWARD_BAD_SIZE
@@ -230,6 +254,7 @@ cdef extern from "inferd.h" nogil:
         FORWARD_BAD_SAMPLE_PARAMS
         FORWARD_BAD_MASK_ROW
         FORWARD_BAD_BLOCK_KIND
+        FORWARD_BAD_LORA
     int forward(context_t *c, const batch_t *b)
     enum:
         KV_IO_OK

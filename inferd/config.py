@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tomllib
 from typing import Annotated, Any
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,9 @@ CUDA_KV = ("f16", "bf16")
 KV_CACHE_DTYPES = ("f16", "q8_0")
 CUDA_GEMMS = ("cublas", "own")
 # short options shared by every command that takes the setting
-SHORT_FLAGS = {"model": "-m", "threads": "-t"}
+SHORT_FLAGS = {"model": "-m", "threads": "-t", "lora_adapters": "--lora"}
 
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # an adapter's name, as requests spell it
 PosInt = Annotated[int, Meta(ge=1)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 NonNegFloat = Annotated[float, Meta(ge=0)]
@@ -55,6 +57,7 @@ class ModelSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     generation_config: str = ""
     override_generation_config: str = ""
     pinned: bool = False  # loaded at start-up, never unloaded when idle nor evicted for another model
+    lora_adapters: dict[str, str] = {}  # this model's adapters, as the one-model daemon's setting of that name
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -67,6 +70,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rerank_model: str = ""
     pooling: str = "none"
     rerank_prompt: str = "none"
+    lora_adapters: dict[str, str] = {}
     # many models in one daemon (models_dir and/or [models.NAME] tables; empty: the one `model`)
     models_dir: str = ""
     models: dict[str, ModelSpec] = {}
@@ -144,6 +148,17 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        for name, path in self.lora_adapters.items():
+            if not LORA_NAME.fullmatch(name) or not path:
+                raise ValueError(
+                    f"lora_adapters: {name!r} = {path!r}: a name of letters, digits, '.', '_' or '-' and a path are "
+                    f"needed"
+                )
+        if self.lora_adapters and self.many_models:
+            raise ValueError(
+                "lora_adapters are the one model's; in a many-model daemon give each model its own in its "
+                '[models.NAME] table (lora_adapters = {name = "path"})'
+            )
         if self.override_generation_config.strip():
             parse_overrides(self.override_generation_config)
         self.template_defaults()
@@ -185,12 +200,19 @@ DOCS: dict[str, str] = {
         "Let the chat model embed too at /v1/embeddings: last or mean pooling of its final hidden state, "
         "L2-normalized; none: chat only."
     ),
+    "lora_adapters": (
+        "LoRA adapters of the chat model by name, each a PEFT folder or a llama.cpp adapter GGUF: NAME=PATH (TOML: a "
+        'table {name = "path"}; option --lora NAME=PATH, repeated). Requests choose one with model "base:NAME" or '
+        "a lora field."
+    ),
     "models_dir": "A folder of models to serve from one daemon, each GGUF file (or model folder) under the name of "
     "its file stem, loaded on the first request that names it; empty: serve `model` alone.",
     "models": "One [models.NAME] table per model to serve by NAME (path, aliases, threads, max_model_len, "
-    "kv_cache_mib, num_kv_blocks, kv_cache_dtype, quantize, generation_config, override_generation_config, pinned); "
+    "kv_cache_mib, num_kv_blocks, kv_cache_dtype, quantize, generation_config, override_generation_config, pinned, "
+    "lora_adapters); "
     "a table without a path sets the options of the models_dir file of that name. Env/flag: a JSON object.",
-    "aliases": "More names for the models of models_dir and [models], as {alias = name}. Env/flag: a JSON object.",
+    "aliases": "More names for the models of models_dir and [models], as {alias = name}. Env/flag: a JSON object "
+    "or alias=name pairs.",
     "idle_unload_s": "Unload a model no request has used for this many seconds (Ollama's keep_alive overrides it "
     "per request); 0 keeps models loaded until the memory budget needs the room. Pinned models stay.",
     "memory_budget_mib": "Most MiB the loaded models may take together (weights as in their files plus each KV "
@@ -314,14 +336,22 @@ def _python_type(t: Any) -> type:
 def _parse_text(name: str, text: str, source: str) -> Any:
     """A setting's value from a string (environment variable or command-line option)."""
     t = field_types()[name]
-    if _is_dict(t):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{source}: expected a JSON object: {e}") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {text!r}")
-        return value
+    if _is_dict(t):  # a JSON object, or NAME=VALUE pairs, comma-separated
+        if text.lstrip().startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{source}: expected a JSON object: {e}") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: expected a JSON object, got {text!r}")
+            return value
+        out = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip() or not value.strip():
+                raise ConfigError(f"{source}: expected a JSON object or NAME=VALUE, got {part!r}")
+            out[key.strip()] = value.strip()
+        return out
     if _is_list(t):
         return [part.strip() for part in text.split(",") if part.strip()]
     if _is_bool(t):
@@ -384,6 +414,10 @@ def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None =
         flags = ["--" + name.replace("_", "-")] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
         default = getattr(defaults, name)
         shown = ",".join(default) if isinstance(default, list) else default
+        if _is_dict(t):  # repeatable: --lora a=PATH --lora b=PATH; or a JSON object
+            dict_help = f"{DOCS[name]} (env {ENV_PREFIX}{name.upper()}=NAME=VALUE,...)".replace("%", "%%")
+            parser.add_argument(*flags, dest=name, metavar="NAME=VALUE", action="append", default=None, help=dict_help)
+            continue
         help_text = f"{DOCS[name]} (default: {shown!r}; env {ENV_PREFIX}{name.upper()})".replace("%", "%%")
         if _is_bool(t):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -406,6 +440,11 @@ def load_settings(args: argparse.Namespace | None = None, env: Mapping[str, str]
             if value is None:
                 continue
             flag = "--" + name.replace("_", "-")
+            if isinstance(value, list) and _is_dict(field_types()[name]):  # a repeated option's objects, merged
+                merged[name] = {k: v for text in value for k, v in _parse_text(name, text, flag).items()}
+                continue
+            if isinstance(value, list):  # a repeated option's values
+                value = ",".join(value)
             merged[name] = value if isinstance(value, bool) else _parse_text(name, value, flag)
     try:
         return msgspec.convert(merged, Settings)

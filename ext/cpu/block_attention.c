@@ -215,6 +215,14 @@ void attention_block(context_t *c, stage_t *s, const block_t *B) {
     s->block = B;
     stage_prepare_input(c, s, c->x, cfg->dim, B->norm, &A->wqkv);                           /* rmsnorm(x) */
     stage_matmul(c, STAGE_QKV, s, &A->wqkv, c->qkv, 0);                                   /* qkv = Wqkv xn */
+    if (s->lora) {                                               /* qkv += scale B (A xn) for the adapted tokens */
+        lora_job_t job;
+        lora_job_init(&job, c->xn, cfg->dim, c->qkv, Q_DIM(cfg) + 2 * KV_DIM(cfg));
+        lora_job_add(&job, LORA_Q, 0, Q_DIM(cfg));
+        lora_job_add(&job, LORA_K, Q_DIM(cfg), KV_DIM(cfg));
+        lora_job_add(&job, LORA_V, Q_DIM(cfg) + KV_DIM(cfg), KV_DIM(cfg));
+        stage_lora(c, s, &job);
+    }
     if (A->qk_norm_full) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, qk_norm_full_fn, s);     /* (no bias with it) */
     if (!s->fused_rope) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, rope_kv_fn, s);         /* rope, cache k and v */
     if (s->segments > 1)
@@ -222,5 +230,5 @@ void attention_block(context_t *c, stage_t *s, const block_t *B) {
     stage_run(c, STAGE_ATTENTION, s->attn_items, s->attn_chunk, s->segments > 1 ? attention_split_fn : attention_fn,
               s);
     stage_set_input(s, c->xn, Q_DIM(cfg), c->xq);                          /* the attention items quantized it */
-    stage_matmul_residual(c, STAGE_WO, s, &A->wo, B->post_norm);                         /* x += Wo attn */
+    stage_matmul_residual(c, STAGE_WO, s, &A->wo, B->post_norm, LORA_O);                         /* x += Wo attn */
 }

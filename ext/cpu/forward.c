@@ -104,7 +104,7 @@ void stage_set_input(stage_t *s, const float *in, int in_dim, const block_q8x *x
 void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma,
                          const weight_t *reader) {
     s->in = in; s->in_dim = in_dim; s->gamma = gamma; s->xq = c->xq;
-    s->out = weight_is_quantized(reader->type) ? NULL : c->xn;
+    s->out = weight_is_quantized(reader->type) && !s->lora ? NULL : c->xn;   /* adapters read the floats */
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
@@ -113,9 +113,17 @@ void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int i
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
-void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm) {
-    if (!post_norm) { stage_matmul(c, stage, s, w, c->x, 1); return; }
-    stage_matmul(c, stage, s, w, c->y, 0);
+void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm,
+                           int lora_target) {
+    float *y = post_norm ? c->y : c->x;
+    stage_matmul(c, stage, s, w, y, !post_norm);
+    if (s->lora && lora_target >= 0) {                         /* y += scale B (A in) for the adapted tokens */
+        lora_job_t job;
+        lora_job_init(&job, s->in, s->in_dim, y, w->rows);
+        lora_job_add(&job, lora_target, 0, w->rows);
+        stage_lora(c, s, &job);
+    }
+    if (!post_norm) return;
     s->post_gamma = post_norm;
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, post_norm_add_fn, s);
 }
@@ -144,7 +152,7 @@ static int check_batch(const context_t *c, const batch_t *b) {
             return FORWARD_BAD_SAMPLE_PARAMS;
         if (b->token_masks && b->sample_mask[i] && p->mask_row >= b->num_masks) return FORWARD_BAD_MASK_ROW;
     }
-    return FORWARD_OK;
+    return lora_check_batch(c, b);
 }
 
 /* one layer: its blocks in order, each x += block(x) */
@@ -169,7 +177,7 @@ int forward(context_t *c, const batch_t *b) {
     int rc = check_batch(c, b);
     if (rc) return rc;
     int T = b->num_tokens, dim = cfg->dim;
-    stage_t s = {.c = c, .b = b, .ntok = T};
+    stage_t s = {.c = c, .b = b, .ntok = T, .lora = batch_has_lora(b)};
     attention_plan(c, b, &s);                            /* the step's attention items, for every layer */
 
     stage_run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                 /* x = embed(tokens) */
@@ -270,5 +278,6 @@ void context_free(context_t *c) {
     free(c->attn_parts); free(c->attn_pending);
     free(c->sample_scratch);
     moe_scratch_free(c);
+    free(c->lora_ax);
     free(c);
 }

@@ -8,6 +8,18 @@
 #define Q_DIM(c) ((c)->n_heads * (c)->head_dim)
 #define KV_DIM(c) ((c)->n_kv_heads * (c)->head_dim)
 
+/* An adapted matmul's LoRA work (lora.c): up to three targets (Wq|Wk|Wv's), each landing in rows
+ * [row0, row0 + rows) of y */
+typedef struct {
+    int n;
+    int target[3], row0[3], rows[3];
+    int items_before[4];     /* the B stage's output rows before each target's, in whole items */
+    const float *x;          /* (ntok, in_dim) the matmul's input in floats */
+    int in_dim;
+    float *y;                /* (ntok, ldy) its output */
+    int ldy;
+} lora_job_t;
+
 /* A parallel stage's arguments: each stage is fn(arg, begin, end, thread) over items. */
 typedef struct {
     context_t *c;
@@ -29,6 +41,9 @@ typedef struct {
     int fused_rope;                      /* attention items do their tokens' RoPE and K/V writes too */
     int segments;                        /* attention: key segments per item of a split decode step, or 1 */
     int64_t attn_items, attn_chunk;      /* attention items, and how many a thread claims at once */
+    int lora;                            /* some sequence of the batch has an adapter: the matmuls' inputs are
+                                          * kept in floats for it */
+    const lora_job_t *lora_job;          /* the adapted matmul being run */
 } stage_t;
 
 /* one parallel region over n items; with profiling on, its wall time is added to the stage's total */
@@ -42,8 +57,23 @@ void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, 
                          const weight_t *reader);
 /* the same, with xn = rmsnorm(in) kept in floats whatever the readers (the MoE router and shared gate read them) */
 void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma);
-/* x += W in, or, with a post-norm (sandwich norms), x += rmsnorm(W in) */
-void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm);
+/* x += W in, or, with a post-norm (sandwich norms), x += rmsnorm(W in); the adapters' `lora_target` product (of
+ * in, the floats) added to W in first when the batch has adapters (-1: none) */
+void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm,
+                           int lora_target);
+
+/* LoRA (lora.c). A job is its input and output, then its targets added one by one. */
+int batch_has_lora(const batch_t *b);
+int lora_check_batch(const context_t *c, const batch_t *b);   /* FORWARD_OK or FORWARD_BAD_LORA */
+void lora_job_init(lora_job_t *job, const float *x, int in_dim, float *y, int ldy);
+void lora_job_add(lora_job_t *job, int target, int row0, int rows);
+/* y += scale B (A x) for every adapted token: A x, then the B rows */
+void stage_lora(context_t *c, stage_t *s, const lora_job_t *job);
+/* A x only, for a stage that adds the rows itself with lora_add_rows (the gated FFN's gate|up) */
+void stage_lora_down(context_t *c, stage_t *s, const lora_job_t *job);
+/* rows [row_begin, row_end) (at most 32) of the job's target i, for every adapted token t, added to
+ * y[t * ldy + row - row_begin] */
+void lora_add_rows(const stage_t *s, const lora_job_t *job, int i, int row_begin, int row_end, float *y, int ldy);
 
 /* the blocks a layer is made of: each x += block(x) over the batch's tokens (block_attention.c, block_ffn.c,
  * block_moe.c) */

@@ -326,6 +326,23 @@ typedef struct {
 int model_init_rope(model_t *m);
 void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs);   /* (head_dim/2) */
 
+/* ---- LoRA adapters (lora.c) ----
+ * An adapter adds scale * B (A x) to the output of some of a layer's matmuls, for the tokens of the sequences
+ * that use it: A (rank, in) and B (out, rank) in f32, beside the base weights, never merged into them. Its
+ * matrices by (layer, target); a target the adapter leaves alone has a = NULL. */
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
+typedef struct {
+    const float *a;                    /* A (rank, in), or NULL */
+    const float *bt;                   /* B transposed: (rank, out) */
+    int rank, out;
+    float scale;                       /* the adapter's own: alpha / rank */
+} lora_matrix_t;
+typedef struct {
+    int n_layers;
+    int max_rank;                      /* the largest rank of its matrices */
+    const lora_matrix_t *m;            /* (n_layers, LORA_TARGETS) */
+} lora_adapter_t;
+
 /* A flat batch: tokens of several sequences, prefill chunks and decode tokens mixed. */
 typedef struct {
     int num_tokens, num_seqs;
@@ -349,11 +366,17 @@ typedef struct {
     float *hidden_out;                 /* (n_layers + 1, num_tokens, dim) or NULL: for tests */
     float *final_out;                  /* (num_tokens, dim) or NULL: every row after the final norm (a chat
                                         * model's embeddings: pooled by the caller) */
+    /* LoRA: each sequence's adapter (an index into loras, -1 for none) and the request's scale of it; NULL
+     * lora_of_seq: no sequence has one */
+    const lora_adapter_t *loras;       /* (num_loras) */
+    int num_loras;
+    const int32_t *lora_of_seq;        /* (num_seqs) */
+    const float *lora_scale_of_seq;    /* (num_seqs) */
 } batch_t;
 
 /* stages of a step, for the optional profile */
 enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP_SWIGLU,
-       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, NUM_STAGES };
+       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, STAGE_LORA, NUM_STAGES };
 
 typedef struct {
     const model_t *model;
@@ -386,6 +409,8 @@ typedef struct {
     void *sample_scratch;              /* (threads, vocab * 8 bytes) */
     kernel_config_t kernels;           /* this context's matmul kernel settings */
     struct moe_scratch *moe;           /* the mixtures of experts' buffers (block_moe.c), or NULL for a dense model */
+    float *lora_ax;                    /* (max_tokens, 3 lora_rank) A x of up to three adapter matrices per token */
+    int lora_rank;                     /* the largest adapter rank lora_ax holds (context_reserve_lora) */
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
@@ -393,6 +418,8 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
 context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                              int kv_dtype);
 void context_free(context_t *c);
+/* room for adapters of rank up to max_rank in the context's scratch: 0, or -1 out of memory */
+int context_reserve_lora(context_t *c, int max_rank);
 /* forward()'s result: FORWARD_OK, or the first thing its guard found out of range in the batch. The guard keeps
  * memory safe for any caller; inferd/engine/batch.py validates a step's inputs with messages before this. */
 typedef enum {
@@ -406,6 +433,7 @@ typedef enum {
     FORWARD_BAD_SAMPLE_PARAMS = -7, /* a history or logit-bias range outside its array, or too many top logprobs */
     FORWARD_BAD_MASK_ROW = -8,      /* a sampled row's mask_row past num_masks (token_masks given) */
     FORWARD_BAD_BLOCK_KIND = -9,    /* a layer holds a block kind this build does not run */
+    FORWARD_BAD_LORA = -10,         /* a sequence's adapter outside loras, of another model, or of a rank not reserved */
 } forward_status_t;
 int forward(context_t *c, const batch_t *b);
 

@@ -108,6 +108,7 @@ class EngineShape:
     """What both engines were sized for, and the check of a step against it."""
 
     block_size = BLOCK_SIZE
+    supports_lora = False  # SeqInput.lora (the CPU engine's add_adapter)
 
     def __init__(
         self,

@@ -43,6 +43,7 @@ def physical_cores() -> int:
 
 class Engine(EngineShape):
     supports_token_masks = True  # SeqInput.allowed: the C sampler applies a grammar's mask
+    supports_lora = True  # SeqInput.lora: adapters added with add_adapter
 
     def __init__(
         self,
@@ -72,6 +73,21 @@ class Engine(EngineShape):
         )
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
+        self._loras: list[_cpu.LoraAdapter] = []  # each adapter's A and B once, whatever uses it
+
+    def add_adapter(self, adapter) -> int:
+        """Makes a LoRA adapter (inferd.model.lora.Adapter, read for this model) available to SeqInput.lora;
+        returns its index. Its matrices are held once in f32 beside the base weights, which stay as they are."""
+        self._loras.append(_cpu.LoraAdapter(self._model, adapter.matrices))
+        return len(self._loras) - 1
+
+    @property
+    def num_adapters(self) -> int:
+        return len(self._loras)
+
+    @property
+    def adapter_bytes(self) -> int:
+        return sum(a.nbytes for a in self._loras)
 
     def step(self, seqs: list[SeqInput], *, want_hidden: bool = False):
         """Runs one forward pass over all sequences and samples. Raises ValueError on a bad batch."""
@@ -79,6 +95,18 @@ class Engine(EngineShape):
             return []
         b = self.flatten(seqs)
         params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
+        lora: dict = {}
+        if any(s.lora >= 0 for s in seqs):
+            bad = [i for i, s in enumerate(seqs) if not -1 <= s.lora < len(self._loras)]
+            if bad:
+                raise ValueError(
+                    f"sequence {bad[0]}: LoRA adapter {seqs[bad[0]].lora} (the engine has {len(self._loras)})"
+                )
+            lora = {
+                "loras": self._loras,
+                "lora_of_seq": np.array([s.lora for s in seqs], np.int32),
+                "lora_scale_of_seq": np.array([s.lora_scale for s in seqs], np.float32),
+            }
         samples, logits, hidden = self._ctx.forward(
             b.tokens,
             b.positions,
@@ -93,6 +121,7 @@ class Engine(EngineShape):
             any(s.want_logits for s in seqs),
             want_hidden,
             token_masks=masks,
+            **lora,
         )
         vocab = self.vocab_size
 

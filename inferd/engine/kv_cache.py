@@ -53,6 +53,7 @@ class _SeqBlocks:
     # hashes of the sequence's first len(block_hashes) full blocks, all registered in the cache (or already
     # present there under the same hash, computed by someone else)
     block_hashes: list[bytes] = field(default_factory=list)
+    root: bytes | None = None  # the parent of the first block's hash (a LoRA adapter's K/V hash apart)
 
 
 class BlockSource(Protocol):
@@ -140,21 +141,25 @@ class KVCacheManager:
 
     # ---- sequence lifecycle --------------------------------------------------------------------------
 
-    def match_prefix(self, seq_id: object, token_ids: Sequence[int], max_cached_tokens: int) -> int:
+    def match_prefix(
+        self, seq_id: object, token_ids: Sequence[int], max_cached_tokens: int, root: bytes | None = None
+    ) -> int:
         """Start `seq_id`'s block table with the cached blocks of the longest cached prefix of `token_ids`.
 
         Returns the number of positions already computed (a multiple of block_size, at most
         max_cached_tokens). Callers pass len(prompt) - 1 as the cap so that at least one token is run and
-        its logits sampled. The hit blocks are referenced by the sequence from now on.
+        its logits sampled. The hit blocks are referenced by the sequence from now on. `root`: the parent of
+        the first block's hash, for sequences whose K/V differ for the same tokens (a LoRA adapter's); None for
+        the base model's.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
-        seq = _SeqBlocks()
+        seq = _SeqBlocks(root=root)
         self._seqs[seq_id] = seq
         self.prefix_queries += len(token_ids)
         if not self.enable_prefix_caching:
             return 0
-        parent: bytes | None = None
+        parent = root
         bs = self.block_size
         self._tick += 1
         for i in range(min(len(token_ids), max_cached_tokens) // bs):
@@ -208,7 +213,7 @@ class KVCacheManager:
         seq = self._seqs[seq_id]
         bs = self.block_size
         num_full = min(num_computed, len(token_ids)) // bs
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        parent = seq.block_hashes[-1] if seq.block_hashes else seq.root
         for i in range(len(seq.block_hashes), num_full):
             h = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             block_id = seq.block_table[i]

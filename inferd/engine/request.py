@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from inferd.engine.speculative import AcceptanceGate, PromptLookup, accept
-from inferd.engine.types import RequestStatus, SamplingParams
+from inferd.engine.types import LoraUse, RequestStatus, SamplingParams
 
 
 class FinishReason(str, enum.Enum):
@@ -40,6 +40,7 @@ class Request:
     speculative: bool | None = None  # prompt-lookup speculative decoding; None: the server's setting
     constraint: Any = None  # engine.constraints.Constraint: a grammar every choice must follow
     shown_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool-call markers)
+    lora: LoraUse | None = None  # the LoRA adapter the request runs with
 
     def length_error(self, max_model_len: int) -> str | None:
         """Why this request can never run in a context of `max_model_len` positions, or None."""

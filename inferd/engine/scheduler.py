@@ -183,7 +183,9 @@ class Scheduler(Sequences):
             cap = 0  # prompt logprobs need the logits of every prompt position: nothing may be skipped
         else:
             cap = len(st.token_ids) - 1
-        st.num_computed = self.kv.match_prefix(st.key, st.token_ids, cap)
+        # a request with an adapter has K/V of its own: its blocks hash under the adapter's root
+        root = st.request.lora.cache_root if st.request.lora else None
+        st.num_computed = self.kv.match_prefix(st.key, st.token_ids, cap, root)
         if st.num_cached_tokens is None:
             st.num_cached_tokens = st.num_computed
 

@@ -52,6 +52,8 @@ class ScheduledSeq:
             num_prompt=st.num_prompt,
             want_logits=st.wants_prompt_logits,
             allowed=allowed,
+            lora=st.request.lora.index if st.request.lora else -1,
+            lora_scale=st.request.lora.scale if st.request.lora else 1.0,
         )
 
 

@@ -4,6 +4,8 @@ extension, so the scheduler, the protocol and their tests run without a compiler
 from __future__ import annotations
 
 import enum
+import hashlib
+import struct
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
@@ -50,6 +52,27 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
+@dataclass(frozen=True)
+class LoraUse:
+    """A request's LoRA adapter: the engine's index of it, the scale the request applies it with (times the
+    adapter's alpha / rank), and the adapter's identity ("name\0digest of its matrices"), under which the prefix
+    cache keeps the K/V it computes apart from the base model's and other adapters'."""
+
+    index: int
+    scale: float = 1.0
+    identity: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.identity.partition("\0")[0]
+
+    @property
+    def cache_root(self) -> bytes:
+        h = hashlib.blake2b(b"lora\0" + self.identity.encode(), digest_size=16)
+        h.update(struct.pack("<d", self.scale))
+        return h.digest()
+
+
 @dataclass
 class SeqInput:
     """One sequence's part of a step."""
@@ -64,6 +87,8 @@ class SeqInput:
     want_logits: bool = False  # return the logits of every token in token_ids
     # the grammar's allowed tokens for the sampled row (num_sampled 1): packed uint32 bits, (vocab + 31) // 32
     allowed: np.ndarray | None = None
+    lora: int = -1  # the engine's LoRA adapter (Engine.add_adapter's index) this sequence runs with; -1: none
+    lora_scale: float = 1.0  # times the adapter's own alpha / rank
 
 
 @dataclass

@@ -126,6 +126,7 @@ def model_settings(base: Settings, name: str, path: str, spec: ModelSpec, thread
         models_dir="",
         models={},
         aliases={},
+        lora_adapters=spec.lora_adapters,
         # the companions of a single-model daemon stay with it
         embedding_model="",
         rerank_model="",

@@ -26,6 +26,7 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
     from inferd.engine.device import build_engine
     from inferd.engine.loop import EngineLoop
     from inferd.engine.scheduler import Scheduler
+    from inferd.server.lora import load_adapters
     from inferd.server.metrics import Metrics
     from inferd.text.chat import ChatTemplate
 
@@ -34,6 +35,7 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
     state.model = model
     engine = await loop.run_in_executor(None, build_engine, model, s)
     state.engine = engine
+    await load_adapters(state, engine, model)  # the lora_adapters setting's, before any request
     tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
     state.served_model_name = s.served_model_name or model.model_name
     state.sampling_defaults = resolve_sampling(s.generation_config, model.sampling, s.override_generation_config)

@@ -32,8 +32,9 @@ from inferd.engine.constraints import Constraint
 from inferd.engine.loop import QueueFull, SchedulerStopped
 from inferd.engine.mailbox import RequestHandle
 from inferd.engine.request import Request
-from inferd.engine.types import SamplingParams
+from inferd.engine.types import LoraUse, SamplingParams
 from inferd.server.choices import Choice, Generation
+from inferd.server.lora import request_lora, split_model, unknown_adapter
 from inferd.server.protocol import Limits, ProtocolError, decode
 from inferd.server.sse import json_response, sse_event, start_stream
 from inferd.server.apis.ollama.request import keep_alive_seconds
@@ -76,6 +77,7 @@ class Rendered(Generic[C]):
     speculative: bool | None = None  # None: the server's setting
     constraint: Constraint | None = None  # the grammar every choice follows
     shown_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool-call markers)
+    lora: LoraUse | None = None  # the LoRA adapter every choice runs with (the request's model or lora field)
 
 
 class ApiRequest(Protocol):
@@ -140,7 +142,9 @@ class Api(Generic[R, C]):
                     return json_response(answer)
             async with use_model(request.app, name, keep_alive(req)) as state:
                 check_model(state, req.model)
+                lora = request_lora(state, req.model, getattr(req, "lora", None))
                 rendered = await self.render(state, req)
+                rendered.lora = lora
                 gen = await generate(state, self.id_prefix, rendered)
                 return await respond(request, gen, self.encoder(gen, req, rendered), req.stream)
         except ProtocolError as e:
@@ -165,7 +169,11 @@ def limits(state: ServerState) -> Limits:
 
 
 def check_model(state: ServerState, name: str | None) -> None:
-    if name is not None and name not in state.model_names():
+    served, _ = split_model(state, name)  # the base model, or one of its LoRA adapters
+    if not served:
+        base, sep, adapter = (name or "").rpartition(":")
+        if sep and base in state.model_names():
+            raise unknown_adapter(state, adapter, "model")
         raise ProtocolError(
             f"The model `{name}` does not exist; this server serves `{state.served_model_name}`",
             "model",
@@ -272,6 +280,7 @@ async def generate(state: ServerState, id_prefix: str, r: Rendered[C]) -> Genera
             speculative=r.speculative,
             constraint=r.constraint,
             shown_special=r.shown_special,
+            lora=r.lora,
         )
         for i, ids in enumerate(prompts)
         for j in range(r.n)

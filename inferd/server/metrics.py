@@ -351,8 +351,21 @@ class _StateCollector:
             "Running stats on lora requests.",
             labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters", "model_name"],
         )
-        lora.add_metric(["", "0", "", m.model_name], time.time())
+        running_names, waiting_names = adapters_in_use(s.scheduler) if s else ("", "")
+        max_lora = str(getattr(s.engine, "num_adapters", 0)) if s else "0"
+        lora.add_metric([running_names, max_lora, waiting_names, m.model_name], time.time())
         yield lora
+
+
+def adapters_in_use(scheduler) -> tuple[str, str]:
+    """The LoRA adapters of the running and of the waiting requests, each a comma-separated list of names (vLLM's
+    label values). Copies of the scheduler's queues: it runs in its own thread."""
+
+    def names(states) -> str:
+        found = {st.request.lora.name for st in states if st.request.lora is not None}
+        return ",".join(sorted(found))
+
+    return names(list(scheduler.running)), names(list(scheduler.waiting))
 
 
 class _Merged:

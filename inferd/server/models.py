@@ -129,14 +129,16 @@ class ModelManager:
         return next(iter(self.models.values())) if len(self.models) == 1 else None
 
     def lookup(self, name: str | None) -> Managed:
-        """The model a request's `model` field names (a name, an alias, Ollama's `name:latest`); a 404 otherwise,
+        """The model a request's `model` field names (a name, an alias, Ollama's `name:latest`, `name:ADAPTER`, whose
+        adapter the handler checks); a 404 otherwise,
         whatever the name holds: it is never opened as a path."""
         if name is None or name == "":
             m = self.default_model()
             if m is None:
                 raise ProtocolError(f"model is required; this server serves {self.listing()}", "model")
             return m
-        for candidate in (name, name[: -len(":latest")] if name.endswith(":latest") else None):
+        base, colon, _ = name.partition(":")  # `name:latest` (Ollama's), or `name:ADAPTER` (the model's LoRA adapter)
+        for candidate in (name, base if colon else None):
             if candidate is None:
                 continue
             target = self.aliases.get(candidate, candidate)

@@ -22,6 +22,7 @@ from inferd.server.apis.chat.request import Message, check_messages
 from inferd.server.choices import output_error
 from inferd.server.generation import check_model, check_prompt_len, encode, limits, submit_all
 from inferd.server.protocol import ProtocolError, decode
+from inferd.server.lora import adapter_cards
 from inferd.server.sse import json_response
 from inferd.server.models import manager, use_model
 from inferd.server.state import STATE, ServerState
@@ -90,9 +91,13 @@ async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     models = manager(request.app)
     if models is not None:
-        cards = [models.card(m) for m in models.models.values()]
+        cards = []
+        for m in models.models.values():
+            cards.append(models.card(m))
+            cards += adapter_cards(m.state, cards[-1]) if m.state is not None else []
     else:
         cards = [msgspec.to_builtins(model_card(state))] if state.model is not None else []
+        cards += adapter_cards(state, cards[0]) if cards else []
     return json_response({"object": "list", "data": cards + [e.card() for e in state.embeddings if e.listed]})
 
 
@@ -105,6 +110,10 @@ async def get_model(request: web.Request) -> web.Response:
     models = manager(request.app)
     if models is not None:
         return json_response(models.card(models.lookup(name)))
+    if state.model is not None and name in state.loras:
+        return json_response(
+            adapter_cards(state, msgspec.to_builtins(model_card(state)))[list(state.loras).index(name)]
+        )
     if state.model is None or name not in state.model_names():
         raise ProtocolError(f"The model `{name}` does not exist", "model", status=404, code="model_not_found")
     return json_response(model_card(state))

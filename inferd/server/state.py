@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from inferd.model.loader import LoadedModel
     from inferd.server.apis.responses.store import ResponseStore
     from inferd.server.embedding_service import EmbeddingMetrics, EmbeddingService
+    from inferd.server.lora import ServedAdapter
     from inferd.server.metrics import Metrics
     from inferd.engine.prompt_cache_disk import DiskPromptCache
     from inferd.engine.scheduler_tasks import SchedulerTasks
@@ -51,6 +52,7 @@ class ServerState:
     grammar: GrammarCompiler | None = None  # structured output, tool calls
     responses: ResponseStore | None = None  # the Responses API's stored responses
     served_model_name: str = ""
+    loras: dict[str, ServedAdapter] = field(default_factory=dict)  # the chat model's LoRA adapters by name
     max_model_len: int = 0
     sampling_defaults: SamplingDefaults = LLAMA_CPP  # for the fields a request leaves out
     created: int = field(default_factory=lambda: int(time.time()))

@@ -84,14 +84,14 @@ def ends_characters(token_bytes, tokens: list[int]) -> list[bool]:
 
 
 def llama_cpp_greedy(server: Path, model: Path, prompt: list[int], log: Path,
-                     token_bytes) -> tuple[list[int], list[dict | None]]:
+                     token_bytes, args: tuple[str, ...] = ()) -> tuple[list[int], list[dict | None]]:
     """llama.cpp's greedy continuation of `prompt` (token ids) and, per token, its top-5 log-probabilities, or None
     where llama-server reports none: it leaves out tokens that end inside a UTF-8 character (byte tokens), so its
     probability entries go, in order, to the tokens that end a character."""
     port = free_port()
     with open(log, "w") as out:
         proc = subprocess.Popen([str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
-                                 "-c", "512", "-np", "1", "--no-webui"], stdout=out, stderr=subprocess.STDOUT)
+                                 "-c", "512", "-np", "1", "--no-webui", *args], stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while True:

@@ -89,8 +89,11 @@ def test_tables_from_file_env_and_flag(tmp_path, folder):
     args = build_parser().parse_args(["--models", json.dumps({"beta": {"path": str(folder / "alpha.gguf")}})])
     s = load_settings(args, env)
     assert s.aliases == {"chat": "alpha"} and list(s.models) == ["beta"]
+    assert load_settings(None, {"INFERD_ALIASES": "chat=alpha, code=beta"}).aliases == {"chat": "alpha", "code": "beta"}
+    with pytest.raises(ConfigError, match="INFERD_ALIASES: expected a JSON object or NAME=VALUE"):
+        load_settings(None, {"INFERD_ALIASES": "chat"})
     with pytest.raises(ConfigError, match="INFERD_ALIASES: expected a JSON object"):
-        load_settings(None, {"INFERD_ALIASES": "chat=alpha"})
+        load_settings(None, {"INFERD_ALIASES": '{"chat": '})
     assert not Settings().many_models  # `inferd serve PATH` stays the one-model daemon
 
 

@@ -110,3 +110,17 @@ def test_api_keys_from_file_and_masked_in_description(tmp_path):
     s = load_settings(parse(["--api-key-file", str(tmp_path / "none")]), {})
     with pytest.raises(ConfigError, match="No such file"):
         read_api_keys(s)
+
+
+def test_lora_adapters_from_file_env_and_repeated_option(tmp_path):
+    cfg = tmp_path / "inferd.toml"
+    cfg.write_text('[lora_adapters]\nsql = "/srv/adapters/sql"\n')
+    assert load_settings(parse(["--config", str(cfg)]), {}).lora_adapters == {"sql": "/srv/adapters/sql"}
+    env = {"INFERD_LORA_ADAPTERS": "a=/x/a, b=/x/b.gguf"}
+    assert load_settings(parse([]), env).lora_adapters == {"a": "/x/a", "b": "/x/b.gguf"}
+    s = load_settings(parse(["--lora", "c=/x/c", "--lora-adapters", "d=/x/d"]), env)
+    assert s.lora_adapters == {"c": "/x/c", "d": "/x/d"}     # the command line replaces the environment's
+    with pytest.raises(ConfigError, match="expected a JSON object or NAME=VALUE"):
+        load_settings(parse(["--lora", "nameless"]), {})
+    with pytest.raises(ConfigError, match="a name of letters, digits"):
+        load_settings(parse(["--lora", "a:b=/x"]), {})

@@ -360,3 +360,38 @@ def test_metrics_carry_each_loaded_model_once_per_family(tight):
     memory = {s.labels["model_name"]: s.value for s in families["inferd:model_memory_bytes"].samples}
     assert memory["huge"] >= 64 << 20 and 16 << 20 <= memory["alpha"] < 20 << 20
     assert families["inferd:memory_budget_bytes"].samples[0].value == 40 << 20
+
+
+# ---- a model's own LoRA adapters ---------------------------------------------------------------------------------
+
+
+def test_a_models_table_gives_it_adapters_chosen_as_name_colon_adapter(tmp_path):
+    from inferd.model.loader import load_model
+    from tests.model.make_lora import random_lora, write_peft
+
+    folder = make_folder(tmp_path)
+    cfg = load_model(str(folder / "alpha.gguf")).config
+    shout = write_peft(tmp_path / "shout", random_lora(cfg, 4, targets=("q", "v", "down"), seed=3, gain=1.0),
+                       alpha=8, rank=4)
+    config = f'models_dir = "{folder}"\n' + BASE + f'\n[models.alpha]\nlora_adapters = {{ shout = "{shout}" }}\n'
+    d = Daemon(tmp_path, config, "adapters")
+    d.start()
+    try:
+        d.wait_ready()
+        client = openai.OpenAI(base_url=d.url + "/v1", api_key="none", max_retries=0)
+
+        def first_logprobs(model: str) -> list[float]:
+            r = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=1, temperature=0,
+                                               logprobs=True, top_logprobs=5)
+            return [t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs]
+
+        base, adapted = first_logprobs("alpha"), first_logprobs("alpha:shout")
+        assert max(abs(a - b) for a, b in zip(base, adapted)) > 1e-3  # the adapter moves alpha's output
+        assert first_logprobs("alpha") == base  # and only the requests that name it
+        cards = {c["id"]: c for c in d.get("/v1/models")["data"]}
+        assert cards["shout"]["parent"] == "alpha" and "shout" not in {c.get("parent") for c in cards.values()}
+        for model in ("alpha:nope", "beta:shout"):  # an adapter alpha lacks; beta has none
+            with pytest.raises(openai.NotFoundError):
+                first_logprobs(model)
+    finally:
+        d.stop()

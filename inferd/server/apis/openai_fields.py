@@ -12,6 +12,7 @@ from inferd.engine.request import Usage
 from inferd.engine.types import SamplingParams
 from inferd.model.sampling_defaults import SamplingDefaults
 from inferd.server.apis.sampling import sampling_params
+from inferd.server.lora import LoraChoice
 from inferd.server.protocol import Limits, ProtocolError
 from inferd.server.sse import DONE, sse_event
 from inferd.text.tokenizer import Tokenizer
@@ -65,6 +66,7 @@ class SamplingRequest(Struct, kw_only=True):
     # extensions (vLLM-style extra fields; the openai SDK sends them with extra_body)
     ignore_eos: bool = False
     speculative: bool | None = None  # prompt-lookup speculative decoding; null: the server's setting
+    lora: list[LoraChoice] | None = None  # llama-server's: the LoRA adapter and its scale (inferd.server.lora)
     # constrained output beyond response_format: vLLM's guided_* and structured_outputs, llama-server's grammar
     # (GBNF) and json_schema; one at most (inferd.text.grammar)
     guided_json: Any = None
