@@ -51,6 +51,7 @@ void attention_plan(context_t *c, const batch_t *b, stage_t *s);   /* once per s
 void attention_block(context_t *c, stage_t *s, const block_t *B);
 void ffn_gated_block(context_t *c, stage_t *s, const block_t *B);
 void ffn_moe_block(context_t *c, stage_t *s, const block_t *B);
+void gdn_block(context_t *c, stage_t *s, const block_t *B);
 /* the MoE blocks' buffers in c->moe, for the largest of the model's (none for a dense model): 0, or -1 out of memory */
 int moe_scratch_create(context_t *c);
 void moe_scratch_free(context_t *c);

@@ -21,6 +21,7 @@ class FlatBatch:
     out_rows: np.ndarray  # (num_out,) int32: token index of each logits row, ascending
     sample_mask: np.ndarray  # (num_out,) int32: 1 where the row is sampled
     rows_of_seq: list[tuple[int, int, int]]  # per sequence: (first out row, rows, first sampled row within)
+    state_slots: np.ndarray | None = None  # (num_seqs,) int32: each sequence's recurrent-state slot
 
 
 def flatten(
@@ -79,6 +80,7 @@ def flatten(
         raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {max_batch_tokens}")
     if len(out_rows) > max_logits_rows:
         raise ValueError(f"{len(out_rows)} logits rows in one step; at most {max_logits_rows}")
+    slots = [s.state_slot for s in seqs]
     tables = np.zeros((len(seqs), width), np.int32)
     for i, s in enumerate(seqs):
         k = min(width, len(s.block_table))
@@ -91,6 +93,7 @@ def flatten(
         np.asarray(out_rows, np.int32),
         np.asarray(mask, np.int32),
         rows_of_seq,
+        np.asarray(slots, np.int32),
     )
 
 

@@ -67,8 +67,16 @@ class Engine(EngineShape):
         )
         self.threads = threads or physical_cores()
         self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
+        # a model with recurrent layers keeps a state per running sequence: one slot for each
+        self.num_state_slots = max_seqs if model.config.is_recurrent else 0
         self._ctx = _cpu.Context(
-            self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads, kv_cache_dtype
+            self._model,
+            max_batch_tokens,
+            self.max_logits_rows,
+            num_kv_blocks,
+            self.threads,
+            kv_cache_dtype,
+            self.num_state_slots,
         )
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
@@ -93,6 +101,7 @@ class Engine(EngineShape):
             any(s.want_logits for s in seqs),
             want_hidden,
             token_masks=masks,
+            state_slots=b.state_slots if self.num_state_slots else None,
         )
         vocab = self.vocab_size
 

@@ -41,6 +41,8 @@ class KVStats:
     prefix_queries: int  # prompt tokens looked up in the prefix cache since start
     prefix_hits: int  # of which found cached
     source_hits: int = 0  # of which filled by the block source (read from disk)
+    num_state_slots: int = 0  # recurrent-state slots (a model with recurrent layers), one per running sequence
+    num_state_slots_used: int = 0
 
     @property
     def usage(self) -> float:
@@ -53,6 +55,7 @@ class _SeqBlocks:
     # hashes of the sequence's first len(block_hashes) full blocks, all registered in the cache (or already
     # present there under the same hash, computed by someone else)
     block_hashes: list[bytes] = field(default_factory=list)
+    state_slot: int = -1  # its recurrent-state slot, taken at its first step (a model with recurrent layers)
 
 
 class BlockSource(Protocol):
@@ -84,7 +87,12 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int = 64, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int = 64, enable_prefix_caching: bool = True, num_state_slots: int = 0
+    ):
+        """num_state_slots: a model with recurrent layers keeps each running sequence's state in a slot of its
+        own, held from the sequence's first step until it is freed (finished, aborted or preempted: a preempted
+        sequence recomputes its state from position 0 when it runs again)."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -109,6 +117,8 @@ class KVCacheManager:
         self._tick = 0
         self.block_source: BlockSource | None = None
         self.source_hits = 0  # of prefix_hits, tokens whose blocks the block_source filled
+        self.num_state_slots = num_state_slots
+        self._free_slots: deque[int] = deque(range(num_state_slots))
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -121,6 +131,15 @@ class KVCacheManager:
 
     def block_table(self, seq_id: object) -> list[int]:
         return self._seqs[seq_id].block_table
+
+    def state_slot(self, seq_id: object) -> int:
+        """`seq_id`'s recurrent-state slot, taken from the free ones at its first call (-1 without slots)."""
+        seq = self._seqs[seq_id]
+        if seq.state_slot < 0 and self.num_state_slots:
+            if not self._free_slots:
+                raise NoFreeBlocks(f"all {self.num_state_slots} recurrent-state slots are in use")
+            seq.state_slot = self._free_slots.popleft()
+        return seq.state_slot
 
     def has_seq(self, seq_id: object) -> bool:
         return seq_id in self._seqs
@@ -136,6 +155,8 @@ class KVCacheManager:
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
             source_hits=self.source_hits,
+            num_state_slots=self.num_state_slots,
+            num_state_slots_used=self.num_state_slots - len(self._free_slots),
         )
 
     # ---- sequence lifecycle --------------------------------------------------------------------------
@@ -224,6 +245,8 @@ class KVCacheManager:
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             return
+        if seq.state_slot >= 0:
+            self._free_slots.append(seq.state_slot)
         # Reverse order: a sequence's tail blocks are the least likely to be shared, so they should be the
         # first cached blocks to be evicted.
         for block_id in reversed(seq.block_table):

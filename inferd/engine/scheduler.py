@@ -26,7 +26,7 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import FinishReason, RequestOutput, RequestState
 from inferd.engine.sequences import Sequences
 from inferd.engine.step_cost import StepCost
-from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats
+from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats, num_state_slots
 from inferd.engine.types import RequestStatus, SeqOutput
 
 __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepStats"]
@@ -49,10 +49,21 @@ class Scheduler(Sequences):
         max_step_latency_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
+        slots = num_state_slots(engine)
+        if slots and enable_prefix_caching:
+            # a cached prefix would need the recurrent state at its end as well as its KV blocks
+            log.info("prefix caching is off: this model has recurrent layers, whose state a cached prefix lacks")
+            enable_prefix_caching = False
+        if slots and speculative:
+            log.info("speculative decoding is off: this model has recurrent layers, which rejected drafts would alter")
+        # a recurrent model's draft tokens would enter its state before they are verified: it never drafts
+        self.allow_drafts = not slots
+        kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching, slots)
         super().__init__(kv, clock)
         self.block_size = engine.block_size
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
+        if slots:
+            self.max_running = min(self.max_running, slots)
         self.max_batch_tokens = engine.max_batch_tokens
         # prompt tokens a step may take beside decodes (None or 0: the whole budget)
         self.max_prefill_while_decoding = max_prefill_while_decoding or None
@@ -72,6 +83,7 @@ class Scheduler(Sequences):
         """Queue a new request; one that can never run is failed at once (its output says why)."""
         req = st.request
         st.start(self.block_size, self.speculative)
+        st.speculative = st.speculative and self.allow_drafts
         self.requests[req.request_id] = st
         error = req.length_error(self.max_model_len)
         if error:
@@ -140,7 +152,10 @@ class Scheduler(Sequences):
             rows_left -= s.logits_rows
         # a sequence failed while making room for a later one is not run
         scheduled = [s for s in scheduled if s.state.status is not RequestStatus.FINISHED]
-        return ScheduledBatch(scheduled, [s.engine_input(list(self.kv.block_table(s.state.key))) for s in scheduled])
+        return ScheduledBatch(
+            scheduled,
+            [s.engine_input(list(self.kv.block_table(s.state.key)), self.kv.state_slot(s.state.key)) for s in scheduled],
+        )
 
     def _prefill_beside_decodes(self) -> int:
         cap = self.max_prefill_while_decoding or self.max_batch_tokens

@@ -20,6 +20,11 @@ class EngineSizes(Protocol):
     max_logits_rows: int
 
 
+def num_state_slots(engine: object) -> int:
+    """Recurrent-state slots the engine keeps (0: a model without recurrent layers)."""
+    return int(getattr(engine, "num_state_slots", 0) or 0)
+
+
 @dataclass
 class ScheduledSeq:
     state: RequestState
@@ -32,7 +37,7 @@ class ScheduledSeq:
         """Rows of logits the engine returns: every row of an echo-logprobs chunk, else the sampled ones."""
         return self.num_new if self.state.wants_prompt_logits else self.num_sampled
 
-    def engine_input(self, block_table: list[int]) -> SeqInput:
+    def engine_input(self, block_table: list[int], state_slot: int = -1) -> SeqInput:
         st = self.state
         start = st.num_computed
         token_ids = st.token_ids[start : start + self.num_new]
@@ -52,6 +57,7 @@ class ScheduledSeq:
             num_prompt=st.num_prompt,
             want_logits=st.wants_prompt_logits,
             allowed=allowed,
+            state_slot=state_slot,
         )
 
 

@@ -64,6 +64,8 @@ class SeqInput:
     want_logits: bool = False  # return the logits of every token in token_ids
     # the grammar's allowed tokens for the sampled row (num_sampled 1): packed uint32 bits, (vocab + 31) // 32
     allowed: np.ndarray | None = None
+    # a model with recurrent layers: the sequence's state slot (start_pos 0 starts it empty, else it continues)
+    state_slot: int = -1
 
 
 @dataclass

@@ -61,6 +61,14 @@ class TinySpec:
     n_experts: int = 0  # > 0: a mixture of experts (hidden_dim is then each expert's width)
     n_experts_used: int = 0
     shared_expert_dim: int = 0  # qwen2moe: its shared expert's width
+    # qwen35: every full_attention_interval-th layer gated attention (RoPE on rope_dims of each head), the others
+    # Gated DeltaNet with ssm_k_heads key heads and ssm_v_heads value heads of ssm_head values, conv kernel ssm_conv
+    rope_dims: int = 0
+    full_attention_interval: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head: int = 0
+    ssm_conv: int = 0
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -70,7 +78,10 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35")
+
+    def is_recurrent(self, layer: int) -> bool:
+        return self.arch == "qwen35" and (layer + 1) % self.full_attention_interval != 0
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -197,6 +208,9 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     for i in range(spec.n_layers):
         b = f"blk.{i}."
+        if spec.arch == "qwen35":
+            shapes.update(_qwen35_shapes(spec, b, i))
+            continue
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
                        b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
                        b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,)})
@@ -221,12 +235,38 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             w = 0.1 * rng.standard_normal(shape)
+        elif name.endswith("ssm_a"):            # the decay's rate, -exp(A_log) as llama.cpp's converter stores it
+            w = -np.exp(rng.uniform(-1.0, 1.0, shape))
+        elif name.endswith("ssm_dt.bias"):
+            w = rng.uniform(-1.0, 1.0, shape)
         elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
             w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = w.astype(np.float32)
     return out
+
+
+def _qwen35_shapes(spec: TinySpec, b: str, i: int) -> dict[str, tuple[int, ...]]:
+    """A Qwen3.5 layer's tensors as llama.cpp's converter writes them: a Gated DeltaNet or a gated attention
+    mixer (Wq's rows per head: q, then the output gate), the FFN's input norm named post_attention_norm."""
+    d, q, kv = spec.dim, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,),
+                                          b + "ffn_gate.weight": (spec.hidden_dim, d),
+                                          b + "ffn_up.weight": (spec.hidden_dim, d),
+                                          b + "ffn_down.weight": (d, spec.hidden_dim)}
+    if spec.is_recurrent(i):
+        nk, nv, hs = spec.ssm_k_heads, spec.ssm_v_heads, spec.ssm_head
+        conv = 2 * nk * hs + nv * hs
+        shapes.update({b + "attn_qkv.weight": (conv, d), b + "attn_gate.weight": (nv * hs, d),
+                       b + "ssm_conv1d.weight": (conv, spec.ssm_conv), b + "ssm_dt.bias": (nv,), b + "ssm_a": (nv,),
+                       b + "ssm_beta.weight": (nv, d), b + "ssm_alpha.weight": (nv, d),
+                       b + "ssm_norm.weight": (hs,), b + "ssm_out.weight": (d, nv * hs)})
+    else:
+        shapes.update({b + "attn_q.weight": (2 * q, d), b + "attn_k.weight": (kv, d), b + "attn_v.weight": (kv, d),
+                       b + "attn_output.weight": (d, q), b + "attn_q_norm.weight": (spec.head_dim,),
+                       b + "attn_k_norm.weight": (spec.head_dim,)})
+    return shapes
 
 
 def _expert_shapes(spec: TinySpec, b: str) -> dict[str, tuple[int, ...]]:
@@ -293,7 +333,16 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_head_count_kv(spec.n_kv_heads)
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
-    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_dimension_count(spec.rope_dims or spec.head_dim)
+    if arch == "qwen35":
+        w.add_uint32("qwen35.ssm.conv_kernel", spec.ssm_conv)
+        w.add_uint32("qwen35.ssm.state_size", spec.ssm_head)
+        w.add_uint32("qwen35.ssm.group_count", spec.ssm_k_heads)
+        w.add_uint32("qwen35.ssm.time_step_rank", spec.ssm_v_heads)
+        w.add_uint32("qwen35.ssm.inner_size", spec.ssm_v_heads * spec.ssm_head)
+        w.add_uint32("qwen35.full_attention_interval", spec.full_attention_interval)
+        pairs = (spec.rope_dims or spec.head_dim) // 2      # M-RoPE sections: text positions make them one RoPE
+        w.add_array("qwen35.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if spec.head_dim * spec.n_heads != spec.dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
@@ -340,7 +389,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1 or name.endswith("ffn_gate_inp.weight"):   # llama-quantize keeps routers in F32 too
+        if x.ndim == 1 or name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight")):   # kept F32 as llama.cpp
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
@@ -479,6 +528,11 @@ MOE_SPECS = {
     "olmoe": TinySpec(arch="olmoe", **{**_MOE, "n_kv_heads": 4}),
     "mixtral": TinySpec(arch="llama", **_MOE),
 }
+# Qwen3.5's shape in small: 4 layers, the 2nd and 4th gated attention (head_dim 64, RoPE on 32 of it), the others
+# Gated DeltaNet with 2 key heads and 4 value heads of 32, a kernel of 4
+_QWEN35 = TinySpec(arch="qwen35", dim=128, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=64, hidden_dim=192,
+                   rope_theta=1e7, norm_eps=1e-6, rope_dims=32, full_attention_interval=2, ssm_k_heads=2,
+                   ssm_v_heads=4, ssm_head=32, ssm_conv=4)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -504,6 +558,8 @@ VARIANTS = {
     "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
     **{f"{name}-gguf-{t.lower()}": ("gguf", spec, {"weight_type": t})
        for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
+    "qwen35-gguf-f32": ("gguf", _QWEN35, {"weight_type": "F32"}),
+    "qwen35-gguf-q8_0": ("gguf", _QWEN35, {"weight_type": "Q8_0"}),
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),

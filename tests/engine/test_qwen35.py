@@ -1,0 +1,189 @@
+"""Qwen3.5's hybrid (ext/cpu/block_gdn.c's Gated DeltaNet layers beside gated attention with partial RoPE) on tiny
+GGUF files read by the real loader, against tests/reference.py layer by layer; and the recurrent state's contracts:
+a prompt chunked any way, or decoded token by token, gives the same bits; sequences batched together each keep
+their own state; a sequence continues only its own slot's state. Agreement with llama.cpp is in
+tests/engine/test_llamacpp_qwen35.py.
+
+Tolerances are the dense files' (tests/engine/test_forward_reference.py): F32 files 1e-3 (the reference's K and V
+rounded to f16 as the cache is); Q8_0 files 5e-2 with the reference's matmul inputs rounded to 8 bits as the
+engine's are (act_quant)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferd.engine.engine import Engine
+from inferd.engine.request import Request
+from inferd.engine.runner import generate
+from inferd.engine.scheduler import Scheduler
+from inferd.engine.types import SamplingParams, SeqInput
+from tests.engine.test_forward_reference import FLOAT_TOL, QUANT_TOL, row_errors
+from tests.reference import Reference
+
+SEQ_LEN = 70                      # crosses the 64-position KV block boundary
+
+
+@pytest.fixture(scope="module")
+def load_variant(tmp_path_factory):
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import make_variant
+
+    folder = tmp_path_factory.mktemp("qwen35")
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            cache[name] = load_model(make_variant(name, folder))
+        return cache[name]
+    return load
+
+
+def engine(model, max_seqs=4, threads=2, num_kv_blocks=8):
+    return Engine(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=128, max_seqs=max_seqs, threads=threads,
+                  max_logits_rows=128)
+
+
+def tokens(model, n=SEQ_LEN, seed=1):
+    return np.random.default_rng(seed).integers(3, model.config.vocab_size, n).tolist()
+
+
+def test_config_reads_the_hybrid(load_variant):
+    cfg = load_variant("qwen35-gguf-f32").config
+    assert cfg.recurrent_layers == (0, 2) and cfg.attn_output_gate and cfg.rope_dims == 32
+    assert (cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_k, cfg.ssm_head_v, cfg.ssm_conv_kernel) == (2, 4, 32, 32, 4)
+    # per recurrent layer: 3 last inputs of 256 channels, 4 value heads of 32 x 32
+    assert cfg.state_floats == 2 * (3 * 256 + 4 * 32 * 32)
+
+
+@pytest.mark.parametrize("type_name", ["f32", "q8_0"])
+def test_qwen35_file_matches_reference(load_variant, type_name):
+    model = load_variant(f"qwen35-gguf-{type_name}")
+    toks = tokens(model)
+    quantized = type_name != "f32"
+    ref = Reference(model.config, model.tensors).forward(toks, kv_dtype=np.float16, act_quant=quantized)
+    eng = engine(model)
+    outs, hidden = eng.step([SeqInput(toks, 0, [3, 1], want_logits=True, state_slot=2)], want_hidden=True)
+    errors = np.concatenate([row_errors(hidden, ref.hidden), row_errors(outs[0].logits, ref.logits)[None]])
+    worst = errors.max(axis=1)
+    tol = QUANT_TOL if quantized else FLOAT_TOL
+    assert worst.max() <= tol, f"qwen35 {type_name}: worst row error per layer, then logits: {worst}"
+
+
+def run_chunks(eng, toks, sizes, slot=0, table=(0, 1)):
+    """The logits of every token of toks, run as consecutive chunks of `sizes`."""
+    rows, start = [], 0
+    for n in sizes:
+        chunk = toks[start:start + n]
+        out = eng.step([SeqInput(chunk, start, list(table), 0, want_logits=True, state_slot=slot)])[0]
+        rows.append(out.logits)
+        start += n
+    assert start == len(toks)
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunked_prefill_equals_token_by_token(load_variant, threads):
+    """A token's output does not depend on how its prompt was cut: one chunk, uneven chunks and one token per step
+    give the same bits (each token is one update of the state, in order, whatever the step holds)."""
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model, threads=threads)
+    toks = tokens(model)
+    whole = run_chunks(eng, toks, [SEQ_LEN])
+    uneven = run_chunks(eng, toks, [5, 17, 1, 33, 14])
+    single = run_chunks(eng, toks, [1] * SEQ_LEN)
+    assert np.array_equal(whole, uneven) and np.array_equal(whole, single)
+
+
+def test_batched_sequences_keep_their_own_states(load_variant):
+    """Three sequences in one step (a prefill beside two decodes), each in its own slot, give the bits each gives
+    alone."""
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model)
+    a, b, c = tokens(model, 40, 1), tokens(model, 30, 2), tokens(model, 20, 3)
+    alone = [run_chunks(eng, t, [len(t) - 1, 1], slot=0)[-1] for t in (a, b, c)]
+    eng.step([SeqInput(a[:-1], 0, [0], 0, state_slot=1), SeqInput(b[:-1], 0, [1], 0, state_slot=3)])
+    outs = eng.step([SeqInput(a[-1:], len(a) - 1, [0], 1, want_logits=True, state_slot=1),
+                     SeqInput(b[-1:], len(b) - 1, [1], 1, want_logits=True, state_slot=3),
+                     SeqInput(c, 0, [2], 1, want_logits=True, state_slot=0)])
+    for out, want in zip(outs, alone):
+        assert np.array_equal(out.logits[-1], want)
+
+
+def test_a_sequence_must_continue_its_slot(load_variant):
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model)
+    toks = tokens(model, 10)
+    eng.step([SeqInput(toks[:6], 0, [0], 0, state_slot=1)])
+    with pytest.raises(ValueError, match="recurrent-state slot"):
+        eng.step([SeqInput(toks[6:], 7, [0], 1, state_slot=1)])          # a gap: position 6 was never run
+    with pytest.raises(ValueError, match="recurrent-state slot"):
+        eng.step([SeqInput(toks[6:], 6, [0], 1, state_slot=0)])          # another slot: not this sequence's state
+    with pytest.raises(ValueError, match="recurrent-state slot"):
+        eng.step([SeqInput(toks[6:], 6, [0], 1)])                        # no slot at all
+    eng.step([SeqInput(toks[6:], 6, [0], 1, state_slot=1)])              # its own slot, where it left off
+
+
+def test_state_read_and_restored_continues_the_same(load_variant):
+    """A slot's state copied out and written back (into another slot) continues exactly as the original."""
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model)
+    toks = tokens(model, 20)
+    want = run_chunks(eng, toks, [12, 8], slot=0)[12:]
+    run_chunks(eng, toks[:12], [12], slot=1)
+    state, pos = eng._ctx.read_state(1)
+    assert pos == 12 and state.size == model.config.state_floats and np.abs(state).max() > 0
+    eng._ctx.write_state(3, state, pos)
+    got = eng.step([SeqInput(toks[12:], 12, [0], 0, want_logits=True, state_slot=3)])[0].logits
+    assert np.array_equal(got, want)
+
+
+def test_scheduler_runs_hybrid_requests(load_variant):
+    """Through the scheduler: greedy generation beside other requests equals generation alone; prefix caching and
+    speculative decoding are off for the hybrid; each running sequence holds a state slot, freed when it ends."""
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model, max_seqs=3, num_kv_blocks=12)
+    greedy = SamplingParams(temperature=0.0)
+    prompts = [tokens(model, n, seed) for n, seed in ((30, 1), (45, 2), (9, 3))]
+    alone = [[t for out in generate(eng, Request(f"a{i}", p, greedy, 12)) for t in out.token_ids]
+             for i, p in enumerate(prompts)]
+    sched = Scheduler(eng, max_model_len=512, enable_prefix_caching=True, speculative=True)
+    assert not sched.kv.enable_prefix_caching and not sched.allow_drafts
+    from inferd.engine.request import RequestState
+    for i, p in enumerate(prompts):
+        sched.add(RequestState(Request(f"b{i}", p, greedy, 12)))
+    got: dict[str, list[int]] = {f"b{i}": [] for i in range(3)}
+    max_used = 0
+    while sched.has_work:
+        batch = sched.schedule()
+        max_used = max(max_used, sched.kv.stats().num_state_slots_used)
+        sched.postprocess(batch, eng.step(batch.inputs))
+        for st, out in sched.take_outputs():
+            got[st.request.request_id] += out.token_ids
+    assert [got[f"b{i}"] for i in range(3)] == alone
+    assert max_used == 3 and sched.kv.stats().num_state_slots_used == 0
+
+
+def test_preempted_sequence_recomputes_its_state(load_variant):
+    """With room for one sequence's KV at a time, the later request is preempted and recomputed from position 0: its
+    state starts over, and its tokens equal a run alone."""
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model, max_seqs=2, num_kv_blocks=3)
+    greedy = SamplingParams(temperature=0.0)
+    prompts = [tokens(model, 60, 4), tokens(model, 60, 5)]
+    alone = [[t for out in generate(eng, Request(f"a{i}", p, greedy, 40)) for t in out.token_ids]
+             for i, p in enumerate(prompts)]
+    from inferd.engine.request import RequestState
+    sched = Scheduler(eng, max_model_len=192)
+    for i, p in enumerate(prompts):
+        sched.add(RequestState(Request(f"b{i}", p, greedy, 40)))
+    got: dict[str, list[int]] = {"b0": [], "b1": []}
+    preemptions = 0
+    while sched.has_work:
+        before = {st.request.request_id for st in sched.running}
+        batch = sched.schedule()
+        preemptions += len(before - {st.request.request_id for st in sched.running})
+        sched.postprocess(batch, eng.step(batch.inputs))
+        for st, out in sched.take_outputs():
+            got[st.request.request_id] += out.token_ids
+    assert preemptions > 0, "nothing was preempted: the test would not test recomputation"
+    assert [got["b0"], got["b1"]] == alone
