@@ -150,7 +150,7 @@ def test_scheduler_runs_hybrid_requests(load_variant):
     assert not sched.kv.enable_prefix_caching and not sched.allow_drafts
     from inferd.engine.request import RequestState
     for i, p in enumerate(prompts):
-        sched.add(RequestState(Request(f"b{i}", p, greedy, 12)))
+        sched.add(RequestState(Request(f"b{i}", p, greedy, 12), 0.0))
     got: dict[str, list[int]] = {f"b{i}": [] for i in range(3)}
     max_used = 0
     while sched.has_work:
@@ -175,7 +175,7 @@ def test_preempted_sequence_recomputes_its_state(load_variant):
     from inferd.engine.request import RequestState
     sched = Scheduler(eng, max_model_len=192)
     for i, p in enumerate(prompts):
-        sched.add(RequestState(Request(f"b{i}", p, greedy, 40)))
+        sched.add(RequestState(Request(f"b{i}", p, greedy, 40), 0.0))
     got: dict[str, list[int]] = {"b0": [], "b1": []}
     preemptions = 0
     while sched.has_work:
