@@ -35,14 +35,14 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
     const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
     if (c->kv_dtype == KV_Q8_0) {                        /* int8 KV: attention_q8.c's slices */
         size_t sl = kvq8_slice_bytes(hd);
-        size_t at = (((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * cfg->n_kv_heads + h0) * sl;
+        size_t at = (((size_t)s->kv_layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * cfg->n_kv_heads + h0) * sl;
         for (int h = 0; h < heads; h++) {
             kvq8_store(k + h * hd, hd, c->k_q8 + at + h * sl, pos % KV_BLOCK, 1);
             kvq8_store(v + h * hd, hd, c->v_q8 + at + h * sl, pos % KV_BLOCK, 0);
         }
         return;
     }
-    size_t slot = ((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
+    size_t slot = ((size_t)s->kv_layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
     for (int h = 0; h < heads; h++) {
         size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
         kv_store_key(k + h * hd, c->k_cache + off - pos % KV_BLOCK * hd, pos % KV_BLOCK, hd);
@@ -93,9 +93,9 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    size_t layer_off = (size_t)s->kv_layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     int q8 = c->kv_dtype == KV_Q8_0;                       /* int8 KV: attention_q8.c's slices */
-    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
+    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->kv_layer * c->num_kv_blocks * cfg->n_kv_heads;
     float *scratch = c->attn_scratch + (size_t)thread * (q8 ? attention_q8_scratch_floats(cfg->n_heads, hd)
                                                             : attention_scratch_floats(cfg->n_heads, hd));
     for (int64_t item = begin; item < end; item++) {
@@ -158,7 +158,7 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    size_t layer_off = (size_t)s->kv_layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
     size_t part = attention_part_floats(group * s->heads_per_item, hd);
     for (int64_t item = begin; item < end; item++) {

@@ -193,6 +193,19 @@ int state_slot_write(context_t *c, int slot, const float *in, int32_t next_pos) 
     return 0;
 }
 
+static int layer_has_kv(const layer_t *L) {
+    for (int i = 0; i < L->n_blocks; i++)
+        if (L->blocks[i].kind == BLOCK_ATTENTION) return 1;
+    return 0;
+}
+
+/* the layers with a slice of the KV cache (an attention block): all of them but a hybrid's recurrent ones */
+int model_kv_layers(const model_t *m) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) n += layer_has_kv(&m->layers[l]);
+    return n;
+}
+
 /* one layer: its blocks in order, each x += block(x) */
 static int layer_forward(context_t *c, stage_t *s, const layer_t *L) {
     for (int i = 0; i < L->n_blocks; i++) {
@@ -223,6 +236,7 @@ int forward(context_t *c, const batch_t *b) {
     for (int l = 0; l < cfg->n_layers; l++) {
         s.layer = l;
         if ((rc = layer_forward(c, &s, &m->layers[l]))) return rc;                  /* x = layer(x) */
+        s.kv_layer += layer_has_kv(&m->layers[l]);
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
     if (m->n_recurrent)
@@ -300,12 +314,13 @@ context_t *context_create_state(const model_t *m, int max_tokens, int max_out, i
     int nt = pool_size(c->pool);
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
-    size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    int kv_layers = model_kv_layers(m) > 0 ? model_kv_layers(m) : 1;
+    size_t kv = (size_t)kv_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     /* 4 KB pages, faulted as blocks are first used: a 2 MB page's fault would land on the first requests'
      * prefill, and huge pages gain decode far less on the KV cache than on the weights
      * (bench/results/design_measurements.md). */
     if (kv_dtype == KV_Q8_0) {
-        size_t q8 = (size_t)cfg->n_layers * num_kv_blocks * cfg->n_kv_heads * kvq8_slice_bytes(cfg->head_dim);
+        size_t q8 = (size_t)kv_layers * num_kv_blocks * cfg->n_kv_heads * kvq8_slice_bytes(cfg->head_dim);
         c->k_q8 = calloc(q8, 1);
         c->v_q8 = calloc(q8, 1);
     } else {

@@ -12,7 +12,8 @@
 typedef struct {
     context_t *c;
     const batch_t *b;
-    int layer;               /* the layer being run: its slice of the KV cache */
+    int layer;               /* the layer being run */
+    int kv_layer;            /* its slice of the KV cache: the attention layers before it (model_kv_layers) */
     const block_t *block;    /* the block being run */
     const weight_t *w;
     const float *in;         /* (ntok, in_dim) the matmul's input, or the norm's */

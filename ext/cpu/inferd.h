@@ -351,6 +351,7 @@ typedef struct {
 } model_t;
 
 int model_init_rope(model_t *m);
+int model_kv_layers(const model_t *m);     /* layers with a slice of the KV cache (an attention block) */
 void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs);   /* (head_dim/2) */
 
 /* A flat batch: tokens of several sequences, prefill chunks and decode tokens mixed. */
@@ -392,10 +393,10 @@ typedef struct {
     double profile[NUM_STAGES];        /* seconds per stage, summed over steps while profile_on */
     int max_tokens, max_out;
     int num_kv_blocks;
-    uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
+    uint16_t *k_cache, *v_cache;       /* (model_kv_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
                                         * axes transposed (kv_store_key) */
     int kv_dtype;                      /* KV_F16: k_cache/v_cache; KV_Q8_0: k_q8/v_q8 (the others are NULL) */
-    uint8_t *k_q8, *v_q8;              /* (n_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
+    uint8_t *k_q8, *v_q8;              /* (model_kv_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
     float *xn;                         /* (max_tokens, max(dim, q_dim)) attention output; normed input of float weights */

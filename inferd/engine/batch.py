@@ -98,13 +98,20 @@ def flatten(
 
 
 def kv_bytes_per_token(config, kv_cache_dtype: str = "f16") -> int:
-    """K and V of every layer: 16 bits a value (f16), or Q8_0's 34 bytes per 32 values (q8_0)."""
-    values = 2 * config.n_layers * config.n_kv_heads * config.head_dim
+    """K and V of every attention layer (a hybrid's recurrent layers keep none): 16 bits a value (f16), or Q8_0's
+    34 bytes per 32 values (q8_0)."""
+    layers = config.n_layers - len(getattr(config, "recurrent_layers", ()))
+    values = 2 * layers * config.n_kv_heads * config.head_dim
     if kv_cache_dtype == "f16":
         return 2 * values
     if kv_cache_dtype == "q8_0":
         return values * 34 // 32
     raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+
+
+def state_bytes_per_seq(config) -> int:
+    """One sequence's recurrent state (float32), 0 for a model without recurrent layers."""
+    return 4 * getattr(config, "state_floats", 0) if getattr(config, "recurrent_layers", ()) else 0
 
 
 class EngineShape:

@@ -5,10 +5,14 @@ max_batch_tokens=, max_seqs=, threads=, max_logits_rows=) and have the same step
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from inferd.config import DEVICES, Settings
+from inferd.engine.batch import state_bytes_per_seq
 from inferd.engine.host_plan import kv_format
+
+log = logging.getLogger("inferd.device")
 
 
 class DeviceError(ValueError):
@@ -55,6 +59,27 @@ def engine_class(device: str):
     return Engine
 
 
+def kv_budget(config: Any, settings: Settings, max_seqs: int | None = None) -> int:
+    """Bytes of kv_cache_mib left for KV blocks: a model with recurrent layers keeps one state per running sequence
+    (max_running of them) out of the same budget."""
+    budget = settings.kv_cache_mib << 20
+    seqs = max_seqs or settings.max_running
+    state = seqs * state_bytes_per_seq(config)
+    if state and state + (budget >> 3) > budget:
+        raise DeviceError(
+            f"kv_cache_mib {settings.kv_cache_mib} cannot hold the recurrent state of {seqs} running sequences "
+            f"({-(-state >> 20)} MiB) beside a useful KV cache: raise kv_cache_mib or lower max_running"
+        )
+    if state:
+        log.info(
+            "recurrent state: %d slots of %.1f MiB (%d MiB of kv_cache_mib), the rest for KV blocks",
+            seqs,
+            state_bytes_per_seq(config) / (1 << 20),
+            -(-state >> 20),
+        )
+    return budget - state
+
+
 def build_engine(
     model: Any,
     settings: Settings,
@@ -72,7 +97,7 @@ def build_engine(
     engine_cls = engine_class(settings.device)
     if num_kv_blocks is None:
         num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(
-            model.config, settings.kv_cache_mib << 20, settings.kv_cache_dtype
+            model.config, kv_budget(model.config, settings, max_seqs), settings.kv_cache_dtype
         )
     sizes = dict(
         num_kv_blocks=num_kv_blocks,

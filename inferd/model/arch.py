@@ -242,6 +242,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen3moe", qk_norm=True, ffn=FFN_MOE, moe_norm_topk=True),
         Architecture("olmoe", qk_norm=True, qk_norm_full=True, ffn=FFN_MOE),
         Architecture("qwen35", qk_norm=True, hybrid_gdn=True, gguf_options=qwen35_options),
+        Architecture(
+            "qwen35moe",
+            qk_norm=True,
+            hybrid_gdn=True,
+            ffn=FFN_MOE,
+            moe_norm_topk=True,
+            shared_expert=True,
+            gguf_options=qwen35_options,
+        ),
     )
 }
 ARCHS = tuple(ARCHITECTURES)

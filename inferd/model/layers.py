@@ -119,13 +119,19 @@ def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
         )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
+    if ARCHITECTURES[cfg.arch].hybrid_gdn:  # Qwen3.5 names the FFN's input norm post_attention_norm
+        names = {role: f"blk.{layer}.{BLOCK_TENSORS[FFN_MOE][role]}" for role in shapes}
+        names["norm"] = f"blk.{layer}.post_attention_norm.weight"
     options = {
         "act": cfg.ffn_act,
         "n_used": cfg.n_experts_used,
         "norm_topk": int(cfg.expert_norm_topk),
         "weights_scale": float(cfg.expert_weights_scale),
     }
-    return _block(FFN_MOE, layer, options, shapes)
+    block = _block(FFN_MOE, layer, options, shapes)
+    if ARCHITECTURES[cfg.arch].hybrid_gdn:
+        block.tensors.update(names)
+    return block
 
 
 def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> Block:

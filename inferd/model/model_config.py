@@ -342,6 +342,8 @@ class ModelConfig:
             options = row.gguf_options(own_key, n_layers, dim, n_heads, head_dim)
         hidden = int(key("hidden_dim", 0) or 0)
         options.update(_gguf_experts(key, arch, hidden))
+        if not hidden and options.get("expert_hidden_dim"):  # a mixture without a dense width (Qwen3.5-MoE)
+            hidden = options["expert_hidden_dim"]
         options.update(options_hybrid)
         return cls(
             arch=arch,

@@ -69,6 +69,30 @@ def test_qwen35_file_matches_reference(load_variant, type_name):
     assert worst.max() <= tol, f"qwen35 {type_name}: worst row error per layer, then logits: {worst}"
 
 
+@pytest.mark.parametrize("type_name", ["f32", "q8_0"])
+def test_qwen35moe_file_matches_reference(load_variant, type_name):
+    """Qwen3.5-MoE: the same hybrid with a mixture of experts and a gated shared expert as its FFN, on a prompt
+    whose routing the reference finds clear of ties (a near tie is a coin toss for float32: tests/engine/test_moe.py)."""
+    model = load_variant(f"qwen35moe-gguf-{type_name}")
+    cfg = model.config
+    assert cfg.is_moe and cfg.expert_norm_topk and cfg.shared_expert_hidden_dim == 96 and cfg.recurrent_layers
+    quantized = type_name != "f32"
+    for seed in range(1, 40):
+        toks = tokens(model, SEQ_LEN, seed)
+        ref_model = Reference(cfg, model.tensors)
+        ref = ref_model.forward(toks, kv_dtype=np.float16, act_quant=quantized)
+        if np.min(ref_model.route_margins) > 1e-3:
+            break
+    else:
+        raise AssertionError("no prompt of the seeds tried routes clear of ties")
+    eng = engine(model)
+    outs, hidden = eng.step([SeqInput(toks, 0, [3, 1], want_logits=True, state_slot=0)], want_hidden=True)
+    errors = np.concatenate([row_errors(hidden, ref.hidden), row_errors(outs[0].logits, ref.logits)[None]])
+    worst = errors.max(axis=1)
+    tol = QUANT_TOL if quantized else FLOAT_TOL
+    assert worst.max() <= tol, f"qwen35moe {type_name}: worst row error per layer, then logits: {worst}"
+
+
 def run_chunks(eng, toks, sizes, slot=0, table=(0, 1)):
     """The logits of every token of toks, run as consecutive chunks of `sizes`."""
     rows, start = [], 0
@@ -92,6 +116,24 @@ def test_chunked_prefill_equals_token_by_token(load_variant, threads):
     uneven = run_chunks(eng, toks, [5, 17, 1, 33, 14])
     single = run_chunks(eng, toks, [1] * SEQ_LEN)
     assert np.array_equal(whole, uneven) and np.array_equal(whole, single)
+
+
+def test_identical_on_every_path(load_variant):
+    """The scalar and SIMD paths give the same bits (block_gdn.c's delta rule is written for both)."""
+    from inferd import _cpu
+    from tests.ext.paths import PATHS
+
+    model = load_variant("qwen35-gguf-q8_0")
+    toks = tokens(model)
+    runs, old = {}, _cpu.get_path()
+    try:
+        for p in PATHS:
+            _cpu.set_path(p)
+            runs[p] = run_chunks(engine(model), toks, [5, 30, 35])
+    finally:
+        _cpu.set_path(old)
+    for p in PATHS[1:]:
+        assert np.array_equal(runs[p].view(np.uint32), runs[PATHS[0]].view(np.uint32)), f"{p} vs {PATHS[0]}"
 
 
 def test_batched_sequences_keep_their_own_states(load_variant):

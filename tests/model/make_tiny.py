@@ -78,10 +78,10 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35", "qwen35moe")
 
     def is_recurrent(self, layer: int) -> bool:
-        return self.arch == "qwen35" and (layer + 1) % self.full_attention_interval != 0
+        return self.arch in ("qwen35", "qwen35moe") and (layer + 1) % self.full_attention_interval != 0
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     for i in range(spec.n_layers):
         b = f"blk.{i}."
-        if spec.arch == "qwen35":
+        if spec.arch in ("qwen35", "qwen35moe"):
             shapes.update(_qwen35_shapes(spec, b, i))
             continue
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
@@ -251,10 +251,12 @@ def _qwen35_shapes(spec: TinySpec, b: str, i: int) -> dict[str, tuple[int, ...]]
     """A Qwen3.5 layer's tensors as llama.cpp's converter writes them: a Gated DeltaNet or a gated attention
     mixer (Wq's rows per head: q, then the output gate), the FFN's input norm named post_attention_norm."""
     d, q, kv = spec.dim, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-    shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,),
-                                          b + "ffn_gate.weight": (spec.hidden_dim, d),
-                                          b + "ffn_up.weight": (spec.hidden_dim, d),
-                                          b + "ffn_down.weight": (d, spec.hidden_dim)}
+    shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,)}
+    if spec.n_experts:   # Qwen3.5-MoE: routed experts and a gated shared expert
+        shapes.update(_expert_shapes(spec, b))
+    else:
+        shapes.update({b + "ffn_gate.weight": (spec.hidden_dim, d), b + "ffn_up.weight": (spec.hidden_dim, d),
+                       b + "ffn_down.weight": (d, spec.hidden_dim)})
     if spec.is_recurrent(i):
         nk, nv, hs = spec.ssm_k_heads, spec.ssm_v_heads, spec.ssm_head
         conv = 2 * nk * hs + nv * hs
@@ -334,15 +336,15 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     w.add_rope_dimension_count(spec.rope_dims or spec.head_dim)
-    if arch == "qwen35":
-        w.add_uint32("qwen35.ssm.conv_kernel", spec.ssm_conv)
-        w.add_uint32("qwen35.ssm.state_size", spec.ssm_head)
-        w.add_uint32("qwen35.ssm.group_count", spec.ssm_k_heads)
-        w.add_uint32("qwen35.ssm.time_step_rank", spec.ssm_v_heads)
-        w.add_uint32("qwen35.ssm.inner_size", spec.ssm_v_heads * spec.ssm_head)
-        w.add_uint32("qwen35.full_attention_interval", spec.full_attention_interval)
+    if arch in ("qwen35", "qwen35moe"):
+        w.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
+        w.add_uint32(f"{arch}.ssm.state_size", spec.ssm_head)
+        w.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
+        w.add_uint32(f"{arch}.ssm.inner_size", spec.ssm_v_heads * spec.ssm_head)
+        w.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
         pairs = (spec.rope_dims or spec.head_dim) // 2      # M-RoPE sections: text positions make them one RoPE
-        w.add_array("qwen35.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
+        w.add_array(f"{arch}.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if spec.head_dim * spec.n_heads != spec.dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
@@ -352,7 +354,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     if spec.n_experts:
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.n_experts_used)
-        if arch in ("qwen2moe", "qwen3moe"):
+        if arch in ("qwen2moe", "qwen3moe", "qwen35moe"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
         if spec.shared_expert_dim:
             w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
@@ -533,6 +535,10 @@ MOE_SPECS = {
 _QWEN35 = TinySpec(arch="qwen35", dim=128, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=64, hidden_dim=192,
                    rope_theta=1e7, norm_eps=1e-6, rope_dims=32, full_attention_interval=2, ssm_k_heads=2,
                    ssm_v_heads=4, ssm_head=32, ssm_conv=4)
+# Qwen3.5-MoE's: the same layers with 8 experts of 64 (2 per token, renormalized) and a gated shared expert of 96,
+# untied
+_QWEN35MOE = replace(_QWEN35, arch="qwen35moe", hidden_dim=64, n_experts=8, n_experts_used=2, shared_expert_dim=96,
+                     tie_embeddings=False)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -560,6 +566,8 @@ VARIANTS = {
        for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
     "qwen35-gguf-f32": ("gguf", _QWEN35, {"weight_type": "F32"}),
     "qwen35-gguf-q8_0": ("gguf", _QWEN35, {"weight_type": "Q8_0"}),
+    "qwen35moe-gguf-f32": ("gguf", _QWEN35MOE, {"weight_type": "F32"}),
+    "qwen35moe-gguf-q8_0": ("gguf", _QWEN35MOE, {"weight_type": "Q8_0"}),
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
