@@ -154,7 +154,10 @@ class Scheduler(Sequences):
         scheduled = [s for s in scheduled if s.state.status is not RequestStatus.FINISHED]
         return ScheduledBatch(
             scheduled,
-            [s.engine_input(list(self.kv.block_table(s.state.key)), self.kv.state_slot(s.state.key)) for s in scheduled],
+            [
+                s.engine_input(list(self.kv.block_table(s.state.key)), self.kv.state_slot(s.state.key))
+                for s in scheduled
+            ],
         )
 
     def _prefill_beside_decodes(self) -> int:

@@ -235,8 +235,14 @@ def split_heads(t: Tensor, head_dim: int) -> tuple[list[Tensor], list[Tensor]]:
     """A gated attention's Wq (n_heads * 2 head_dim rows: per head its q rows, then its gate's) as views of each
     head's q rows and of its gate rows."""
     n = t.rows // (2 * head_dim)
-    q = [Tensor(f"{t.name}[q{h}]", t.type, head_dim, t.cols, t.data[2 * h * head_dim : (2 * h + 1) * head_dim]) for h in range(n)]
-    g = [Tensor(f"{t.name}[g{h}]", t.type, head_dim, t.cols, t.data[(2 * h + 1) * head_dim : (2 * h + 2) * head_dim]) for h in range(n)]
+    q = [
+        Tensor(f"{t.name}[q{h}]", t.type, head_dim, t.cols, t.data[2 * h * head_dim : (2 * h + 1) * head_dim])
+        for h in range(n)
+    ]
+    g = [
+        Tensor(f"{t.name}[g{h}]", t.type, head_dim, t.cols, t.data[(2 * h + 1) * head_dim : (2 * h + 2) * head_dim])
+        for h in range(n)
+    ]
     return q, g
 
 

@@ -160,8 +160,10 @@ class ModelConfig:
             if value <= 0 or value % DIM_MULTIPLE or value > 512:
                 raise ValueError(f"Gated DeltaNet {name} {value} must be a multiple of {DIM_MULTIPLE} up to 512")
         if self.ssm_head_k != self.ssm_head_v:
-            raise ValueError(f"Gated DeltaNet key and value heads of different sizes ({self.ssm_head_k}, "
-                             f"{self.ssm_head_v}) are not supported")
+            raise ValueError(
+                f"Gated DeltaNet key and value heads of different sizes ({self.ssm_head_k}, "
+                f"{self.ssm_head_v}) are not supported"
+            )
         if self.ssm_k_heads <= 0 or self.ssm_v_heads <= 0 or self.ssm_v_heads % self.ssm_k_heads:
             raise ValueError(
                 f"Gated DeltaNet value heads {self.ssm_v_heads} must be a multiple of key heads {self.ssm_k_heads}"
@@ -186,7 +188,9 @@ class ModelConfig:
     def state_floats(self) -> int:
         """Floats of one sequence's recurrent state: per recurrent layer, the convolution's last inputs and one
         key x value matrix per value head."""
-        per_layer = (self.ssm_conv_kernel - 1) * self.ssm_conv_dim + self.ssm_v_heads * self.ssm_head_v * self.ssm_head_k
+        per_layer = (
+            self.ssm_conv_kernel - 1
+        ) * self.ssm_conv_dim + self.ssm_v_heads * self.ssm_head_v * self.ssm_head_k
         return len(self.recurrent_layers) * per_layer
 
     @property

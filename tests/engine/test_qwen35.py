@@ -72,7 +72,7 @@ def test_qwen35_file_matches_reference(load_variant, type_name):
 @pytest.mark.parametrize("type_name", ["f32", "q8_0"])
 def test_qwen35moe_file_matches_reference(load_variant, type_name):
     """Qwen3.5-MoE: the same hybrid with a mixture of experts and a gated shared expert as its FFN, on a prompt
-    whose routing the reference finds clear of ties (a near tie is a coin toss for float32: tests/engine/test_moe.py)."""
+    whose routing the reference finds clear of ties (a near tie is a coin toss for float32: test_moe.py)."""
     model = load_variant(f"qwen35moe-gguf-{type_name}")
     cfg = model.config
     assert cfg.is_moe and cfg.expert_norm_topk and cfg.shared_expert_hidden_dim == 96 and cfg.recurrent_layers
