@@ -86,6 +86,9 @@ class Engine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
+        for s in seqs:
+            if s.restore_state is not None:  # a prefix-cache hit: the state after its cached positions
+                self._ctx.write_state(s.state_slot, s.restore_state, s.start_pos)
         params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
         samples, logits, hidden = self._ctx.forward(
             b.tokens,
@@ -114,6 +117,9 @@ class Engine(EngineShape):
             seq_output(s, rows, samples["token"], samples["logprob"], top_logprobs, logits)
             for s, rows in zip(seqs, b.rows_of_seq)
         ]
+        for s, out in zip(seqs, outputs):
+            if s.snapshot_state:
+                out.state = self._ctx.read_state(s.state_slot)[0]
         return (outputs, hidden) if want_hidden else outputs
 
     # ---- KV blocks in and out (the prompt cache on disk: prompt_cache_disk.py) ------------------------------

@@ -50,10 +50,11 @@ class Scheduler(Sequences):
         clock: Callable[[], float] = time.monotonic,
     ):
         slots = num_state_slots(engine)
-        if slots and enable_prefix_caching:
-            # a cached prefix would need the recurrent state at its end as well as its KV blocks
-            log.info("prefix caching is off: this model has recurrent layers, whose state a cached prefix lacks")
-            enable_prefix_caching = False
+        # a recurrent model's cached prefix needs the state at its end: prefill chunks end at block boundaries and
+        # the state there is kept beside the block (kv_cache.py: at most one snapshot per state slot)
+        self.snapshot_states = bool(slots) and enable_prefix_caching
+        if self.snapshot_states:
+            log.info("prefix caching keeps recurrent-state snapshots at block boundaries (at most %d)", slots)
         if slots and speculative:
             log.info("speculative decoding is off: this model has recurrent layers, which rejected drafts would alter")
         # a recurrent model's draft tokens would enter its state before they are verified: it never drafts
@@ -155,7 +156,12 @@ class Scheduler(Sequences):
         return ScheduledBatch(
             scheduled,
             [
-                s.engine_input(list(self.kv.block_table(s.state.key)), self.kv.state_slot(s.state.key))
+                s.engine_input(
+                    list(self.kv.block_table(s.state.key)),
+                    self.kv.state_slot(s.state.key),
+                    self.kv.take_restore(s.state.key) if self.snapshot_states else None,
+                    self.block_size if self.snapshot_states else 0,
+                )
                 for s in scheduled
             ],
         )
@@ -188,7 +194,12 @@ class Scheduler(Sequences):
 
     def _chunk(self, st: RequestState, n: int, rows_left: int) -> int:
         # an echo-logprobs chunk returns a logits row per token, and the engine holds only so many rows
-        return min(n, rows_left) if st.wants_prompt_logits else n
+        n = min(n, rows_left) if st.wants_prompt_logits else n
+        if self.snapshot_states:  # a chunk across a block boundary stops there, where its state is snapshot
+            boundary = (st.num_computed + n) // self.block_size * self.block_size
+            if st.num_computed < boundary < st.num_computed + n:
+                n = boundary - st.num_computed
+        return n
 
     def _num_sampled(self, st: RequestState, n: int) -> int:
         reaches_end = st.num_computed + n == len(st.token_ids)
@@ -259,6 +270,8 @@ class Scheduler(Sequences):
                 if not (was_prompt_done and s.num_new == 1):
                     stats.num_prefill_tokens += s.num_new
                 self.kv.cache_blocks(st.key, st.token_ids, st.num_computed)
+                if self.snapshot_states and out.state is not None:
+                    self.kv.store_snapshot(st.key, st.num_computed, out.state)
 
             if st.request.warm:
                 if st.num_computed >= st.target_len:

@@ -37,7 +37,10 @@ class ScheduledSeq:
         """Rows of logits the engine returns: every row of an echo-logprobs chunk, else the sampled ones."""
         return self.num_new if self.state.wants_prompt_logits else self.num_sampled
 
-    def engine_input(self, block_table: list[int], state_slot: int = -1) -> SeqInput:
+    def engine_input(
+        self, block_table: list[int], state_slot: int = -1, restore_state=None, snapshot_every: int = 0
+    ) -> SeqInput:
+        """snapshot_every: ask for the recurrent state when the step ends at a multiple of it (0: never)."""
         st = self.state
         start = st.num_computed
         token_ids = st.token_ids[start : start + self.num_new]
@@ -58,6 +61,8 @@ class ScheduledSeq:
             want_logits=st.wants_prompt_logits,
             allowed=allowed,
             state_slot=state_slot,
+            restore_state=restore_state,
+            snapshot_state=bool(snapshot_every) and (start + self.num_new) % snapshot_every == 0,
         )
 
 

@@ -267,6 +267,11 @@ class _StateCollector:
                 "Recurrent-state slots held by running sequences.",
                 kv.num_state_slots_used,
             )
+            yield gauge(
+                "recurrent_state_snapshots",
+                "Recurrent states kept at cached block boundaries for prefix-cache hits.",
+                kv.num_state_snapshots,
+            )
         base = m._base
         yield counter(
             "prefix_cache_queries",

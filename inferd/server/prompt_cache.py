@@ -44,13 +44,13 @@ async def open_prompt_cache(state: ServerState) -> None:
     assert engine is not None and engine_loop is not None and model is not None
     from inferd.engine.engine import Engine
 
-    if not engine_loop.scheduler.kv.enable_prefix_caching:  # a recurrent model: the scheduler turned it off
-        log.info("the prompt cache on disk is off: prefix caching is off for this model")
-        return
     if not isinstance(engine, Engine):  # the setting's default must not stop a GPU server from starting
         log.warning(
             "the prompt cache on disk is off: it needs device = cpu (the %s engine cannot copy KV blocks out)", s.device
         )
+        return
+    if engine.num_state_slots:  # the blocks' images would lack the recurrent state
+        log.info("the prompt cache on disk is off: this model's prefixes need their recurrent state, kept in memory")
         return
     folder = cache_folder(state)
     loop = asyncio.get_running_loop()

@@ -180,8 +180,8 @@ def test_state_read_and_restored_continues_the_same(load_variant):
 
 
 def test_scheduler_runs_hybrid_requests(load_variant):
-    """Through the scheduler: greedy generation beside other requests equals generation alone; prefix caching and
-    speculative decoding are off for the hybrid; each running sequence holds a state slot, freed when it ends."""
+    """Through the scheduler: greedy generation beside other requests equals generation alone; speculative
+    decoding is off for the hybrid; each running sequence holds a state slot, freed when it ends."""
     model = load_variant("qwen35-gguf-q8_0")
     eng = engine(model, max_seqs=3, num_kv_blocks=12)
     greedy = SamplingParams(temperature=0.0)
@@ -189,7 +189,7 @@ def test_scheduler_runs_hybrid_requests(load_variant):
     alone = [[t for out in generate(eng, Request(f"a{i}", p, greedy, 12)) for t in out.token_ids]
              for i, p in enumerate(prompts)]
     sched = Scheduler(eng, max_model_len=512, enable_prefix_caching=True, speculative=True)
-    assert not sched.kv.enable_prefix_caching and not sched.allow_drafts
+    assert sched.snapshot_states and not sched.allow_drafts
     from inferd.engine.request import RequestState
     for i, p in enumerate(prompts):
         sched.add(RequestState(Request(f"b{i}", p, greedy, 12), 0.0))
@@ -229,3 +229,60 @@ def test_preempted_sequence_recomputes_its_state(load_variant):
             got[st.request.request_id] += out.token_ids
     assert preemptions > 0, "nothing was preempted: the test would not test recomputation"
     assert [got["b0"], got["b1"]] == alone
+
+
+def run_scheduler(sched, eng, requests):
+    """Each request's (tokens, logprobs) through the scheduler, all added at once."""
+    from inferd.engine.request import RequestState
+    for r in requests:
+        sched.add(RequestState(r, 0.0))
+    got = {r.request_id: ([], []) for r in requests}
+    while sched.has_work:
+        batch = sched.schedule()
+        sched.postprocess(batch, eng.step(batch.inputs))
+        for st, out in sched.take_outputs():
+            got[st.request.request_id][0].extend(out.token_ids)
+            got[st.request.request_id][1].extend(out.logprobs or [])
+    return [got[r.request_id] for r in requests]
+
+
+def test_prefix_cache_hit_restores_the_state(load_variant):
+    """A request sharing 150 prompt tokens with an earlier one starts from the cached blocks and the state snapshot
+    at the last block boundary of the shared part (128), and gives the bits of a cold run: the same tokens and
+    log-probabilities. A prefill chunk that crosses a block boundary stops at its last one, where the state is
+    snapshot."""
+    model = load_variant("qwen35-gguf-q8_0")
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    shared = tokens(model, 150, 7)
+    first = shared + tokens(model, 10, 8)
+    second = shared + tokens(model, 25, 9)
+    eng = engine(model, max_seqs=2, num_kv_blocks=12)
+    cold = run_scheduler(Scheduler(eng, max_model_len=512, enable_prefix_caching=False), eng,
+                         [Request("cold", second, greedy, 10)])[0]
+    sched = Scheduler(eng, max_model_len=512)
+    run_scheduler(sched, eng, [Request("first", first, greedy, 4)])
+    # one snapshot, at 128: the engine's 128-token steps end there (then 32 more prompt tokens, 4 decoded)
+    assert sched.kv.stats().num_state_snapshots == 1
+    hits = sched.kv.prefix_hits
+    warm = run_scheduler(sched, eng, [Request("second", second, greedy, 10)])[0]
+    assert sched.kv.prefix_hits - hits == 128
+    assert warm == cold and len(cold[0]) == 10
+
+
+def test_snapshots_are_bounded_and_go_with_their_blocks(load_variant):
+    """At most one snapshot per state slot is kept (the oldest dropped first); a hit needs a snapshot, so a prefix
+    whose snapshots were dropped is recomputed, and still gives a cold run's bits."""
+    model = load_variant("qwen35-gguf-q8_0")
+    greedy = SamplingParams(temperature=0.0, logprobs=0)
+    eng = engine(model, max_seqs=2, num_kv_blocks=12)
+    sched = Scheduler(eng, max_model_len=512)
+    prompts = [tokens(model, 140, seed) for seed in (11, 12, 13)]
+    for i, p in enumerate(prompts):
+        run_scheduler(sched, eng, [Request(f"p{i}", p, greedy, 2)])
+        assert sched.kv.stats().num_state_snapshots <= 2
+    hits = sched.kv.prefix_hits
+    again = run_scheduler(sched, eng, [Request("again", prompts[0], greedy, 6)])[0]   # its snapshots are gone
+    assert sched.kv.prefix_hits == hits
+    cold = run_scheduler(Scheduler(eng, max_model_len=512, enable_prefix_caching=False), eng,
+                         [Request("cold", prompts[0], greedy, 6)])[0]
+    assert again == cold

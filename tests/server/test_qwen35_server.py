@@ -1,6 +1,6 @@
 """A Qwen3.5 hybrid served: kv_cache_mib pays for every running sequence's recurrent state before the KV blocks,
-/metrics shows the state slots, prefix caching is off (a cached prefix lacks the state at its end), and concurrent
-greedy requests give what each gives alone."""
+/metrics shows the state slots and snapshots, the prompt cache on disk is off (its block images would lack the
+state), and concurrent greedy requests give what each gives alone."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -27,7 +27,7 @@ def test_hybrid_server_budget_metrics_and_batching(hybrid):
         assert srv.metric("inferd:kv_cache_blocks") == ((1 << 20) - state_bytes) // kv_block
         assert srv.metric("inferd:recurrent_state_slots") == 4
         assert srv.metric("inferd:recurrent_state_slots_used") == 0
-        assert not srv.state.engine_loop.scheduler.kv.enable_prefix_caching
+        assert srv.state.engine_loop.scheduler.snapshot_states and srv.state.prompt_cache is None
 
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         model = srv.state.served_model_name
@@ -44,6 +44,7 @@ def test_hybrid_server_budget_metrics_and_batching(hybrid):
         assert together == alone
         srv.wait_idle()
         assert srv.metric("inferd:recurrent_state_slots_used") == 0
-        assert srv.metric("inferd:prefix_cache_hits_total") == 0
+        assert srv.metric("inferd:prefix_cache_hits_total") == 0       # prompts shorter than a block
+        assert srv.metric("inferd:recurrent_state_snapshots") == 0
     finally:
         srv.stop()
