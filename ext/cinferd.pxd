@@ -169,7 +169,7 @@ cdef extern from "inferd.h" nogil:
         float *dt_bias
         float *a_log
         float *norm_out
-        int n_k_heads, n_v_heads, head_k, head_v, conv_kernel, index
+        int n_k_heads, n_v_heads, head_k, head_v, conv_kernel, index, grouped_heads
     size_t gdn_state_floats(const gdn_block_t *G)
     ctypedef struct block_t:
         int kind

@@ -22,6 +22,7 @@ cdef int gdn_block_init(Model model, model_config_t *c, gdn_block_t *G, int laye
     G.n_k_heads, G.n_v_heads = options["n_k_heads"], options["n_v_heads"]
     G.conv_kernel = options["conv_kernel"]
     G.index = index
+    G.grouped_heads = options.get("grouped_heads", 0)
     cdef int conv_dim = 2 * G.n_k_heads * G.head_k + G.n_v_heads * G.head_v, vdim = G.n_v_heads * G.head_v
     win, wba, wout = ts["win"], ts["wba"], ts["wout"]
     if spec_rows(win) != conv_dim + vdim or spec_rows(wba) != 2 * G.n_v_heads or wout[1] != c.dim or wout[2] != vdim:

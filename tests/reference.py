@@ -297,10 +297,22 @@ class Reference:
         cfg = self.cfg
         T = h.shape[0]
         nk, nv, dk, dv, K = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_k, cfg.ssm_head_v, cfg.ssm_conv_kernel
-        mixed = self.mm(h, p + "attn_qkv.weight", act_quant)                  # (T, conv_dim)
-        z = self.mm(h, p + "attn_gate.weight", act_quant).reshape(T, nv, dv)
-        beta = 1.0 / (1.0 + np.exp(-self.mm(h, p + "ssm_beta.weight", act_quant)))          # (T, nv)
-        alpha = self.mm(h, p + "ssm_alpha.weight", act_quant) + self.vec(p + "ssm_dt.bias")
+        r = nv // nk
+        if p + "ssm_in.weight" in self.t:      # Qwen3-Next's older files: q|k|v|z per key head, in turn
+            qkvz = self.mm(h, p + "ssm_in.weight", act_quant).reshape(T, nk, 2 * dk + 2 * r * dv)
+            mixed = np.concatenate([qkvz[:, :, :dk].reshape(T, -1), qkvz[:, :, dk:2 * dk].reshape(T, -1),
+                                    qkvz[:, :, 2 * dk:2 * dk + r * dv].reshape(T, -1)], axis=1)
+            z = qkvz[:, :, 2 * dk + r * dv:].reshape(T, nv, dv)
+        else:
+            mixed = self.mm(h, p + "attn_qkv.weight", act_quant)              # (T, conv_dim)
+            z = self.mm(h, p + "attn_gate.weight", act_quant).reshape(T, nv, dv)
+        if p + "ssm_ba.weight" in self.t:      # Qwen3-Next: beta|alpha of each key head's value heads, in turn
+            ba = self.mm(h, p + "ssm_ba.weight", act_quant).reshape(T, nk, 2 * r)
+            b, a = ba[:, :, :r].reshape(T, nv), ba[:, :, r:].reshape(T, nv)
+        else:
+            b, a = self.mm(h, p + "ssm_beta.weight", act_quant), self.mm(h, p + "ssm_alpha.weight", act_quant)
+        beta = 1.0 / (1.0 + np.exp(-b))                                         # (T, nv)
+        alpha = a + self.vec(p + "ssm_dt.bias")
         g = self.vec(p + "ssm_a") * np.logaddexp(0.0, alpha)                   # a * softplus: log decay, (T, nv)
         taps = self.w(p + "ssm_conv1d.weight")                                 # (conv_dim, K), oldest first
         padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
@@ -313,7 +325,7 @@ class Reference:
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + cfg.norm_eps)
         out = np.empty((T, nv, dv))
         for head in range(nv):
-            kh = head % nk
+            kh = head // r if cfg.ssm_grouped_heads else head % nk     # Qwen3-Next groups, Qwen3.5 tiles
             S = np.zeros((dk, dv))
             for t in range(T):
                 S = S * np.exp(g[t, head])

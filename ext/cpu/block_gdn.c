@@ -125,7 +125,8 @@ static void delta_fn(void *arg, int64_t begin, int64_t end, int thread) {
     float *qn = c->gdn_scratch + (size_t)thread * (2 * hk + 2 * hv), *kn = qn + hk, *o = kn + hk, *on = o + hv;
     int simd = cpu_path() != PATH_SCALAR;
     for (int64_t item = begin; item < end; item++) {
-        int seq = (int)(item / H), h = (int)(item % H), kh = h % G->n_k_heads;
+        int seq = (int)(item / H), h = (int)(item % H);
+        int kh = G->grouped_heads ? h / (H / G->n_k_heads) : h % G->n_k_heads;
         float *M = block_state(c, G, s->b->state_slots[seq]) + (size_t)(G->conv_kernel - 1) * conv_dim +
                    (size_t)h * hv * hk;
         for (int t = c->seq_first[seq]; t < c->seq_first[seq + 1]; t++) {

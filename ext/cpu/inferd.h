@@ -302,7 +302,7 @@ typedef struct {
 /* Gated DeltaNet (block_gdn.c), a linear-attention mixer with a recurrent state per sequence. Per token:
  * (qkv, z) = Win xn, (b, a) = Wba xn; qkv goes through a causal depthwise convolution over the channel's last
  * conv_kernel inputs (the state keeps conv_kernel - 1 of them), then SiLU; q and k are L2-normed per key head;
- * per value head h (reading key head h % n_k_heads): beta = sigmoid(b_h), decay = exp(softplus(a_h + dt_bias_h) *
+ * per value head h (reading key head h % n_k_heads, or h / (n_v_heads / n_k_heads) with grouped_heads): beta = sigmoid(b_h), decay = exp(softplus(a_h + dt_bias_h) *
  * a_log_h), S = decay S, S += k (beta (v - S^T k))^T, o = S^T q / sqrt(head_k); out = rmsnorm(o, norm_out) *
  * silu(z_h); x += Wout out. S is (head_k, head_v) per value head, kept as (head_v, head_k): row j holds S[:, j]. */
 typedef struct {
@@ -315,6 +315,7 @@ typedef struct {
     float *norm_out;                   /* (head_v) the gated RMSNorm's weights */
     int n_k_heads, n_v_heads, head_k, head_v, conv_kernel;
     int index;                         /* this block's place among the model's recurrent blocks: its state slice */
+    int grouped_heads;                 /* value heads grouped by key head (Qwen3-Next) rather than tiled (Qwen3.5) */
 } gdn_block_t;
 #define GDN_CONV_DIM(G) (2 * (G)->n_k_heads * (G)->head_k + (G)->n_v_heads * (G)->head_v)
 #define GDN_VALUE_DIM(G) ((G)->n_v_heads * (G)->head_v)

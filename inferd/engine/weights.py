@@ -220,8 +220,22 @@ def _cpu_block(block: Block, ts) -> tuple:
             out["shared_gu"] = fuse([t["gate_shexp"], t["up_shexp"]], interleave=32)
             out["shared_down"] = _spec(t["down_shexp"])
     elif block.kind == RECURRENT:
-        out["win"] = fuse([t["qkv"], t["gate"]])  # the convolved channels, then the output gate z
-        out["wba"] = fuse([t["beta"], t["alpha"]])
+        o = block.options
+        if "in" in t:  # Qwen3-Next's q|k|v|z grouped per key head: its rows regrouped as the engine's q, k, v, z
+            out["win"] = fuse(
+                grouped_rows(
+                    t["in"],
+                    o["n_k_heads"],
+                    [o["head_k"], o["head_k"], *[o["head_v"]] * 2],
+                    o["n_v_heads"] // o["n_k_heads"],
+                )
+            )
+        else:
+            out["win"] = fuse([t["qkv"], t["gate"]])  # the convolved channels, then the output gate z
+        if "ba" in t:  # beta|alpha grouped per key head
+            out["wba"] = fuse(grouped_rows(t["ba"], o["n_k_heads"], [1, 1], o["n_v_heads"] // o["n_k_heads"]))
+        else:
+            out["wba"] = fuse([t["beta"], t["alpha"]])
         out["wout"] = _spec(t["out"])
         out["conv"] = _vector(t["conv"])  # (conv_dim, kernel) row-major: each channel's taps, oldest first
         for role, name in (("dt_bias", "dt_bias"), ("a", "a_log"), ("norm_out", "norm_out")):
@@ -244,6 +258,25 @@ def split_heads(t: Tensor, head_dim: int) -> tuple[list[Tensor], list[Tensor]]:
         for h in range(n)
     ]
     return q, g
+
+
+def grouped_rows(t: Tensor, groups: int, sizes: list[int], repeats: int) -> list[Tensor]:
+    """Views of a matrix whose rows come in `groups` groups, each holding parts of `sizes` rows (the value-sized
+    ones `repeats` times over: one per value head of the group), regrouped part by part: every group's part 0, then
+    every group's part 1, ... (Qwen3-Next's fused in-projections, grouped per key head)."""
+    widths = [s * repeats for s in sizes]
+    if len(sizes) == 4:  # q and k: one key head's; v and z: its value heads'
+        widths[:2] = sizes[:2]
+    stride = sum(widths)
+    if stride * groups != t.rows:
+        raise ValueError(f"{t.name}: {t.rows} rows are not {groups} groups of {stride}")
+    views = []
+    for part, width in enumerate(widths):
+        first = sum(widths[:part])
+        for g in range(groups):
+            row = g * stride + first
+            views.append(Tensor(f"{t.name}[{g}.{part}]", t.type, width, t.cols, t.data[row : row + width]))
+    return views
 
 
 def experts(t: Tensor, n: int) -> list[Tensor]:

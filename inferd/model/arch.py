@@ -72,6 +72,10 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
         "a": "ssm_a",
         "norm_out": "ssm_norm.weight",
         "out": "ssm_out.weight",
+        # Qwen3-Next's files: beta|alpha as one matrix, grouped per key head ([beta, alpha] of the group's value
+        # heads in turn), and in older ones q|k|v|z as one (ssm_in), grouped per key head the same way
+        "ba": "ssm_ba.weight",
+        "in": "ssm_in.weight",
     },
 }
 # the model's own tensors, outside the layers: role -> GGUF name ("output" is absent when tied to the embedding)
@@ -160,6 +164,9 @@ class Architecture:
     # a hybrid of Gated DeltaNet and gated attention (Qwen3.5): the attention's Wq holds each head's q then its output
     # gate, RoPE may cover part of a head, and the FFN's input norm is named post_attention_norm
     hybrid_gdn: bool = False
+    # Qwen3-Next's Gated DeltaNet: value head h reads key head h // (n_v_heads / n_k_heads) (Qwen3.5's files order
+    # the value heads so that it reads h % n_k_heads), and its beta|alpha rows come fused, grouped per key head
+    gdn_grouped_heads: bool = False
     # the row's own metadata (sliding windows, scales): ModelConfig fields read from the file by this function
     gguf_options: Callable[[MetadataReader, int, int, int, int], dict[str, Any]] | None = field(
         default=None, compare=False
@@ -242,6 +249,16 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen3moe", qk_norm=True, ffn=FFN_MOE, moe_norm_topk=True),
         Architecture("olmoe", qk_norm=True, qk_norm_full=True, ffn=FFN_MOE),
         Architecture("qwen35", qk_norm=True, hybrid_gdn=True, gguf_options=qwen35_options),
+        Architecture(
+            "qwen3next",
+            qk_norm=True,
+            hybrid_gdn=True,
+            gdn_grouped_heads=True,
+            ffn=FFN_MOE,
+            moe_norm_topk=True,
+            shared_expert=True,
+            gguf_options=qwen35_options,
+        ),
         Architecture(
             "qwen35moe",
             qk_norm=True,

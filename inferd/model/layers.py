@@ -61,24 +61,31 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
 
 def _recurrent(cfg: ModelConfig, layer: int) -> Block:
     dim, conv, value, heads = cfg.dim, cfg.ssm_conv_dim, cfg.ssm_value_dim, cfg.ssm_v_heads
-    shapes: dict[str, tuple[int, ...]] = {
-        "norm": (1, dim),
-        "qkv": (conv, dim),
-        "gate": (value, dim),
-        "beta": (heads, dim),
-        "alpha": (heads, dim),
-        "conv": (conv, cfg.ssm_conv_kernel),
-        "dt_bias": (1, heads),
-        "a": (1, heads),
-        "norm_out": (1, cfg.ssm_head_v),
-        "out": (dim, value),
-    }
+    shapes: dict[str, tuple[int, ...]] = {"norm": (1, dim)}
+    if cfg.ssm_fused_in:  # q|k|v|z grouped per key head (Qwen3-Next's older files)
+        shapes["in"] = (conv + value, dim)
+    else:
+        shapes.update({"qkv": (conv, dim), "gate": (value, dim)})
+    if cfg.ssm_grouped_heads:  # beta|alpha grouped per key head (Qwen3-Next)
+        shapes["ba"] = (2 * heads, dim)
+    else:
+        shapes.update({"beta": (heads, dim), "alpha": (heads, dim)})
+    shapes.update(
+        {
+            "conv": (conv, cfg.ssm_conv_kernel),
+            "dt_bias": (1, heads),
+            "a": (1, heads),
+            "norm_out": (1, cfg.ssm_head_v),
+            "out": (dim, value),
+        }
+    )
     options = {
         "n_k_heads": cfg.ssm_k_heads,
         "n_v_heads": heads,
         "head_k": cfg.ssm_head_k,
         "head_v": cfg.ssm_head_v,
         "conv_kernel": cfg.ssm_conv_kernel,
+        "grouped_heads": int(cfg.ssm_grouped_heads),
     }
     return _block(RECURRENT, layer, options, shapes)
 

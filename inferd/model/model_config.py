@@ -74,6 +74,8 @@ class ModelConfig:
     ssm_head_v: int = 0
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
+    ssm_grouped_heads: bool = False  # Qwen3-Next: value head h reads key head h // (v_heads / k_heads); ssm_ba fused
+    ssm_fused_in: bool = False  # Qwen3-Next's older files: q|k|v|z as one matrix (ssm_in), grouped per key head
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -335,6 +337,8 @@ class ModelConfig:
             n_layers -= int(_meta(fields, f"{arch}.nextn_predict_layers", 0) or 0)
             options_hybrid: dict[str, Any] = {"rope_dims": 0 if rope_dims == head_dim else rope_dims}
             options_hybrid["attn_output_gate"] = True
+            options_hybrid["ssm_grouped_heads"] = row.gdn_grouped_heads
+            options_hybrid["ssm_fused_in"] = any(n.endswith(".ssm_in.weight") for n in names)
         else:
             options_hybrid = {}
         options: dict[str, Any] = {}

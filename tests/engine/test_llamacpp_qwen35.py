@@ -1,6 +1,7 @@
 """inferd's log-probabilities equal llama.cpp's on tiny Qwen3.5 GGUF files (Gated DeltaNet layers beside gated
 attention with partial RoPE; and Qwen3.5-MoE, the same with a mixture of experts and a gated shared expert), written
-by tests/model/make_tiny.py and read by llama.cpp as its own `qwen35` and `qwen35moe`: the same
+by tests/model/make_tiny.py and read by llama.cpp as its own `qwen35` and `qwen35moe`; and Qwen3-Next, `qwen3next`,
+in its files' two layouts: the same
 teacher forcing and tolerances as tests/engine/test_llamacpp_tiny.py's dense files (llama.cpp's greedy tokens, the five
 most likely tokens' log-probabilities within LOGPROB_TOL at every reported position, the greedy choice equal unless
 llama.cpp's top two are within NEAR_TIE). The F32 file is multiplied without quantized activations by both engines.
@@ -19,7 +20,7 @@ from tests.engine.test_llamacpp_tiny import (GENERATE, LOGPROB_TOL, NEAR_TIE, PR
 from tests.model.make_tiny import make_variant
 
 __all__ = ["llama_server"]   # the module's fixture, shared
-PROMPT_SEEDS = {"qwen35": 3, "qwen35moe": 3}
+PROMPT_SEEDS = {"qwen35": 3, "qwen35moe": 3, "qwen3next": 3, "qwen3next-ssm_in": 3}
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -28,7 +29,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next", "qwen3next-ssm_in"])
 def test_qwen35_logprobs_match_llama_cpp(llama_server, tmp_path, arch):
     path = make_variant(f"{arch}-gguf-f32", tmp_path)
     model = load_model(path)

@@ -33,6 +33,7 @@ LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['r
                    "{{ '[INST] ' + message['content'] + ' [/INST]' }}"
                    "{% else %}{{ ' ' + message['content'] + eos_token }}"
                    "{% endif %}{% endfor %}")
+HYBRIDS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet beside gated attention
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
@@ -78,10 +79,10 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35", "qwen35moe")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "qwen3next")
 
     def is_recurrent(self, layer: int) -> bool:
-        return self.arch in ("qwen35", "qwen35moe") and (layer + 1) % self.full_attention_interval != 0
+        return self.arch in HYBRIDS and (layer + 1) % self.full_attention_interval != 0
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     for i in range(spec.n_layers):
         b = f"blk.{i}."
-        if spec.arch in ("qwen35", "qwen35moe"):
+        if spec.arch in HYBRIDS:
             shapes.update(_qwen35_shapes(spec, b, i))
             continue
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
@@ -260,10 +261,16 @@ def _qwen35_shapes(spec: TinySpec, b: str, i: int) -> dict[str, tuple[int, ...]]
     if spec.is_recurrent(i):
         nk, nv, hs = spec.ssm_k_heads, spec.ssm_v_heads, spec.ssm_head
         conv = 2 * nk * hs + nv * hs
-        shapes.update({b + "attn_qkv.weight": (conv, d), b + "attn_gate.weight": (nv * hs, d),
-                       b + "ssm_conv1d.weight": (conv, spec.ssm_conv), b + "ssm_dt.bias": (nv,), b + "ssm_a": (nv,),
-                       b + "ssm_beta.weight": (nv, d), b + "ssm_alpha.weight": (nv, d),
+        shapes.update({b + "ssm_conv1d.weight": (conv, spec.ssm_conv), b + "ssm_dt.bias": (nv,), b + "ssm_a": (nv,),
                        b + "ssm_norm.weight": (hs,), b + "ssm_out.weight": (d, nv * hs)})
+        if spec.extra.get("ssm_in"):      # Qwen3-Next's older files: q|k|v|z fused, grouped per key head
+            shapes[b + "ssm_in.weight"] = (conv + nv * hs, d)
+        else:
+            shapes.update({b + "attn_qkv.weight": (conv, d), b + "attn_gate.weight": (nv * hs, d)})
+        if spec.arch == "qwen3next":      # beta|alpha fused, grouped per key head
+            shapes[b + "ssm_ba.weight"] = (2 * nv, d)
+        else:
+            shapes.update({b + "ssm_beta.weight": (nv, d), b + "ssm_alpha.weight": (nv, d)})
     else:
         shapes.update({b + "attn_q.weight": (2 * q, d), b + "attn_k.weight": (kv, d), b + "attn_v.weight": (kv, d),
                        b + "attn_output.weight": (d, q), b + "attn_q_norm.weight": (spec.head_dim,),
@@ -336,7 +343,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
     w.add_rope_dimension_count(spec.rope_dims or spec.head_dim)
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in HYBRIDS:
         w.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
         w.add_uint32(f"{arch}.ssm.state_size", spec.ssm_head)
         w.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
@@ -344,7 +351,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         w.add_uint32(f"{arch}.ssm.inner_size", spec.ssm_v_heads * spec.ssm_head)
         w.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
         pairs = (spec.rope_dims or spec.head_dim) // 2      # M-RoPE sections: text positions make them one RoPE
-        w.add_array(f"{arch}.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
+        if arch != "qwen3next":
+            w.add_array(f"{arch}.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if spec.head_dim * spec.n_heads != spec.dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
@@ -354,7 +362,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     if spec.n_experts:
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.n_experts_used)
-        if arch in ("qwen2moe", "qwen3moe", "qwen35moe"):
+        if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
         if spec.shared_expert_dim:
             w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
@@ -539,6 +547,9 @@ _QWEN35 = TinySpec(arch="qwen35", dim=128, n_layers=4, n_heads=2, n_kv_heads=1, 
 # untied
 _QWEN35MOE = replace(_QWEN35, arch="qwen35moe", hidden_dim=64, n_experts=8, n_experts_used=2, shared_expert_dim=96,
                      tie_embeddings=False)
+# Qwen3-Next's: the same again, its value heads grouped per key head and beta|alpha fused (ssm_ba); the older files'
+# q|k|v|z fused as well (ssm_in)
+_QWEN3NEXT = replace(_QWEN35MOE, arch="qwen3next")
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -568,6 +579,9 @@ VARIANTS = {
     "qwen35-gguf-q8_0": ("gguf", _QWEN35, {"weight_type": "Q8_0"}),
     "qwen35moe-gguf-f32": ("gguf", _QWEN35MOE, {"weight_type": "F32"}),
     "qwen35moe-gguf-q8_0": ("gguf", _QWEN35MOE, {"weight_type": "Q8_0"}),
+    "qwen3next-gguf-f32": ("gguf", _QWEN3NEXT, {"weight_type": "F32"}),
+    "qwen3next-gguf-q8_0": ("gguf", _QWEN3NEXT, {"weight_type": "Q8_0"}),
+    "qwen3next-ssm_in-gguf-f32": ("gguf", replace(_QWEN3NEXT, extra={"ssm_in": True}), {"weight_type": "F32"}),
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),

@@ -11,10 +11,11 @@ from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS,
 
 def test_every_row_is_made_of_built_blocks():
     assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe", "qwen35",
-                     "qwen35moe")
+                     "qwen3next", "qwen35moe")
     assert BUILT_KINDS == ("attention", "ffn_gated", "ffn_moe", "recurrent")
     for row in ARCHITECTURES.values():
-        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if row.name.endswith("moe") else "ffn_gated")
+        moe = row.name.endswith("moe") or row.name == "qwen3next"
+        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if moe else "ffn_gated")
         assert row.mixer in BUILT_KINDS and row.ffn in BUILT_KINDS
     assert HF_ARCHS == {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                         "Qwen3ForCausalLM": "qwen3"}
@@ -27,14 +28,17 @@ def test_rows_say_what_each_architecture_is():
                   "qwen2": (True, False, False, "silu", True), "qwen3": (False, True, False, "silu", True),
                   "gemma3": (False, True, True, "gelu_tanh", True), "qwen2moe": (True, False, False, "silu", True),
                   "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True),
-                  "qwen35": (False, True, False, "silu", True), "qwen35moe": (False, True, False, "silu", True)}
+                  "qwen35": (False, True, False, "silu", True), "qwen3next": (False, True, False, "silu", True),
+                  "qwen35moe": (False, True, False, "silu", True)}
     assert [n for n, r in ARCHITECTURES.items() if r.hf_sliding_window] == ["mistral"]
     # the mixtures of experts as llama.cpp runs them: top-k weights renormalized (Qwen3-MoE, and Mixtral as a llama
     # file with experts), Qwen2-MoE's shared expert, OLMoE's QK-norm over all of q and k
-    assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe", "qwen35moe"]
-    assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe", "qwen35moe"]
-    # Qwen3.5's hybrids: Gated DeltaNet layers beside gated attention, the layer pattern read from the file
-    assert [n for n, r in ARCHITECTURES.items() if r.hybrid_gdn] == ["qwen35", "qwen35moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe", "qwen3next", "qwen35moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe", "qwen3next", "qwen35moe"]
+    # the hybrids: Gated DeltaNet layers beside gated attention, the layer pattern read from the file; Qwen3-Next's
+    # value heads grouped per key head
+    assert [n for n, r in ARCHITECTURES.items() if r.hybrid_gdn] == ["qwen35", "qwen3next", "qwen35moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.gdn_grouped_heads] == ["qwen3next"]
     assert [n for n, r in ARCHITECTURES.items() if r.qk_norm_full] == ["olmoe"]
 
 
@@ -50,7 +54,7 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
     assert BLOCK_TENSORS["ffn_gated"]["post_norm"] == "post_ffw_norm.weight"
     recurrent = set(BLOCK_TENSORS["recurrent"].values()) - {BLOCK_TENSORS["attention"]["norm"]}
-    assert not recurrent & set(names) and len(recurrent) == len(BLOCK_TENSORS["recurrent"]) - 1 == 9
+    assert not recurrent & set(names) and len(recurrent) == len(BLOCK_TENSORS["recurrent"]) - 1 == 11
     assert BLOCK_TENSORS["recurrent"]["a"] == "ssm_a" and BLOCK_TENSORS["recurrent"]["dt_bias"] == "ssm_dt.bias"
 
 

@@ -64,6 +64,7 @@ def test_qwen35_plan_mixes_recurrent_and_gated_attention_layers(tmp_path):
     gdn, attn = plan[0][0], plan[1][0]
     assert gdn.tensors["qkv"] == "blk.0.attn_qkv.weight" and gdn.shapes["qkv"] == (256, 128)
     assert gdn.shapes["conv"] == (256, 4) and gdn.tensors["a"] == "blk.0.ssm_a"
-    assert gdn.options == {"n_k_heads": 2, "n_v_heads": 4, "head_k": 32, "head_v": 32, "conv_kernel": 4}
+    assert gdn.options == {"n_k_heads": 2, "n_v_heads": 4, "head_k": 32, "head_v": 32, "conv_kernel": 4,
+                           "grouped_heads": 0}
     assert attn.shapes["q"] == (2 * 2 * 64, 128) and attn.options["gated"] == 1   # q and the gate, per head
     assert all(blocks[1].tensors["norm"] == f"blk.{i}.post_attention_norm.weight" for i, blocks in enumerate(plan))
