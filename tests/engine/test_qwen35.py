@@ -297,3 +297,11 @@ def test_snapshots_are_bounded_and_go_with_their_blocks(load_variant):
     cold = run_scheduler(Scheduler(eng, max_model_len=512, enable_prefix_caching=False), eng,
                          [Request("cold", prompts[0], greedy, 6)])[0]
     assert again == cold
+
+
+def test_embeddings_from_a_hybrid_are_refused_at_start(load_variant):
+    from inferd.engine.chat_embedder import ChatEmbedder
+
+    model = load_variant("qwen35-gguf-q8_0")
+    with pytest.raises(ValueError, match="recurrent layers"):
+        ChatEmbedder(engine(model), model.tokenizer, "last", name="hybrid", threads=1)
