@@ -305,3 +305,15 @@ def test_embeddings_from_a_hybrid_are_refused_at_start(load_variant):
     model = load_variant("qwen35-gguf-q8_0")
     with pytest.raises(ValueError, match="recurrent layers"):
         ChatEmbedder(engine(model), model.tokenizer, "last", name="hybrid", threads=1)
+
+
+def test_multi_token_prediction_layers_are_skipped(load_variant):
+    """A file with Qwen3.5's multi-token prediction layer after the trunk loads as the trunk alone: the same logits
+    as the file without it (the layer is not run)."""
+    with_mtp, plain = load_variant("qwen35-mtp-gguf-q8_0"), load_variant("qwen35-gguf-q8_0")
+    assert with_mtp.config.n_layers == plain.config.n_layers == 4
+    assert not any(name.startswith("blk.4.") for name in with_mtp.tensors)
+    toks = tokens(plain, 20)
+    got = [engine(m).step([SeqInput(toks, 0, [0], want_logits=True, state_slot=0)])[0].logits
+           for m in (with_mtp, plain)]
+    assert np.array_equal(got[0], got[1])

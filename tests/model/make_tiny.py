@@ -229,6 +229,15 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             shapes.update({b + "attn_q_norm.weight": (spec.head_dim,), b + "attn_k_norm.weight": (spec.head_dim,)})
         if spec.arch == "gemma3":      # sandwich norms; GGUF's Gemma norms hold 1 + w, as these do
             shapes.update({b + "post_attention_norm.weight": (spec.dim,), b + "post_ffw_norm.weight": (spec.dim,)})
+    if spec.extra.get("mtp"):   # a multi-token prediction layer after the trunk, as Qwen3.5's converter writes it
+        b, d, q, kv = f"blk.{spec.n_layers}.", spec.dim, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        shapes.update({b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,),
+                       b + "attn_q.weight": (2 * q, d), b + "attn_k.weight": (kv, d), b + "attn_v.weight": (kv, d),
+                       b + "attn_output.weight": (d, q), b + "attn_q_norm.weight": (spec.head_dim,),
+                       b + "attn_k_norm.weight": (spec.head_dim,), b + "ffn_gate.weight": (spec.hidden_dim, d),
+                       b + "ffn_up.weight": (spec.hidden_dim, d), b + "ffn_down.weight": (d, spec.hidden_dim),
+                       b + "nextn.eh_proj.weight": (d, 2 * d), b + "nextn.enorm.weight": (d,),
+                       b + "nextn.hnorm.weight": (d,)})
     out = {}
     for name, shape in shapes.items():
         rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
@@ -336,7 +345,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(spec.context_length)
     w.add_embedding_length(spec.dim)
-    w.add_block_count(spec.n_layers)
+    w.add_block_count(spec.n_layers + (1 if spec.extra.get("mtp") else 0))
+    if spec.extra.get("mtp"):
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_feed_forward_length(spec.hidden_dim)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
@@ -579,6 +590,7 @@ VARIANTS = {
     "qwen35-gguf-q8_0": ("gguf", _QWEN35, {"weight_type": "Q8_0"}),
     "qwen35moe-gguf-f32": ("gguf", _QWEN35MOE, {"weight_type": "F32"}),
     "qwen35moe-gguf-q8_0": ("gguf", _QWEN35MOE, {"weight_type": "Q8_0"}),
+    "qwen35-mtp-gguf-q8_0": ("gguf", replace(_QWEN35, extra={"mtp": True}), {"weight_type": "Q8_0"}),
     "qwen3next-gguf-f32": ("gguf", _QWEN3NEXT, {"weight_type": "F32"}),
     "qwen3next-gguf-q8_0": ("gguf", _QWEN3NEXT, {"weight_type": "Q8_0"}),
     "qwen3next-ssm_in-gguf-f32": ("gguf", replace(_QWEN3NEXT, extra={"ssm_in": True}), {"weight_type": "F32"}),
