@@ -137,7 +137,7 @@ static int check_batch(const context_t *c, const batch_t *b) {
         }
     }
     if (c->model->n_recurrent) {                 /* each sequence continues its slot's state, or starts it */
-        if (!b->state_slots) return FORWARD_BAD_STATE;
+        if (!b->state_slots || b->num_seqs > c->max_tokens) return FORWARD_BAD_STATE;   /* seq_first's size */
         for (int t = 0; t < b->num_tokens; t++) {
             int seq = b->seq_of_token[t], first = t == 0 || seq != b->seq_of_token[t - 1];
             if (first) {

@@ -317,3 +317,16 @@ def test_multi_token_prediction_layers_are_skipped(load_variant):
     got = [engine(m).step([SeqInput(toks, 0, [0], want_logits=True, state_slot=0)])[0].logits
            for m in (with_mtp, plain)]
     assert np.array_equal(got[0], got[1])
+
+
+def test_int8_kv_cache_on_the_attention_layers(load_variant):
+    """kv_cache_dtype q8_0: the attention layers' slices of the int8 cache (only they have one) keep the chunking
+    contract, and the logits stay near the f16 cache's."""
+    model = load_variant("qwen35-gguf-q8_0")
+    toks = tokens(model)
+    q8 = Engine(model, num_kv_blocks=8, max_batch_tokens=128, max_seqs=2, threads=2, max_logits_rows=128,
+                kv_cache_dtype="q8_0")
+    whole, chunked = run_chunks(q8, toks, [SEQ_LEN]), run_chunks(q8, toks, [9, 50, 11])
+    assert np.array_equal(whole, chunked)
+    f16 = run_chunks(engine(model), toks, [SEQ_LEN])
+    assert row_errors(whole, f16).max() < QUANT_TOL and not np.array_equal(whole, f16)
