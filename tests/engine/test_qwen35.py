@@ -330,3 +330,22 @@ def test_int8_kv_cache_on_the_attention_layers(load_variant):
     assert np.array_equal(whole, chunked)
     f16 = run_chunks(engine(model), toks, [SEQ_LEN])
     assert row_errors(whole, f16).max() < QUANT_TOL and not np.array_equal(whole, f16)
+
+
+def test_perplexity_runs_on_a_hybrid(load_variant):
+    """`inferd perplexity`'s loop (each chunk from position 0 in slot 0) scores a hybrid as one step over the whole
+    chunk does."""
+    from inferd.engine.runner import perplexity
+
+    model = load_variant("qwen35-gguf-q8_0")
+    eng = engine(model)
+    toks = tokens(model, 256, 3)
+    got = perplexity(eng, toks, 128)
+    nll = []
+    for c in range(2):
+        chunk = toks[c * 128:(c + 1) * 128]
+        logits = eng.step([SeqInput(chunk, 0, [0, 1], 0, want_logits=True, state_slot=1)])[0].logits.astype(np.float64)
+        peak = logits.max(1, keepdims=True)
+        logp = logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
+        nll += [-logp[i, chunk[i + 1]] for i in range(64, 127)]
+    assert got.scored_tokens == len(nll) and abs(got.ppl - np.exp(np.mean(nll))) < 1e-6 * got.ppl
