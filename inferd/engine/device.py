@@ -61,19 +61,23 @@ def engine_class(device: str):
 
 def kv_budget(config: Any, settings: Settings, max_seqs: int | None = None) -> int:
     """Bytes of kv_cache_mib left for KV blocks: a model with recurrent layers keeps one state per running sequence
-    (max_running of them) out of the same budget."""
+    (max_running of them) out of the same budget, and with prefix caching as many snapshots of states at cached
+    block boundaries (KVCacheManager keeps at most one per slot)."""
     budget = settings.kv_cache_mib << 20
     seqs = max_seqs or settings.max_running
-    state = seqs * state_bytes_per_seq(config)
+    copies = 2 if settings.enable_prefix_caching else 1
+    state = copies * seqs * state_bytes_per_seq(config)
     if state and state + (budget >> 3) > budget:
         raise DeviceError(
             f"kv_cache_mib {settings.kv_cache_mib} cannot hold the recurrent state of {seqs} running sequences "
-            f"({-(-state >> 20)} MiB) beside a useful KV cache: raise kv_cache_mib or lower max_running"
+            f"({-(-state >> 20)} MiB{' with their prefix snapshots' if copies > 1 else ''}) beside a useful KV cache: "
+            "raise kv_cache_mib or lower max_running"
         )
     if state:
         log.info(
-            "recurrent state: %d slots of %.1f MiB (%d MiB of kv_cache_mib), the rest for KV blocks",
+            "recurrent state: %d slots%s of %.1f MiB (%d MiB of kv_cache_mib), the rest for KV blocks",
             seqs,
+            " and as many prefix snapshots" if copies > 1 else "",
             state_bytes_per_seq(config) / (1 << 20),
             -(-state >> 20),
         )

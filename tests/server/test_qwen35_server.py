@@ -1,4 +1,5 @@
-"""A Qwen3.5 hybrid served: kv_cache_mib pays for every running sequence's recurrent state before the KV blocks,
+"""A Qwen3.5 hybrid served: kv_cache_mib pays for every running sequence's recurrent state (and as many snapshots
+for prefix caching) before the KV blocks,
 /metrics shows the state slots and snapshots, the prompt cache on disk is off (its block images would lack the
 state), and concurrent greedy requests give what each gives alone."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_hybrid_server_budget_metrics_and_batching(hybrid):
     cfg = hybrid.config
     srv = ServerThread(make_settings(num_kv_blocks=0, kv_cache_mib=1, max_running=4), hybrid).start()
     try:
-        state_bytes = 4 * 4 * cfg.state_floats                      # 4 slots of float32 state
+        state_bytes = 2 * 4 * 4 * cfg.state_floats      # 4 slots of float32 state, and as many prefix snapshots
         kv_block = 64 * 2 * 2 * cfg.n_kv_heads * cfg.head_dim * 2   # f16 K and V of the 2 attention layers
         assert srv.metric("inferd:kv_cache_blocks") == ((1 << 20) - state_bytes) // kv_block
         assert srv.metric("inferd:recurrent_state_slots") == 4
