@@ -1,5 +1,6 @@
 """A Qwen3.5 hybrid served: kv_cache_mib pays for every running sequence's recurrent state (and as many snapshots
-for prefix caching) before the KV blocks,
+for prefix caching) before the KV blocks, running fewer sequences than max_running when their states would take
+more than half of it,
 /metrics shows the state slots and snapshots, the prompt cache on disk is off (its block images would lack the
 state), and concurrent greedy requests give what each gives alone."""
 from __future__ import annotations
@@ -21,12 +22,15 @@ def hybrid(tmp_path_factory):
 
 def test_hybrid_server_budget_metrics_and_batching(hybrid):
     cfg = hybrid.config
-    srv = ServerThread(make_settings(num_kv_blocks=0, kv_cache_mib=1, max_running=4), hybrid).start()
+    # 64 running sequences' states (and as many prefix snapshots) would take more than half of 1 MiB: fewer run
+    per_seq = 2 * 4 * cfg.state_floats                   # float32 state and its snapshot
+    slots = (1 << 19) // per_seq
+    assert slots == 6
+    srv = ServerThread(make_settings(num_kv_blocks=0, kv_cache_mib=1, max_running=64), hybrid).start()
     try:
-        state_bytes = 2 * 4 * 4 * cfg.state_floats      # 4 slots of float32 state, and as many prefix snapshots
         kv_block = 64 * 2 * 2 * cfg.n_kv_heads * cfg.head_dim * 2   # f16 K and V of the 2 attention layers
-        assert srv.metric("inferd:kv_cache_blocks") == ((1 << 20) - state_bytes) // kv_block
-        assert srv.metric("inferd:recurrent_state_slots") == 4
+        assert srv.metric("inferd:kv_cache_blocks") == ((1 << 20) - slots * per_seq) // kv_block
+        assert srv.metric("inferd:recurrent_state_slots") == slots and srv.state.engine.max_seqs == slots
         assert srv.metric("inferd:recurrent_state_slots_used") == 0
         assert srv.state.engine_loop.scheduler.snapshot_states and srv.state.prompt_cache is None
 
