@@ -25,8 +25,6 @@ static float *block_state(const context_t *c, const gdn_block_t *G, int slot) {
     return c->state + (size_t)slot * c->model->state_floats + (size_t)G->index * gdn_state_floats(G);
 }
 
-static float silu1(float x) { return x / (1.0f + expf(-x)); }
-
 /* one item = (sequence, 32 channels of q|k|v): for each of the sequence's tokens in order, the depthwise causal
  * convolution of the channel's last conv_kernel inputs (taps oldest first, summed in that order), then SiLU,
  * written over the token's input in place; the slot keeps the last conv_kernel - 1 raw inputs */
@@ -36,6 +34,8 @@ static void conv_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const gdn_block_t *G = &s->block->gdn;
     int conv_dim = GDN_CONV_DIM(G), width = conv_dim + GDN_VALUE_DIM(G), K = G->conv_kernel;
     int chunks = conv_dim / QK;
+    static const float ones[QK] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     (void)thread;
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / chunks), c0 = (int)(item % chunks) * QK;
@@ -43,16 +43,17 @@ static void conv_fn(void *arg, int64_t begin, int64_t end, int thread) {
         float last[8][QK];                                                     /* K <= 9: checked at build */
         for (int j = 0; j < K - 1; j++) memcpy(last[j], window + (size_t)j * conv_dim, QK * sizeof(float));
         for (int t = c->seq_first[seq]; t < c->seq_first[seq + 1]; t++) {
-            float *in = c->gdn_in + (size_t)t * width + c0;
+            float *in = c->gdn_in + (size_t)t * width + c0, y[QK];
             for (int ch = 0; ch < QK; ch++) {
                 const float *w = G->conv + (size_t)(c0 + ch) * K;
-                float raw = in[ch], y = 0.0f;
-                for (int j = 0; j < K - 1; j++) y += last[j][ch] * w[j];
-                y += raw * w[K - 1];
+                float raw = in[ch];
+                y[ch] = 0.0f;
+                for (int j = 0; j < K - 1; j++) y[ch] += last[j][ch] * w[j];
+                y[ch] += raw * w[K - 1];
                 for (int j = 0; j + 1 < K - 1; j++) last[j][ch] = last[j + 1][ch];
                 if (K > 1) last[K - 2][ch] = raw;
-                in[ch] = silu1(y);
             }
+            swiglu(y, ones, in, QK);                             /* silu(y) * 1, on the active path */
         }
         for (int j = 0; j < K - 1; j++) memcpy(window + (size_t)j * conv_dim, last[j], QK * sizeof(float));
     }
@@ -67,23 +68,27 @@ static void l2_normalize(const float *x, int n, float eps, float scale, float *o
 }
 
 /* One token's update of a value head's state, row by row (row j of M is column j of S: the keys' weights for
- * value j): M[j] *= decay; d = beta (v[j] - M[j].k); M[j] += d k; o[j] = M[j].q. */
+ * value j): M[j] *= decay; d = beta (v[j] - M[j].k); M[j] += d k; o[j] = M[j].q. The dot products keep the float
+ * kernels' order: 8-wide group g into accumulator g mod 4, combined (a0+a1)+(a2+a3), then summed in 8 lanes
+ * pairwise (head_k % 32 == 0). */
 static void delta_rows_scalar(float *M, int head_v, int head_k, const float *q, const float *k, const float *v,
                               float decay, float beta, float *o) {
     for (int j = 0; j < head_v; j++) {
-        float *m = M + (size_t)j * head_k, a[8] = {0}, b[8] = {0};
+        float *m = M + (size_t)j * head_k, a[4][8] = {{0}}, b[4][8] = {{0}}, sa[8], sb[8];
         for (int i = 0; i < head_k; i += 8)
             for (int l = 0; l < 8; l++) {
                 m[i + l] *= decay;
-                a[l] = __builtin_fmaf(m[i + l], k[i + l], a[l]);
+                a[(i / 8) & 3][l] = __builtin_fmaf(m[i + l], k[i + l], a[(i / 8) & 3][l]);
             }
-        float d = (v[j] - hsum8_pairs_scalar(a)) * beta;
+        for (int l = 0; l < 8; l++) sa[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
+        float d = (v[j] - hsum8_pairs_scalar(sa)) * beta;
         for (int i = 0; i < head_k; i += 8)
             for (int l = 0; l < 8; l++) {
                 m[i + l] = __builtin_fmaf(k[i + l], d, m[i + l]);
-                b[l] = __builtin_fmaf(m[i + l], q[i + l], b[l]);
+                b[(i / 8) & 3][l] = __builtin_fmaf(m[i + l], q[i + l], b[(i / 8) & 3][l]);
             }
-        o[j] = hsum8_pairs_scalar(b);
+        for (int l = 0; l < 8; l++) sb[l] = (b[0][l] + b[1][l]) + (b[2][l] + b[3][l]);
+        o[j] = hsum8_pairs_scalar(sb);
     }
 }
 
@@ -94,19 +99,24 @@ static void delta_rows_avx2(float *M, int head_v, int head_k, const float *q, co
     __m256 g = _mm256_set1_ps(decay);
     for (int j = 0; j < head_v; j++) {
         float *m = M + (size_t)j * head_k;
-        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
-        for (int i = 0; i < head_k; i += 8) {
-            __m256 mv = _mm256_mul_ps(_mm256_loadu_ps(m + i), g);
-            _mm256_storeu_ps(m + i, mv);
-            a = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k + i), a);
-        }
-        __m256 d = _mm256_set1_ps((v[j] - hsum8_pairs(a)) * beta);
-        for (int i = 0; i < head_k; i += 8) {
-            __m256 mv = _mm256_fmadd_ps(_mm256_loadu_ps(k + i), d, _mm256_loadu_ps(m + i));
-            _mm256_storeu_ps(m + i, mv);
-            b = _mm256_fmadd_ps(mv, _mm256_loadu_ps(q + i), b);
-        }
-        o[j] = hsum8_pairs(b);
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 b[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int i = 0; i < head_k; i += 32)
+            for (int u = 0; u < 4; u++) {
+                __m256 mv = _mm256_mul_ps(_mm256_loadu_ps(m + i + 8 * u), g);
+                _mm256_storeu_ps(m + i + 8 * u, mv);
+                a[u] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(k + i + 8 * u), a[u]);
+            }
+        __m256 sa = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        __m256 d = _mm256_set1_ps((v[j] - hsum8_pairs(sa)) * beta);
+        for (int i = 0; i < head_k; i += 32)
+            for (int u = 0; u < 4; u++) {
+                __m256 mv = _mm256_fmadd_ps(_mm256_loadu_ps(k + i + 8 * u), d, _mm256_loadu_ps(m + i + 8 * u));
+                _mm256_storeu_ps(m + i + 8 * u, mv);
+                b[u] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(q + i + 8 * u), b[u]);
+            }
+        __m256 sb = _mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3]));
+        o[j] = hsum8_pairs(sb);
     }
 }
 #endif
