@@ -349,3 +349,18 @@ def test_perplexity_runs_on_a_hybrid(load_variant):
         logp = logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
         nll += [-logp[i, chunk[i + 1]] for i in range(64, 127)]
     assert got.scored_tokens == len(nll) and abs(got.ppl - np.exp(np.mean(nll))) < 1e-6 * got.ppl
+
+
+def test_quantized_at_load(tmp_path):
+    """--quantize q8_0 on an F32 file: the matrices become Q8_0, the convolution's taps (4 to a row) stay F32, and
+    the result follows the reference as a Q8_0 file does."""
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import make_variant
+
+    model = load_model(make_variant("qwen35-gguf-f32", tmp_path), quantize="q8_0")
+    assert model.tensors["blk.0.attn_qkv.weight"].type == "Q8_0"
+    assert model.tensors["blk.0.ssm_conv1d.weight"].type == "F32"
+    toks = tokens(model)
+    ref = Reference(model.config, model.tensors).forward(toks, kv_dtype=np.float16, act_quant=True)
+    logits = engine(model).step([SeqInput(toks, 0, [0, 1], want_logits=True, state_slot=0)])[0].logits
+    assert row_errors(logits, ref.logits).max() <= QUANT_TOL
