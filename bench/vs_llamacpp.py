@@ -146,9 +146,9 @@ def run_inferd(engine: Engine, tests: list[str], depth: int, repeats: int) -> Sa
     vocab = engine.vocab_size
     tokens = [(i * 7919 + 13) % (vocab - 100) + 50 for i in range(depth + longest)]
     for start in range(0, depth, FILL_STEP):                       # the context, filled untimed
-        engine.step([SeqInput(tokens[start:min(start + FILL_STEP, depth)], start, table, 0)])
+        engine.step([SeqInput(tokens[start:min(start + FILL_STEP, depth)], start, table, 0, state_slot=0)])
     n_warm = min(max(test_sizes(t)[0] for t in tests), FILL_STEP) or 32
-    engine.step([SeqInput(tokens[depth:depth + n_warm], depth, table, 1)])   # as llama-bench's warm-up run
+    engine.step([SeqInput(tokens[depth:depth + n_warm], depth, table, 1, state_slot=0)])  # llama-bench's warm-up
     out: Samples = {}
     for test in tests:
         n_prompt, n_gen = test_sizes(test)
@@ -159,13 +159,13 @@ def run_inferd(engine: Engine, tests: list[str], depth: int, repeats: int) -> Sa
                 for start in range(0, n_prompt, FILL_STEP):
                     end = min(start + FILL_STEP, n_prompt)
                     engine.step([SeqInput(tokens[depth + start:depth + end], depth + start, table,
-                                          1 if end == n_prompt else 0)])
+                                          1 if end == n_prompt else 0, state_slot=0)])
                 times.append(time.perf_counter() - t0)
             else:
                 token = tokens[depth]
                 t0 = time.perf_counter()
                 for pos in range(depth, depth + n_gen):
-                    token = engine.step([SeqInput([token], pos, table, 1)])[0].tokens[0]
+                    token = engine.step([SeqInput([token], pos, table, 1, state_slot=0)])[0].tokens[0]
                 times.append(time.perf_counter() - t0)
         out[(test, depth)] = [(n_prompt or n_gen) / t for t in times]
     return out

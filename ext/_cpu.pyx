@@ -371,13 +371,14 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
     c.rope_theta_local = config.get("rope_theta_local", 0.0)
     c.embed_scale = config.get("embed_scale", 0.0)
     c.logit_softcap = config.get("logit_softcap", 0.0)
+    c.rope_dims = config.get("rope_dims", 0)
     return 0
 
 
 # the block kinds a layer can hold (inferd/model/arch.py names them), and those this build runs
 BLOCK_KINDS = {"attention": BLOCK_ATTENTION, "ffn_gated": BLOCK_FFN_GATED, "ffn_moe": BLOCK_FFN_MOE,
                "recurrent": BLOCK_RECURRENT}
-BUILT_BLOCK_KINDS = ("attention", "ffn_gated", "ffn_moe")
+BUILT_BLOCK_KINDS = ("attention", "ffn_gated", "ffn_moe", "recurrent")
 FFN_ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
 
 
@@ -425,13 +426,15 @@ cdef class Model:
         for i, blocks in enumerate(layers):
             if not 0 < len(blocks) <= MAX_LAYER_BLOCKS:
                 raise ValueError(f"layer {i}: {len(blocks)} blocks (1 to {MAX_LAYER_BLOCKS})")
-            for kind, _, ts in blocks:
+            for kind, options, ts in blocks:
                 if kind not in BLOCK_KINDS:
                     raise ValueError(f"layer {i}: unknown block kind {kind!r}")
                 if kind not in BUILT_BLOCK_KINDS:
                     raise ValueError(f"layer {i}: {kind} blocks are not built yet")
                 if kind == "ffn_moe":
                     moe_block_check(i, ts)
+                if kind == "recurrent":
+                    gdn_block_check(i, options, ts)
         self._keep = []
         self.m.layers = <layer_t *>calloc(c.n_layers, sizeof(layer_t))
         if self.m.layers == NULL:
@@ -439,8 +442,8 @@ cdef class Model:
         matrices = [tensors["tok_embd"]] + ([tensors["output"]] if "output" in tensors else [])
         for blocks in layers:
             for _, _, ts in blocks:
-                matrices += [ts[n] for n in ("wqkv", "wo", "wgu", "wdown", "router", "shared_gu", "shared_down")
-                             if n in ts]
+                matrices += [ts[n] for n in ("wqkv", "wo", "wgu", "wdown", "router", "shared_gu", "shared_down",
+                                             "wgate", "win", "wba", "wout") if n in ts]
                 matrices += ts.get("experts_gu", []) + ts.get("experts_down", [])
         self.arena_bytes = sum(layout_bytes(spec) for spec in matrices)
         self.arena = <uint8_t *>huge_alloc(self.arena_bytes)
@@ -471,6 +474,14 @@ cdef class Model:
             for j, block in enumerate(layers[i]):
                 self.m.layers[i].n_blocks = j + 1     # first: a block that fails half-built is freed too
                 self._block(c, &self.m.layers[i].blocks[j], i, block)
+                if self.m.layers[i].blocks[j].kind == BLOCK_RECURRENT:
+                    self.m.n_recurrent += 1
+        if self.m.n_recurrent:                # every recurrent block alike: one slot holds them one after another
+            sizes = {gdn_state_floats(&self.m.layers[i].blocks[j].gdn) for i in range(c.n_layers)
+                     for j in range(self.m.layers[i].n_blocks) if self.m.layers[i].blocks[j].kind == BLOCK_RECURRENT}
+            if len(sizes) != 1:
+                raise ValueError("recurrent blocks of different shapes in one model are not supported")
+            self.m.state_floats = self.m.n_recurrent * sizes.pop()
         if model_init_rope(&self.m):
             raise MemoryError()
 
@@ -501,8 +512,13 @@ cdef class Model:
             B.attn.scale = options.get("scale", 0.0) or 1.0 / sqrtf(<float>c.head_dim)
             self._init_weight(&B.attn.wqkv, ts["wqkv"])
             self._init_weight(&B.attn.wo, ts["wo"])
+            if "wgate" in ts:                 # the output gate: attention * sigmoid(Wgate xn) (Qwen3.5)
+                self._init_weight(&B.attn.wgate, ts["wgate"])
+                B.attn.gated = 1
         elif B.kind == BLOCK_FFN_MOE:
             moe_block_init(self, c, &B.moe, layer, options, ts)
+        elif B.kind == BLOCK_RECURRENT:
+            gdn_block_init(self, c, &B.gdn, layer, self.m.n_recurrent, options, ts)
         else:
             if options["act"] not in FFN_ACTS:
                 raise ValueError(f"layer {layer}: FFN activation {options['act']!r} (one of {', '.join(FFN_ACTS)})")
@@ -544,9 +560,11 @@ cdef class Model:
         for j in range(self.m.layers[layer].n_blocks):
             B = &self.m.layers[layer].blocks[j]
             if B.kind == BLOCK_ATTENTION:
-                total += B.attn.wqkv.nbytes + B.attn.wo.nbytes
+                total += B.attn.wqkv.nbytes + B.attn.wo.nbytes + B.attn.wgate.nbytes
                 if free_them:
-                    weight_free(&B.attn.wqkv); weight_free(&B.attn.wo)
+                    weight_free(&B.attn.wqkv); weight_free(&B.attn.wo); weight_free(&B.attn.wgate)
+            elif B.kind == BLOCK_RECURRENT:
+                total += gdn_block_weights(&B.gdn, free_them)
             elif B.kind == BLOCK_FFN_GATED:
                 total += B.ffn.wgu.nbytes + B.ffn.wdown.nbytes
                 if free_them:
@@ -588,7 +606,8 @@ cdef class Model:
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora")
+STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
+               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora", "recurrent")
 
 
 FORWARD_ERRORS = {
@@ -602,6 +621,7 @@ FORWARD_ERRORS = {
     FORWARD_BAD_MASK_ROW: "a row's mask_row outside token_masks",
     FORWARD_BAD_BLOCK_KIND: "a layer block of a kind this build does not run",
     FORWARD_BAD_LORA: "a sequence's adapter outside the step's adapters or of another model",
+    FORWARD_BAD_STATE: "a sequence without a recurrent-state slot, or not continuing its slot's state",
 }
 
 
@@ -719,11 +739,13 @@ cdef class Context:
     """KV cache + scratch for one model; forward() runs one step (all layers, logits, sampling) in C."""
     cdef context_t *c
     cdef Model model
-    cdef readonly int max_tokens, max_out, num_kv_blocks, vocab, n_layers, dim
+    cdef readonly int max_tokens, max_out, num_kv_blocks, vocab, n_layers, dim, num_state_slots
     cdef readonly str kv_dtype
 
     def __init__(self, Model model, int max_tokens, int max_out, int num_kv_blocks, int threads,
-                 str kv_dtype="f16"):
+                 str kv_dtype="f16", int num_state_slots=0):
+        """num_state_slots: sequences a model with recurrent blocks keeps a state for at once (0: one; ignored for
+        a model without them)."""
         if max_tokens < 1 or max_out < 1 or num_kv_blocks < 1 or threads < 1:
             raise ValueError("max_tokens, max_out, num_kv_blocks and threads must be positive")
         if kv_dtype not in KV_DTYPES:
@@ -734,10 +756,16 @@ cdef class Context:
         self.model = model
         self.kv_dtype = kv_dtype
         cdef int dtype = KV_DTYPES[kv_dtype]
+        if num_state_slots < 0:
+            raise ValueError("num_state_slots must be 0 or positive")
+        num_state_slots = (num_state_slots or 1) if model.m.n_recurrent else 0
         with nogil:
-            self.c = context_create_kv(&model.m, max_tokens, max_out, num_kv_blocks, threads, dtype)
+            self.c = context_create_state(&model.m, max_tokens, max_out, num_kv_blocks, threads, dtype,
+                                          num_state_slots)
         if self.c == NULL:
-            raise MemoryError(f"cannot allocate the KV cache ({num_kv_blocks} blocks, {kv_dtype}) and scratch")
+            raise MemoryError(f"cannot allocate the KV cache ({num_kv_blocks} blocks, {kv_dtype}), "
+                              f"{num_state_slots} recurrent-state slots and scratch")
+        self.num_state_slots = num_state_slots
         self.max_tokens = max_tokens
         self.max_out = min(max_out, max_tokens)
         self.num_kv_blocks = num_kv_blocks
@@ -758,14 +786,16 @@ cdef class Context:
                 int32_t[:, ::1] block_tables, int32_t[::1] out_rows, int32_t[::1] sample_mask,
                 cnp.ndarray params, int32_t[::1] history, int32_t[::1] bias_ids, float[::1] bias_values,
                 bint want_logits=False, bint want_hidden=False, token_masks=None, list loras=None,
-                lora_of_seq=None, lora_scale_of_seq=None):
+                lora_of_seq=None, lora_scale_of_seq=None, state_slots=None):
         """Returns (samples, logits or None, hidden or None). `params`: num_out SAMPLE_PARAMS_DTYPE records, whose
         history and bias ranges must lie inside `history` and `bias_ids` (inferd/engine/engine.py builds them).
         token_masks: None or (num_masks, mask_words(vocab)) allowed-token bitmasks; a row whose record has
         mask_row >= 0 samples under that mask (token -1 when it allows nothing). loras: the LoraAdapters of this
         model the step uses, lora_of_seq each sequence's index into them (-1: none) and lora_scale_of_seq the
-        scale it applies its adapter with. samples is a dict of arrays:
-        token, logprob, top_ids, top_logprobs (top entries past the number of allowed tokens are id -1)."""
+        scale it applies its adapter with. state_slots: (num_seqs) int32, each sequence's recurrent-state slot (a
+        model with recurrent blocks needs them): a sequence whose first token is at position 0 starts its slot
+        empty, any other continues it. samples is a dict of arrays: token, logprob, top_ids, top_logprobs (top
+        entries past the number of allowed tokens are id -1)."""
         cdef int T = token_ids.shape[0], n_out = out_rows.shape[0], i, rc
         if positions.shape[0] != T or seq_of_token.shape[0] != T or sample_mask.shape[0] != n_out:
             raise ValueError("batch arrays disagree in length")
@@ -784,6 +814,12 @@ cdef class Context:
         b.block_tables = &block_tables[0, 0]
         b.max_blocks_per_seq = block_tables.shape[1]
         b.num_out = n_out
+        cdef const int32_t[::1] slots
+        if state_slots is not None:
+            slots = np.ascontiguousarray(state_slots, dtype=np.int32)
+            if slots.shape[0] != b.num_seqs:
+                raise ValueError(f"{slots.shape[0]} state slots for {b.num_seqs} sequences")
+            b.state_slots = &slots[0]
         cdef int32_t zero_i = 0
         cdef float zero_f = 0
         b.history = &history[0] if history.shape[0] else &zero_i
@@ -865,6 +901,30 @@ cdef class Context:
         if rc != FORWARD_OK:
             raise ValueError(f"invalid batch: {FORWARD_ERRORS.get(rc, f'code {rc}')}")
         return out
+
+    @property
+    def state_floats(self):
+        """Floats of one sequence's recurrent state (0 for a model without recurrent blocks)."""
+        return self.model.m.state_floats
+
+    def read_state(self, int slot):
+        """(a copy of slot's state, float32 (state_floats), the next position it expects)."""
+        if not 0 <= slot < self.num_state_slots:
+            raise ValueError(f"state slot {slot} is outside the {self.num_state_slots} slots")
+        out = np.empty(self.model.m.state_floats, np.float32)
+        cdef float[::1] ov = out
+        cdef int32_t pos = 0
+        state_slot_read(self.c, slot, &ov[0], &pos)
+        return out, int(pos)
+
+    def write_state(self, int slot, cnp.ndarray state, int next_pos):
+        """Overwrite slot's state with one read_state gave (a snapshot restored)."""
+        if not 0 <= slot < self.num_state_slots:
+            raise ValueError(f"state slot {slot} is outside the {self.num_state_slots} slots")
+        cdef const float[::1] sv = np.ascontiguousarray(state, dtype=np.float32).reshape(-1)
+        if sv.shape[0] != <Py_ssize_t>self.model.m.state_floats:
+            raise ValueError(f"a state of this model is {self.model.m.state_floats} floats, got {sv.shape[0]}")
+        state_slot_write(self.c, slot, &sv[0], next_pos)
 
     @property
     def kv_block_bytes(self):
@@ -995,3 +1055,4 @@ def sample(cnp.ndarray logits, dict params, int position, history=(), bias=None,
 include "encoder.pxi"
 include "moe.pxi"
 include "lora.pxi"
+include "gdn.pxi"

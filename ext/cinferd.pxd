@@ -129,6 +129,7 @@ cdef extern from "inferd.h" nogil:
         float rope_factor, rope_low_freq_factor, rope_high_freq_factor
         int rope_original_ctx
         float rope_freq_scale, rope_theta_local, embed_scale, logit_softcap
+        int rope_dims
     enum:
         BLOCK_ATTENTION
         BLOCK_FFN_GATED
@@ -147,6 +148,8 @@ cdef extern from "inferd.h" nogil:
         int qk_norm_full
         int rope_neox, window
         float scale
+        weight_t wgate
+        int gated
     ctypedef struct ffn_gated_block_t:
         weight_t wgu, wdown
         int act
@@ -160,6 +163,14 @@ cdef extern from "inferd.h" nogil:
         float *shared_gate
         weight_t shared_gu, shared_down
         int shared_hidden
+    ctypedef struct gdn_block_t:
+        weight_t win, wba, wout
+        float *conv
+        float *dt_bias
+        float *a_log
+        float *norm_out
+        int n_k_heads, n_v_heads, head_k, head_v, conv_kernel, index, grouped_heads
+    size_t gdn_state_floats(const gdn_block_t *G)
     ctypedef struct block_t:
         int kind
         float *norm
@@ -167,6 +178,7 @@ cdef extern from "inferd.h" nogil:
         attention_block_t attn
         ffn_gated_block_t ffn
         ffn_moe_block_t moe
+        gdn_block_t gdn
     ctypedef struct layer_t:
         int n_blocks
         block_t blocks[4]
@@ -178,6 +190,8 @@ cdef extern from "inferd.h" nogil:
         layer_t *layers
         float *rope_cos_sin
         float *rope_cos_sin_local
+        int n_recurrent
+        size_t state_floats
     int model_init_rope(model_t *m)
     void rope_frequencies_c "rope_frequencies"(const model_config_t *c, double theta, int llama3, double *freqs)
 
@@ -226,6 +240,7 @@ cdef extern from "inferd.h" nogil:
         int num_loras
         const int32_t *lora_of_seq
         const float *lora_scale_of_seq
+        const int32_t *state_slots
     enum:
         NUM_STAGES
     ctypedef struct context_t:
@@ -238,11 +253,16 @@ cdef extern from "inferd.h" nogil:
         uint8_t *k_q8
         uint8_t *v_q8
         kernel_config_t kernels
+        int num_state_slots
     context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads)
     context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                                  int kv_dtype)
+    context_t *context_create_state(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                                    int kv_dtype, int num_state_slots)
     void context_free(context_t *c)
     int context_reserve_lora(context_t *c, int max_rank)
+    int state_slot_read(const context_t *c, int slot, float *out, int32_t *next_pos)
+    int state_slot_write(context_t *c, int slot, const float *in_, int32_t next_pos)
     ctypedef enum forward_status_t:
         FORWARD_OK
         FORWARD_BAD_SIZE
@@ -255,6 +275,7 @@ cdef extern from "inferd.h" nogil:
         FORWARD_BAD_MASK_ROW
         FORWARD_BAD_BLOCK_KIND
         FORWARD_BAD_LORA
+        FORWARD_BAD_STATE
     int forward(context_t *c, const batch_t *b)
     enum:
         KV_IO_OK

@@ -245,7 +245,9 @@ DOCS: dict[str, str] = {
     "responses_ttl_s": "Seconds a stored response is kept.",
     "device": "Where the model runs: cpu, or cuda (an NVIDIA GPU; needs inferd built with nvcc).",
     "threads": "Compute threads; 0 means one per physical core.",
-    "kv_cache_mib": "Memory for the KV cache in MiB (used when num_kv_blocks is 0).",
+    "kv_cache_mib": (
+        "Memory for the KV cache in MiB, a recurrent model's per-sequence states included (when num_kv_blocks is 0)."
+    ),
     "num_kv_blocks": "KV cache size in blocks of 64 positions; 0 derives it from kv_cache_mib.",
     "kv_cache_dtype": (
         "KV cache format of the CPU engine: f16, or q8_0 (int8 with a scale per 32 values: about twice the "

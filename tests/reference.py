@@ -2,8 +2,9 @@
 engine, to check the C engine against (tests/engine/test_forward_reference.py, test_engine.py). Covers Llama,
 Mistral, Qwen2, Qwen3 (QK-norm) and Gemma 3 (embedding scale, QK-norm, sandwich norms, tanh-GELU GeGLU, sliding-window
 layers with their own RoPE base, query_pre_attn_scalar, logit soft-cap), and the mixtures of experts (Qwen3-MoE,
-Qwen2-MoE with its shared expert, OLMoE with its QK-norm over all of q and k, Mixtral), each switch written as Hugging
-Face's modeling code defines it.
+Qwen2-MoE with its shared expert, OLMoE with its QK-norm over all of q and k, Mixtral), and Qwen3.5's hybrid (Gated
+DeltaNet layers beside attention with an output gate and partial RoPE), each switch written as Hugging Face's modeling
+code defines it (the Gated DeltaNet's value heads read their key heads as llama.cpp's files lay them out).
 
 - Weights are dequantized with the `gguf` package's numpy code (not with the engine's tile layout), so a bug in
   the engine's repacking shows up as a mismatch instead of being shared by both sides.
@@ -93,7 +94,7 @@ def rope_inv_freq(cfg, local: bool = False) -> np.ndarray:
     _compute_llama3_parameters: wavelengths above orig/low are stretched by `factor`, those below orig/high kept,
     the band between blended linearly in orig/wavelength; linear scaling divides them all by its factor.
     local: a sliding-window layer's frequencies (Gemma 3: their own base, never scaled)."""
-    d = cfg.head_dim
+    d = getattr(cfg, "rope_dims", 0) or cfg.head_dim
     if local and getattr(cfg, "rope_theta_local", None):
         return float(cfg.rope_theta_local) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     inv = float(cfg.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
@@ -213,8 +214,14 @@ class Reference:
 
     def layer(self, i: int, x: np.ndarray, positions, kv_dtype=None, act_quant: bool = False):
         """Layer i on the residual stream x (T, dim) of one sequence at `positions` (causal within the call).
-        Returns (x after the layer, k (T, n_kv_heads, head_dim) after RoPE, v)."""
+        Returns (x after the layer, k (T, n_kv_heads, head_dim) after RoPE, v); a Gated DeltaNet layer (which
+        starts from an empty state at the call's first token) returns None for k and v."""
         cfg = self.cfg
+        if i in getattr(cfg, "recurrent_layers", ()):
+            p = f"blk.{i}."
+            h = rms_norm(x, self.vec(p + "attn_norm.weight"), cfg.norm_eps)
+            x = x + self.gated_delta_net(p, h, act_quant)
+            return x + self.ffn(p, x, act_quant), None, None
         T = x.shape[0]
         pos = np.asarray(positions, np.int64)
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
@@ -222,6 +229,10 @@ class Reference:
         p = f"blk.{i}."
         h = rms_norm(x, self.vec(p + "attn_norm.weight"), cfg.norm_eps)
         q = self.mm(h, p + "attn_q.weight", act_quant)
+        gate = None
+        if getattr(cfg, "attn_output_gate", False):        # Wq's rows per head: its q, then its output gate
+            qg = q.reshape(T, nh, 2 * hd)
+            q, gate = qg[:, :, :hd].reshape(T, nh * hd), qg[:, :, hd:]
         k = self.mm(h, p + "attn_k.weight", act_quant)
         v = self.mm(h, p + "attn_v.weight", act_quant)
         if cfg.qkv_bias:
@@ -237,8 +248,9 @@ class Reference:
             k = rms_norm(k, self.vec(p + "attn_k_norm.weight"), cfg.norm_eps)
         window = cfg.layer_window(i)
         inv_freq = rope_inv_freq(cfg, local=window > 0)
-        q = apply_rope(q, pos, inv_freq, cfg.rope_neox)
-        k = apply_rope(k, pos, inv_freq, cfg.rope_neox)
+        rd = getattr(cfg, "rope_dims", 0) or hd                             # partial RoPE: the first rd dims
+        q = np.concatenate([apply_rope(q[..., :rd], pos, inv_freq, cfg.rope_neox), q[..., rd:]], axis=-1)
+        k = np.concatenate([apply_rope(k[..., :rd], pos, inv_freq, cfg.rope_neox), k[..., rd:]], axis=-1)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
             v = v.astype(kv_dtype).astype(np.float64)
@@ -252,11 +264,19 @@ class Reference:
             s = np.where(causal, s, -np.inf)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             attn[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+        if gate is not None:
+            attn = attn / (1.0 + np.exp(-gate))
         o = self.mm(attn.reshape(T, nh * hd), p + "attn_output.weight", act_quant)
         if cfg.sandwich_norms:
             o = rms_norm(o, self.vec(p + "post_attention_norm.weight"), cfg.norm_eps)
         x = x + o
-        h = rms_norm(x, self.vec(p + "ffn_norm.weight"), cfg.norm_eps)
+        return x + self.ffn(p, x, act_quant), k, v
+
+    def ffn(self, p: str, x: np.ndarray, act_quant: bool = False) -> np.ndarray:
+        """The FFN block's output (before the residual add) for the residual stream x."""
+        cfg = self.cfg
+        norm = "post_attention_norm.weight" if getattr(cfg, "attn_output_gate", False) else "ffn_norm.weight"
+        h = rms_norm(x, self.vec(p + norm), cfg.norm_eps)
         if cfg.n_experts:
             f = self.moe_ffn(p, h, act_quant)
         else:
@@ -266,7 +286,54 @@ class Reference:
             f = self.mm(act(g) * u, p + "ffn_down.weight", act_quant)
         if cfg.sandwich_norms:
             f = rms_norm(f, self.vec(p + "post_ffw_norm.weight"), cfg.norm_eps)
-        return x + f, k, v
+        return f
+
+    def gated_delta_net(self, p: str, h: np.ndarray, act_quant: bool = False) -> np.ndarray:
+        """A Gated DeltaNet mixer (Qwen3-Next / Qwen3.5's linear attention) over one sequence from an empty state:
+        (q|k|v, z) = (Wqkv h, Wgate h); q|k|v through the causal depthwise convolution (zeros before the first
+        token) and SiLU; q, k L2-normed per head (x / sqrt(sum x^2 + eps)), q scaled by 1/sqrt(head_k); per value
+        head (key head h % n_k_heads) and token: S = exp(g) S with g = a * softplus(alpha + dt_bias), kv = S^T k,
+        S += k (beta (v - kv))^T with beta = sigmoid(Wbeta h), o = S^T q; then RMSNorm(o) * w * silu(z), and Wout."""
+        cfg = self.cfg
+        T = h.shape[0]
+        nk, nv, dk, dv, K = cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_k, cfg.ssm_head_v, cfg.ssm_conv_kernel
+        r = nv // nk
+        if p + "ssm_in.weight" in self.t:      # Qwen3-Next's older files: q|k|v|z per key head, in turn
+            qkvz = self.mm(h, p + "ssm_in.weight", act_quant).reshape(T, nk, 2 * dk + 2 * r * dv)
+            mixed = np.concatenate([qkvz[:, :, :dk].reshape(T, -1), qkvz[:, :, dk:2 * dk].reshape(T, -1),
+                                    qkvz[:, :, 2 * dk:2 * dk + r * dv].reshape(T, -1)], axis=1)
+            z = qkvz[:, :, 2 * dk + r * dv:].reshape(T, nv, dv)
+        else:
+            mixed = self.mm(h, p + "attn_qkv.weight", act_quant)              # (T, conv_dim)
+            z = self.mm(h, p + "attn_gate.weight", act_quant).reshape(T, nv, dv)
+        if p + "ssm_ba.weight" in self.t:      # Qwen3-Next: beta|alpha of each key head's value heads, in turn
+            ba = self.mm(h, p + "ssm_ba.weight", act_quant).reshape(T, nk, 2 * r)
+            b, a = ba[:, :, :r].reshape(T, nv), ba[:, :, r:].reshape(T, nv)
+        else:
+            b, a = self.mm(h, p + "ssm_beta.weight", act_quant), self.mm(h, p + "ssm_alpha.weight", act_quant)
+        beta = 1.0 / (1.0 + np.exp(-b))                                         # (T, nv)
+        alpha = a + self.vec(p + "ssm_dt.bias")
+        g = self.vec(p + "ssm_a") * np.logaddexp(0.0, alpha)                   # a * softplus: log decay, (T, nv)
+        taps = self.w(p + "ssm_conv1d.weight")                                 # (conv_dim, K), oldest first
+        padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed])
+        conv = np.stack([(padded[t:t + K] * taps.T).sum(axis=0) for t in range(T)])
+        conv = silu(conv)
+        q = conv[:, :nk * dk].reshape(T, nk, dk)
+        k = conv[:, nk * dk:2 * nk * dk].reshape(T, nk, dk)
+        v = conv[:, 2 * nk * dk:].reshape(T, nv, dv)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + cfg.norm_eps) / np.sqrt(dk)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + cfg.norm_eps)
+        out = np.empty((T, nv, dv))
+        for head in range(nv):
+            kh = head // r if cfg.ssm_grouped_heads else head % nk     # Qwen3-Next groups, Qwen3.5 tiles
+            S = np.zeros((dk, dv))
+            for t in range(T):
+                S = S * np.exp(g[t, head])
+                delta = (v[t, head] - S.T @ k[t, kh]) * beta[t, head]
+                S = S + np.outer(k[t, kh], delta)
+                out[t, head] = S.T @ q[t, kh]
+        normed = rms_norm(out, self.vec(p + "ssm_norm.weight"), cfg.norm_eps) * silu(z)
+        return self.mm(normed.reshape(T, nv * dv), p + "ssm_out.weight", act_quant)
 
     def gated_ffn(self, h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
                   act_quant: bool = False) -> np.ndarray:

@@ -1,6 +1,8 @@
 /* The attention block: x += post_norm(Wo attention(q, k, v)), (q, k, v) = Wqkv rmsnorm(x) (+ bias), with
- * QK-norm, RoPE and the K/V writes to the paged cache; sliding-window layers see only their window of keys.
+ * QK-norm, RoPE (or partial RoPE) and the K/V writes to the paged cache; sliding-window layers see only their
+ * window of keys; a gated block multiplies the attention output by sigmoid(Wgate rmsnorm(x)) before Wo.
  * attention_plan sizes the step's attention items once; attention_block runs one layer's. */
+#include <math.h>
 #include <string.h>
 #include "forward_stage.h"
 
@@ -21,21 +23,26 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
         for (int h = 0; h < heads * group; h++) rmsnorm(q + h * hd, A->q_norm, hd, cfg->norm_eps, q + h * hd);
         for (int h = 0; h < heads; h++) rmsnorm(k + h * hd, A->k_norm, hd, cfg->norm_eps, k + h * hd);
     }
-    int pos = s->b->positions[t];
-    const float *cs = A->rope_cos_sin + (size_t)pos * hd;
-    rope_apply(q, heads * group, hd, cs, A->rope_neox);
-    rope_apply(k, heads, hd, cs, A->rope_neox);
+    int pos = s->b->positions[t], rd = cfg->rope_dims ? cfg->rope_dims : hd;
+    const float *cs = A->rope_cos_sin + (size_t)pos * rd;
+    if (rd == hd) {
+        rope_apply(q, heads * group, hd, cs, A->rope_neox);
+        rope_apply(k, heads, hd, cs, A->rope_neox);
+    } else {                                             /* partial RoPE: each head's first rd dims */
+        for (int h = 0; h < heads * group; h++) rope_apply(q + h * hd, 1, rd, cs, A->rope_neox);
+        for (int h = 0; h < heads; h++) rope_apply(k + h * hd, 1, rd, cs, A->rope_neox);
+    }
     const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
     if (c->kv_dtype == KV_Q8_0) {                        /* int8 KV: attention_q8.c's slices */
         size_t sl = kvq8_slice_bytes(hd);
-        size_t at = (((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * cfg->n_kv_heads + h0) * sl;
+        size_t at = (((size_t)s->kv_layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * cfg->n_kv_heads + h0) * sl;
         for (int h = 0; h < heads; h++) {
             kvq8_store(k + h * hd, hd, c->k_q8 + at + h * sl, pos % KV_BLOCK, 1);
             kvq8_store(v + h * hd, hd, c->v_q8 + at + h * sl, pos % KV_BLOCK, 0);
         }
         return;
     }
-    size_t slot = ((size_t)s->layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
+    size_t slot = ((size_t)s->kv_layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
     for (int h = 0; h < heads; h++) {
         size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
         kv_store_key(k + h * hd, c->k_cache + off - pos % KV_BLOCK * hd, pos % KV_BLOCK, hd);
@@ -55,6 +62,15 @@ static void qk_norm_full_fn(void *arg, int64_t begin, int64_t end, int thread) {
         rmsnorm(q, A->q_norm, Q_DIM(cfg), cfg->norm_eps, q);
         rmsnorm(k, A->k_norm, KV_DIM(cfg), cfg->norm_eps, k);
     }
+}
+
+/* the output gate (Qwen3.5): token t's attention output for query heads [h0, h0 + n) times sigmoid(gate) */
+static void output_gate(context_t *c, int64_t t, int h0, int n) {
+    const model_config_t *cfg = &c->model->cfg;
+    size_t first = (size_t)t * Q_DIM(cfg) + (size_t)h0 * cfg->head_dim;
+    float *out = c->xn + first;
+    const float *g = c->attn_gate + first;
+    for (int i = 0; i < n * cfg->head_dim; i++) out[i] *= 1.0f / (1.0f + expf(-g[i]));
 }
 
 static void rope_kv_fn(void *arg, int64_t begin, int64_t end, int thread) {
@@ -77,9 +93,9 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    size_t layer_off = (size_t)s->kv_layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     int q8 = c->kv_dtype == KV_Q8_0;                       /* int8 KV: attention_q8.c's slices */
-    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->layer * c->num_kv_blocks * cfg->n_kv_heads;
+    size_t q8_slice = q8 ? kvq8_slice_bytes(hd) : 0, q8_layer = (size_t)s->kv_layer * c->num_kv_blocks * cfg->n_kv_heads;
     float *scratch = c->attn_scratch + (size_t)thread * (q8 ? attention_q8_scratch_floats(cfg->n_heads, hd)
                                                             : attention_scratch_floats(cfg->n_heads, hd));
     for (int64_t item = begin; item < end; item++) {
@@ -124,6 +140,7 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
                          next_v);
         for (int i = 0; i < ntok; i++) {                     /* Wo's input: blocks of 32 never straddle heads */
             size_t first = (size_t)h0 * group * hd;
+            if (A->gated) output_gate(c, t + i, h0 * group, heads * group);
             quantize_act(c->xn + (size_t)(t + i) * Q_DIM(cfg) + first, heads * group * hd,
                          c->xq + (size_t)(t + i) * (Q_DIM(cfg) / QK) + first / QK);
         }
@@ -141,7 +158,7 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
     const model_config_t *cfg = &c->model->cfg;
     const attention_block_t *A = &s->block->attn;
     int group = cfg->n_heads / cfg->n_kv_heads, qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg), hd = cfg->head_dim;
-    size_t layer_off = (size_t)s->layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    size_t layer_off = (size_t)s->kv_layer * c->num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     float *scratch = c->attn_scratch + (size_t)thread * attention_scratch_floats(cfg->n_heads, hd);
     size_t part = attention_part_floats(group * s->heads_per_item, hd);
     for (int64_t item = begin; item < end; item++) {
@@ -161,6 +178,7 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
         if (__atomic_sub_fetch(&c->attn_pending[pair], 1, __ATOMIC_ACQ_REL) != 0) continue;
         float *out = c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd;   /* the last one merges */
         attention_merge(parts, part, s->segments, 1, group, heads, hd, out, Q_DIM(cfg));
+        if (A->gated) output_gate(c, t, h0 * group, heads * group);
         quantize_act(out, heads * group * hd, c->xq + (size_t)t * (Q_DIM(cfg) / QK) + (size_t)h0 * group * hd / QK);
     }
 }
@@ -223,6 +241,7 @@ void attention_block(context_t *c, stage_t *s, const block_t *B) {
         lora_job_add(&job, LORA_V, Q_DIM(cfg) + KV_DIM(cfg), KV_DIM(cfg));
         stage_lora(c, s, &job);
     }
+    if (A->gated) stage_matmul(c, STAGE_QKV, s, &A->wgate, c->attn_gate, 0);          /* gate = Wgate xn */
     if (A->qk_norm_full) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, qk_norm_full_fn, s);     /* (no bias with it) */
     if (!s->fused_rope) stage_run(c, STAGE_ROPE_KV, s->ntok, 4, rope_kv_fn, s);         /* rope, cache k and v */
     if (s->segments > 1)

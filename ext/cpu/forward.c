@@ -1,7 +1,8 @@
 /* One step of the model over a flat batch: every token of every sequence in the batch, prefill chunks and
  * decode tokens mixed, through each layer's blocks (the model's table of them: inferd.h's layer_t), then logits
  * for the rows that need them, then sampling. Read it top to bottom in forward(); each stage is one parallel
- * region over the thread pool. The blocks' stages are in block_attention.c, block_ffn.c and block_moe.c. */
+ * region over the thread pool. The blocks' stages are in block_attention.c, block_ffn.c, block_moe.c and
+ * block_gdn.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,22 @@ static int check_batch(const context_t *c, const batch_t *b) {
             if (id < 0 || id >= c->num_kv_blocks) return FORWARD_BAD_BLOCK;
         }
     }
+    if (c->model->n_recurrent) {                 /* each sequence continues its slot's state, or starts it */
+        if (!b->state_slots || b->num_seqs > c->max_tokens) return FORWARD_BAD_STATE;   /* seq_first's size */
+        for (int t = 0; t < b->num_tokens; t++) {
+            int seq = b->seq_of_token[t], first = t == 0 || seq != b->seq_of_token[t - 1];
+            if (first) {
+                int slot = b->state_slots[seq];
+                if ((t > 0 && seq < b->seq_of_token[t - 1]) || slot < 0 || slot >= c->num_state_slots ||
+                    (b->positions[t] != 0 && b->positions[t] != c->state_pos[slot]))
+                    return FORWARD_BAD_STATE;
+                for (int j = 0; j < seq; j++)            /* two sequences of the step never share a slot */
+                    if (b->state_slots[j] == slot) return FORWARD_BAD_STATE;
+            } else if (b->positions[t] != b->positions[t - 1] + 1) {
+                return FORWARD_BAD_STATE;
+            }
+        }
+    }
     for (int i = 0; i < b->num_out; i++) {
         const sample_params_t *p = &b->params[i];
         if (b->out_rows[i] < 0 || b->out_rows[i] >= b->num_tokens) return FORWARD_BAD_OUT_ROW;
@@ -155,6 +172,48 @@ static int check_batch(const context_t *c, const batch_t *b) {
     return lora_check_batch(c, b);
 }
 
+/* the step's first token of each sequence (its tokens are consecutive, sequences in order: check_batch), and an
+ * empty state for every sequence that starts at position 0 (a new one, or one recomputed after preemption) */
+static void state_plan(context_t *c, const batch_t *b) {
+    for (int i = 0, t = 0; i <= b->num_seqs; i++) {
+        while (t < b->num_tokens && b->seq_of_token[t] < i) t++;
+        c->seq_first[i] = t;
+    }
+    for (int i = 0; i < b->num_seqs; i++)
+        if (c->seq_first[i + 1] > c->seq_first[i] && b->positions[c->seq_first[i]] == 0) {
+            memset(c->state + (size_t)b->state_slots[i] * c->model->state_floats, 0,
+                   c->model->state_floats * sizeof(float));
+            c->state_pos[b->state_slots[i]] = 0;
+        }
+}
+
+int state_slot_read(const context_t *c, int slot, float *out, int32_t *next_pos) {
+    if (slot < 0 || slot >= c->num_state_slots) return -1;
+    memcpy(out, c->state + (size_t)slot * c->model->state_floats, c->model->state_floats * sizeof(float));
+    *next_pos = c->state_pos[slot];
+    return 0;
+}
+
+int state_slot_write(context_t *c, int slot, const float *in, int32_t next_pos) {
+    if (slot < 0 || slot >= c->num_state_slots) return -1;
+    memcpy(c->state + (size_t)slot * c->model->state_floats, in, c->model->state_floats * sizeof(float));
+    c->state_pos[slot] = next_pos;
+    return 0;
+}
+
+static int layer_has_kv(const layer_t *L) {
+    for (int i = 0; i < L->n_blocks; i++)
+        if (L->blocks[i].kind == BLOCK_ATTENTION) return 1;
+    return 0;
+}
+
+/* the layers with a slice of the KV cache (an attention block): all of them but a hybrid's recurrent ones */
+int model_kv_layers(const model_t *m) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) n += layer_has_kv(&m->layers[l]);
+    return n;
+}
+
 /* one layer: its blocks in order, each x += block(x) */
 static int layer_forward(context_t *c, stage_t *s, const layer_t *L) {
     for (int i = 0; i < L->n_blocks; i++) {
@@ -163,8 +222,7 @@ static int layer_forward(context_t *c, stage_t *s, const layer_t *L) {
         case BLOCK_ATTENTION: attention_block(c, s, B); break;           /* x += attention(rmsnorm(x)) */
         case BLOCK_FFN_GATED: ffn_gated_block(c, s, B); break;           /* x += down(act(gate) * up) */
         case BLOCK_FFN_MOE: ffn_moe_block(c, s, B); break;               /* x += the chosen experts, weighted */
-        /* BLOCK_RECURRENT's place: its per-sequence state read and written in the order of each sequence's tokens.
-         * The model builder refuses it until it is built. */
+        case BLOCK_RECURRENT: gdn_block(c, s, B); break;                 /* x += Gated DeltaNet, state per slot */
         default: return FORWARD_BAD_BLOCK_KIND;
         }
     }
@@ -179,14 +237,20 @@ int forward(context_t *c, const batch_t *b) {
     int T = b->num_tokens, dim = cfg->dim;
     stage_t s = {.c = c, .b = b, .ntok = T, .lora = batch_has_lora(b)};
     attention_plan(c, b, &s);                            /* the step's attention items, for every layer */
+    if (m->n_recurrent) state_plan(c, b);                /* each sequence's tokens; a slot starting over is zeroed */
 
     stage_run(c, STAGE_EMBED, T, 16, embed_fn, &s);                                 /* x = embed(tokens) */
     if (b->hidden_out) memcpy(b->hidden_out, c->x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < cfg->n_layers; l++) {
         s.layer = l;
         if ((rc = layer_forward(c, &s, &m->layers[l]))) return rc;                  /* x = layer(x) */
+        s.kv_layer += layer_has_kv(&m->layers[l]);
         if (b->hidden_out) memcpy(b->hidden_out + (size_t)(l + 1) * T * dim, c->x, (size_t)T * dim * sizeof(float));
     }
+    if (m->n_recurrent)
+        for (int i = 0; i < b->num_seqs; i++)
+            if (c->seq_first[i + 1] > c->seq_first[i])
+                c->state_pos[b->state_slots[i]] = b->positions[c->seq_first[i + 1] - 1] + 1;
     if (b->final_out)
         for (int t = 0; t < T; t++)
             rmsnorm(c->x + (size_t)t * dim, m->output_norm, dim, cfg->norm_eps, b->final_out + (size_t)t * dim);
@@ -209,6 +273,41 @@ context_t *context_create(const model_t *m, int max_tokens, int max_out, int num
 
 context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                              int kv_dtype) {
+    return context_create_state(m, max_tokens, max_out, num_kv_blocks, threads, kv_dtype, m->n_recurrent ? 1 : 0);
+}
+
+/* the recurrent blocks' buffers: the slots' states, and the step's scratch for the largest block */
+static int state_create(context_t *c, int num_state_slots) {
+    const model_t *m = c->model;
+    if (!m->n_recurrent) return 0;
+    if (num_state_slots < 1) return -1;
+    int width = 0, vdim = 0, scratch = 0, heads = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int i = 0; i < m->layers[l].n_blocks; i++) {
+            const block_t *B = &m->layers[l].blocks[i];
+            if (B->kind != BLOCK_RECURRENT) continue;
+            const gdn_block_t *G = &B->gdn;
+            int w = GDN_CONV_DIM(G) + GDN_VALUE_DIM(G), sc = 2 * G->head_k + 2 * G->head_v;
+            width = w > width ? w : width;
+            vdim = GDN_VALUE_DIM(G) > vdim ? GDN_VALUE_DIM(G) : vdim;
+            scratch = sc > scratch ? sc : scratch;
+            heads = G->n_v_heads > heads ? G->n_v_heads : heads;
+        }
+    c->num_state_slots = num_state_slots;
+    c->state = calloc((size_t)num_state_slots * m->state_floats, sizeof(float));
+    c->state_pos = calloc(num_state_slots, sizeof(int32_t));
+    c->seq_first = malloc((size_t)(c->max_tokens + 1) * sizeof(int32_t));
+    c->gdn_in = malloc((size_t)c->max_tokens * width * sizeof(float));
+    c->gdn_ba = malloc((size_t)c->max_tokens * 2 * heads * sizeof(float));
+    c->gdn_out = malloc((size_t)c->max_tokens * vdim * sizeof(float));
+    c->gdn_xq = malloc((size_t)c->max_tokens * (vdim / QK) * sizeof(block_q8x));
+    c->gdn_scratch = malloc((size_t)pool_size(c->pool) * scratch * sizeof(float));
+    return c->state && c->state_pos && c->seq_first && c->gdn_in && c->gdn_ba && c->gdn_out && c->gdn_xq &&
+           c->gdn_scratch ? 0 : -1;
+}
+
+context_t *context_create_state(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                                int kv_dtype, int num_state_slots) {
     const model_config_t *cfg = &m->cfg;
     if ((kv_dtype != KV_F16 && kv_dtype != KV_Q8_0) || (kv_dtype == KV_Q8_0 && cfg->head_dim % QK)) return NULL;
     context_t *c = calloc(1, sizeof *c);
@@ -223,12 +322,13 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     int nt = pool_size(c->pool);
     int qkv_dim = Q_DIM(cfg) + 2 * KV_DIM(cfg);
     int wide = cfg->dim > Q_DIM(cfg) ? cfg->dim : Q_DIM(cfg);
-    size_t kv = (size_t)cfg->n_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
+    int kv_layers = model_kv_layers(m) > 0 ? model_kv_layers(m) : 1;
+    size_t kv = (size_t)kv_layers * num_kv_blocks * KV_DIM(cfg) * KV_BLOCK;
     /* 4 KB pages, faulted as blocks are first used: a 2 MB page's fault would land on the first requests'
      * prefill, and huge pages gain decode far less on the KV cache than on the weights
      * (bench/results/design_measurements.md). */
     if (kv_dtype == KV_Q8_0) {
-        size_t q8 = (size_t)cfg->n_layers * num_kv_blocks * cfg->n_kv_heads * kvq8_slice_bytes(cfg->head_dim);
+        size_t q8 = (size_t)kv_layers * num_kv_blocks * cfg->n_kv_heads * kvq8_slice_bytes(cfg->head_dim);
         c->k_q8 = calloc(q8, 1);
         c->v_q8 = calloc(q8, 1);
     } else {
@@ -247,6 +347,11 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     for (int l = 0; l < cfg->n_layers; l++)
         for (int i = 0; i < m->layers[l].n_blocks; i++) post_norms |= m->layers[l].blocks[i].post_norm != NULL;
     c->y = post_norms ? malloc((size_t)max_tokens * cfg->dim * sizeof(float)) : NULL;
+    int gated = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int i = 0; i < m->layers[l].n_blocks; i++)
+            gated |= m->layers[l].blocks[i].kind == BLOCK_ATTENTION && m->layers[l].blocks[i].attn.gated;
+    c->attn_gate = gated ? malloc((size_t)max_tokens * Q_DIM(cfg) * sizeof(float)) : NULL;
     c->runs = malloc((size_t)(max_tokens + 1) * sizeof(int32_t));
     c->xq = malloc((size_t)max_tokens * (wide / QK) * sizeof(block_q8x));
     c->xq_h = malloc((size_t)max_tokens * (cfg->hidden / QK) * sizeof(block_q8x));
@@ -262,7 +367,8 @@ context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int 
     if (!c->pool || !kv_ok || !c->x || !c->xn || !c->norm_rows || !c->qkv || !c->gu || !c->h ||
         !c->xq || !c->xq_h || !c->logits || !c->attn_scratch || !c->sample_scratch || !c->runs ||
         !c->attn_parts || !c->attn_pending ||
-        (post_norms && !c->y) || moe_scratch_create(c)) {
+        (post_norms && !c->y) || (gated && !c->attn_gate) || moe_scratch_create(c) ||
+        state_create(c, num_state_slots)) {
         context_free(c);
         return NULL;
     }
@@ -279,5 +385,8 @@ void context_free(context_t *c) {
     free(c->sample_scratch);
     moe_scratch_free(c);
     free(c->lora_ax);
+    free(c->attn_gate);
+    free(c->state); free(c->state_pos); free(c->seq_first); free(c->gdn_in); free(c->gdn_ba); free(c->gdn_out);
+    free(c->gdn_xq); free(c->gdn_scratch);
     free(c);
 }

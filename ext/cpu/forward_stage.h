@@ -24,7 +24,8 @@ typedef struct {
 typedef struct {
     context_t *c;
     const batch_t *b;
-    int layer;               /* the layer being run: its slice of the KV cache */
+    int layer;               /* the layer being run */
+    int kv_layer;            /* its slice of the KV cache: the attention layers before it (model_kv_layers) */
     const block_t *block;    /* the block being run */
     const weight_t *w;
     const float *in;         /* (ntok, in_dim) the matmul's input, or the norm's */
@@ -81,6 +82,7 @@ void attention_plan(context_t *c, const batch_t *b, stage_t *s);   /* once per s
 void attention_block(context_t *c, stage_t *s, const block_t *B);
 void ffn_gated_block(context_t *c, stage_t *s, const block_t *B);
 void ffn_moe_block(context_t *c, stage_t *s, const block_t *B);
+void gdn_block(context_t *c, stage_t *s, const block_t *B);
 /* the MoE blocks' buffers in c->moe, for the largest of the model's (none for a dense model): 0, or -1 out of memory */
 int moe_scratch_create(context_t *c);
 void moe_scratch_free(context_t *c);

@@ -245,6 +245,7 @@ typedef struct {
     float rope_theta_local;            /* RoPE base of sliding-window layers; 0: rope_theta */
     float embed_scale;                 /* x = embedding * embed_scale (Gemma: sqrt(dim)); 0: 1 */
     float logit_softcap;               /* logits = cap * tanh(logits / cap); 0: none */
+    int rope_dims;                     /* RoPE on the first rope_dims of each head, the rest passed through; 0: all */
 } model_config_t;
 
 /* A layer is a short list of blocks, run in order, each adding its output to the residual stream x:
@@ -254,7 +255,8 @@ typedef enum {
     BLOCK_ATTENTION = 1,     /* the mixer: causal self-attention over the paged KV cache (attention_block_t) */
     BLOCK_FFN_GATED = 2,     /* the FFN: down(act(gate xn) * up xn), dense (ffn_gated_block_t) */
     BLOCK_FFN_MOE = 3,       /* the FFN as a router and k of n gated experts per token (ffn_moe_block_t) */
-    BLOCK_RECURRENT = 4,     /* a mixer with a recurrent state per sequence in place of the KV cache: not built yet */
+    BLOCK_RECURRENT = 4,     /* a mixer with a recurrent state per sequence in place of the KV cache: Gated DeltaNet
+                              * (gdn_block_t) */
 } block_kind_t;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };   /* a gated FFN's activation: SwiGLU, GeGLU (tanh GELU) */
@@ -269,6 +271,8 @@ typedef struct {
     int window;                        /* sliding window (keys per query, itself included); 0: global attention */
     float scale;                       /* of q.k: the model's own, else 1/sqrt(head_dim) */
     const float *rope_cos_sin;         /* this block's table: the model's global or local one (model_init_rope) */
+    weight_t wgate;                    /* (q_dim, dim) the output gate: attn * sigmoid(Wgate xn) before Wo (Qwen3.5) */
+    int gated;                         /* wgate is there */
 } attention_block_t;
 
 typedef struct {
@@ -295,6 +299,27 @@ typedef struct {
     int shared_hidden;
 } ffn_moe_block_t;
 
+/* Gated DeltaNet (block_gdn.c), a linear-attention mixer with a recurrent state per sequence. Per token:
+ * (qkv, z) = Win xn, (b, a) = Wba xn; qkv goes through a causal depthwise convolution over the channel's last
+ * conv_kernel inputs (the state keeps conv_kernel - 1 of them), then SiLU; q and k are L2-normed per key head;
+ * per value head h (reading key head h % n_k_heads, or h / (n_v_heads / n_k_heads) with grouped_heads): beta = sigmoid(b_h), decay = exp(softplus(a_h + dt_bias_h) *
+ * a_log_h), S = decay S, S += k (beta (v - S^T k))^T, o = S^T q / sqrt(head_k); out = rmsnorm(o, norm_out) *
+ * silu(z_h); x += Wout out. S is (head_k, head_v) per value head, kept as (head_v, head_k): row j holds S[:, j]. */
+typedef struct {
+    weight_t win;                      /* (conv_dim + value_dim, dim): the q, k, v channels, then the gate z */
+    weight_t wba;                      /* (2 n_v_heads, dim): beta's logits, then the decay's */
+    weight_t wout;                     /* (dim, value_dim) */
+    float *conv;                       /* (conv_dim, conv_kernel) taps, oldest input first */
+    float *dt_bias;                    /* (n_v_heads) */
+    float *a_log;                      /* (n_v_heads) the decay's rate, -exp(A_log) as the file stores it */
+    float *norm_out;                   /* (head_v) the gated RMSNorm's weights */
+    int n_k_heads, n_v_heads, head_k, head_v, conv_kernel;
+    int index;                         /* this block's place among the model's recurrent blocks: its state slice */
+    int grouped_heads;                 /* value heads grouped by key head (Qwen3-Next) rather than tiled (Qwen3.5) */
+} gdn_block_t;
+#define GDN_CONV_DIM(G) (2 * (G)->n_k_heads * (G)->head_k + (G)->n_v_heads * (G)->head_v)
+#define GDN_VALUE_DIM(G) ((G)->n_v_heads * (G)->head_v)
+
 typedef struct {
     int kind;                          /* block_kind_t */
     float *norm;                       /* (dim) RMSNorm of the block's input */
@@ -303,6 +328,7 @@ typedef struct {
         attention_block_t attn;        /* BLOCK_ATTENTION */
         ffn_gated_block_t ffn;         /* BLOCK_FFN_GATED */
         ffn_moe_block_t moe;           /* BLOCK_FFN_MOE */
+        gdn_block_t gdn;               /* BLOCK_RECURRENT */
     };
 } block_t;
 
@@ -321,9 +347,12 @@ typedef struct {
     layer_t *layers;                   /* (n_layers) */
     float *rope_cos_sin;               /* (context_length, head_dim/2, 2) */
     float *rope_cos_sin_local;         /* the same for sliding-window layers with a base of their own, or NULL */
+    int n_recurrent;                   /* recurrent blocks (their index runs 0..n_recurrent-1 in layer order) */
+    size_t state_floats;               /* one sequence's recurrent state, every recurrent block's (gdn_state_floats) */
 } model_t;
 
 int model_init_rope(model_t *m);
+int model_kv_layers(const model_t *m);     /* layers with a slice of the KV cache (an attention block) */
 void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs);   /* (head_dim/2) */
 
 /* ---- LoRA adapters (lora.c) ----
@@ -372,11 +401,14 @@ typedef struct {
     int num_loras;
     const int32_t *lora_of_seq;        /* (num_seqs) */
     const float *lora_scale_of_seq;    /* (num_seqs) */
+    const int32_t *state_slots;        /* (num_seqs) each sequence's recurrent-state slot; NULL for a model without
+                                        * recurrent blocks. A sequence's tokens in the batch are consecutive
+                                        * positions; its first is 0 (the slot starts empty) or the slot's next. */
 } batch_t;
 
 /* stages of a step, for the optional profile */
 enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP_SWIGLU,
-       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, STAGE_LORA, NUM_STAGES };
+       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, STAGE_LORA, STAGE_RECURRENT, NUM_STAGES };
 
 typedef struct {
     const model_t *model;
@@ -385,10 +417,10 @@ typedef struct {
     double profile[NUM_STAGES];        /* seconds per stage, summed over steps while profile_on */
     int max_tokens, max_out;
     int num_kv_blocks;
-    uint16_t *k_cache, *v_cache;       /* (n_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
+    uint16_t *k_cache, *v_cache;       /* (model_kv_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
                                         * axes transposed (kv_store_key) */
     int kv_dtype;                      /* KV_F16: k_cache/v_cache; KV_Q8_0: k_q8/v_q8 (the others are NULL) */
-    uint8_t *k_q8, *v_q8;              /* (n_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
+    uint8_t *k_q8, *v_q8;              /* (model_kv_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
     float *xn;                         /* (max_tokens, max(dim, q_dim)) attention output; normed input of float weights */
@@ -411,15 +443,34 @@ typedef struct {
     struct moe_scratch *moe;           /* the mixtures of experts' buffers (block_moe.c), or NULL for a dense model */
     float *lora_ax;                    /* (max_tokens, 3 lora_rank) A x of up to three adapter matrices per token */
     int lora_rank;                     /* the largest adapter rank lora_ax holds (context_reserve_lora) */
+    float *attn_gate;                  /* (max_tokens, q_dim) the attention output gate's logits, or NULL */
+    /* recurrent blocks (block_gdn.c), NULL without them */
+    int num_state_slots;
+    float *state;                      /* (num_state_slots, model->state_floats) each sequence's state */
+    int32_t *state_pos;                /* (num_state_slots) the next position each slot expects */
+    int32_t *seq_first;                /* (max_tokens + 1) the step's first token of each sequence, then num_tokens */
+    float *gdn_in;                     /* (max_tokens, conv_dim + value_dim) Win xn, its qkv part convolved in place */
+    float *gdn_ba;                     /* (max_tokens, 2 n_v_heads) */
+    float *gdn_out;                    /* (max_tokens, value_dim) the gated norm's output, Wout's input */
+    block_q8x *gdn_xq;                 /* (max_tokens, value_dim / 32) the same quantized */
+    float *gdn_scratch;                /* (threads, 2 head_k + 2 head_v) a head's normed q and k, o, normed o */
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
 /* the same with the KV cache in kv_dtype (KV_F16 or KV_Q8_0); NULL also for a q8_0 cache of head_dim % 32 != 0 */
 context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                              int kv_dtype);
+/* the same with num_state_slots recurrent-state slots (a model with recurrent blocks needs at least one) */
+context_t *context_create_state(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
+                                int kv_dtype, int num_state_slots);
 void context_free(context_t *c);
 /* room for adapters of rank up to max_rank in the context's scratch: 0, or -1 out of memory */
 int context_reserve_lora(context_t *c, int max_rank);
+/* floats of one recurrent block's state per sequence: the convolution's last inputs and the delta-rule matrices */
+size_t gdn_state_floats(const gdn_block_t *G);
+/* copies a slot's whole state out of (read) or into (write) the context, with its next position (tests, snapshots) */
+int state_slot_read(const context_t *c, int slot, float *out, int32_t *next_pos);
+int state_slot_write(context_t *c, int slot, const float *in, int32_t next_pos);
 /* forward()'s result: FORWARD_OK, or the first thing its guard found out of range in the batch. The guard keeps
  * memory safe for any caller; inferd/engine/batch.py validates a step's inputs with messages before this. */
 typedef enum {
@@ -434,6 +485,7 @@ typedef enum {
     FORWARD_BAD_MASK_ROW = -8,      /* a sampled row's mask_row past num_masks (token_masks given) */
     FORWARD_BAD_BLOCK_KIND = -9,    /* a layer holds a block kind this build does not run */
     FORWARD_BAD_LORA = -10,         /* a sequence's adapter outside loras, of another model, or of a rank not reserved */
+    FORWARD_BAD_STATE = -11,        /* a recurrent model's sequence without a slot, or not continuing its slot */
 } forward_status_t;
 int forward(context_t *c, const batch_t *b);
 

@@ -13,7 +13,7 @@ static size_t kv_slab_bytes(const context_t *c) {
     return (size_t)cfg->n_kv_heads * cfg->head_dim * KV_BLOCK * sizeof(uint16_t);
 }
 
-size_t kv_block_bytes(const context_t *c) { return 2 * (size_t)c->model->cfg.n_layers * kv_slab_bytes(c); }
+size_t kv_block_bytes(const context_t *c) { return 2 * (size_t)model_kv_layers(c->model) * kv_slab_bytes(c); }
 
 /* the start of (layer, block)'s K (is_k) or V slab */
 static uint8_t *kv_slab(const context_t *c, int layer, int block, int is_k) {
@@ -26,7 +26,7 @@ int kv_block_read(const context_t *c, int block, uint8_t *out, size_t out_len) {
     if (block < 0 || block >= c->num_kv_blocks) return KV_IO_BAD_BLOCK;
     if (out_len != kv_block_bytes(c)) return KV_IO_BAD_LENGTH;
     size_t slab = kv_slab_bytes(c);
-    for (int l = 0; l < c->model->cfg.n_layers; l++) {
+    for (int l = 0; l < model_kv_layers(c->model); l++) {
         memcpy(out, kv_slab(c, l, block, 1), slab);
         memcpy(out + slab, kv_slab(c, l, block, 0), slab);
         out += 2 * slab;
@@ -38,7 +38,7 @@ int kv_block_write(context_t *c, int block, const uint8_t *in, size_t in_len) {
     if (block < 0 || block >= c->num_kv_blocks) return KV_IO_BAD_BLOCK;
     if (in_len != kv_block_bytes(c)) return KV_IO_BAD_LENGTH;
     size_t slab = kv_slab_bytes(c);
-    for (int l = 0; l < c->model->cfg.n_layers; l++) {
+    for (int l = 0; l < model_kv_layers(c->model); l++) {
         memcpy(kv_slab(c, l, block, 1), in, slab);
         memcpy(kv_slab(c, l, block, 0), in + slab, slab);
         in += 2 * slab;

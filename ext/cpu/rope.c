@@ -65,8 +65,9 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
  * the middle band, as in Meta's reference code. Both engines' RoPE comes from here (the CUDA engine gets them
  * through _cpu.rope_frequencies). */
 void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs) {
-    for (int i = 0; i < c->head_dim / 2; i++) {
-        double f = pow(theta, -2.0 * i / c->head_dim);
+    int rd = c->rope_dims ? c->rope_dims : c->head_dim;
+    for (int i = 0; i < rd / 2; i++) {
+        double f = pow(theta, -2.0 * i / rd);
         if (llama3) {
             double low_wl = c->rope_original_ctx / (double)c->rope_low_freq_factor;
             double high_wl = c->rope_original_ctx / (double)c->rope_high_freq_factor;
@@ -84,7 +85,7 @@ void rope_frequencies(const model_config_t *c, double theta, int llama3, double 
 
 /* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale */
 static float *rope_table(const model_config_t *c, double theta, double pos_scale, int llama3) {
-    int half = c->head_dim / 2;
+    int half = (c->rope_dims ? c->rope_dims : c->head_dim) / 2;
     float *table = malloc((size_t)c->context_length * half * 2 * sizeof(float));
     if (!table) return NULL;
     double freqs[256];                 /* head_dim <= 512, checked by model_init_rope */
@@ -103,7 +104,7 @@ static float *rope_table(const model_config_t *c, double theta, double pos_scale
  * attention block then points at its own. */
 int model_init_rope(model_t *m) {
     const model_config_t *c = &m->cfg;
-    if (c->head_dim > 512) return -1;
+    if (c->head_dim > 512 || c->rope_dims < 0 || c->rope_dims > c->head_dim || c->rope_dims % 2) return -1;
     m->rope_cos_sin = rope_table(c, c->rope_theta, c->rope_freq_scale > 0 ? c->rope_freq_scale : 1.0,
                                  c->rope_factor > 0);
     if (!m->rope_cos_sin) return -1;

@@ -21,6 +21,7 @@ class FlatBatch:
     out_rows: np.ndarray  # (num_out,) int32: token index of each logits row, ascending
     sample_mask: np.ndarray  # (num_out,) int32: 1 where the row is sampled
     rows_of_seq: list[tuple[int, int, int]]  # per sequence: (first out row, rows, first sampled row within)
+    state_slots: np.ndarray | None = None  # (num_seqs,) int32: each sequence's recurrent-state slot
 
 
 def flatten(
@@ -79,6 +80,7 @@ def flatten(
         raise ValueError(f"{len(tokens)} tokens in one step; the engine takes at most {max_batch_tokens}")
     if len(out_rows) > max_logits_rows:
         raise ValueError(f"{len(out_rows)} logits rows in one step; at most {max_logits_rows}")
+    slots = [s.state_slot for s in seqs]
     tables = np.zeros((len(seqs), width), np.int32)
     for i, s in enumerate(seqs):
         k = min(width, len(s.block_table))
@@ -91,17 +93,25 @@ def flatten(
         np.asarray(out_rows, np.int32),
         np.asarray(mask, np.int32),
         rows_of_seq,
+        np.asarray(slots, np.int32),
     )
 
 
 def kv_bytes_per_token(config, kv_cache_dtype: str = "f16") -> int:
-    """K and V of every layer: 16 bits a value (f16), or Q8_0's 34 bytes per 32 values (q8_0)."""
-    values = 2 * config.n_layers * config.n_kv_heads * config.head_dim
+    """K and V of every attention layer (a hybrid's recurrent layers keep none): 16 bits a value (f16), or Q8_0's
+    34 bytes per 32 values (q8_0)."""
+    layers = config.n_layers - len(getattr(config, "recurrent_layers", ()))
+    values = 2 * layers * config.n_kv_heads * config.head_dim
     if kv_cache_dtype == "f16":
         return 2 * values
     if kv_cache_dtype == "q8_0":
         return values * 34 // 32
     raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+
+
+def state_bytes_per_seq(config) -> int:
+    """One sequence's recurrent state (float32), 0 for a model without recurrent layers."""
+    return 4 * getattr(config, "state_floats", 0) if getattr(config, "recurrent_layers", ()) else 0
 
 
 class EngineShape:

@@ -52,6 +52,8 @@ class ChatEmbedder:
         cpu_model = getattr(engine, "_model", None)
         if not isinstance(cpu_model, _cpu.Model):
             raise ValueError("pooling (embeddings from the chat model) needs the CPU engine")
+        if getattr(engine, "num_state_slots", 0):
+            raise ValueError("pooling (embeddings from the chat model) is not built for models with recurrent layers")
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.block_size = engine.block_size

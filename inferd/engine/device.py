@@ -5,10 +5,14 @@ max_batch_tokens=, max_seqs=, threads=, max_logits_rows=) and have the same step
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from inferd.config import DEVICES, Settings
+from inferd.engine.batch import state_bytes_per_seq
 from inferd.engine.host_plan import kv_format
+
+log = logging.getLogger("inferd.device")
 
 
 class DeviceError(ValueError):
@@ -55,6 +59,40 @@ def engine_class(device: str):
     return Engine
 
 
+def kv_budget(config: Any, settings: Settings, max_seqs: int | None = None) -> tuple[int, int]:
+    """(bytes of kv_cache_mib left for KV blocks, sequences the engine runs at once). A model with recurrent layers
+    keeps one state per running sequence out of the same budget, and with prefix caching as many snapshots of states
+    at cached block boundaries (KVCacheManager keeps at most one per slot); when max_running's states would take
+    more than half the budget, fewer sequences run, with a log line."""
+    budget = settings.kv_cache_mib << 20
+    seqs = max_seqs or settings.max_running
+    copies = 2 if settings.enable_prefix_caching else 1
+    per_seq = copies * state_bytes_per_seq(config)
+    if not per_seq:
+        return budget, seqs
+    fit = (budget // 2) // per_seq
+    if fit < 1:
+        raise DeviceError(
+            f"kv_cache_mib {settings.kv_cache_mib} cannot hold one sequence's recurrent state "
+            f"({-(-per_seq >> 20)} MiB{' with its prefix snapshot' if copies > 1 else ''}) in half of it: "
+            "raise kv_cache_mib"
+        )
+    if fit < seqs:
+        log.warning(
+            "max_running %d -> %d: more recurrent states (%.1f MiB each%s) would take over half of kv_cache_mib %d",
+            seqs,
+            fit,
+            state_bytes_per_seq(config) / (1 << 20),
+            ", and as many prefix snapshots" if copies > 1 else "",
+            settings.kv_cache_mib,
+        )
+        seqs = fit
+    log.info(
+        "recurrent state: %d slots, %d MiB of kv_cache_mib; the rest for KV blocks", seqs, -(-seqs * per_seq >> 20)
+    )
+    return budget - seqs * per_seq, seqs
+
+
 def build_engine(
     model: Any,
     settings: Settings,
@@ -70,14 +108,15 @@ def build_engine(
     except ValueError as e:
         raise DeviceError(str(e)) from None
     engine_cls = engine_class(settings.device)
+    kv_bytes, seqs = kv_budget(model.config, settings, max_seqs)
     if num_kv_blocks is None:
         num_kv_blocks = settings.num_kv_blocks or engine_cls.kv_blocks_for_bytes(
-            model.config, settings.kv_cache_mib << 20, settings.kv_cache_dtype
+            model.config, kv_bytes, settings.kv_cache_dtype
         )
     sizes = dict(
         num_kv_blocks=num_kv_blocks,
         max_batch_tokens=max_batch_tokens or settings.max_batch_tokens,
-        max_seqs=max_seqs or settings.max_running,
+        max_seqs=seqs,
         threads=settings.threads or None,
         max_logits_rows=max_logits_rows,
     )

@@ -68,8 +68,16 @@ class Engine(EngineShape):
         )
         self.threads = threads or physical_cores()
         self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
+        # a model with recurrent layers keeps a state per running sequence: one slot for each
+        self.num_state_slots = max_seqs if model.config.is_recurrent else 0
         self._ctx = _cpu.Context(
-            self._model, max_batch_tokens, self.max_logits_rows, num_kv_blocks, self.threads, kv_cache_dtype
+            self._model,
+            max_batch_tokens,
+            self.max_logits_rows,
+            num_kv_blocks,
+            self.threads,
+            kv_cache_dtype,
+            self.num_state_slots,
         )
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
@@ -94,6 +102,9 @@ class Engine(EngineShape):
         if not seqs:
             return []
         b = self.flatten(seqs)
+        for s in seqs:
+            if s.restore_state is not None:  # a prefix-cache hit: the state after its cached positions
+                self._ctx.write_state(s.state_slot, s.restore_state, s.start_pos)
         params, history, bias_ids, bias_values, masks = self._sampling_arrays(seqs, b.rows_of_seq, len(b.out_rows))
         lora: dict = {}
         if any(s.lora >= 0 for s in seqs):
@@ -122,6 +133,7 @@ class Engine(EngineShape):
             want_hidden,
             token_masks=masks,
             **lora,
+            state_slots=b.state_slots if self.num_state_slots else None,
         )
         vocab = self.vocab_size
 
@@ -134,6 +146,9 @@ class Engine(EngineShape):
             seq_output(s, rows, samples["token"], samples["logprob"], top_logprobs, logits)
             for s, rows in zip(seqs, b.rows_of_seq)
         ]
+        for s, out in zip(seqs, outputs):
+            if s.snapshot_state:
+                out.state = self._ctx.read_state(s.state_slot)[0]
         return (outputs, hidden) if want_hidden else outputs
 
     # ---- KV blocks in and out (the prompt cache on disk: prompt_cache_disk.py) ------------------------------

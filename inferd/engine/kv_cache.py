@@ -41,6 +41,9 @@ class KVStats:
     prefix_queries: int  # prompt tokens looked up in the prefix cache since start
     prefix_hits: int  # of which found cached
     source_hits: int = 0  # of which filled by the block source (read from disk)
+    num_state_slots: int = 0  # recurrent-state slots (a model with recurrent layers), one per running sequence
+    num_state_slots_used: int = 0
+    num_state_snapshots: int = 0  # recurrent states kept at cached block boundaries (prefix caching of a hybrid)
 
     @property
     def usage(self) -> float:
@@ -54,6 +57,8 @@ class _SeqBlocks:
     # present there under the same hash, computed by someone else)
     block_hashes: list[bytes] = field(default_factory=list)
     root: bytes | None = None  # the parent of the first block's hash (a LoRA adapter's K/V hash apart)
+    state_slot: int = -1  # its recurrent-state slot, taken at its first step (a model with recurrent layers)
+    restore: object = None  # the state snapshot a prefix hit starts it from, until the engine takes it
 
 
 class BlockSource(Protocol):
@@ -85,7 +90,15 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int]) -> bytes:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int = 64, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int = 64, enable_prefix_caching: bool = True, num_state_slots: int = 0
+    ):
+        """num_state_slots: a model with recurrent layers keeps each running sequence's state in a slot of its
+        own, held from the sequence's first step until it is freed (finished, aborted or preempted: a preempted
+        sequence recomputes its state from position 0 when it runs again). With prefix caching, such a model's
+        cached prefix is usable only up to a block whose end has a state snapshot (store_snapshot): at most
+        num_state_slots snapshots are kept, the least recently stored or hit dropped first, and a snapshot goes with
+        its block when that is evicted."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -110,6 +123,10 @@ class KVCacheManager:
         self._tick = 0
         self.block_source: BlockSource | None = None
         self.source_hits = 0  # of prefix_hits, tokens whose blocks the block_source filled
+        self.num_state_slots = num_state_slots
+        self._free_slots: deque[int] = deque(range(num_state_slots))
+        self.snapshots: OrderedDict[bytes, object] = OrderedDict()  # block hash -> the state at the block's end
+        self.max_snapshots = num_state_slots
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -122,6 +139,15 @@ class KVCacheManager:
 
     def block_table(self, seq_id: object) -> list[int]:
         return self._seqs[seq_id].block_table
+
+    def state_slot(self, seq_id: object) -> int:
+        """`seq_id`'s recurrent-state slot, taken from the free ones at its first call (-1 without slots)."""
+        seq = self._seqs[seq_id]
+        if seq.state_slot < 0 and self.num_state_slots:
+            if not self._free_slots:
+                raise NoFreeBlocks(f"all {self.num_state_slots} recurrent-state slots are in use")
+            seq.state_slot = self._free_slots.popleft()
+        return seq.state_slot
 
     def has_seq(self, seq_id: object) -> bool:
         return seq_id in self._seqs
@@ -137,7 +163,38 @@ class KVCacheManager:
             prefix_queries=self.prefix_queries,
             prefix_hits=self.prefix_hits,
             source_hits=self.source_hits,
+            num_state_slots=self.num_state_slots,
+            num_state_slots_used=self.num_state_slots - len(self._free_slots),
+            num_state_snapshots=len(self.snapshots),
         )
+
+    # ---- recurrent-state snapshots (a hybrid model's prefix caching) ------------------------------------
+
+    def store_snapshot(self, seq_id: object, num_computed: int, state: object) -> None:
+        """Keep `state`, `seq_id`'s recurrent state after its first num_computed positions (a block boundary), for
+        the cached block that ends there."""
+        seq = self._seqs.get(seq_id)
+        i = num_computed // self.block_size - 1
+        if (
+            seq is None
+            or num_computed % self.block_size
+            or not 0 <= i < len(seq.block_hashes)
+            or not self.max_snapshots
+        ):
+            return
+        h = seq.block_hashes[i]
+        if self.hash_to_block.get(h) is None:
+            return
+        self.snapshots[h] = state
+        self.snapshots.move_to_end(h)
+        while len(self.snapshots) > self.max_snapshots:
+            self.snapshots.popitem(last=False)
+
+    def take_restore(self, seq_id: object) -> object:
+        """The snapshot a prefix hit starts `seq_id` from (once), or None."""
+        seq = self._seqs[seq_id]
+        restore, seq.restore = seq.restore, None
+        return restore
 
     # ---- sequence lifecycle --------------------------------------------------------------------------
 
@@ -177,6 +234,14 @@ class KVCacheManager:
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
             parent = h
+        if self.num_state_slots:  # a hybrid: the prefix ends at the deepest block with the state at its end
+            depth = max((i + 1 for i, h in enumerate(seq.block_hashes) if h in self.snapshots), default=0)
+            for block_id in reversed(seq.block_table[depth:]):
+                self._unref(block_id)
+            del seq.block_table[depth:], seq.block_hashes[depth:]
+            if depth:
+                seq.restore = self.snapshots[seq.block_hashes[-1]]
+                self.snapshots.move_to_end(seq.block_hashes[-1])
         num_cached = len(seq.block_table) * bs
         self.prefix_hits += num_cached
         return num_cached
@@ -229,15 +294,20 @@ class KVCacheManager:
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             return
+        if seq.state_slot >= 0:
+            self._free_slots.append(seq.state_slot)
         # Reverse order: a sequence's tail blocks are the least likely to be shared, so they should be the
         # first cached blocks to be evicted.
         for block_id in reversed(seq.block_table):
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                if self.block_hash[block_id] is not None:
-                    self._free_cached[block_id] = None
-                else:
-                    self._free_plain.append(block_id)
+            self._unref(block_id)
+
+    def _unref(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            if self.block_hash[block_id] is not None:
+                self._free_cached[block_id] = None
+            else:
+                self._free_plain.append(block_id)
 
     def cached_blocks(self) -> list[CachedBlock]:
         """Every cached block whose whole chain back to the first block is cached, most recently hit first and
@@ -356,6 +426,7 @@ class KVCacheManager:
     def _evict(self, block_id: int) -> None:
         h = self.block_hash[block_id]
         if h is not None:
+            self.snapshots.pop(h, None)
             self.block_hash[block_id] = None
             self.block_parent[block_id] = None
             self.block_tokens[block_id] = ()

@@ -137,7 +137,7 @@ def perplexity(
             part = chunk[pos:end]
             lo, hi = pos, min(end, ctx - 1)
             if pos >= first and hi > lo:
-                logits = engine.step([SeqInput(part, pos, table, 0, want_logits=True)])[0].logits
+                logits = engine.step([SeqInput(part, pos, table, 0, want_logits=True, state_slot=0)])[0].logits
                 assert logits is not None
                 for r0 in range(lo, hi, 32):  # in slices: bounded temporaries for big vocabularies (Gemma's 262k)
                     r1 = min(hi, r0 + 32)
@@ -146,7 +146,7 @@ def perplexity(
                     nll2 += float((token_nll**2).sum())
                 count += hi - lo
             else:
-                engine.step([SeqInput(part, pos, table, 0)])
+                engine.step([SeqInput(part, pos, table, 0, state_slot=0)])  # (slot 0: a recurrent model's state)
             pos = end
         if progress:
             progress(c + 1, n_chunks, math.exp(nll / count))

@@ -26,7 +26,7 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import FinishReason, RequestOutput, RequestState
 from inferd.engine.sequences import Sequences
 from inferd.engine.step_cost import StepCost
-from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats
+from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats, num_state_slots
 from inferd.engine.types import RequestStatus, SeqOutput
 
 __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepStats"]
@@ -49,10 +49,22 @@ class Scheduler(Sequences):
         max_step_latency_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching)
+        slots = num_state_slots(engine)
+        # a recurrent model's cached prefix needs the state at its end: prefill chunks end at block boundaries and
+        # the state there is kept beside the block (kv_cache.py: at most one snapshot per state slot)
+        self.snapshot_states = bool(slots) and enable_prefix_caching
+        if self.snapshot_states:
+            log.info("prefix caching keeps recurrent-state snapshots at block boundaries (at most %d)", slots)
+        if slots and speculative:
+            log.info("speculative decoding is off: this model has recurrent layers, which rejected drafts would alter")
+        # a recurrent model's draft tokens would enter its state before they are verified: it never drafts
+        self.allow_drafts = not slots
+        kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching, slots)
         super().__init__(kv, clock)
         self.block_size = engine.block_size
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
+        if slots:
+            self.max_running = min(self.max_running, slots)
         self.max_batch_tokens = engine.max_batch_tokens
         # prompt tokens a step may take beside decodes (None or 0: the whole budget)
         self.max_prefill_while_decoding = max_prefill_while_decoding or None
@@ -72,6 +84,7 @@ class Scheduler(Sequences):
         """Queue a new request; one that can never run is failed at once (its output says why)."""
         req = st.request
         st.start(self.block_size, self.speculative)
+        st.speculative = st.speculative and self.allow_drafts
         self.requests[req.request_id] = st
         error = req.length_error(self.max_model_len)
         if error:
@@ -140,7 +153,18 @@ class Scheduler(Sequences):
             rows_left -= s.logits_rows
         # a sequence failed while making room for a later one is not run
         scheduled = [s for s in scheduled if s.state.status is not RequestStatus.FINISHED]
-        return ScheduledBatch(scheduled, [s.engine_input(list(self.kv.block_table(s.state.key))) for s in scheduled])
+        return ScheduledBatch(
+            scheduled,
+            [
+                s.engine_input(
+                    list(self.kv.block_table(s.state.key)),
+                    self.kv.state_slot(s.state.key),
+                    self.kv.take_restore(s.state.key) if self.snapshot_states else None,
+                    self.block_size if self.snapshot_states else 0,
+                )
+                for s in scheduled
+            ],
+        )
 
     def _prefill_beside_decodes(self) -> int:
         cap = self.max_prefill_while_decoding or self.max_batch_tokens
@@ -170,7 +194,12 @@ class Scheduler(Sequences):
 
     def _chunk(self, st: RequestState, n: int, rows_left: int) -> int:
         # an echo-logprobs chunk returns a logits row per token, and the engine holds only so many rows
-        return min(n, rows_left) if st.wants_prompt_logits else n
+        n = min(n, rows_left) if st.wants_prompt_logits else n
+        if self.snapshot_states:  # a chunk across a block boundary stops there, where its state is snapshot
+            boundary = (st.num_computed + n) // self.block_size * self.block_size
+            if st.num_computed < boundary < st.num_computed + n:
+                n = boundary - st.num_computed
+        return n
 
     def _num_sampled(self, st: RequestState, n: int) -> int:
         reaches_end = st.num_computed + n == len(st.token_ids)
@@ -243,6 +272,8 @@ class Scheduler(Sequences):
                 if not (was_prompt_done and s.num_new == 1):
                     stats.num_prefill_tokens += s.num_new
                 self.kv.cache_blocks(st.key, st.token_ids, st.num_computed)
+                if self.snapshot_states and out.state is not None:
+                    self.kv.store_snapshot(st.key, st.num_computed, out.state)
 
             if st.request.warm:
                 if st.num_computed >= st.target_len:

@@ -20,6 +20,11 @@ class EngineSizes(Protocol):
     max_logits_rows: int
 
 
+def num_state_slots(engine: object) -> int:
+    """Recurrent-state slots the engine keeps (0: a model without recurrent layers)."""
+    return int(getattr(engine, "num_state_slots", 0) or 0)
+
+
 @dataclass
 class ScheduledSeq:
     state: RequestState
@@ -32,7 +37,10 @@ class ScheduledSeq:
         """Rows of logits the engine returns: every row of an echo-logprobs chunk, else the sampled ones."""
         return self.num_new if self.state.wants_prompt_logits else self.num_sampled
 
-    def engine_input(self, block_table: list[int]) -> SeqInput:
+    def engine_input(
+        self, block_table: list[int], state_slot: int = -1, restore_state=None, snapshot_every: int = 0
+    ) -> SeqInput:
+        """snapshot_every: ask for the recurrent state when the step ends at a multiple of it (0: never)."""
         st = self.state
         start = st.num_computed
         token_ids = st.token_ids[start : start + self.num_new]
@@ -54,6 +62,9 @@ class ScheduledSeq:
             allowed=allowed,
             lora=st.request.lora.index if st.request.lora else -1,
             lora_scale=st.request.lora.scale if st.request.lora else 1.0,
+            state_slot=state_slot,
+            restore_state=restore_state,
+            snapshot_state=bool(snapshot_every) and (start + self.num_new) % snapshot_every == 0,
         )
 
 

@@ -89,6 +89,12 @@ class SeqInput:
     allowed: np.ndarray | None = None
     lora: int = -1  # the engine's LoRA adapter (Engine.add_adapter's index) this sequence runs with; -1: none
     lora_scale: float = 1.0  # times the adapter's own alpha / rank
+    # a model with recurrent layers: the sequence's state slot (start_pos 0 starts it empty, else it continues),
+    # the state to put in it first (a prefix-cache hit's snapshot, the state after start_pos positions), and
+    # whether to return the state after this step (it ends at a block boundary the prefix cache keeps)
+    state_slot: int = -1
+    restore_state: np.ndarray | None = None
+    snapshot_state: bool = False
 
 
 @dataclass
@@ -97,6 +103,7 @@ class SeqOutput:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     logits: np.ndarray | None = None  # (len(token_ids), vocab) float32 when want_logits
+    state: np.ndarray | None = None  # the recurrent state after the step, when SeqInput.snapshot_state
 
 
 class RequestStatus(enum.Enum):

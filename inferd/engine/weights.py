@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from inferd import _cpu
-from inferd.model.arch import ATTENTION, FFN_GATED, FFN_MOE, MODEL_TENSORS
+from inferd.model.arch import ATTENTION, FFN_GATED, FFN_MOE, MODEL_TENSORS, RECURRENT
 from inferd.model.layers import Block, layer_plan
 from inferd.model.tensor import Tensor
 
@@ -145,6 +145,7 @@ def engine_config(cfg) -> dict:
         "rope_theta_local": float(cfg.rope_theta_local or 0.0),
         "embed_scale": float(cfg.embed_scale) if cfg.embed_scale != 1.0 else 0.0,
         "logit_softcap": float(cfg.logit_softcap),
+        "rope_dims": int(cfg.rope_dims),
     }
 
 
@@ -183,7 +184,16 @@ def _cpu_block(block: Block, ts) -> tuple:
     out: dict[str, Any] = {"norm": _vector(t["norm"])}
     if "post_norm" in t:
         out["post_norm"] = _vector(t["post_norm"])
-    if block.kind == ATTENTION:
+    if block.kind == ATTENTION and block.options.get("gated"):
+        # Wq holds per head its q rows then its output gate's: the q rows go into Wqkv beside k and v, the gate's
+        # into a matrix of their own (views of the file's rows, one part per head)
+        head_dim = t["k_norm"].cols
+        q_parts, gate_parts = split_heads(t["q"], head_dim)
+        out["wqkv"] = fuse([*q_parts, t["k"], t["v"]])
+        out["wgate"] = fuse(gate_parts)
+        out["q_norm"], out["k_norm"] = _vector(t["q_norm"]), _vector(t["k_norm"])
+        out["wo"] = _spec(t["o"])
+    elif block.kind == ATTENTION:
         out["wqkv"] = fuse([t["q"], t["k"], t["v"]])
         if "q_bias" in t:
             bias = np.concatenate([_to_f32(t[f"{x}_bias"]).reshape(-1) for x in "qkv"])
@@ -209,9 +219,64 @@ def _cpu_block(block: Block, ts) -> tuple:
             out["shared_gate"] = _vector(t["shared_gate"])
             out["shared_gu"] = fuse([t["gate_shexp"], t["up_shexp"]], interleave=32)
             out["shared_down"] = _spec(t["down_shexp"])
+    elif block.kind == RECURRENT:
+        o = block.options
+        if "in" in t:  # Qwen3-Next's q|k|v|z grouped per key head: its rows regrouped as the engine's q, k, v, z
+            out["win"] = fuse(
+                grouped_rows(
+                    t["in"],
+                    o["n_k_heads"],
+                    [o["head_k"], o["head_k"], *[o["head_v"]] * 2],
+                    o["n_v_heads"] // o["n_k_heads"],
+                )
+            )
+        else:
+            out["win"] = fuse([t["qkv"], t["gate"]])  # the convolved channels, then the output gate z
+        if "ba" in t:  # beta|alpha grouped per key head
+            out["wba"] = fuse(grouped_rows(t["ba"], o["n_k_heads"], [1, 1], o["n_v_heads"] // o["n_k_heads"]))
+        else:
+            out["wba"] = fuse([t["beta"], t["alpha"]])
+        out["wout"] = _spec(t["out"])
+        out["conv"] = _vector(t["conv"])  # (conv_dim, kernel) row-major: each channel's taps, oldest first
+        for role, name in (("dt_bias", "dt_bias"), ("a", "a_log"), ("norm_out", "norm_out")):
+            out[name] = _vector(t[role])
     else:
         raise ValueError(f"the CPU engine has no {block.kind} block")
     return (block.kind, block.options, out)
+
+
+def split_heads(t: Tensor, head_dim: int) -> tuple[list[Tensor], list[Tensor]]:
+    """A gated attention's Wq (n_heads * 2 head_dim rows: per head its q rows, then its gate's) as views of each
+    head's q rows and of its gate rows."""
+    n = t.rows // (2 * head_dim)
+    q = [
+        Tensor(f"{t.name}[q{h}]", t.type, head_dim, t.cols, t.data[2 * h * head_dim : (2 * h + 1) * head_dim])
+        for h in range(n)
+    ]
+    g = [
+        Tensor(f"{t.name}[g{h}]", t.type, head_dim, t.cols, t.data[(2 * h + 1) * head_dim : (2 * h + 2) * head_dim])
+        for h in range(n)
+    ]
+    return q, g
+
+
+def grouped_rows(t: Tensor, groups: int, sizes: list[int], repeats: int) -> list[Tensor]:
+    """Views of a matrix whose rows come in `groups` groups, each holding parts of `sizes` rows (the value-sized
+    ones `repeats` times over: one per value head of the group), regrouped part by part: every group's part 0, then
+    every group's part 1, ... (Qwen3-Next's fused in-projections, grouped per key head)."""
+    widths = [s * repeats for s in sizes]
+    if len(sizes) == 4:  # q and k: one key head's; v and z: its value heads'
+        widths[:2] = sizes[:2]
+    stride = sum(widths)
+    if stride * groups != t.rows:
+        raise ValueError(f"{t.name}: {t.rows} rows are not {groups} groups of {stride}")
+    views = []
+    for part, width in enumerate(widths):
+        first = sum(widths[:part])
+        for g in range(groups):
+            row = g * stride + first
+            views.append(Tensor(f"{t.name}[{g}.{part}]", t.type, width, t.cols, t.data[row : row + width]))
+    return views
 
 
 def experts(t: Tensor, n: int) -> list[Tensor]:

@@ -19,8 +19,8 @@ from typing import Any
 ATTENTION = "attention"  # causal self-attention over the KV cache, with the row's options
 FFN_GATED = "ffn_gated"  # down(act(gate x) * up x), dense
 FFN_MOE = "ffn_moe"  # a router choosing k of n gated experts per token (and a shared expert beside them)
-RECURRENT = "recurrent"  # a mixer with a recurrent state per sequence: not built yet
-BUILT_KINDS = (ATTENTION, FFN_GATED, FFN_MOE)
+RECURRENT = "recurrent"  # a mixer with a recurrent state per sequence: Gated DeltaNet
+BUILT_KINDS = (ATTENTION, FFN_GATED, FFN_MOE, RECURRENT)
 
 # Each block kind's tensors: role -> GGUF name inside layer i (after "blk.{i}."). Optional roles are present when
 # the model's options turn them on (ModelConfig.qkv_bias, qk_norm, sandwich_norms).
@@ -57,6 +57,25 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
         "gate_shexp": "ffn_gate_shexp.weight",
         "up_shexp": "ffn_up_shexp.weight",
         "down_shexp": "ffn_down_shexp.weight",
+    },
+    # Gated DeltaNet (Qwen3.5, Qwen3-Next): qkv are the convolved q|k|v channels, gate the output gate z, beta and
+    # alpha the update's and the decay's logits per value head, conv the causal convolution's taps (conv_dim rows of
+    # kernel), dt_bias and a the decay's bias and rate, norm_out the gated RMSNorm's weights, out the projection
+    RECURRENT: {
+        "norm": "attn_norm.weight",
+        "qkv": "attn_qkv.weight",
+        "gate": "attn_gate.weight",
+        "beta": "ssm_beta.weight",
+        "alpha": "ssm_alpha.weight",
+        "conv": "ssm_conv1d.weight",
+        "dt_bias": "ssm_dt.bias",
+        "a": "ssm_a",
+        "norm_out": "ssm_norm.weight",
+        "out": "ssm_out.weight",
+        # Qwen3-Next's files: beta|alpha as one matrix, grouped per key head ([beta, alpha] of the group's value
+        # heads in turn), and in older ones q|k|v|z as one (ssm_in), grouped per key head the same way
+        "ba": "ssm_ba.weight",
+        "in": "ssm_in.weight",
     },
 }
 # the model's own tensors, outside the layers: role -> GGUF name ("output" is absent when tied to the embedding)
@@ -142,6 +161,12 @@ class Architecture:
     # has experts (llama with ffn_gate_inp: Mixtral).
     moe_norm_topk: bool = False
     shared_expert: bool = False
+    # a hybrid of Gated DeltaNet and gated attention (Qwen3.5): the attention's Wq holds each head's q then its output
+    # gate, RoPE may cover part of a head, and the FFN's input norm is named post_attention_norm
+    hybrid_gdn: bool = False
+    # Qwen3-Next's Gated DeltaNet: value head h reads key head h // (n_v_heads / n_k_heads) (Qwen3.5's files order
+    # the value heads so that it reads h % n_k_heads), and its beta|alpha rows come fused, grouped per key head
+    gdn_grouped_heads: bool = False
     # the row's own metadata (sliding windows, scales): ModelConfig fields read from the file by this function
     gguf_options: Callable[[MetadataReader, int, int, int, int], dict[str, Any]] | None = field(
         default=None, compare=False
@@ -183,6 +208,35 @@ def gemma3_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, h
     }
 
 
+def qwen35_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    """Qwen3.5's Gated DeltaNet metadata, read as llama.cpp reads it: the recurrent layers are listed per layer
+    (attention.recurrent_layers) or every layer but each full_attention_interval-th (default 4). n_layers counts the
+    trunk only (ModelConfig.from_gguf leaves out the multi-token prediction layers, which are not run)."""
+    arch, n_trunk = key("general.architecture"), n_layers
+    flags = key(f"{arch}.attention.recurrent_layers", None)
+    if isinstance(flags, list):
+        if len(flags) < n_trunk:
+            raise ValueError(f"{arch}.attention.recurrent_layers has {len(flags)} entries for {n_trunk} layers")
+        recurrent = tuple(i for i in range(n_trunk) if flags[i])
+    else:
+        interval = int(key(f"{arch}.full_attention_interval", 4))
+        if interval < 1:
+            raise ValueError(f"{arch}.full_attention_interval must be positive, got {interval}")
+        recurrent = tuple(i for i in range(n_trunk) if (i + 1) % interval)
+    v_heads = int(key(f"{arch}.ssm.time_step_rank"))
+    inner = int(key(f"{arch}.ssm.inner_size"))
+    if v_heads <= 0 or inner % v_heads:
+        raise ValueError(f"{arch}.ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")
+    return {
+        "recurrent_layers": recurrent,
+        "ssm_conv_kernel": int(key(f"{arch}.ssm.conv_kernel")),
+        "ssm_head_k": int(key(f"{arch}.ssm.state_size")),
+        "ssm_head_v": inner // v_heads,
+        "ssm_k_heads": int(key(f"{arch}.ssm.group_count")),
+        "ssm_v_heads": v_heads,
+    }
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     row.name: row
     for row in (
@@ -194,6 +248,26 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen2moe", qkv_bias=True, ffn=FFN_MOE, shared_expert=True),
         Architecture("qwen3moe", qk_norm=True, ffn=FFN_MOE, moe_norm_topk=True),
         Architecture("olmoe", qk_norm=True, qk_norm_full=True, ffn=FFN_MOE),
+        Architecture("qwen35", qk_norm=True, hybrid_gdn=True, gguf_options=qwen35_options),
+        Architecture(
+            "qwen3next",
+            qk_norm=True,
+            hybrid_gdn=True,
+            gdn_grouped_heads=True,
+            ffn=FFN_MOE,
+            moe_norm_topk=True,
+            shared_expert=True,
+            gguf_options=qwen35_options,
+        ),
+        Architecture(
+            "qwen35moe",
+            qk_norm=True,
+            hybrid_gdn=True,
+            ffn=FFN_MOE,
+            moe_norm_topk=True,
+            shared_expert=True,
+            gguf_options=qwen35_options,
+        ),
     )
 }
 ARCHS = tuple(ARCHITECTURES)

@@ -103,6 +103,15 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
         config = ModelConfig.from_gguf(metadata, by_name.keys(), rope_freqs)
     except (ValueError, TypeError, KeyError, ArithmeticError) as e:  # e.g. int() of a float metadata value
         raise ModelLoadError(path, str(e) or type(e).__name__) from e
+    # Multi-token prediction layers follow the trunk's (Qwen3.5's nextn_predict_layers): not run, so not loaded
+    mtp = [
+        n
+        for n in by_name
+        if n.startswith("blk.") and n.split(".")[1].isdigit() and int(n.split(".")[1]) >= config.n_layers
+    ]
+    if mtp and int(metadata.get(f"{config.arch}.nextn_predict_layers", 0) or 0):
+        for name in mtp:
+            del by_name[name]
     # A corrupt block_count must be refused before anything loops over the layers (2**31 layers would
     # take minutes and gigabytes just to list the tensors they need): each layer has at least 9 tensors.
     if config.n_layers * TENSORS_PER_LAYER > len(by_name):

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping
 
-from inferd.model.arch import ARCHITECTURES, ATTENTION, BLOCK_TENSORS, BUILT_KINDS, FFN_GATED, FFN_MOE, MODEL_TENSORS
+from inferd.model.arch import (
+    ARCHITECTURES,
+    ATTENTION,
+    BLOCK_TENSORS,
+    BUILT_KINDS,
+    FFN_GATED,
+    FFN_MOE,
+    MODEL_TENSORS,
+    RECURRENT,
+)
 from inferd.model.model_config import ModelConfig
 
 
@@ -27,7 +36,7 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
     dim, q, kv = cfg.dim, cfg.q_dim, cfg.kv_dim
     shapes: dict[str, tuple[int, ...]] = {
         "norm": (1, dim),
-        "q": (q, dim),
+        "q": (2 * q if cfg.attn_output_gate else q, dim),  # gated: each head's q rows, then its gate's
         "k": (kv, dim),
         "v": (kv, dim),
         "o": (dim, q),
@@ -45,7 +54,40 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
     options = {"rope_neox": int(cfg.rope_neox), "window": cfg.layer_window(layer), "scale": float(cfg.query_scale)}
     if cfg.qk_norm_full:
         options["qk_norm_full"] = 1
+    if cfg.attn_output_gate:
+        options["gated"] = 1
     return _block(ATTENTION, layer, options, shapes)
+
+
+def _recurrent(cfg: ModelConfig, layer: int) -> Block:
+    dim, conv, value, heads = cfg.dim, cfg.ssm_conv_dim, cfg.ssm_value_dim, cfg.ssm_v_heads
+    shapes: dict[str, tuple[int, ...]] = {"norm": (1, dim)}
+    if cfg.ssm_fused_in:  # q|k|v|z grouped per key head (Qwen3-Next's older files)
+        shapes["in"] = (conv + value, dim)
+    else:
+        shapes.update({"qkv": (conv, dim), "gate": (value, dim)})
+    if cfg.ssm_grouped_heads:  # beta|alpha grouped per key head (Qwen3-Next)
+        shapes["ba"] = (2 * heads, dim)
+    else:
+        shapes.update({"beta": (heads, dim), "alpha": (heads, dim)})
+    shapes.update(
+        {
+            "conv": (conv, cfg.ssm_conv_kernel),
+            "dt_bias": (1, heads),
+            "a": (1, heads),
+            "norm_out": (1, cfg.ssm_head_v),
+            "out": (dim, value),
+        }
+    )
+    options = {
+        "n_k_heads": cfg.ssm_k_heads,
+        "n_v_heads": heads,
+        "head_k": cfg.ssm_head_k,
+        "head_v": cfg.ssm_head_v,
+        "conv_kernel": cfg.ssm_conv_kernel,
+        "grouped_heads": int(cfg.ssm_grouped_heads),
+    }
+    return _block(RECURRENT, layer, options, shapes)
 
 
 def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
@@ -58,7 +100,10 @@ def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
     }
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
-    return _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
+    block = _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
+    if ARCHITECTURES[cfg.arch].hybrid_gdn:  # Qwen3.5 names the FFN's input norm post_attention_norm
+        block.tensors["norm"] = f"blk.{layer}.post_attention_norm.weight"
+    return block
 
 
 def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
@@ -81,13 +126,19 @@ def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
         )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
+    if ARCHITECTURES[cfg.arch].hybrid_gdn:  # Qwen3.5 names the FFN's input norm post_attention_norm
+        names = {role: f"blk.{layer}.{BLOCK_TENSORS[FFN_MOE][role]}" for role in shapes}
+        names["norm"] = f"blk.{layer}.post_attention_norm.weight"
     options = {
         "act": cfg.ffn_act,
         "n_used": cfg.n_experts_used,
         "norm_topk": int(cfg.expert_norm_topk),
         "weights_scale": float(cfg.expert_weights_scale),
     }
-    return _block(FFN_MOE, layer, options, shapes)
+    block = _block(FFN_MOE, layer, options, shapes)
+    if ARCHITECTURES[cfg.arch].hybrid_gdn:
+        block.tensors.update(names)
+    return block
 
 
 def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> Block:
@@ -96,7 +147,7 @@ def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tup
 
 
 # the block kinds the engines build, each from the config; a kind of arch.py without one is refused at load
-BUILDERS = {ATTENTION: _attention, FFN_GATED: _ffn_gated, FFN_MOE: _ffn_moe}
+BUILDERS = {ATTENTION: _attention, FFN_GATED: _ffn_gated, FFN_MOE: _ffn_moe, RECURRENT: _recurrent}
 assert tuple(BUILDERS) == BUILT_KINDS
 
 
@@ -104,7 +155,8 @@ def layer_blocks(cfg: ModelConfig, layer: int) -> list[Block]:
     """Layer `layer`'s blocks in the order they run: the architecture's mixer, then its FFN (a mixture of experts
     whenever the model has experts: a llama file with them is Mixtral)."""
     row = ARCHITECTURES[cfg.arch]
-    kinds = (row.mixer, FFN_MOE if cfg.is_moe else row.ffn)
+    mixer = RECURRENT if layer in cfg.recurrent_layers else row.mixer
+    kinds = (mixer, FFN_MOE if cfg.is_moe else row.ffn)
     missing = [k for k in kinds if k not in BUILDERS]
     if missing:
         raise ValueError(f"{cfg.arch} layers need {' and '.join(missing)} blocks, which are not built yet")

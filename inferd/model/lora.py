@@ -116,6 +116,8 @@ def _check_shape(path: Path, config: ModelConfig, layer: int, target: str, a: np
         )
     if target in ("gate", "up", "down") and config.is_moe:
         raise ModelLoadError(path, f"layer {layer}: adapters of a mixture of experts' FFN are not supported")
+    if config.recurrent_layers:  # its attention layers have gated queries, its other layers no q/k/v/o at all
+        raise ModelLoadError(path, "adapters of a hybrid recurrent model (Qwen3.5, Qwen3-Next) are not supported")
     out, inp = target_shape(config, target)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[0] < 1:
         raise ModelLoadError(path, f"layer {layer} {target}: A {a.shape} and B {b.shape} are not a rank-r pair")

@@ -64,6 +64,18 @@ class ModelConfig:
     shared_expert_hidden_dim: int = 0
     expert_norm_topk: bool = False  # the k router weights renormalized to sum to 1
     expert_weights_scale: float = 1.0  # the router weights times this
+    # Qwen3.5's hybrid: the layers whose mixer is Gated DeltaNet (recurrent_layers; the others are attention with an
+    # output gate, attn_output_gate), its convolution's kernel, its key and value heads and their sizes
+    rope_dims: int = 0  # RoPE on each head's first rope_dims values, the rest passed through; 0: all of head_dim
+    attn_output_gate: bool = False  # attention * sigmoid(gate) before Wo, the gate's rows beside q's in Wq
+    recurrent_layers: tuple[int, ...] = ()
+    ssm_conv_kernel: int = 0
+    ssm_head_k: int = 0
+    ssm_head_v: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_grouped_heads: bool = False  # Qwen3-Next: value head h reads key head h // (v_heads / k_heads); ssm_ba fused
+    ssm_fused_in: bool = False  # Qwen3-Next's older files: q|k|v|z as one matrix (ssm_in), grouped per key head
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -111,6 +123,7 @@ class ModelConfig:
         if self.local_layers and self.sliding_window == 0:
             raise ValueError("local (sliding-window) layers need a sliding_window")
         self._check_experts()
+        self._check_recurrent()
         if any(not 0 <= i < self.n_layers for i in self.local_layers) or list(self.local_layers) != sorted(
             set(self.local_layers)
         ):
@@ -135,6 +148,53 @@ class ModelConfig:
         if not math.isfinite(self.expert_weights_scale) or self.expert_weights_scale <= 0:
             raise ValueError(f"expert_weights_scale must be a positive number, got {self.expert_weights_scale!r}")
 
+    def _check_recurrent(self) -> None:
+        if self.rope_dims < 0 or self.rope_dims % 2 or self.rope_dims > self.head_dim:
+            raise ValueError(f"rope dimension count {self.rope_dims} must be even and at most head_dim {self.head_dim}")
+        if not self.recurrent_layers:
+            return
+        if any(not 0 <= i < self.n_layers for i in self.recurrent_layers) or list(self.recurrent_layers) != sorted(
+            set(self.recurrent_layers)
+        ):
+            raise ValueError(f"recurrent_layers must be distinct ascending layer indices, got {self.recurrent_layers}")
+        for name in ("ssm_head_k", "ssm_head_v"):
+            value = getattr(self, name)
+            if value <= 0 or value % DIM_MULTIPLE or value > 512:
+                raise ValueError(f"Gated DeltaNet {name} {value} must be a multiple of {DIM_MULTIPLE} up to 512")
+        if self.ssm_head_k != self.ssm_head_v:
+            raise ValueError(
+                f"Gated DeltaNet key and value heads of different sizes ({self.ssm_head_k}, "
+                f"{self.ssm_head_v}) are not supported"
+            )
+        if self.ssm_k_heads <= 0 or self.ssm_v_heads <= 0 or self.ssm_v_heads % self.ssm_k_heads:
+            raise ValueError(
+                f"Gated DeltaNet value heads {self.ssm_v_heads} must be a multiple of key heads {self.ssm_k_heads}"
+            )
+        if not 1 <= self.ssm_conv_kernel <= 9:
+            raise ValueError(f"Gated DeltaNet convolution kernel {self.ssm_conv_kernel} is not supported (1 to 9)")
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Some layers keep a recurrent state per sequence rather than KV for every position."""
+        return bool(self.recurrent_layers)
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        return 2 * self.ssm_k_heads * self.ssm_head_k + self.ssm_v_heads * self.ssm_head_v
+
+    @property
+    def ssm_value_dim(self) -> int:
+        return self.ssm_v_heads * self.ssm_head_v
+
+    @property
+    def state_floats(self) -> int:
+        """Floats of one sequence's recurrent state: per recurrent layer, the convolution's last inputs and one
+        key x value matrix per value head."""
+        per_layer = (
+            self.ssm_conv_kernel - 1
+        ) * self.ssm_conv_dim + self.ssm_v_heads * self.ssm_head_v * self.ssm_head_k
+        return len(self.recurrent_layers) * per_layer
+
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
@@ -155,6 +215,9 @@ class ModelConfig:
             ("sliding-window layers", bool(self.local_layers)),
             ("linear RoPE scaling", self.rope_linear_factor != 1.0),
             ("experts", self.is_moe),
+            ("recurrent layers", self.is_recurrent),
+            ("an attention output gate", self.attn_output_gate),
+            ("partial RoPE", 0 < self.rope_dims < self.head_dim),
         ]
         return [name for name, is_on in on if is_on]
 
@@ -243,7 +306,8 @@ class ModelConfig:
         head_dim = int(key("head_dim", dim // n_heads if n_heads else 0))
         if int(key("value_dim", head_dim)) != head_dim:
             raise ValueError("attention.value_length differs from key_length, which is not supported")
-        if int(key("rope_dims", head_dim)) != head_dim:
+        rope_dims = int(key("rope_dims", head_dim))
+        if rope_dims != head_dim and not row.hybrid_gdn:
             raise ValueError(
                 f"partial rotary embeddings (rope.dimension_count {key('rope_dims')} "
                 f"< head_dim {head_dim}) are not supported"
@@ -269,6 +333,14 @@ class ModelConfig:
                 key("rope_original_context", None),
             )
         n_layers = int(key("n_layers"))
+        if row.hybrid_gdn:  # multi-token prediction layers follow the trunk's; they are not run
+            n_layers -= int(_meta(fields, f"{arch}.nextn_predict_layers", 0) or 0)
+            options_hybrid: dict[str, Any] = {"rope_dims": 0 if rope_dims == head_dim else rope_dims}
+            options_hybrid["attn_output_gate"] = True
+            options_hybrid["ssm_grouped_heads"] = row.gdn_grouped_heads
+            options_hybrid["ssm_fused_in"] = any(n.endswith(".ssm_in.weight") for n in names)
+        else:
+            options_hybrid = {}
         options: dict[str, Any] = {}
         if row.gguf_options is not None:
 
@@ -278,6 +350,9 @@ class ModelConfig:
             options = row.gguf_options(own_key, n_layers, dim, n_heads, head_dim)
         hidden = int(key("hidden_dim", 0) or 0)
         options.update(_gguf_experts(key, arch, hidden))
+        if not hidden and options.get("expert_hidden_dim"):  # a mixture without a dense width (Qwen3.5-MoE)
+            hidden = options["expert_hidden_dim"]
+        options.update(options_hybrid)
         return cls(
             arch=arch,
             vocab_size=int(vocab),

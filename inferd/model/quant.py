@@ -39,7 +39,8 @@ def target_type(t: Tensor, quantize: str | None = None) -> str:
     """The type tensor `t` will have after convert_tensor."""
     if t.rows == 1 and t.type in ("F16", "BF16"):
         return "F32"
-    if quantize and t.type in FLOAT_TYPES and t.rows > 1:
+    # not the vectors, nor a matrix of rows shorter than a block (a Gated DeltaNet's convolution taps)
+    if quantize and t.type in FLOAT_TYPES and t.rows > 1 and t.cols % 32 == 0:
         if quantize == "q4_0" and t.name not in ("token_embd.weight", "output.weight"):
             return "Q4_0"
         return "Q8_0"

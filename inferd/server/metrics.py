@@ -258,6 +258,20 @@ class _StateCollector:
         )
         yield gauge("kv_cache_cached_blocks", "KV blocks holding a reusable prefix.", kv.num_cached if kv else 0)
         yield gauge("kv_cache_blocks", "KV blocks of 64 positions in the pool.", kv.num_blocks if kv else 0)
+        if kv is not None and kv.num_state_slots:  # a model with recurrent layers
+            yield gauge(
+                "recurrent_state_slots", "Recurrent-state slots (one per running sequence).", kv.num_state_slots
+            )
+            yield gauge(
+                "recurrent_state_slots_used",
+                "Recurrent-state slots held by running sequences.",
+                kv.num_state_slots_used,
+            )
+            yield gauge(
+                "recurrent_state_snapshots",
+                "Recurrent states kept at cached block boundaries for prefix-cache hits.",
+                kv.num_state_snapshots,
+            )
         base = m._base
         yield counter(
             "prefix_cache_queries",

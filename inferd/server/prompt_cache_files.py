@@ -36,6 +36,9 @@ async def open_prompt_cache(state: ServerState) -> None:
             "the prompt cache on disk is off: it needs device = cpu (the %s engine cannot copy KV blocks out)", s.device
         )
         return
+    if engine.num_state_slots:  # the blocks' images would lack the recurrent state
+        log.info("the prompt cache on disk is off: this model's prefixes need their recurrent state, kept in memory")
+        return
     folder = cache_folder(state)
     loop = asyncio.get_running_loop()
     fingerprint = await loop.run_in_executor(None, model_fingerprint, model.path, s.quantize)

@@ -33,6 +33,7 @@ LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['r
                    "{{ '[INST] ' + message['content'] + ' [/INST]' }}"
                    "{% else %}{{ ' ' + message['content'] + eos_token }}"
                    "{% endif %}{% endfor %}")
+HYBRIDS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet beside gated attention
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2 (as in Llama 2)
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausalLM", "mistral"),
@@ -61,6 +62,14 @@ class TinySpec:
     n_experts: int = 0  # > 0: a mixture of experts (hidden_dim is then each expert's width)
     n_experts_used: int = 0
     shared_expert_dim: int = 0  # qwen2moe: its shared expert's width
+    # qwen35: every full_attention_interval-th layer gated attention (RoPE on rope_dims of each head), the others
+    # Gated DeltaNet with ssm_k_heads key heads and ssm_v_heads value heads of ssm_head values, conv kernel ssm_conv
+    rope_dims: int = 0
+    full_attention_interval: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    ssm_head: int = 0
+    ssm_conv: int = 0
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -70,7 +79,10 @@ class TinySpec:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe")
+        return self.arch in ("qwen3", "gemma3", "qwen3moe", "olmoe", "qwen35", "qwen35moe", "qwen3next")
+
+    def is_recurrent(self, layer: int) -> bool:
+        return self.arch in HYBRIDS and (layer + 1) % self.full_attention_interval != 0
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------------------
@@ -197,6 +209,9 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     for i in range(spec.n_layers):
         b = f"blk.{i}."
+        if spec.arch in HYBRIDS:
+            shapes.update(_qwen35_shapes(spec, b, i))
+            continue
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
                        b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
                        b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,)})
@@ -214,6 +229,15 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             shapes.update({b + "attn_q_norm.weight": (spec.head_dim,), b + "attn_k_norm.weight": (spec.head_dim,)})
         if spec.arch == "gemma3":      # sandwich norms; GGUF's Gemma norms hold 1 + w, as these do
             shapes.update({b + "post_attention_norm.weight": (spec.dim,), b + "post_ffw_norm.weight": (spec.dim,)})
+    if spec.extra.get("mtp"):   # a multi-token prediction layer after the trunk, as Qwen3.5's converter writes it
+        b, d, q, kv = f"blk.{spec.n_layers}.", spec.dim, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        shapes.update({b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,),
+                       b + "attn_q.weight": (2 * q, d), b + "attn_k.weight": (kv, d), b + "attn_v.weight": (kv, d),
+                       b + "attn_output.weight": (d, q), b + "attn_q_norm.weight": (spec.head_dim,),
+                       b + "attn_k_norm.weight": (spec.head_dim,), b + "ffn_gate.weight": (spec.hidden_dim, d),
+                       b + "ffn_up.weight": (spec.hidden_dim, d), b + "ffn_down.weight": (d, spec.hidden_dim),
+                       b + "nextn.eh_proj.weight": (d, 2 * d), b + "nextn.enorm.weight": (d,),
+                       b + "nextn.hnorm.weight": (d,)})
     out = {}
     for name, shape in shapes.items():
         rng = np.random.default_rng([spec.seed, zlib.crc32(name.encode())])
@@ -221,12 +245,46 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             w = 0.1 * rng.standard_normal(shape)
+        elif name.endswith("ssm_a"):            # the decay's rate, -exp(A_log) as llama.cpp's converter stores it
+            w = -np.exp(rng.uniform(-1.0, 1.0, shape))
+        elif name.endswith("ssm_dt.bias"):
+            w = rng.uniform(-1.0, 1.0, shape)
         elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
             w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = w.astype(np.float32)
     return out
+
+
+def _qwen35_shapes(spec: TinySpec, b: str, i: int) -> dict[str, tuple[int, ...]]:
+    """A Qwen3.5 layer's tensors as llama.cpp's converter writes them: a Gated DeltaNet or a gated attention
+    mixer (Wq's rows per head: q, then the output gate), the FFN's input norm named post_attention_norm."""
+    d, q, kv = spec.dim, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    shapes: dict[str, tuple[int, ...]] = {b + "attn_norm.weight": (d,), b + "post_attention_norm.weight": (d,)}
+    if spec.n_experts:   # Qwen3.5-MoE: routed experts and a gated shared expert
+        shapes.update(_expert_shapes(spec, b))
+    else:
+        shapes.update({b + "ffn_gate.weight": (spec.hidden_dim, d), b + "ffn_up.weight": (spec.hidden_dim, d),
+                       b + "ffn_down.weight": (d, spec.hidden_dim)})
+    if spec.is_recurrent(i):
+        nk, nv, hs = spec.ssm_k_heads, spec.ssm_v_heads, spec.ssm_head
+        conv = 2 * nk * hs + nv * hs
+        shapes.update({b + "ssm_conv1d.weight": (conv, spec.ssm_conv), b + "ssm_dt.bias": (nv,), b + "ssm_a": (nv,),
+                       b + "ssm_norm.weight": (hs,), b + "ssm_out.weight": (d, nv * hs)})
+        if spec.extra.get("ssm_in"):      # Qwen3-Next's older files: q|k|v|z fused, grouped per key head
+            shapes[b + "ssm_in.weight"] = (conv + nv * hs, d)
+        else:
+            shapes.update({b + "attn_qkv.weight": (conv, d), b + "attn_gate.weight": (nv * hs, d)})
+        if spec.arch == "qwen3next":      # beta|alpha fused, grouped per key head
+            shapes[b + "ssm_ba.weight"] = (2 * nv, d)
+        else:
+            shapes.update({b + "ssm_beta.weight": (nv, d), b + "ssm_alpha.weight": (nv, d)})
+    else:
+        shapes.update({b + "attn_q.weight": (2 * q, d), b + "attn_k.weight": (kv, d), b + "attn_v.weight": (kv, d),
+                       b + "attn_output.weight": (d, q), b + "attn_q_norm.weight": (spec.head_dim,),
+                       b + "attn_k_norm.weight": (spec.head_dim,)})
+    return shapes
 
 
 def _expert_shapes(spec: TinySpec, b: str) -> dict[str, tuple[int, ...]]:
@@ -287,13 +345,25 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     w.add_name(f"tiny-{arch}")
     w.add_context_length(spec.context_length)
     w.add_embedding_length(spec.dim)
-    w.add_block_count(spec.n_layers)
+    w.add_block_count(spec.n_layers + (1 if spec.extra.get("mtp") else 0))
+    if spec.extra.get("mtp"):
+        w.add_uint32(f"{arch}.nextn_predict_layers", 1)
     w.add_feed_forward_length(spec.hidden_dim)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.norm_eps)
-    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_dimension_count(spec.rope_dims or spec.head_dim)
+    if arch in HYBRIDS:
+        w.add_uint32(f"{arch}.ssm.conv_kernel", spec.ssm_conv)
+        w.add_uint32(f"{arch}.ssm.state_size", spec.ssm_head)
+        w.add_uint32(f"{arch}.ssm.group_count", spec.ssm_k_heads)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", spec.ssm_v_heads)
+        w.add_uint32(f"{arch}.ssm.inner_size", spec.ssm_v_heads * spec.ssm_head)
+        w.add_uint32(f"{arch}.full_attention_interval", spec.full_attention_interval)
+        pairs = (spec.rope_dims or spec.head_dim) // 2      # M-RoPE sections: text positions make them one RoPE
+        if arch != "qwen3next":
+            w.add_array(f"{arch}.rope.dimension_sections", [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if spec.head_dim * spec.n_heads != spec.dim:
         w.add_key_length(spec.head_dim)
         w.add_value_length(spec.head_dim)
@@ -303,7 +373,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     if spec.n_experts:
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.n_experts_used)
-        if arch in ("qwen2moe", "qwen3moe"):
+        if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
         if spec.shared_expert_dim:
             w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
@@ -340,7 +410,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1 or name.endswith("ffn_gate_inp.weight"):   # llama-quantize keeps routers in F32 too
+        if x.ndim == 1 or name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight")):   # kept F32 as llama.cpp
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
@@ -479,6 +549,18 @@ MOE_SPECS = {
     "olmoe": TinySpec(arch="olmoe", **{**_MOE, "n_kv_heads": 4}),
     "mixtral": TinySpec(arch="llama", **_MOE),
 }
+# Qwen3.5's shape in small: 4 layers, the 2nd and 4th gated attention (head_dim 64, RoPE on 32 of it), the others
+# Gated DeltaNet with 2 key heads and 4 value heads of 32, a kernel of 4
+_QWEN35 = TinySpec(arch="qwen35", dim=128, n_layers=4, n_heads=2, n_kv_heads=1, head_dim=64, hidden_dim=192,
+                   rope_theta=1e7, norm_eps=1e-6, rope_dims=32, full_attention_interval=2, ssm_k_heads=2,
+                   ssm_v_heads=4, ssm_head=32, ssm_conv=4)
+# Qwen3.5-MoE's: the same layers with 8 experts of 64 (2 per token, renormalized) and a gated shared expert of 96,
+# untied
+_QWEN35MOE = replace(_QWEN35, arch="qwen35moe", hidden_dim=64, n_experts=8, n_experts_used=2, shared_expert_dim=96,
+                     tie_embeddings=False)
+# Qwen3-Next's: the same again, its value heads grouped per key head and beta|alpha fused (ssm_ba); the older files'
+# q|k|v|z fused as well (ssm_in)
+_QWEN3NEXT = replace(_QWEN35MOE, arch="qwen3next")
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -504,6 +586,14 @@ VARIANTS = {
     "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
     **{f"{name}-gguf-{t.lower()}": ("gguf", spec, {"weight_type": t})
        for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
+    "qwen35-gguf-f32": ("gguf", _QWEN35, {"weight_type": "F32"}),
+    "qwen35-gguf-q8_0": ("gguf", _QWEN35, {"weight_type": "Q8_0"}),
+    "qwen35moe-gguf-f32": ("gguf", _QWEN35MOE, {"weight_type": "F32"}),
+    "qwen35moe-gguf-q8_0": ("gguf", _QWEN35MOE, {"weight_type": "Q8_0"}),
+    "qwen35-mtp-gguf-q8_0": ("gguf", replace(_QWEN35, extra={"mtp": True}), {"weight_type": "Q8_0"}),
+    "qwen3next-gguf-f32": ("gguf", _QWEN3NEXT, {"weight_type": "F32"}),
+    "qwen3next-gguf-q8_0": ("gguf", _QWEN3NEXT, {"weight_type": "Q8_0"}),
+    "qwen3next-ssm_in-gguf-f32": ("gguf", replace(_QWEN3NEXT, extra={"ssm_in": True}), {"weight_type": "F32"}),
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),

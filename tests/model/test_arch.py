@@ -10,9 +10,12 @@ from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS,
 
 
 def test_every_row_is_made_of_built_blocks():
-    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe")
+    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe", "qwen35",
+                     "qwen3next", "qwen35moe")
+    assert BUILT_KINDS == ("attention", "ffn_gated", "ffn_moe", "recurrent")
     for row in ARCHITECTURES.values():
-        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if row.name.endswith("moe") else "ffn_gated")
+        moe = row.name.endswith("moe") or row.name == "qwen3next"
+        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if moe else "ffn_gated")
         assert row.mixer in BUILT_KINDS and row.ffn in BUILT_KINDS
     assert HF_ARCHS == {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                         "Qwen3ForCausalLM": "qwen3"}
@@ -24,12 +27,18 @@ def test_rows_say_what_each_architecture_is():
     assert on == {"llama": (False, False, False, "silu", False), "mistral": (False, False, False, "silu", False),
                   "qwen2": (True, False, False, "silu", True), "qwen3": (False, True, False, "silu", True),
                   "gemma3": (False, True, True, "gelu_tanh", True), "qwen2moe": (True, False, False, "silu", True),
-                  "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True)}
+                  "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True),
+                  "qwen35": (False, True, False, "silu", True), "qwen3next": (False, True, False, "silu", True),
+                  "qwen35moe": (False, True, False, "silu", True)}
     assert [n for n, r in ARCHITECTURES.items() if r.hf_sliding_window] == ["mistral"]
     # the mixtures of experts as llama.cpp runs them: top-k weights renormalized (Qwen3-MoE, and Mixtral as a llama
     # file with experts), Qwen2-MoE's shared expert, OLMoE's QK-norm over all of q and k
-    assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe"]
-    assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe", "qwen3next", "qwen35moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe", "qwen3next", "qwen35moe"]
+    # the hybrids: Gated DeltaNet layers beside gated attention, the layer pattern read from the file; Qwen3-Next's
+    # value heads grouped per key head
+    assert [n for n, r in ARCHITECTURES.items() if r.hybrid_gdn] == ["qwen35", "qwen3next", "qwen35moe"]
+    assert [n for n, r in ARCHITECTURES.items() if r.gdn_grouped_heads] == ["qwen3next"]
     assert [n for n, r in ARCHITECTURES.items() if r.qk_norm_full] == ["olmoe"]
 
 
@@ -44,6 +53,9 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
     assert BLOCK_TENSORS["ffn_moe"]["shared_gate"] == "ffn_gate_inp_shexp.weight"
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
     assert BLOCK_TENSORS["ffn_gated"]["post_norm"] == "post_ffw_norm.weight"
+    recurrent = set(BLOCK_TENSORS["recurrent"].values()) - {BLOCK_TENSORS["attention"]["norm"]}
+    assert not recurrent & set(names) and len(recurrent) == len(BLOCK_TENSORS["recurrent"]) - 1 == 11
+    assert BLOCK_TENSORS["recurrent"]["a"] == "ssm_a" and BLOCK_TENSORS["recurrent"]["dt_bias"] == "ssm_dt.bias"
 
 
 def test_hugging_face_names_are_of_the_same_roles():
@@ -77,3 +89,24 @@ def test_gemma3_reads_its_own_keys():
     with pytest.raises(ValueError, match="has 3 entries for 4 layers"):
         gemma3_options(metadata(**{"gemma3.attention.sliding_window": 4,
                                    "gemma3.attention.sliding_window_pattern": flags}), 4, 640, 4, 256)
+
+
+def qwen35_metadata(**fields):
+    base = {"general.architecture": "qwen35", "qwen35.ssm.time_step_rank": 16, "qwen35.ssm.inner_size": 2048,
+            "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 128, "qwen35.ssm.group_count": 16}
+    return metadata(**{**base, **fields})
+
+
+def test_qwen35_layer_pattern_as_llama_cpp_reads_it():
+    from inferd.model.arch import qwen35_options
+
+    opts = qwen35_options(qwen35_metadata(), 8, 2048, 8, 256)        # every 4th layer attention by default
+    assert opts["recurrent_layers"] == (0, 1, 2, 4, 5, 6)
+    assert (opts["ssm_head_k"], opts["ssm_head_v"], opts["ssm_k_heads"], opts["ssm_v_heads"]) == (128, 128, 16, 16)
+    opts = qwen35_options(qwen35_metadata(**{"qwen35.full_attention_interval": 2}), 4, 2048, 8, 256)
+    assert opts["recurrent_layers"] == (0, 2)
+    flags = [True, False, False, True]                              # per layer, when the file lists them
+    opts = qwen35_options(qwen35_metadata(**{"qwen35.attention.recurrent_layers": flags}), 4, 2048, 8, 256)
+    assert opts["recurrent_layers"] == (0, 3)
+    with pytest.raises(ValueError, match="inner_size"):
+        qwen35_options(qwen35_metadata(**{"qwen35.ssm.inner_size": 100}), 4, 2048, 8, 256)

@@ -45,7 +45,26 @@ def test_expected_shapes_are_the_plan_s_tensors():
 
 
 def test_an_architecture_needing_a_block_not_built_is_refused(monkeypatch):
+    from inferd.model import layers
+
     recurrent = dataclasses.replace(arch.ARCHITECTURES["qwen3"], mixer=arch.RECURRENT)
     monkeypatch.setitem(arch.ARCHITECTURES, "qwen3", recurrent)
+    monkeypatch.delitem(layers.BUILDERS, arch.RECURRENT)
     with pytest.raises(ValueError, match="qwen3 layers need recurrent blocks, which are not built yet"):
         layer_blocks(random_model(arch="qwen3").config, 0)
+
+
+def test_qwen35_plan_mixes_recurrent_and_gated_attention_layers(tmp_path):
+    from inferd.model.gguf import load_gguf
+    from tests.model.make_tiny import make_variant
+
+    cfg = load_gguf(make_variant("qwen35-gguf-f32", tmp_path)).config
+    plan = layer_plan(cfg)
+    assert [blocks[0].kind for blocks in plan] == ["recurrent", "attention", "recurrent", "attention"]
+    gdn, attn = plan[0][0], plan[1][0]
+    assert gdn.tensors["qkv"] == "blk.0.attn_qkv.weight" and gdn.shapes["qkv"] == (256, 128)
+    assert gdn.shapes["conv"] == (256, 4) and gdn.tensors["a"] == "blk.0.ssm_a"
+    assert gdn.options == {"n_k_heads": 2, "n_v_heads": 4, "head_k": 32, "head_v": 32, "conv_kernel": 4,
+                           "grouped_heads": 0}
+    assert attn.shapes["q"] == (2 * 2 * 64, 128) and attn.options["gated"] == 1   # q and the gate, per head
+    assert all(blocks[1].tensors["norm"] == f"blk.{i}.post_attention_norm.weight" for i, blocks in enumerate(plan))
