@@ -606,7 +606,6 @@ cdef class Model:
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
                "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora", "recurrent")
 
 
