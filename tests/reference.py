@@ -27,7 +27,8 @@ from gguf import quants as gguf_quants
 from inferd.model.model_config import ModelConfig
 from inferd.model.tensor import Tensor
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
+               "MXFP4")
 # gguf has no writer for these: tests/model/kquant_ref.py
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
 FILE_QUANT_TYPES = QUANT_TYPES

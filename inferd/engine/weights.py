@@ -31,6 +31,7 @@ PRECISION = (
     "Q4_0",
     "IQ4_NL",
     "IQ4_XS",
+    "MXFP4",
     "Q3_K",
     "Q2_K",
 )

@@ -15,7 +15,7 @@ from inferd.engine.types import SamplingParams, SeqInput
 from tests.ext.paths import PATHS
 from tests.reference import make_tensor, random_model
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")     # rows of a multiple of 256
 
 
@@ -122,7 +122,7 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL") + PAIR_TYPES]
+    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4") + PAIR_TYPES]
     plain_specs += [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
