@@ -122,7 +122,8 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4") + PAIR_TYPES]
+    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4") + PAIR_TYPES
+    plain_specs = [(t, cols) for t in plain_types]
     plain_specs += [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
