@@ -11,7 +11,8 @@
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
  * are the same operations in the same order on every path and for every ntok: bit-identical results.
- * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind those. */
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind
+ * those. */
 
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)

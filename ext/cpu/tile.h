@@ -32,8 +32,8 @@
  *           e: one E8M0 byte per row (GGUF's, as it is); MXFP4_VALUES are e2m1's values doubled (integers)
  * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them; so are
  * Q3_K's and IQ4_XS's 6-bit scales (into int8, their offset 32 taken off).
- * The sizes are the GGUF sizes (Q6_K, Q2_K, MXFP4, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32 bytes,
- * 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
+ * The sizes are the GGUF sizes (Q6_K, Q2_K, MXFP4, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32
+ * bytes, 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
 #ifndef INFERD_TILE_H
 #define INFERD_TILE_H
 
@@ -42,8 +42,8 @@
 
 enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
        TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192,
-       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144, TB_IQ4_XS = 16 + 8 * 8 + 8 * 128,
-       TB_MXFP4 = 8 + 128 };
+       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144,
+       TB_IQ4_XS = 16 + 8 * 8 + 8 * 128, TB_MXFP4 = 8 + 128 };
 
 /* the 16 values of IQ4_NL's and IQ4_XS's 4-bit codes (GGUF's non-linear grid): one byte shuffle maps 32 codes */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
