@@ -135,3 +135,47 @@ def test_gptoss_greedy_decode_is_its_prefill():
         outs = fresh.step([SeqInput(seq, 0, list(range(8)), want_logits=True)])
         assert int(np.argmax(outs[0].logits[-1])) == tok
         seq.append(tok)
+
+
+@pytest.fixture(scope="module")
+def load_variant(tmp_path_factory):
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import make_variant
+
+    folder = tmp_path_factory.mktemp("gptoss")
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            cache[name] = load_model(make_variant(name, folder))
+        return cache[name]
+    return load
+
+
+@pytest.mark.parametrize("type_name", ["f32", "mxfp4"])
+def test_gptoss_file_matches_reference(load_variant, type_name):
+    """The tiny files as the real loader reads them: gpt-oss's metadata (window, YaRN, experts) and tensors."""
+    model = load_variant(f"gpt-oss-gguf-{type_name}")
+    cfg = model.config
+    assert (cfg.arch, cfg.sliding_window, cfg.local_layers, cfg.yarn["factor"]) == ("gpt-oss", 16, (0, 2), 32.0)
+    assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_gating, cfg.ffn_act) == (8, 4, "topk_softmax", "swiglu_oai")
+    assert model.tensors["blk.1.ffn_gate_exps.weight"].type == ("MXFP4" if type_name == "mxfp4" else "F32")
+    quantized = type_name != "f32"
+    toks, ref = clear_routing(model, quantized)
+    logits, hidden = run_engine(model, toks)
+    errors = np.concatenate([row_errors(hidden, ref.hidden), row_errors(logits, ref.logits)[None]])
+    worst = errors.max(axis=1)
+    assert worst.max() <= (QUANT_TOL if quantized else FLOAT_TOL), f"worst row error per layer, then logits: {worst}"
+
+
+def test_gptoss_chat_template_renders_harmony(load_variant):
+    """The file's chat template (harmony) renders the prompt, whose markers are single control tokens."""
+    from inferd.text.chat import render_chat
+
+    model = load_variant("gpt-oss-gguf-mxfp4")
+    prompt = render_chat(model.chat_template, [{"role": "user", "content": "Hi there"}], add_generation_prompt=True)
+    assert prompt.endswith("<|start|>user<|message|>Hi there<|end|><|start|>assistant")
+    ids = model.tokenizer.encode(prompt, add_special=False)
+    markers = [i for i in ids if model.tokenizer.is_special(i)]
+    want = ["<|start|>", "<|message|>", "<|end|>", "<|start|>"]        # ...user<|message|>Hi there<|end|>, assistant
+    assert [model.tokenizer.token_text(i) for i in markers[-4:]] == want

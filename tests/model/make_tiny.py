@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf import quants as gguf_quants
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -42,7 +42,8 @@ _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausa
 @dataclass(frozen=True)
 class TinySpec:
     # llama | mistral | qwen2 (q/k/v biases) | qwen3 (QK-norm) | gemma3; GGUF only: the mixtures of experts qwen3moe,
-    # qwen2moe (with a shared expert), olmoe (QK-norm over all of q and k), and llama with n_experts (Mixtral)
+    # qwen2moe (with a shared expert), olmoe (QK-norm over all of q and k), llama with n_experts (Mixtral), and
+    # gpt-oss (sinks, biases everywhere, clamped SwiGLU, every other layer a sliding window, YaRN)
     arch: str = "llama"
     vocab_size: int = 512
     dim: int = 128
@@ -61,12 +62,13 @@ class TinySpec:
     n_experts: int = 0  # > 0: a mixture of experts (hidden_dim is then each expert's width)
     n_experts_used: int = 0
     shared_expert_dim: int = 0  # qwen2moe: its shared expert's width
+    yarn: tuple[float, int] | None = None  # YaRN's factor and original context length (gpt-oss)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def qkv_bias(self) -> bool:
-        return self.arch in ("qwen2", "qwen2moe")
+        return self.arch in ("qwen2", "qwen2moe", "gpt-oss")
 
     @property
     def qk_norm(self) -> bool:
@@ -197,9 +199,15 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     q, kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
     for i in range(spec.n_layers):
         b = f"blk.{i}."
+        ffn_norm = "post_attention_norm.weight" if spec.arch == "gpt-oss" else "ffn_norm.weight"
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
                        b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
-                       b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,)})
+                       b + "attn_output.weight": (spec.dim, q), b + ffn_norm: (spec.dim,)})
+        if spec.arch == "gpt-oss":     # Wo's bias, the sinks, the router's and experts' biases
+            n, h = spec.n_experts, spec.hidden_dim
+            shapes.update({b + "attn_output.bias": (spec.dim,), b + "attn_sinks.weight": (spec.n_heads,),
+                           b + "ffn_gate_inp.bias": (n,), b + "ffn_gate_exps.bias": (n, h),
+                           b + "ffn_up_exps.bias": (n, h), b + "ffn_down_exps.bias": (n, spec.dim)})
         if spec.n_experts:
             shapes.update(_expert_shapes(spec, b))
         else:
@@ -221,6 +229,8 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         elif name.endswith(".bias"):
             w = 0.1 * rng.standard_normal(shape)
+        elif name.endswith("attn_sinks.weight"):   # about the scores' size: a share of every head's weight
+            w = 1.0 + rng.standard_normal(shape)
         elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
             w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
@@ -266,7 +276,9 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 # ---- writers -------------------------------------------------------------------------------------------------
 ROUTER_GAIN = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
-GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+# MXFP4: the experts in MXFP4 and the other matrices in Q8_0, as gpt-oss's published files
+GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "MXFP4")
+HARMONY = "harmony"   # chat_template: tests/text/harmony.py's GPT_OSS, with harmony's control tokens
 
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
@@ -281,6 +293,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     """
     if weight_type not in GGUF_WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
+    if chat_template == HARMONY:
+        from tests.text.harmony import CONTROL_TOKENS, GPT_OSS
+        chat_template, control_tokens = GPT_OSS, tuple(control_tokens) + CONTROL_TOKENS
     path = Path(path)
     arch = spec.arch
     w = GGUFWriter(str(path), arch)
@@ -303,8 +318,12 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     if spec.n_experts:
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.n_experts_used)
-        if arch in ("qwen2moe", "qwen3moe"):
+        if arch in ("qwen2moe", "qwen3moe", "gpt-oss"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
+    if spec.yarn:
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(spec.yarn[0])
+        w.add_rope_scaling_orig_ctx_len(spec.yarn[1])
         if spec.shared_expert_dim:
             w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
     tok = gguf_tokenizer_metadata(replace(spec, vocab_size=spec.vocab_size - len(control_tokens)))
@@ -336,14 +355,16 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         from inferd.model.rope_scaling import llama3_freq_factors
         factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
-    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)
+    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K", "MXFP4") else weight_type)
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1 or name.endswith("ffn_gate_inp.weight"):   # llama-quantize keeps routers in F32 too
+        if x.ndim == 1 or name.endswith((".bias", "ffn_gate_inp.weight")):   # routers and biases stay F32
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
+        if weight_type == "MXFP4" and "_exps." not in name:
+            ttype = "Q8_0"
         _add_matrix(w, name, x, ttype, spec.seed)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -479,6 +500,11 @@ MOE_SPECS = {
     "olmoe": TinySpec(arch="olmoe", **{**_MOE, "n_kv_heads": 4}),
     "mixtral": TinySpec(arch="llama", **_MOE),
 }
+# gpt-oss-20b in small: heads of 64, 4 of 8 experts per token, 4 layers alternating a sliding window (16 here, 128
+# there) with full attention, its RoPE base and YaRN (32 over 4096), harmony's vocabulary markers and template
+GPTOSS_SPEC = TinySpec(arch="gpt-oss", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=256,
+                       n_experts=8, n_experts_used=4, tie_embeddings=False, rope_theta=150000.0, norm_eps=1e-5,
+                       sliding_window=16, yarn=(32.0, 4096), vocab_size=640, context_length=1024)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -504,6 +530,8 @@ VARIANTS = {
     "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
     **{f"{name}-gguf-{t.lower()}": ("gguf", spec, {"weight_type": t})
        for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
+    **{f"gpt-oss-gguf-{t.lower()}": ("gguf", GPTOSS_SPEC, {"weight_type": t, "chat_template": HARMONY})
+       for t in ("F32", "MXFP4")},
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
@@ -537,4 +565,4 @@ def variant_spec(name: str) -> TinySpec:
 
 __all__ = ["TinySpec", "VARIANTS", "make_variant", "variant_spec", "write_tiny_gguf", "write_tiny_hf",
            "tiny_weights", "permute_for_gguf", "tokenizer_json", "gguf_tokenizer_metadata", "write_safetensors",
-           "to_bf16_bits", "hf_tensor_name", "random_kquant", "MOE_SPECS"]
+           "to_bf16_bits", "hf_tensor_name", "random_kquant", "MOE_SPECS", "GPTOSS_SPEC"]
