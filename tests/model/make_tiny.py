@@ -320,12 +320,12 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         w.add_expert_used_count(spec.n_experts_used)
         if arch in ("qwen2moe", "qwen3moe", "gpt-oss"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
+        if spec.shared_expert_dim:
+            w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
     if spec.yarn:
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(spec.yarn[0])
         w.add_rope_scaling_orig_ctx_len(spec.yarn[1])
-        if spec.shared_expert_dim:
-            w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
     tok = gguf_tokenizer_metadata(replace(spec, vocab_size=spec.vocab_size - len(control_tokens)))
     tok["tokens"] = tok["tokens"] + list(control_tokens)
     tok["types"] = tok["types"] + [TokenType.CONTROL] * len(control_tokens)

@@ -6,13 +6,14 @@ import math
 import pytest
 
 from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS, HF_ARCHS, HF_BLOCK_TENSORS,
-                               HF_MODEL_TENSORS, MODEL_TENSORS, gemma3_options)
+                               HF_MODEL_TENSORS, MODEL_TENSORS, gemma3_options, gpt_oss_options)
 
 
 def test_every_row_is_made_of_built_blocks():
-    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe")
+    assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss")
     for row in ARCHITECTURES.values():
-        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if row.name.endswith("moe") else "ffn_gated")
+        moe = row.name.endswith("moe") or row.name == "gpt-oss"
+        assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if moe else "ffn_gated")
         assert row.mixer in BUILT_KINDS and row.ffn in BUILT_KINDS
     assert HF_ARCHS == {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                         "Qwen3ForCausalLM": "qwen3"}
@@ -24,13 +25,19 @@ def test_rows_say_what_each_architecture_is():
     assert on == {"llama": (False, False, False, "silu", False), "mistral": (False, False, False, "silu", False),
                   "qwen2": (True, False, False, "silu", True), "qwen3": (False, True, False, "silu", True),
                   "gemma3": (False, True, True, "gelu_tanh", True), "qwen2moe": (True, False, False, "silu", True),
-                  "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True)}
+                  "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True),
+                  "gpt-oss": (True, False, False, "swiglu_oai", True)}
     assert [n for n, r in ARCHITECTURES.items() if r.hf_sliding_window] == ["mistral"]
     # the mixtures of experts as llama.cpp runs them: top-k weights renormalized (Qwen3-MoE, and Mixtral as a llama
     # file with experts), Qwen2-MoE's shared expert, OLMoE's QK-norm over all of q and k
     assert [n for n, r in ARCHITECTURES.items() if r.moe_norm_topk] == ["llama", "qwen3moe"]
     assert [n for n, r in ARCHITECTURES.items() if r.shared_expert] == ["qwen2moe"]
     assert [n for n, r in ARCHITECTURES.items() if r.qk_norm_full] == ["olmoe"]
+    # gpt-oss: top k on the logits and the softmax over those k, biases, sinks, its FFN norm's own name
+    oss = ARCHITECTURES["gpt-oss"]
+    assert (oss.moe_gating, oss.expert_bias, oss.attn_sinks, oss.attn_out_bias) == ("topk_softmax", True, True, True)
+    assert oss.ffn_norm_tensor == "post_attention_norm.weight"
+    assert [n for n, r in ARCHITECTURES.items() if r.moe_gating != "softmax" or r.attn_sinks] == ["gpt-oss"]
 
 
 def test_tensor_names_are_llama_cpp_s_and_never_shared():
@@ -39,7 +46,7 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
     assert BLOCK_TENSORS["ffn_moe"]["norm"] == BLOCK_TENSORS["ffn_gated"]["norm"]
     kinds = [BLOCK_TENSORS["attention"], BLOCK_TENSORS["ffn_gated"], moe_own]
     names = [n for roles in kinds for n in roles.values()] + list(MODEL_TENSORS.values())
-    assert len(names) == len(set(names)) == 27
+    assert len(names) == len(set(names)) == 33
     assert BLOCK_TENSORS["ffn_moe"]["gate_exps"] == "ffn_gate_exps.weight"
     assert BLOCK_TENSORS["ffn_moe"]["shared_gate"] == "ffn_gate_inp_shexp.weight"
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
@@ -49,7 +56,8 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
 def test_hugging_face_names_are_of_the_same_roles():
     for kind, roles in HF_BLOCK_TENSORS.items():
         assert set(roles) <= set(BLOCK_TENSORS[kind])
-    assert set(HF_BLOCK_TENSORS["attention"]) == set(BLOCK_TENSORS["attention"]) - {"post_norm"}   # no HF Gemma
+    # no HF Gemma, no HF gpt-oss
+    assert set(HF_BLOCK_TENSORS["attention"]) == set(BLOCK_TENSORS["attention"]) - {"post_norm", "o_bias", "sinks"}
     assert HF_BLOCK_TENSORS["ffn_gated"]["norm"] == "post_attention_layernorm.weight"
     assert set(HF_MODEL_TENSORS) == set(MODEL_TENSORS)
 
@@ -77,3 +85,13 @@ def test_gemma3_reads_its_own_keys():
     with pytest.raises(ValueError, match="has 3 entries for 4 layers"):
         gemma3_options(metadata(**{"gemma3.attention.sliding_window": 4,
                                    "gemma3.attention.sliding_window_pattern": flags}), 4, 640, 4, 256)
+
+
+def test_gpt_oss_reads_its_window_and_its_layers():
+    """Every other layer a sliding window, the even ones (llama.cpp's pattern 2), unless the file lists them."""
+    got = gpt_oss_options(metadata(**{"gpt-oss.attention.sliding_window": 128}), 24, 2880, 64, 64)
+    assert got == {"sliding_window": 128, "local_layers": tuple(range(0, 24, 2))}
+    got = gpt_oss_options(metadata(**{"gpt-oss.attention.sliding_window": 128,
+                                      "gpt-oss.attention.sliding_window_pattern": [False, True, True]}), 3, 64, 1, 64)
+    assert got["local_layers"] == (1, 2)
+    assert gpt_oss_options(metadata(), 24, 2880, 64, 64) == {"sliding_window": 0, "local_layers": ()}
