@@ -530,7 +530,8 @@ VARIANTS = {
     "gemma3-gguf-q8_0": ("gguf", _GEMMA3, {"weight_type": "Q8_0"}),
     **{f"{name}-gguf-{t.lower()}": ("gguf", spec, {"weight_type": t})
        for name, spec in MOE_SPECS.items() for t in ("F32", "Q8_0", "Q4_K")},
-    **{f"gpt-oss-gguf-{t.lower()}": ("gguf", GPTOSS_SPEC, {"weight_type": t, "chat_template": HARMONY})
+    **{f"gpt-oss-gguf-{t.lower()}": ("gguf", GPTOSS_SPEC, {"weight_type": t, "chat_template": HARMONY,
+                                                           "tokenizer_pre": "gpt-4o"})
        for t in ("F32", "MXFP4")},
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
