@@ -7,7 +7,7 @@ files is in tests/engine/test_llamacpp_moe.py; bit identity across paths and bat
 
 Tolerances are test_moe.py's (the same reasons): F32 at the dense files' 1e-3, quantized files against the
 reference with its activations rounded to 8 bits as the engine's are, at the quantized 5e-2, on prompts whose
-routing is clear of ties."""
+routing is clear of ties. Measured: F32 at most 2.7e-4 (in memory) and 1.5e-4 (file), MXFP4 1.7e-2 and 1.4e-2."""
 from __future__ import annotations
 
 import math
