@@ -63,6 +63,7 @@ class TinySpec:
     n_experts_used: int = 0
     shared_expert_dim: int = 0  # qwen2moe: its shared expert's width
     yarn: tuple[float, int] | None = None  # YaRN's factor and original context length (gpt-oss)
+    router_gain: float = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -232,7 +233,7 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         elif name.endswith("attn_sinks.weight"):   # about the scores' size: a share of every head's weight
             w = 1.0 + rng.standard_normal(shape)
         elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
-            w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
+            w = spec.router_gain * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = w.astype(np.float32)
@@ -275,7 +276,6 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 
 # ---- writers -------------------------------------------------------------------------------------------------
-ROUTER_GAIN = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
 # MXFP4: the experts in MXFP4 and the other matrices in Q8_0, as gpt-oss's published files
 GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "MXFP4")
 HARMONY = "harmony"   # chat_template: tests/text/harmony.py's GPT_OSS, with harmony's control tokens
@@ -501,10 +501,12 @@ MOE_SPECS = {
     "mixtral": TinySpec(arch="llama", **_MOE),
 }
 # gpt-oss-20b in small: heads of 64, 4 of 8 experts per token, 4 layers alternating a sliding window (16 here, 128
-# there) with full attention, its RoPE base and YaRN (32 over 4096), harmony's vocabulary markers and template
+# there) with full attention, its RoPE base and YaRN (32 over 4096), harmony's vocabulary markers and template. Its
+# routers are sharper than the others' (gain 3): the 4th and 5th of 8 logits are closer than the 2nd and 3rd, and
+# a prompt must route clear of near ties (tests/engine/test_llamacpp_moe.py)
 GPTOSS_SPEC = TinySpec(arch="gpt-oss", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=256,
                        n_experts=8, n_experts_used=4, tie_embeddings=False, rope_theta=150000.0, norm_eps=1e-5,
-                       sliding_window=16, yarn=(32.0, 4096), vocab_size=640, context_length=1024)
+                       sliding_window=16, yarn=(32.0, 4096), vocab_size=640, context_length=1024, router_gain=3.0)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
