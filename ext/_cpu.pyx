@@ -300,13 +300,13 @@ def glu(cnp.ndarray g, cnp.ndarray u, str kind):
 
 def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
               int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS,
-              bint split=False):
+              bint split=False, sinks=None):
     """The attention kernel on its own (tests): q (ntok, n_heads, head_dim) float32 of tokens at positions pos0,
     pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16 (the keys are stored transposed
     for the kernel, as the engine's cache holds them); block_table int32. Runs of up to `run` tokens (at most
     ATTN_MAX_TOKENS), all KV heads at once, the active path; split: each run as key segments computed apart
-    (attention_segment) and merged (attention_merge), as a decode step split across threads does. Returns (ntok,
-    n_heads, head_dim)."""
+    (attention_segment) and merged (attention_merge), as a decode step split across threads does; sinks: (n_heads)
+    attention sinks, or None. Returns (ntok, n_heads, head_dim)."""
     cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
     if k_cache.ndim != 4 or v_cache.ndim != 4:
         raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
@@ -329,6 +329,13 @@ def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarr
     cdef attn_span_t span
     span.seq_len = seq_len; span.causal = causal; span.window = window
     span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+    sink_arr = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
+    if sink_arr is not None and sink_arr.shape[0] != n_heads:
+        raise ValueError(f"sinks: one per query head ({n_heads})")
+    cdef float *sink_ptr = NULL
+    if sink_arr is not None:
+        sink_ptr = <float *>cnp.PyArray_DATA(sink_arr)
+    span.sinks = sink_ptr
     out = np.zeros((ntok, n_heads, hd), np.float32)
     cdef float[:, :, ::1] ov = out
     cdef float *scratch = <float *>malloc(attention_scratch_floats(n_heads, hd) * sizeof(float))
@@ -347,7 +354,8 @@ def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarr
                     attention_segment(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd,
                                       &kv[0, 0, 0, 0], &vv[0, 0, 0, 0], &bt[0], &span, seg, parts + seg * part,
                                       scratch)
-                attention_merge(parts, part, nseg, n, n_heads // n_kv, n_kv, hd, &ov[t, 0, 0], n_heads * hd)
+                attention_merge(parts, part, nseg, n, n_heads // n_kv, n_kv, hd, &ov[t, 0, 0], n_heads * hd,
+                                sink_ptr)
             else:
                 attention_tokens(&qv[t, 0, 0], n_heads * hd, n, n_heads // n_kv, n_kv, n_kv, hd, &kv[0, 0, 0, 0],
                                  &vv[0, 0, 0, 0], &bt[0], &span, &ov[t, 0, 0], n_heads * hd, scratch, NULL, NULL)
@@ -369,6 +377,14 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
     c.rope_original_ctx = config.get("rope_original_ctx", 8192)
     c.rope_freq_scale = config.get("rope_freq_scale", 0.0)
     c.rope_theta_local = config.get("rope_theta_local", 0.0)
+    c.yarn_factor = config.get("yarn_factor", 0.0)
+    c.yarn_ext_factor = config.get("yarn_ext_factor", 1.0)
+    c.yarn_attn_factor = config.get("yarn_attn_factor", 1.0)
+    c.yarn_beta_fast = config.get("yarn_beta_fast", 32.0)
+    c.yarn_beta_slow = config.get("yarn_beta_slow", 1.0)
+    c.yarn_original_ctx = config.get("yarn_original_ctx", 0)
+    if c.yarn_factor > 0 and (c.yarn_original_ctx <= 0 or c.yarn_beta_fast <= 0 or c.yarn_beta_slow <= 0):
+        raise ValueError("YaRN rope scaling needs its original context length and positive betas")
     c.embed_scale = config.get("embed_scale", 0.0)
     c.logit_softcap = config.get("logit_softcap", 0.0)
     c.rope_dims = config.get("rope_dims", 0)
@@ -379,7 +395,8 @@ cdef int fill_model_config(model_config_t *c, dict config) except -1:
 BLOCK_KINDS = {"attention": BLOCK_ATTENTION, "ffn_gated": BLOCK_FFN_GATED, "ffn_moe": BLOCK_FFN_MOE,
                "recurrent": BLOCK_RECURRENT}
 BUILT_BLOCK_KINDS = ("attention", "ffn_gated", "ffn_moe", "recurrent")
-FFN_ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
+FFN_ACTS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH, "swiglu_oai": ACT_SWIGLU_OAI}
+MOE_GATINGS = {"softmax": MOE_GATING_SOFTMAX, "topk_softmax": MOE_GATING_TOPK_SOFTMAX}
 
 
 def rope_frequencies(dict config):
@@ -400,11 +417,12 @@ cdef class Model:
     """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps names to
     (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm'. `layers`: per layer its
     blocks in order, each (kind, options, tensors) as inferd.engine.weights builds them from the architecture table:
-    every block has tensors 'norm' and optionally 'post_norm'; "attention" has 'wqkv', 'wo', optionally 'qkv_bias'
-    and 'q_norm' + 'k_norm', and options rope_neox, window (0: global), scale (0: 1/sqrt(head_dim)), qk_norm_full
+    every block has tensors 'norm' and optionally 'post_norm'; "attention" has 'wqkv', 'wo', optionally 'qkv_bias',
+    'o_bias', 'sinks' and 'q_norm' + 'k_norm', and options rope_neox, window (0: global), scale (0: 1/sqrt(head_dim)), qk_norm_full
     (q_norm and k_norm over all of q and k); "ffn_gated" has 'wgu', 'wdown' and option act ("silu" or "gelu_tanh");
     "ffn_moe" has 'router', 'experts_gu' and 'experts_down' (a spec per expert), optionally 'shared_gate' +
-    'shared_gu' + 'shared_down', and options act, n_used, norm_topk, weights_scale (moe.pxi)."""
+    'shared_gu' + 'shared_down' and the biases 'router_bias', 'gate_bias' + 'up_bias' + 'down_bias', and options act,
+    n_used, norm_topk, weights_scale, gating (moe.pxi)."""
     cdef model_t m
     cdef list _keep
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
@@ -494,6 +512,10 @@ cdef class Model:
         if B.kind == BLOCK_ATTENTION:
             if "qkv_bias" in ts:
                 B.attn.qkv_bias = self._floats(ts["qkv_bias"], (c.n_heads + 2 * c.n_kv_heads) * c.head_dim)
+            if "o_bias" in ts:
+                B.attn.o_bias = self._floats(ts["o_bias"], c.dim)
+            if "sinks" in ts:
+                B.attn.sinks = self._floats(ts["sinks"], c.n_heads)
             if ("q_norm" in ts) != ("k_norm" in ts):
                 raise ValueError(f"layer {layer}: QK-norm needs both q_norm and k_norm")
             B.attn.qk_norm_full = options.get("qk_norm_full", 0)
@@ -692,7 +714,8 @@ def kvq8_unpack(cnp.ndarray cache, int head_dim, bint is_k):
 
 
 def attention_q8(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
-                 int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS):
+                 int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS,
+                 sinks=None):
     """The q8_0 attention kernel on its own (tests): as attention(), with k_cache/v_cache the q8_0 cache's bytes
     (num_blocks, n_kv_heads, slice) from kvq8_pack; runs of up to `run` tokens."""
     cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
@@ -712,6 +735,12 @@ def attention_q8(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.nd
     cdef attn_span_t span
     span.seq_len = seq_len; span.causal = causal; span.window = window
     span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
+    sink_arr = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
+    if sink_arr is not None and sink_arr.shape[0] != n_heads:
+        raise ValueError(f"sinks: one per query head ({n_heads})")
+    span.sinks = NULL
+    if sink_arr is not None:
+        span.sinks = <float *>cnp.PyArray_DATA(sink_arr)
     out = np.zeros((ntok, n_heads, hd), np.float32)
     cdef float[:, :, ::1] ov = out
     cdef float *scratch = <float *>malloc(attention_q8_scratch_floats(n_heads, hd) * sizeof(float))

@@ -78,6 +78,7 @@ cdef extern from "inferd.h" nogil:
     ctypedef struct attn_span_t:
         int pos0, seq_len, causal, window
         float scale
+        const float *sinks
     size_t attention_scratch_floats(int n_heads, int head_dim)
     void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
     int attention_num_segments(const attn_span_t *span, int ntok)
@@ -86,7 +87,7 @@ cdef extern from "inferd.h" nogil:
                           int head_dim, const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                           const attn_span_t *span, int seg, float *part, float *scratch)
     void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
-                         int head_dim, float *out, int out_stride)
+                         int head_dim, float *out, int out_stride, const float *sinks)
     enum:
         KV_F16, KV_Q8_0
     size_t kvq8_slice_bytes(int head_dim)
@@ -130,6 +131,8 @@ cdef extern from "inferd.h" nogil:
         int rope_original_ctx
         float rope_freq_scale, rope_theta_local, embed_scale, logit_softcap
         int rope_dims
+        float yarn_factor, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow
+        int yarn_original_ctx
     enum:
         BLOCK_ATTENTION
         BLOCK_FFN_GATED
@@ -137,12 +140,17 @@ cdef extern from "inferd.h" nogil:
         BLOCK_RECURRENT
         ACT_SILU
         ACT_GELU_TANH
+        ACT_SWIGLU_OAI
+        MOE_GATING_SOFTMAX
+        MOE_GATING_TOPK_SOFTMAX
         MAX_LAYER_BLOCKS
         MOE_MAX_EXPERTS
         MOE_MAX_USED
     ctypedef struct attention_block_t:
         weight_t wqkv, wo
         float *qkv_bias
+        float *o_bias
+        float *sinks
         float *q_norm
         float *k_norm
         int qk_norm_full
@@ -157,7 +165,11 @@ cdef extern from "inferd.h" nogil:
         weight_t router
         weight_t *wgu
         weight_t *wdown
-        int n_experts, n_used, hidden, norm_topk
+        int n_experts, n_used, hidden, norm_topk, gating
+        float *router_bias
+        float *gate_bias
+        float *up_bias
+        float *down_bias
         float weights_scale
         int act
         float *shared_gate

@@ -25,6 +25,10 @@ cdef int moe_block_init(Model model, model_config_t *c, ffn_moe_block_t *M, int 
     M.n_experts, M.n_used, M.hidden = n, k, hidden
     M.norm_topk = options["norm_topk"]
     M.weights_scale = options["weights_scale"]
+    gating = options.get("gating", "softmax")
+    if gating not in MOE_GATINGS:
+        raise ValueError(f"layer {layer}: router gating {gating!r} (one of {', '.join(MOE_GATINGS)})")
+    M.gating = MOE_GATINGS[gating]
     M.act = FFN_ACTS[options["act"]]
     if ts["router"][1] != n or ts["router"][2] != c.dim:
         raise ValueError(f"layer {layer}: router of {ts['router'][1]}x{ts['router'][2]} for {n} experts of {c.dim}")
@@ -33,6 +37,15 @@ cdef int moe_block_init(Model model, model_config_t *c, ffn_moe_block_t *M, int 
     if M.wgu == NULL or M.wdown == NULL:
         raise MemoryError()
     model._init_weight(&M.router, ts["router"])
+    if "router_bias" in ts:
+        M.router_bias = model._floats(ts["router_bias"], n)
+    biases = [name in ts for name in ("gate_bias", "up_bias", "down_bias")]
+    if any(biases) and not all(biases):
+        raise ValueError(f"layer {layer}: the experts' biases come as gate, up and down together")
+    if all(biases):
+        M.gate_bias = model._floats(ts["gate_bias"], n * hidden)
+        M.up_bias = model._floats(ts["up_bias"], n * hidden)
+        M.down_bias = model._floats(ts["down_bias"], n * c.dim)
     cdef int e
     for e in range(n):
         model._init_weight(&M.wgu[e], gu[e])

@@ -25,10 +25,12 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from inferd.model.arch import ARCHITECTURES
 from inferd.model.model_config import ModelConfig
 from inferd.model.tensor import Tensor
 
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
+               "MXFP4")
 # gguf has no writer for these: tests/model/kquant_ref.py
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
 FILE_QUANT_TYPES = QUANT_TYPES
@@ -111,6 +113,33 @@ def rope_inv_freq(cfg, local: bool = False) -> np.ndarray:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= orig / high) & (wavelen <= orig / low)
     return np.where(medium, blended, scaled)
+
+
+def yarn_inv_freq(cfg) -> tuple[np.ndarray, float]:
+    """(head_dim/2,) frequencies under YaRN and the magnitude its cos and sin are scaled by, as llama.cpp's rope_yarn
+    defines them: the correction band [low, high] of pair indices from beta_fast and beta_slow rotations over the
+    original context, frequencies below it (pairs above high) divided by the factor, those above it kept, a linear ramp
+    between (weighed by ext_factor); magnitude attn_factor (1 + 0.1 ln factor)."""
+    y, d = cfg.yarn, cfg.head_dim
+    base = float(cfg.rope_theta)
+
+    def corr_dim(rotations):
+        return d * math.log(y["original_context"] / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr_dim(y["beta_fast"])))
+    high = min(d - 1.0, math.ceil(corr_dim(y["beta_slow"])))
+    inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ramp = 1 - np.clip((np.arange(d // 2) - low) / max(0.001, high - low), 0, 1)
+    mix = ramp * y["ext_factor"]
+    inv = inv / y["factor"] * (1 - mix) + inv * mix
+    mscale = y["attn_factor"] * ((1 + 0.1 * math.log(y["factor"])) if y["ext_factor"] != 0 else 1.0)
+    return inv, mscale
+
+
+def swiglu_oai(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: x = min(g, 7), x sigmoid(1.702 x) (clamp(u, -7, 7) + 1)."""
+    x = np.minimum(g, 7.0)
+    return x / (1.0 + np.exp(-1.702 * x)) * (np.clip(u, -7.0, 7.0) + 1.0)
 
 
 def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
@@ -247,10 +276,10 @@ class Reference:
             q = rms_norm(q, self.vec(p + "attn_q_norm.weight"), cfg.norm_eps)
             k = rms_norm(k, self.vec(p + "attn_k_norm.weight"), cfg.norm_eps)
         window = cfg.layer_window(i)
-        inv_freq = rope_inv_freq(cfg, local=window > 0)
+        inv_freq, mscale = yarn_inv_freq(cfg) if cfg.yarn else (rope_inv_freq(cfg, local=window > 0), 1.0)
         rd = getattr(cfg, "rope_dims", 0) or hd                             # partial RoPE: the first rd dims
-        q = np.concatenate([apply_rope(q[..., :rd], pos, inv_freq, cfg.rope_neox), q[..., rd:]], axis=-1)
-        k = np.concatenate([apply_rope(k[..., :rd], pos, inv_freq, cfg.rope_neox), k[..., rd:]], axis=-1)
+        q = np.concatenate([apply_rope(q[..., :rd], pos, inv_freq, cfg.rope_neox) * mscale, q[..., rd:]], axis=-1)
+        k = np.concatenate([apply_rope(k[..., :rd], pos, inv_freq, cfg.rope_neox) * mscale, k[..., rd:]], axis=-1)
         if kv_dtype is not None:
             k = k.astype(kv_dtype).astype(np.float64)
             v = v.astype(kv_dtype).astype(np.float64)
@@ -258,15 +287,22 @@ class Reference:
         if window:                                  # the query sees the `window` keys ending at itself
             causal &= pos[:, None] - pos[None, :] < window
         attn = np.empty((T, nh, hd))
+        sinks = self.vec(p + "attn_sinks.weight") if cfg.attn_sinks else None
         for j in range(nh):
             kv = j // group                                                   # GQA
             s = (q[:, j, :] @ k[:, kv, :].T) * cfg.query_scale                # (T, T)
             s = np.where(causal, s, -np.inf)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            attn[:, j, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+            m = s.max(axis=1, keepdims=True)
+            if sinks is not None:                     # a logit in the denominator that weighs no value (gpt-oss)
+                m = np.maximum(m, sinks[j])
+            s = np.exp(s - m)
+            denom = s.sum(axis=1, keepdims=True) + (np.exp(sinks[j] - m) if sinks is not None else 0.0)
+            attn[:, j, :] = (s / denom) @ v[:, kv, :]
         if gate is not None:
             attn = attn / (1.0 + np.exp(-gate))
         o = self.mm(attn.reshape(T, nh * hd), p + "attn_output.weight", act_quant)
+        if cfg.attn_out_bias:
+            o = o + self.vec(p + "attn_output.bias")
         if cfg.sandwich_norms:
             o = rms_norm(o, self.vec(p + "post_attention_norm.weight"), cfg.norm_eps)
         x = x + o
@@ -275,8 +311,7 @@ class Reference:
     def ffn(self, p: str, x: np.ndarray, act_quant: bool = False) -> np.ndarray:
         """The FFN block's output (before the residual add) for the residual stream x."""
         cfg = self.cfg
-        norm = "post_attention_norm.weight" if getattr(cfg, "attn_output_gate", False) else "ffn_norm.weight"
-        h = rms_norm(x, self.vec(p + norm), cfg.norm_eps)
+        h = rms_norm(x, self.vec(p + ARCHITECTURES[cfg.arch].ffn_norm_tensor), cfg.norm_eps)
         if cfg.n_experts:
             f = self.moe_ffn(p, h, act_quant)
         else:
@@ -336,10 +371,15 @@ class Reference:
         return self.mm(normed.reshape(T, nv * dv), p + "ssm_out.weight", act_quant)
 
     def gated_ffn(self, h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-                  act_quant: bool = False) -> np.ndarray:
-        act = gelu_tanh if self.cfg.ffn_act == "gelu_tanh" else silu
-        g = act(h @ gate.T) * (h @ up.T)
-        return (quantize_activations(g) if act_quant else g) @ down.T
+                  act_quant: bool = False, biases=None) -> np.ndarray:
+        """biases: (gate, up, down) biases (gpt-oss's experts), or None."""
+        bg, bu, bd = biases if biases is not None else (0.0, 0.0, 0.0)
+        if self.cfg.ffn_act == "swiglu_oai":
+            g = swiglu_oai(h @ gate.T + bg, h @ up.T + bu)
+        else:
+            act = gelu_tanh if self.cfg.ffn_act == "gelu_tanh" else silu
+            g = act(h @ gate.T + bg) * (h @ up.T + bu)
+        return (quantize_activations(g) if act_quant else g) @ down.T + bd
 
     def experts(self, name: str) -> np.ndarray:
         """(n_experts, rows, cols) of a 3-D expert tensor (held stacked by rows)."""
@@ -355,6 +395,10 @@ class Reference:
         cfg = self.cfg
         x = quantize_activations(h) if act_quant else h
         logits = h @ self.w(p + "ffn_gate_inp.weight").T
+        biases = None
+        if cfg.expert_bias:                      # gpt-oss: the router's bias and each expert's gate, up, down biases
+            logits = logits + self.vec(p + "ffn_gate_inp.bias")
+            biases = [self.w(p + f"ffn_{r}_exps.bias") for r in ("gate", "up", "down")]
         ranked = -np.sort(-logits, axis=1)
         if cfg.n_experts_used < cfg.n_experts:
             self.route_margins.append(ranked[:, cfg.n_experts_used - 1] - ranked[:, cfg.n_experts_used])
@@ -365,11 +409,15 @@ class Reference:
         for t in range(h.shape[0]):
             chosen = np.lexsort((np.arange(cfg.n_experts), -probs[t]))[:cfg.n_experts_used]
             w = probs[t, chosen]
+            if cfg.expert_gating == "topk_softmax":        # the softmax over the k chosen logits alone
+                w = np.exp(logits[t, chosen] - logits[t, chosen].max())
+                w = w / w.sum()
             if cfg.expert_norm_topk:
                 w = w / w.sum()
             w = w * cfg.expert_weights_scale
             for e, we in zip(chosen, w):
-                out[t] += we * self.gated_ffn(x[t:t + 1], gate[e], up[e], down[e], act_quant)[0]
+                b = None if biases is None else [bias[e] for bias in biases]
+                out[t] += we * self.gated_ffn(x[t:t + 1], gate[e], up[e], down[e], act_quant, b)[0]
         if cfg.shared_expert_hidden_dim:
             shared = self.gated_ffn(x, *(self.w(p + f"ffn_{r}_shexp.weight") for r in ("gate", "up", "down")),
                                     act_quant)
@@ -416,7 +464,7 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
     rng = np.random.default_rng(seed)
     head_dim = head_dim or dim // n_heads
     neox = (arch != "llama") if rope_neox is None else rope_neox
-    bias = (arch in ("qwen2", "qwen2moe")) if qkv_bias is None else qkv_bias
+    bias = (arch in ("qwen2", "qwen2moe", "gpt-oss")) if qkv_bias is None else qkv_bias
     if experts:
         switches = {"n_experts": experts, "n_experts_used": experts_used, "expert_hidden_dim": expert_hidden,
                     "shared_expert_hidden_dim": shared_hidden, "expert_norm_topk": arch in ("qwen3moe", "llama"),
@@ -425,6 +473,10 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
         switches = {"qk_norm": True, **switches}
     elif arch == "olmoe":
         switches = {"qk_norm": True, "qk_norm_full": True, **switches}
+    elif arch == "gpt-oss":
+        switches = {"attn_sinks": True, "attn_out_bias": True, "expert_bias": True, "expert_gating": "topk_softmax",
+                    "ffn_act": "swiglu_oai", "sliding_window": 16,
+                    "local_layers": tuple(i for i in range(n_layers) if i % 2 == 0), **switches}
     elif arch == "gemma3":
         switches = {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh", "embed_scale": math.sqrt(dim),
                     "attn_scale": 1.0 / math.sqrt(head_dim), "sliding_window": 24,
@@ -457,7 +509,7 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
     for i in range(n_layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm_w(dim), "F32")
-        add(p + "ffn_norm.weight", norm_w(dim), "F32")
+        add(p + ARCHITECTURES[arch].ffn_norm_tensor, norm_w(dim), "F32")
         add(p + "attn_q.weight", mat(q_dim, dim, 1.5), weight_type)   # > 1: attention that is not uniform
         add(p + "attn_k.weight", mat(kv_dim, dim, 1.5), weight_type)
         add(p + "attn_v.weight", mat(kv_dim, dim), weight_type)
@@ -467,6 +519,10 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
             add(p + "ffn_gate_exps.weight", mat(experts * expert_hidden, dim), weight_type)
             add(p + "ffn_up_exps.weight", mat(experts * expert_hidden, dim), weight_type)
             add(p + "ffn_down_exps.weight", mat(experts * dim, expert_hidden), weight_type)
+            if cfg.expert_bias:
+                add(p + "ffn_gate_inp.bias", 0.5 * rng.standard_normal(experts), "F32")
+                for r, rows in (("gate", expert_hidden), ("up", expert_hidden), ("down", dim)):
+                    add(p + f"ffn_{r}_exps.bias", 0.3 * rng.standard_normal((experts, rows)), "F32")
             if shared_hidden:
                 add(p + "ffn_gate_inp_shexp.weight", mat(1, dim, 3.0), "F32")
                 add(p + "ffn_gate_shexp.weight", mat(shared_hidden, dim), weight_type)
@@ -480,6 +536,10 @@ def random_model(*, arch: str = "llama", weight_type: str = "F32", embed_type: s
             add(p + "attn_q.bias", 0.5 * rng.standard_normal(q_dim), "F32")
             add(p + "attn_k.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
             add(p + "attn_v.bias", 0.5 * rng.standard_normal(kv_dim), "F32")
+        if cfg.attn_out_bias:
+            add(p + "attn_output.bias", 0.3 * rng.standard_normal(dim), "F32")
+        if cfg.attn_sinks:   # logits about the scores' size: some heads give the sink much of their weight
+            add(p + "attn_sinks.weight", 1.0 + rng.standard_normal(n_heads), "F32")
         if cfg.qk_norm:
             add(p + "attn_q_norm.weight", norm_w(q_dim if cfg.qk_norm_full else head_dim), "F32")
             add(p + "attn_k_norm.weight", norm_w(kv_dim if cfg.qk_norm_full else head_dim), "F32")

@@ -440,9 +440,10 @@ static void merge_row(float *M, float *S, float *O, float m, float s, const floa
     *M = top;
 }
 
-/* out row of row r (token t, query head qh) */
+/* the query head of row r (token t, query head qh), and its out row */
+static inline int row_head(int per_head, int group, int r) { return r / per_head * group + r % group; }
 static inline float *out_row(float *out, int out_stride, int per_head, int group, int hd, int r) {
-    int t = (r % per_head) / group, qh = r / per_head * group + r % group;
+    int t = (r % per_head) / group, qh = row_head(per_head, group, r);
     return out + (size_t)t * out_stride + (size_t)qh * hd;
 }
 
@@ -468,7 +469,8 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
                       o + (size_t)r * hd, hd);
     }
     for (int r = 0; r < rows; r++) {
-        float inv = 1.0f / S[r], *dst = out_row(out, out_stride, a.per_head, group, hd, r);
+        float inv = softmax_norm(M[r], S[r], span->sinks, row_head(a.per_head, group, r));
+        float *dst = out_row(out, out_stride, a.per_head, group, hd, r);
         for (int d = 0; d < hd; d++) dst[d] *= inv;
     }
 }
@@ -493,7 +495,7 @@ int attention_segment(const float *q, int q_stride, int ntok, int group, int n_k
 }
 
 void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
-                     int head_dim, float *out, int out_stride) {
+                     int head_dim, float *out, int out_stride, const float *sinks) {
     int per_head = ntok * group, rows = per_head * kv_heads;
     for (int r = 0; r < rows; r++) {
         float M = -INFINITY, S = 0.0f, *dst = out_row(out, out_stride, per_head, group, head_dim, r);
@@ -501,7 +503,7 @@ void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok,
             const float *p = parts + seg * part_stride, *mx = p + (size_t)rows * head_dim, *sm = mx + rows;
             merge_row(&M, &S, dst, mx[r], sm[r], p + (size_t)r * head_dim, head_dim);
         }
-        float inv = 1.0f / S;
+        float inv = softmax_norm(M, S, sinks, row_head(per_head, group, r));
         for (int d = 0; d < head_dim; d++) dst[d] *= inv;
     }
 }

@@ -317,7 +317,8 @@ void attention_tokens_q8(const float *q, int q_stride, int ntok, int group, int 
     }
     for (int r = 0; r < rows; r++) {
         int t = (r % per_head) / group, qh = r / per_head * group + r % group;
-        float inv = 1.0f / sum[r], *o = out + (size_t)t * out_stride + (size_t)qh * head_dim;
+        float inv = softmax_norm(mx[r], sum[r], span->sinks, qh);
+        float *o = out + (size_t)t * out_stride + (size_t)qh * head_dim;
         for (int d = 0; d < head_dim; d++) o[d] *= inv;
     }
 }

@@ -1,6 +1,7 @@
-/* The attention block: x += post_norm(Wo attention(q, k, v)), (q, k, v) = Wqkv rmsnorm(x) (+ bias), with
+/* The attention block: x += post_norm(Wo attention(q, k, v) (+ bias)), (q, k, v) = Wqkv rmsnorm(x) (+ bias), with
  * QK-norm, RoPE (or partial RoPE) and the K/V writes to the paged cache; sliding-window layers see only their
- * window of keys; a gated block multiplies the attention output by sigmoid(Wgate rmsnorm(x)) before Wo.
+ * window of keys; attention sinks (gpt-oss) add a logit per head to each softmax's denominator; a gated block
+ * multiplies the attention output by sigmoid(Wgate rmsnorm(x)) before Wo.
  * attention_plan sizes the step's attention items once; attention_block runs one layer's. */
 #include <math.h>
 #include <string.h>
@@ -126,7 +127,8 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
         if (s->fused_rope)
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
-                            .window = A->window, .scale = A->scale};
+                            .window = A->window, .scale = A->scale,
+                            .sinks = A->sinks ? A->sinks + (size_t)h0 * group : NULL};
         if (q8)
             attention_tokens_q8(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                                 cfg->n_kv_heads, heads, hd, c->k_q8 + (q8_layer + h0) * q8_slice,
@@ -177,7 +179,8 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
                           c->v_cache + head_off, bt, &span, seg, parts + (size_t)seg * part, scratch);
         if (__atomic_sub_fetch(&c->attn_pending[pair], 1, __ATOMIC_ACQ_REL) != 0) continue;
         float *out = c->xn + (size_t)t * Q_DIM(cfg) + (size_t)h0 * group * hd;   /* the last one merges */
-        attention_merge(parts, part, s->segments, 1, group, heads, hd, out, Q_DIM(cfg));
+        attention_merge(parts, part, s->segments, 1, group, heads, hd, out, Q_DIM(cfg),
+                        A->sinks ? A->sinks + (size_t)h0 * group : NULL);
         if (A->gated) output_gate(c, t, h0 * group, heads * group);
         quantize_act(out, heads * group * hd, c->xq + (size_t)t * (Q_DIM(cfg) / QK) + (size_t)h0 * group * hd / QK);
     }
@@ -249,5 +252,5 @@ void attention_block(context_t *c, stage_t *s, const block_t *B) {
     stage_run(c, STAGE_ATTENTION, s->attn_items, s->attn_chunk, s->segments > 1 ? attention_split_fn : attention_fn,
               s);
     stage_set_input(s, c->xn, Q_DIM(cfg), c->xq);                          /* the attention items quantized it */
-    stage_matmul_residual(c, STAGE_WO, s, &A->wo, B->post_norm, LORA_O);                         /* x += Wo attn */
+    stage_matmul_residual(c, STAGE_WO, s, &A->wo, A->o_bias, B->post_norm, LORA_O);               /* x += Wo attn */
 }

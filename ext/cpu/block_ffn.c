@@ -49,5 +49,5 @@ void ffn_gated_block(context_t *c, stage_t *s, const block_t *B) {
     stage_run(c, STAGE_GATE_UP_SWIGLU, cfg->hidden / QK, 1, gate_up_act_fn, s);
     s->lora_job = NULL;
     stage_set_input(s, c->h, cfg->hidden, c->xq_h);                     /* gate|up quantized h into xq_h */
-    stage_matmul_residual(c, STAGE_DOWN, s, &F->wdown, B->post_norm, LORA_DOWN);                    /* x += Wdown h */
+    stage_matmul_residual(c, STAGE_DOWN, s, &F->wdown, NULL, B->post_norm, LORA_DOWN);              /* x += Wdown h */
 }

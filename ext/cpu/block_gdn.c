@@ -173,5 +173,5 @@ void gdn_block(context_t *c, stage_t *s, const block_t *B) {
     stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * (GDN_CONV_DIM(G) / QK), 1, conv_fn, s);
     stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * G->n_v_heads, 1, delta_fn, s);
     stage_set_input(s, c->gdn_out, GDN_VALUE_DIM(G), c->gdn_xq);
-    stage_matmul_residual(c, STAGE_WO, s, &G->wout, B->post_norm, -1);                    /* x += Wout out */
+    stage_matmul_residual(c, STAGE_WO, s, &G->wout, NULL, B->post_norm, -1);                    /* x += Wout out */
 }

@@ -1,5 +1,6 @@
 /* The mixture-of-experts FFN block: x += post_norm(sum over the token's chosen experts, by rank, of
- * weight * Wdown_e act(Wgate_e xn) * (Wup_e xn)  [+ sigmoid(g . xn) * the shared expert's FFN of xn]), xn = rmsnorm(x).
+ * weight * Wdown_e act(Wgate_e xn) * (Wup_e xn)  [+ sigmoid(g . xn) * the shared expert's FFN of xn]), xn = rmsnorm(x);
+ * gpt-oss adds biases to the router's logits and to each expert's gate, up and down rows.
  *
  * A step runs it in six stages, each one parallel region (or a short serial pass):
  *   1. xn = rmsnorm(x), kept in floats (the router and the shared gate read them) and quantized;
@@ -105,9 +106,22 @@ void moe_scratch_free(context_t *c) {
 
 /* ---- routing ---- */
 
-/* token t's experts and weights from its logits: softmax (the sum in double, scaled by its reciprocal), the n_used
- * largest probabilities (a strict > keeps the lower index on a tie), renormalized by their sum (held off zero as
- * llama.cpp does) where the architecture says, times the file's scale; and the shared expert's sigmoid gate */
+/* the n_used largest of p[0..n) by rank into chosen (a strict > keeps the lower index on a tie) */
+static void top_k(const float *p, int n, int k, int32_t *chosen) {
+    unsigned char taken[MOE_MAX_EXPERTS] = {0};
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int e = 0; e < n; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        taken[best] = 1;
+        chosen[r] = best;
+    }
+}
+
+/* token t's experts and weights from its logits (plus the router's bias): softmax (the sum in double, scaled by its
+ * reciprocal), the n_used largest probabilities, renormalized by their sum (held off zero as llama.cpp does) where
+ * the architecture says; or (MOE_GATING_TOPK_SOFTMAX) the n_used largest logits and the softmax over those alone;
+ * times the file's scale; and the shared expert's sigmoid gate */
 static void route_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
@@ -117,23 +131,25 @@ static void route_fn(void *arg, int64_t begin, int64_t end, int thread) {
     int n = M->n_experts, k = M->n_used, dim = c->model->cfg.dim;
     for (int64_t t = begin; t < end; t++) {
         float *p = S->logits + t * n;
-        float mx = p[0];
-        for (int e = 1; e < n; e++) mx = p[e] > mx ? p[e] : mx;
-        double sum = 0.0;
-        for (int e = 0; e < n; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
-        float inv = (float)(1.0 / sum);
-        for (int e = 0; e < n; e++) p[e] *= inv;
-        unsigned char taken[MOE_MAX_EXPERTS] = {0};
         int32_t *chosen = S->chosen + t * k;
         float *w = S->weight + t * k, wsum = 0.0f;
-        for (int r = 0; r < k; r++) {
-            int best = -1;
-            for (int e = 0; e < n; e++)
-                if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
-            taken[best] = 1;
-            chosen[r] = best;
-            w[r] = p[best];
-            wsum += w[r];
+        if (M->router_bias)
+            for (int e = 0; e < n; e++) p[e] += M->router_bias[e];
+        if (M->gating == MOE_GATING_TOPK_SOFTMAX) {
+            top_k(p, n, k, chosen);
+            double sum = 0.0;
+            for (int r = 0; r < k; r++) { w[r] = expf(p[chosen[r]] - p[chosen[0]]); sum += w[r]; }
+            float inv = (float)(1.0 / sum);
+            for (int r = 0; r < k; r++) w[r] *= inv;
+        } else {
+            float mx = p[0];
+            for (int e = 1; e < n; e++) mx = p[e] > mx ? p[e] : mx;
+            double sum = 0.0;
+            for (int e = 0; e < n; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+            float inv = (float)(1.0 / sum);
+            for (int e = 0; e < n; e++) p[e] *= inv;
+            top_k(p, n, k, chosen);
+            for (int r = 0; r < k; r++) { w[r] = p[chosen[r]]; wsum += w[r]; }
         }
         if (M->norm_topk) {
             wsum = wsum < 6.103515625e-5f ? 6.103515625e-5f : wsum;
@@ -188,6 +204,7 @@ static void gather_fn(void *arg, int64_t begin, int64_t end, int thread) {
 /* what one expert (or the shared one) computes over in a stage: its weights, rows and their buffers */
 typedef struct {
     const weight_t *gu, *down;
+    const float *gate_b, *up_b, *down_b;   /* its biases (hidden, hidden, dim), or NULL */
     int rows, hidden;
     const float *x;              /* (rows, dim) float input, for float weights */
     const block_q8x *xq;         /* (rows, dim / 32) */
@@ -206,14 +223,18 @@ static expert_rows_t expert_of_item(const stage_t *s, int64_t j, int per_expert,
     if (j < routed) {
         int e = S->active[j / per_expert], row0 = S->first_row[e];
         *within = (int)(j % per_expert);
-        E = (expert_rows_t){&M->wgu[e], &M->wdown[e], S->first_row[e + 1] - row0, M->hidden,
+        E = (expert_rows_t){&M->wgu[e], &M->wdown[e],
+                            M->gate_bias ? M->gate_bias + (size_t)e * M->hidden : NULL,
+                            M->up_bias ? M->up_bias + (size_t)e * M->hidden : NULL,
+                            M->down_bias ? M->down_bias + (size_t)e * dim : NULL,
+                            S->first_row[e + 1] - row0, M->hidden,
                             S->xn ? S->xn + (size_t)row0 * dim : NULL, S->xq + (size_t)row0 * (dim / QK),
                             S->xq_h + (size_t)row0 * (M->hidden / QK),
                             S->h ? S->h + (size_t)row0 * M->hidden : NULL, S->y + (size_t)row0 * dim};
     } else {
         *within = (int)(j - routed);
-        E = (expert_rows_t){&M->shared_gu, &M->shared_down, s->ntok, M->shared_hidden, c->xn, c->xq,
-                            S->xq_h + S->shared_h_off, S->h ? S->h + S->shared_h_off * QK : NULL,
+        E = (expert_rows_t){&M->shared_gu, &M->shared_down, NULL, NULL, NULL, s->ntok, M->shared_hidden, c->xn,
+                            c->xq, S->xq_h + S->shared_h_off, S->h ? S->h + S->shared_h_off * QK : NULL,
                             S->y + S->shared_y_off};
     }
     return E;
@@ -233,7 +254,14 @@ static void experts_gate_up_fn(void *arg, int64_t begin, int64_t end, int thread
         int tile = unit * 2 * half, nbh = E.hidden / QK, n = E.rows;
         matmul_tiles(&c->kernels, E.gu, tile, tile + half, n, E.x, E.xq, g, QK, 0);
         matmul_tiles(&c->kernels, E.gu, tile + half, tile + 2 * half, n, E.x, E.xq, u, QK, 0);
+        if (E.gate_b)                                   /* gpt-oss: the expert's biases of these 32 units */
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < QK; i++) {
+                    g[r * QK + i] += E.gate_b[unit * QK + i];
+                    u[r * QK + i] += E.up_b[unit * QK + i];
+                }
         if (M->act == ACT_GELU_TANH) geglu(g, u, g, n * QK);
+        else if (M->act == ACT_SWIGLU_OAI) swiglu_oai(g, u, g, n * QK);
         else swiglu(g, u, g, n * QK);
         quantize_act_strided(g, n * QK, E.xq_h + unit, nbh);
         if (!weight_is_quantized(E.down->type))
@@ -253,6 +281,11 @@ static void experts_down_fn(void *arg, int64_t begin, int64_t end, int thread) {
         expert_rows_t E = expert_of_item(s, j, pairs, &pair);
         int t0 = 2 * pair, t1 = t0 + 2 < ntiles ? t0 + 2 : ntiles;
         matmul_tiles(&c->kernels, E.down, t0, t1, E.rows, E.h, E.xq_h, E.y + (size_t)t0 * TILE_ROWS, dim, 0);
+        if (E.down_b) {                                 /* gpt-oss: the expert's bias of these rows */
+            int i0 = t0 * TILE_ROWS, i1 = t1 * TILE_ROWS < dim ? t1 * TILE_ROWS : dim;
+            for (int r = 0; r < E.rows; r++)
+                for (int i = i0; i < i1; i++) E.y[(size_t)r * dim + i] += E.down_b[i];
+        }
     }
 }
 

@@ -45,14 +45,17 @@ static void matmul_fn(void *arg, int64_t begin, int64_t end, int thread) {
                  s->accumulate);
 }
 
-/* x += rmsnorm(y) for each token: a sandwich norm of a block's output (Gemma), then the residual add */
+/* x += rmsnorm(y + bias) for each token: a block's output with its bias (gpt-oss's Wo) and sandwich norm (Gemma),
+ * each where the block has it, then the residual add */
 static void post_norm_add_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     int dim = s->c->model->cfg.dim;
     for (int64_t t = begin; t < end; t++) {
         float *y = s->c->y + t * dim, *x = s->c->x + t * dim;
-        rmsnorm(y, s->post_gamma, dim, s->c->model->cfg.norm_eps, y);
+        if (s->bias)
+            for (int i = 0; i < dim; i++) y[i] += s->bias[i];
+        if (s->post_gamma) rmsnorm(y, s->post_gamma, dim, s->c->model->cfg.norm_eps, y);
         for (int i = 0; i < dim; i++) x[i] += y[i];
     }
 }
@@ -114,18 +117,19 @@ void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int i
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, norm_quant_fn, s);
 }
 
-void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm,
-                           int lora_target) {
-    float *y = post_norm ? c->y : c->x;
-    stage_matmul(c, stage, s, w, y, !post_norm);
+void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *bias,
+                           const float *post_norm, int lora_target) {
+    float *y = post_norm || bias ? c->y : c->x;
+    stage_matmul(c, stage, s, w, y, y == c->x);
     if (s->lora && lora_target >= 0) {                         /* y += scale B (A in) for the adapted tokens */
         lora_job_t job;
         lora_job_init(&job, s->in, s->in_dim, y, w->rows);
         lora_job_add(&job, lora_target, 0, w->rows);
         stage_lora(c, s, &job);
     }
-    if (!post_norm) return;
+    if (y == c->x) return;
     s->post_gamma = post_norm;
+    s->bias = bias;
     stage_run(c, STAGE_NORM_QUANT, s->ntok, 4, post_norm_add_fn, s);
 }
 
@@ -343,9 +347,12 @@ context_t *context_create_state(const model_t *m, int max_tokens, int max_out, i
     c->qkv = malloc((size_t)max_tokens * qkv_dim * sizeof(float));
     c->gu = malloc((size_t)nt * max_tokens * 2 * QK * sizeof(float));
     c->h = malloc((size_t)max_tokens * cfg->hidden * sizeof(float));
-    int post_norms = 0;
+    int post_norms = 0;                  /* a block's output goes through c->y: a post-norm, or Wo's bias */
     for (int l = 0; l < cfg->n_layers; l++)
-        for (int i = 0; i < m->layers[l].n_blocks; i++) post_norms |= m->layers[l].blocks[i].post_norm != NULL;
+        for (int i = 0; i < m->layers[l].n_blocks; i++) {
+            const block_t *B = &m->layers[l].blocks[i];
+            post_norms |= B->post_norm != NULL || (B->kind == BLOCK_ATTENTION && B->attn.o_bias != NULL);
+        }
     c->y = post_norms ? malloc((size_t)max_tokens * cfg->dim * sizeof(float)) : NULL;
     int gated = 0;
     for (int l = 0; l < cfg->n_layers; l++)

@@ -31,6 +31,7 @@ typedef struct {
     const float *in;         /* (ntok, in_dim) the matmul's input, or the norm's */
     const float *gamma;      /* rmsnorm weights (NULL: the matmul reads `in` itself) */
     const float *post_gamma; /* a block's post-norm weights */
+    const float *bias;       /* the bias added to a block's output before its post-norm and residual add, or NULL */
     float *out;              /* (ntok, in_dim) normed copy, for a float weight (else NULL) */
     int ntok, in_dim;
     const block_q8x *xq;     /* the matmul's quantized input: (ntok, in_dim / 32) */
@@ -58,10 +59,10 @@ void stage_prepare_input(context_t *c, stage_t *s, const float *in, int in_dim, 
                          const weight_t *reader);
 /* the same, with xn = rmsnorm(in) kept in floats whatever the readers (the MoE router and shared gate read them) */
 void stage_prepare_input_floats(context_t *c, stage_t *s, const float *in, int in_dim, const float *gamma);
-/* x += W in, or, with a post-norm (sandwich norms), x += rmsnorm(W in); the adapters' `lora_target` product (of
- * in, the floats) added to W in first when the batch has adapters (-1: none) */
-void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *post_norm,
-                           int lora_target);
+/* x += W in (+ bias), or, with a post-norm (sandwich norms), x += rmsnorm(W in (+ bias)); bias (w->rows) or NULL;
+ * the adapters' `lora_target` product (of in, the floats) added to W in first when the batch has adapters (-1: none) */
+void stage_matmul_residual(context_t *c, int stage, stage_t *s, const weight_t *w, const float *bias,
+                           const float *post_norm, int lora_target);
 
 /* LoRA (lora.c). A job is its input and output, then its targets added one by one. */
 int batch_has_lora(const batch_t *b);

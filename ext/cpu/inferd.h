@@ -17,7 +17,7 @@
 /* Weight types: values are stable, the Python side uses them. */
 enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 5, WT_Q4_K = 6, WT_Q5_K = 7,
        WT_Q6_K = 8, WT_Q5_0 = 9, WT_Q5_1 = 10, WT_Q2_K = 11, WT_Q3_K = 12, WT_IQ4_NL = 13, WT_IQ4_XS = 14,
-       NUM_WEIGHT_TYPES };
+       WT_MXFP4 = 15, NUM_WEIGHT_TYPES };
 
 /* Kernel paths, best last. */
 enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };
@@ -146,6 +146,8 @@ int matmul_num_tiles(const weight_t *w);
 void rmsnorm(const float *x, const float *gamma, int n, float eps, float *out);   /* n % 8 == 0 */
 void swiglu(const float *g, const float *u, float *h, int n);                      /* h = silu(g) * u */
 void geglu(const float *g, const float *u, float *h, int n);                       /* h = gelu_tanh(g) * u */
+/* gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai): x = min(g, 7), h = x sigmoid(1.702 x) (clamp(u, -7, 7) + 1) */
+void swiglu_oai(const float *g, const float *u, float *h, int n);
 void store_f16(const float *x, uint16_t *out, int n);
 void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int neox);
 #define ATTN_MAX_TOKENS 16  /* consecutive tokens of a sequence attended together, sharing each KV block's reads */
@@ -163,6 +165,8 @@ typedef struct {
     int causal;
     int window;        /* sliding window: keys within window - 1 positions of the query; 0: no limit */
     float scale;       /* of q.k: 1/sqrt(head_dim), or the model's own */
+    const float *sinks;   /* per query head of the call (its first KV head's first): a logit in every softmax's
+                           * denominator that weighs no value (gpt-oss's attention sinks), or NULL for none */
 } attn_span_t;
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
@@ -179,7 +183,7 @@ int attention_segment(const float *q, int q_stride, int ntok, int group, int n_k
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
                       const attn_span_t *span, int seg, float *part, float *scratch);
 void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
-                     int head_dim, float *out, int out_stride);
+                     int head_dim, float *out, int out_stride, const float *sinks);
 
 /* ---- the int8 KV cache (kv_cache_dtype = "q8_0"; attention_q8.c) ---- */
 enum { KV_F16 = 0, KV_Q8_0 = 1 };
@@ -243,6 +247,9 @@ typedef struct {
     int rope_original_ctx;
     float rope_freq_scale;             /* linear rope scaling of global layers: position * scale; 0: 1 */
     float rope_theta_local;            /* RoPE base of sliding-window layers; 0: rope_theta */
+    /* YaRN rope scaling (llama.cpp's rope_yarn) of every layer; yarn_factor == 0 means none */
+    float yarn_factor, yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int yarn_original_ctx;
     float embed_scale;                 /* x = embedding * embed_scale (Gemma: sqrt(dim)); 0: 1 */
     float logit_softcap;               /* logits = cap * tanh(logits / cap); 0: none */
     int rope_dims;                     /* RoPE on the first rope_dims of each head, the rest passed through; 0: all */
@@ -259,12 +266,16 @@ typedef enum {
                               * (gdn_block_t) */
 } block_kind_t;
 
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };   /* a gated FFN's activation: SwiGLU, GeGLU (tanh GELU) */
+/* a gated FFN's activation: SwiGLU, GeGLU (tanh GELU), gpt-oss's clamped SwiGLU (swiglu_oai) */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_SWIGLU_OAI = 2 };
 
 typedef struct {
     weight_t wqkv;                     /* (q_dim + 2 kv_dim, dim) fused */
     weight_t wo;                       /* (dim, q_dim) */
     float *qkv_bias;                   /* (q_dim + 2 kv_dim) or NULL */
+    float *o_bias;                     /* (dim) Wo's bias, or NULL */
+    float *sinks;                      /* (n_heads) attention sinks: a logit per head in its softmax's denominator, or
+                                        * NULL */
     float *q_norm, *k_norm;            /* (head_dim) QK-norm: RMSNorm of every q and k head before RoPE, or NULL */
     int qk_norm_full;                  /* the QK-norm is over all of q and all of k: q_norm (q_dim), k_norm (kv_dim) */
     int rope_neox;                     /* RoPE pairs (i, i + head_dim/2) (rotate-half); else (2i, 2i+1) */
@@ -281,17 +292,24 @@ typedef struct {
     int act;                           /* ACT_SILU or ACT_GELU_TANH */
 } ffn_gated_block_t;
 
-/* A mixture of experts (block_moe.c): per token, the router's softmax over n_experts logits chooses the n_used
- * highest (ties to the lower index); the token's output is the sum over them, by rank, of weight * expert(xn), each
- * expert a gated FFN of `hidden` units, plus, with a shared expert, sigmoid(shared_gate . xn) * shared(xn). */
+/* A mixture of experts (block_moe.c): per token, the router's n_experts logits (plus its bias) choose the n_used
+ * highest (ties to the lower index), weighted by the softmax over all of them (MOE_GATING_SOFTMAX) or over the n_used
+ * chosen (MOE_GATING_TOPK_SOFTMAX: gpt-oss); the token's output is the sum over them, by rank, of weight *
+ * expert(xn), each expert a gated FFN of `hidden` units (with biases: gpt-oss), plus, with a shared expert,
+ * sigmoid(shared_gate . xn) * shared(xn). */
 #define MOE_MAX_EXPERTS 256
 #define MOE_MAX_USED 32
+enum { MOE_GATING_SOFTMAX = 0, MOE_GATING_TOPK_SOFTMAX = 1 };
 typedef struct {
     weight_t router;                   /* (n_experts, dim) */
     weight_t *wgu;                     /* (n_experts) each (2 hidden, dim), gate|up interleaved by 32 as the dense FFN's */
     weight_t *wdown;                   /* (n_experts) each (dim, hidden) */
     int n_experts, n_used, hidden;
     int norm_topk;                     /* the n_used weights renormalized to sum to 1 */
+    int gating;                        /* MOE_GATING_* */
+    float *router_bias;                /* (n_experts) or NULL */
+    float *gate_bias, *up_bias;        /* (n_experts, hidden) the experts' biases, or NULL */
+    float *down_bias;                  /* (n_experts, dim) or NULL */
     float weights_scale;               /* the weights times this; 0: 1 */
     int act;                           /* ACT_SILU or ACT_GELU_TANH */
     float *shared_gate;                /* (dim) the shared expert's gate, or NULL for none */

@@ -62,6 +62,7 @@ void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const f
  *                 imin = mn[2s] sum_0..15 x + mn[2s+1] sum_16..31 x,     mw = -dmin
  *   IQ4_NL        isum = sum v x   (v = IQ4_VALUES[q])                   dw = d
  *   IQ4_XS        isum = sc[s] sum v x                                   dw = d
+ *   MXFP4         isum = sum v x   (v = MXFP4_VALUES[q])                 dw = 2^(e - 128)
  * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
  * computed once per activation block (Q4_1 and Q5_1: acc = fma(float(sum x), mw * dx, acc), Q4_1's order from
  * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with); Q2_K's mins weigh the two
@@ -83,7 +84,7 @@ static inline __attribute__((always_inline)) void quant_tile_scalar(const int ty
                     int32_t lo = 0, hi = 0;
                     for (int i = 0; i < 16; i++) { lo += q[i] * xb->qs[i]; hi += q[16 + i] * xb->qs[16 + i]; }
                     int32_t isum = lo + hi;
-                    float dw = tile_f16(blk, r), mw = 0.0f;
+                    float dw = tile_row_scale(type, blk, r), mw = 0.0f;
                     int has_min = 0;
                     if (type == WT_Q4_0) {
                         isum -= 8 * xb->isum;
@@ -143,6 +144,7 @@ SCALAR_DEFINE(q3_k, WT_Q3_K)
 SCALAR_DEFINE(q2_k, WT_Q2_K)
 SCALAR_DEFINE(iq4_nl, WT_IQ4_NL)
 SCALAR_DEFINE(iq4_xs, WT_IQ4_XS)
+SCALAR_DEFINE(mxfp4, WT_MXFP4)
 #undef SCALAR_DEFINE
 
 /* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */

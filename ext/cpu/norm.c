@@ -1,5 +1,5 @@
-/* Row-wise operations around the matmuls: RMSNorm, SwiGLU and GeGLU. Scalar and AVX2 variants use the same
- * operations in the same order (8 lanes, hsum8_pairs, vecmath's exp), so the paths give the same bits. */
+/* Row-wise operations around the matmuls: RMSNorm, SwiGLU, GeGLU and gpt-oss's clamped SwiGLU. Scalar and AVX2
+ * variants use the same operations in the same order (8 lanes, hsum8_pairs, vecmath's exp), so the paths give the same bits. */
 #include <math.h>
 #include "inferd.h"
 #include "vecmath.h"
@@ -28,7 +28,31 @@ static void geglu_scalar(const float *g, const float *u, float *h, int n) {
     }
 }
 
+/* gpt-oss's clamped SwiGLU, with llama.cpp's constants */
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+
+static void swiglu_oai_scalar(const float *g, const float *u, float *h, int n) {
+    for (int i = 0; i < n; i++) {
+        float x = fminf(g[i], OAI_LIMIT), y = fminf(fmaxf(u[i], -OAI_LIMIT), OAI_LIMIT);
+        h[i] = x / (1.0f + exp_scalar(-(OAI_ALPHA * x))) * (y + 1.0f);
+    }
+}
+
 #if defined(__x86_64__)
+__attribute__((target("avx2,fma,f16c")))
+static void swiglu_oai_avx2(const float *g, const float *u, float *h, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(OAI_ALPHA);
+    const __m256 hi = _mm256_set1_ps(OAI_LIMIT), lo = _mm256_set1_ps(-OAI_LIMIT);
+    for (int i = 0; i < n; i += 8) {
+        /* min/max with the operand order of fminf/fmaxf on ordinary values (a NaN input is not defined here) */
+        __m256 x = _mm256_min_ps(_mm256_loadu_ps(g + i), hi);
+        __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(u + i), lo), hi);
+        __m256 e = exp8(_mm256_sub_ps(zero, _mm256_mul_ps(alpha, x)));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_add_ps(y, one)));
+    }
+}
+
 __attribute__((target("avx2,fma,f16c")))
 static void geglu_avx2(const float *g, const float *u, float *h, int n) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -75,6 +99,13 @@ void swiglu(const float *g, const float *u, float *h, int n) {
     if (cpu_path() != PATH_SCALAR) { swiglu_avx2(g, u, h, n); return; }
 #endif
     swiglu_scalar(g, u, h, n);
+}
+
+void swiglu_oai(const float *g, const float *u, float *h, int n) {
+#if defined(__x86_64__)
+    if (cpu_path() != PATH_SCALAR) { swiglu_oai_avx2(g, u, h, n); return; }
+#endif
+    swiglu_oai_scalar(g, u, h, n);
 }
 
 void geglu(const float *g, const float *u, float *h, int n) {

@@ -11,7 +11,8 @@
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
  * are the same operations in the same order on every path and for every ntok: bit-identical results.
- * Q2_K, Q3_K, IQ4_NL and IQ4_XS have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind those. */
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind
+ * those. */
 
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -20,6 +21,18 @@
 
 KINLINE __m256i KFN(bcast4)(const void *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 KINLINE __m256 KFN(load_f16x8)(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+/* MXFP4's 8 E8M0 bytes as mxfp4_scale's floats: (e - 1) << 23, or 0x00200000 << e below 2 (subnormals) */
+KINLINE __m256 KFN(load_e8m0x8)(const uint8_t *p) {
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+}
+/* row scales d of a tile block: f16, or MXFP4's exponents */
+KINLINE __m256 KFN(load_d)(const int type, const uint8_t *blk) {
+    return type == WT_MXFP4 ? KFN(load_e8m0x8)(blk) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+}
 KINLINE __m256 KFN(load_u8x8_ps)(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -65,7 +78,7 @@ KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[
         wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
     if (type_is_iq4(type)) {   /* codes -> their int8 values: one byte shuffle per 32 */
-        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_VALUES));
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)code_values(type)));
         for (int j = 0; j < 8; j++) wv[j] = _mm256_shuffle_epi8(book, wv[j]);
         return;
     }
@@ -266,7 +279,7 @@ KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, cons
  * xb0: the block's first activation block of token 0; token k's follow nb32 blocks later. */
 KINLINE void KFN(block_tokens)(const int type, const uint8_t *blk, const int nsub, const int chains, const int ntok,
                                const block_q8x *xb0, int nb32, __m256 *acc) {
-    __m256 d = KFN(load_f16x8)(blk), dmin = d;
+    __m256 d = KFN(load_d)(type, blk), dmin = d;
     if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
     for (int s = 0; s < nsub; s++) {
         __m256i wv[8];
@@ -341,7 +354,7 @@ KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(
     const size_t bb = tile_block_bytes(type);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = base + (size_t)b * bb;
-        __m256 d = KFN(load_f16x8)(blk), dmin = d;
+        __m256 d = KFN(load_d)(type, blk), dmin = d;
         if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
         for (int s = 0; s < nsub; s++, p++) {
             KFN(load_wv)(type, blk, s, p->wv);
@@ -406,6 +419,7 @@ KDEFINE(q3_k, WT_Q3_K)
 KDEFINE(q2_k, WT_Q2_K)
 KDEFINE(iq4_nl, WT_IQ4_NL)
 KDEFINE(iq4_xs, WT_IQ4_XS)
+KDEFINE(mxfp4, WT_MXFP4)
 #endif
 #undef KDEFINE
 
@@ -427,5 +441,6 @@ KENTRY(q3_k, WT_Q3_K)
 KENTRY(q2_k, WT_Q2_K)
 KENTRY(iq4_nl, WT_IQ4_NL)
 KENTRY(iq4_xs, WT_IQ4_XS)
+KENTRY(mxfp4, WT_MXFP4)
 #endif
 #undef KENTRY

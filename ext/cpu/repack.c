@@ -79,6 +79,9 @@ static inline __attribute__((always_inline)) void gguf_unpack(const int type, co
                                 ((hm[i % 32] >> (i / 32)) & 1) << 2);
     } else if (type == WT_IQ4_NL) {
         for (int j = 0; j < 16; j++) { u->q[j] = b[2 + j] & 15; u->q[j + 16] = b[2 + j] >> 4; }
+    } else if (type == WT_MXFP4) {   /* e (E8M0) | qs[16]: the exponent byte stays as it is, in d's low byte */
+        u->d = b[0];
+        for (int j = 0; j < 16; j++) { u->q[j] = b[1 + j] & 15; u->q[j + 16] = b[1 + j] >> 4; }
     } else if (type == WT_IQ4_XS) {   /* d | scales_h (u16) | scales_l[4] | qs[128]: 16 bytes per 32 values */
         uint16_t sh;
         memcpy(&sh, b + 2, 2);
@@ -144,7 +147,8 @@ static void put_h2bit(uint8_t *h, int r, const uint8_t *q) {
 }
 
 static inline __attribute__((always_inline)) void put_lane(const int type, uint8_t *blk, int r, const unpacked_t *u) {
-    memcpy(blk + 2 * r, &u->d, 2);
+    if (type == WT_MXFP4) blk[r] = (uint8_t)u->d;
+    else memcpy(blk + 2 * r, &u->d, 2);
     if (type == WT_Q8_0) {
         for (int j = 0; j < 8; j++) memcpy(blk + 16 + 32 * j + 4 * r, u->q8 + 4 * j, 4);
         return;
@@ -270,12 +274,12 @@ static inline __attribute__((always_inline)) void dequant_typed(const int type, 
     const size_t bb = tile_block_bytes(type);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = data + ((size_t)t * nb + b) * bb;
-        float d = tile_f16(blk, r);
+        float d = tile_row_scale(type, blk, r);
         int q[32];
         for (int s = 0; s < nsub; s++) {
             float *o = out + (size_t)(b * nsub + s) * QK;
             tile_lane_values(type, blk, s, r, q);
-            if (type == WT_Q8_0 || type == WT_IQ4_NL) {
+            if (type == WT_Q8_0 || type == WT_IQ4_NL || type == WT_MXFP4) {
                 for (int i = 0; i < 32; i++) o[i] = d * (float)q[i];
             } else if (type == WT_IQ4_XS) {
                 float dw = d * (float)((const int8_t *)blk + tile_scales_off(type, s))[r];
@@ -326,6 +330,7 @@ QUANT_DEFINE(q3_k, WT_Q3_K)
 QUANT_DEFINE(q2_k, WT_Q2_K)
 QUANT_DEFINE(iq4_nl, WT_IQ4_NL)
 QUANT_DEFINE(iq4_xs, WT_IQ4_XS)
+QUANT_DEFINE(mxfp4, WT_MXFP4)
 #undef QUANT_DEFINE
 
 /* ---- float types: rows as they are ---- */

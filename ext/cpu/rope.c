@@ -61,13 +61,31 @@ void rope_apply(float *vec, int n_heads, int head_dim, const float *cos_sin, int
     rope_scalar(vec, n_heads, head_dim, cos_sin, neox);
 }
 
+/* YaRN's correction dimension of a rotation count (llama.cpp's ggml_rope_yarn_corr_dim) */
+static double yarn_corr_dim(const model_config_t *c, int n_dims, double theta, double rotations) {
+    return n_dims * log(c->yarn_original_ctx / (rotations * 2 * M_PI)) / (2 * log(theta));
+}
+
 /* freqs: (head_dim/2) theta^(-2i/head_dim); Llama 3 scaling stretches the low frequencies by `factor` and blends
- * the middle band, as in Meta's reference code. Both engines' RoPE comes from here (the CUDA engine gets them
- * through _cpu.rope_frequencies). */
+ * the middle band, as in Meta's reference code; YaRN (c->yarn_factor > 0) interpolates the frequencies below its
+ * correction band by 1/factor, keeps those above it and ramps between (ext_factor weighs the ramp), as llama.cpp's
+ * rope_yarn does. Both engines' RoPE comes from here (the CUDA engine gets them through _cpu.rope_frequencies). */
 void rope_frequencies(const model_config_t *c, double theta, int llama3, double *freqs) {
-    int rd = c->rope_dims ? c->rope_dims : c->head_dim;
+    int rd = c->rope_dims ? c->rope_dims : c->head_dim;   /* the rotated dimensions (partial RoPE: fewer) */
+    double low = 0, high = 0;
+    if (c->yarn_factor > 0) {
+        low = floor(yarn_corr_dim(c, rd, theta, c->yarn_beta_fast));
+        high = ceil(yarn_corr_dim(c, rd, theta, c->yarn_beta_slow));
+        low = low > 0 ? low : 0;
+        high = high < rd - 1 ? high : rd - 1;
+    }
     for (int i = 0; i < rd / 2; i++) {
         double f = pow(theta, -2.0 * i / rd);
+        if (c->yarn_factor > 0) {
+            double y = (i - low) / (high - low > 0.001 ? high - low : 0.001);
+            double mix = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * c->yarn_ext_factor;
+            f = f / c->yarn_factor * (1 - mix) + f * mix;
+        }
         if (llama3) {
             double low_wl = c->rope_original_ctx / (double)c->rope_low_freq_factor;
             double high_wl = c->rope_original_ctx / (double)c->rope_high_freq_factor;
@@ -83,9 +101,18 @@ void rope_frequencies(const model_config_t *c, double theta, int llama3, double 
     }
 }
 
-/* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale */
+/* YaRN's magnitude on cos and sin (so on q.k twice): attn_factor (1 + 0.1 ln factor) where the ramp is on, as
+ * llama.cpp's rope_yarn multiplies it (its context cancels a factor of its own before: the file's attn_factor stays) */
+static double yarn_mscale(const model_config_t *c) {
+    if (c->yarn_factor <= 0) return 1.0;
+    double a = c->yarn_attn_factor > 0 ? c->yarn_attn_factor : 1.0;
+    return c->yarn_ext_factor != 0 ? a * (1.0 + 0.1 * log(c->yarn_factor)) : a;
+}
+
+/* (context_length, head_dim/2, 2) cos and sin of position * freq_i * pos_scale, times YaRN's magnitude */
 static float *rope_table(const model_config_t *c, double theta, double pos_scale, int llama3) {
     int half = (c->rope_dims ? c->rope_dims : c->head_dim) / 2;
+    double mscale = yarn_mscale(c);
     float *table = malloc((size_t)c->context_length * half * 2 * sizeof(float));
     if (!table) return NULL;
     double freqs[256];                 /* head_dim <= 512, checked by model_init_rope */
@@ -93,8 +120,8 @@ static float *rope_table(const model_config_t *c, double theta, double pos_scale
     for (int p = 0; p < c->context_length; p++)
         for (int i = 0; i < half; i++) {
             double a = p * pos_scale * freqs[i];
-            table[((size_t)p * half + i) * 2] = (float)cos(a);
-            table[((size_t)p * half + i) * 2 + 1] = (float)sin(a);
+            table[((size_t)p * half + i) * 2] = (float)(cos(a) * mscale);
+            table[((size_t)p * half + i) * 2 + 1] = (float)(sin(a) * mscale);
         }
     return table;
 }

@@ -13,6 +13,15 @@
 
 static inline float softmax_weight(float x) { return x < SOFTMAX_CUTOFF ? 0.0f : exp_scalar(x); }
 
+/* The factor that normalizes a row's output, from its softmax state (max m, weight sum s): 1 / s, or with an attention
+ * sink (a logit whose value is zero) e^(m - top) / (s e^(m - top) + e^(sink - top)), top the larger of m and the
+ * sink, so that neither exponent overflows. sinks: per query head, or NULL. */
+static inline float softmax_norm(float m, float s, const float *sinks, int qh) {
+    if (!sinks) return 1.0f / s;
+    float sink = sinks[qh], top = m > sink ? m : sink, a = softmax_weight(m - top);
+    return a / __builtin_fmaf(s, a, softmax_weight(sink - top));
+}
+
 /* The keys token t of a run sees: [span_lo, span_hi). Both rise with t, so the tokens that see any of a block are
  * consecutive: those before them see only later keys, those after them only earlier ones. */
 static inline int span_hi(const attn_span_t *a, int t) {

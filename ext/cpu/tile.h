@@ -28,10 +28,12 @@
  *           r (8 + r) holds row r's sc | mn << 4 of the sub-block's first (second) 16 values, as GGUF packs them
  *   IQ4_NL  d | group                                 value = d * IQ4_VALUES[q]
  *   IQ4_XS  d | 8 x sc[8] (int8) | 8 x group          value = d * sc[s] * IQ4_VALUES[q]
+ *   MXFP4   e[8] | group                              value = 2^(e - 128) * MXFP4_VALUES[q]
+ *           e: one E8M0 byte per row (GGUF's, as it is); MXFP4_VALUES are e2m1's values doubled (integers)
  * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them; so are
  * Q3_K's and IQ4_XS's 6-bit scales (into int8, their offset 32 taken off).
- * The sizes are the GGUF sizes (Q6_K, Q2_K, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32 bytes,
- * 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
+ * The sizes are the GGUF sizes (Q6_K, Q2_K, MXFP4, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32
+ * bytes, 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
 #ifndef INFERD_TILE_H
 #define INFERD_TILE_H
 
@@ -40,10 +42,14 @@
 
 enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
        TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192,
-       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144, TB_IQ4_XS = 16 + 8 * 8 + 8 * 128 };
+       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144,
+       TB_IQ4_XS = 16 + 8 * 8 + 8 * 128, TB_MXFP4 = 8 + 128 };
 
 /* the 16 values of IQ4_NL's and IQ4_XS's 4-bit codes (GGUF's non-linear grid): one byte shuffle maps 32 codes */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4's 4-bit codes: e2m1 (sign, 2-bit exponent, 1-bit mantissa) times two, so that they are integers; the
+ * block's scale is halved to match (mxfp4_scale) */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* Where a tile block's pieces lie, per quantized type (the drawing above as numbers): bytes of the tile block;
  * 32-value blocks in it (1, or 8 for the K-quants); block s's group at group + s * group_step, its hbit or h2bit piece
@@ -65,9 +71,12 @@ static const tile_layout_t TILE_LAYOUT[NUM_WEIGHT_TYPES] = {
     [WT_Q2_K] =   {TB_Q2_K,   8,    160,   64,   0,     0,    32,     16},
     [WT_IQ4_NL] = {TB_IQ4_NL, 1,    16,    0,    0,     0,    0,      0},
     [WT_IQ4_XS] = {TB_IQ4_XS, 8,    80,    128,  0,     0,    16,     8},
+    [WT_MXFP4] =  {TB_MXFP4,  1,    8,     0,    0,     0,    0,      0},
 };
 
-static inline int type_is_iq4(int type) { return type == WT_IQ4_NL || type == WT_IQ4_XS; }
+/* the types whose 4-bit codes index a table of 16 signed values (one byte shuffle maps 32 codes) */
+static inline int type_is_iq4(int type) { return type == WT_IQ4_NL || type == WT_IQ4_XS || type == WT_MXFP4; }
+static inline const int8_t *code_values(int type) { return type == WT_MXFP4 ? MXFP4_VALUES : IQ4_VALUES; }
 static inline int type_is_2bit(int type) { return type == WT_Q2_K || type == WT_Q3_K; }   /* values in a q2group */
 
 static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
@@ -192,6 +201,19 @@ static inline float tile_f16(const uint8_t *p, int r) {
     return f16_to_f32(h);
 }
 
+/* an E8M0 scale, halved for MXFP4_VALUES' doubling: 2^(e - 128), exact for every e (e < 2 gives a subnormal) */
+static inline float mxfp4_scale(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* row r's scale d of a tile block (f16 for every type but MXFP4) */
+static inline float tile_row_scale(int type, const uint8_t *blk, int r) {
+    return type == WT_MXFP4 ? mxfp4_scale(blk[r]) : tile_f16(blk, r);
+}
+
 /* the 32 values of block s, lane r, as stored: unsigned (2-6 bits) or, for Q8_0, signed; IQ4's codes mapped to
  * their values */
 static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, int q[32]) {
@@ -222,8 +244,8 @@ static inline void tile_lane_values(int type, const uint8_t *blk, int s, int r, 
                 lo |= ((h[4 * r + e] >> (2 * p)) & 3) << 4;
                 hi |= ((h[32 + 4 * r + e] >> (2 * p)) & 3) << 4;
             }
-            q[4 * p + e] = type_is_iq4(type) ? IQ4_VALUES[lo] : lo;
-            q[16 + 4 * p + e] = type_is_iq4(type) ? IQ4_VALUES[hi] : hi;
+            q[4 * p + e] = type_is_iq4(type) ? code_values(type)[lo] : lo;
+            q[16 + 4 * p + e] = type_is_iq4(type) ? code_values(type)[hi] : hi;
         }
 }
 

@@ -68,6 +68,7 @@ QUANT_KERNELS_AVX2(q3_k)
 QUANT_KERNELS_AVX2(q2_k)
 QUANT_KERNELS_AVX2(iq4_nl)
 QUANT_KERNELS_AVX2(iq4_xs)
+QUANT_KERNELS_AVX2(mxfp4)
 
 /* ---- the table: one row per type ---- */
 #define FLOAT_ROW(NAME, BYTES, DEQUANT)                                                                            \
@@ -97,6 +98,7 @@ static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     [WT_Q3_K] = QUANT_ROW_AVX2("Q3_K", q3_k, QK_K, 110, TB_Q3_K),
     [WT_IQ4_NL] = QUANT_ROW_AVX2("IQ4_NL", iq4_nl, QK, 18, TB_IQ4_NL),
     [WT_IQ4_XS] = QUANT_ROW_AVX2("IQ4_XS", iq4_xs, QK_K, 136, TB_IQ4_XS),
+    [WT_MXFP4] = QUANT_ROW_AVX2("MXFP4", mxfp4, QK, 17, TB_MXFP4),
 };
 
 const type_traits_t *type_traits(int type) {

@@ -31,6 +31,7 @@ PRECISION = (
     "Q4_0",
     "IQ4_NL",
     "IQ4_XS",
+    "MXFP4",
     "Q3_K",
     "Q2_K",
 )
@@ -143,9 +144,23 @@ def engine_config(cfg) -> dict:
         "rope_original_ctx": int(rope.get("original_max_position_embeddings", 8192)),
         "rope_freq_scale": 1.0 / cfg.rope_linear_factor,
         "rope_theta_local": float(cfg.rope_theta_local or 0.0),
+        **_yarn_config(cfg.yarn),
         "embed_scale": float(cfg.embed_scale) if cfg.embed_scale != 1.0 else 0.0,
         "logit_softcap": float(cfg.logit_softcap),
         "rope_dims": int(cfg.rope_dims),
+    }
+
+
+def _yarn_config(yarn: dict | None) -> dict:
+    if yarn is None:
+        return {}
+    return {
+        "yarn_factor": float(yarn["factor"]),
+        "yarn_original_ctx": int(yarn["original_context"]),
+        "yarn_ext_factor": float(yarn["ext_factor"]),
+        "yarn_attn_factor": float(yarn["attn_factor"]),
+        "yarn_beta_fast": float(yarn["beta_fast"]),
+        "yarn_beta_slow": float(yarn["beta_slow"]),
     }
 
 
@@ -200,6 +215,9 @@ def _cpu_block(block: Block, ts) -> tuple:
             out["qkv_bias"] = ("F32", 1, bias.size, bias)
         if "q_norm" in t:
             out["q_norm"], out["k_norm"] = _vector(t["q_norm"]), _vector(t["k_norm"])
+        for role in ("o_bias", "sinks"):
+            if role in t:
+                out[role] = _vector(t[role])
         out["wo"] = _spec(t["o"])
     elif block.kind == FFN_GATED:
         # per 32 hidden units, their gate rows then their up rows: the engine computes both, applies the
@@ -215,6 +233,10 @@ def _cpu_block(block: Block, ts) -> tuple:
         gates, ups, downs = (experts(t[role], n) for role in ("gate_exps", "up_exps", "down_exps"))
         out["experts_gu"] = [fuse([g, u], interleave=32) for g, u in zip(gates, ups)]
         out["experts_down"] = [_spec(d) for d in downs]
+        if "router_bias" in t:  # gpt-oss: the router's and every expert's biases, (n_experts, rows) in floats
+            out["router_bias"] = _vector(t["router_bias"])
+            for role in ("gate", "up", "down"):
+                out[f"{role}_bias"] = _vector(t[f"{role}_exps_bias"])
         if "shared_gate" in t:
             out["shared_gate"] = _vector(t["shared_gate"])
             out["shared_gu"] = fuse([t["gate_shexp"], t["up_shexp"]], interleave=32)

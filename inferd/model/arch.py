@@ -37,6 +37,8 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
         "q_norm": "attn_q_norm.weight",
         "k_norm": "attn_k_norm.weight",
         "post_norm": "post_attention_norm.weight",
+        "o_bias": "attn_output.bias",
+        "sinks": "attn_sinks.weight",  # gpt-oss: a logit per head in its softmax's denominator
     },
     FFN_GATED: {
         "norm": "ffn_norm.weight",
@@ -57,6 +59,11 @@ BLOCK_TENSORS: dict[str, dict[str, str]] = {
         "gate_shexp": "ffn_gate_shexp.weight",
         "up_shexp": "ffn_up_shexp.weight",
         "down_shexp": "ffn_down_shexp.weight",
+        # gpt-oss's biases: the router's (n_experts), the experts' (n_experts, rows)
+        "router_bias": "ffn_gate_inp.bias",
+        "gate_exps_bias": "ffn_gate_exps.bias",
+        "up_exps_bias": "ffn_up_exps.bias",
+        "down_exps_bias": "ffn_down_exps.bias",
     },
     # Gated DeltaNet (Qwen3.5, Qwen3-Next): qkv are the convolved q|k|v channels, gate the output gate z, beta and
     # alpha the update's and the decay's logits per value head, conv the causal convolution's taps (conv_dim rows of
@@ -132,6 +139,12 @@ GGUF_KEYS = {
     "expert_hidden_dim": "expert_feed_forward_length",
     "shared_expert_hidden_dim": "expert_shared_feed_forward_length",
     "expert_weights_scale": "expert_weights_scale",
+    # YaRN rope scaling (rope_scaling_type "yarn")
+    "yarn_ext_factor": "rope.scaling.yarn_ext_factor",
+    "yarn_beta_fast": "rope.scaling.yarn_beta_fast",
+    "yarn_beta_slow": "rope.scaling.yarn_beta_slow",
+    "yarn_log_multiplier": "rope.scaling.yarn_log_multiplier",
+    "rope_attn_factor": "rope.scaling.attn_factor",
 }
 
 # reads a metadata key of the file: key(name, default) (a missing key without a default raises ValueError)
@@ -150,7 +163,7 @@ class Architecture:
     qk_norm: bool = False  # RMSNorm of every q and k head before RoPE
     qk_norm_full: bool = False  # the QK-norm is over all of q and all of k (every head together: OLMoE)
     sandwich_norms: bool = False  # RMSNorm of the mixer's and the FFN's outputs before the residual add
-    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU), gelu_tanh (GeGLU), swiglu_oai (gpt-oss's clamped)
     # llama.cpp's converter permutes llama-family Wq/Wk so that RoPE pairs are adjacent (2i, 2i+1); the others
     # keep Hugging Face's rotate-half pairs (i, i + head_dim/2), as every HF checkpoint does
     gguf_rope_neox: bool = True
@@ -162,11 +175,19 @@ class Architecture:
     moe_norm_topk: bool = False
     shared_expert: bool = False
     # a hybrid of Gated DeltaNet and gated attention (Qwen3.5): the attention's Wq holds each head's q then its output
-    # gate, RoPE may cover part of a head, and the FFN's input norm is named post_attention_norm
+    # gate, RoPE may cover part of a head (its FFN's input norm is post_attention_norm: ffn_norm_tensor)
     hybrid_gdn: bool = False
     # Qwen3-Next's Gated DeltaNet: value head h reads key head h // (n_v_heads / n_k_heads) (Qwen3.5's files order
     # the value heads so that it reads h % n_k_heads), and its beta|alpha rows come fused, grouped per key head
     gdn_grouped_heads: bool = False
+    # gpt-oss: the router's top k on its logits, then the softmax over those k alone ("topk_softmax"; "softmax": over
+    # all experts first); biases on the router and on every expert's gate, up and down rows; attention sinks; Wo's
+    # bias; and the FFN's input norm under the name llama.cpp gives it there
+    moe_gating: str = "softmax"
+    expert_bias: bool = False
+    attn_sinks: bool = False
+    attn_out_bias: bool = False
+    ffn_norm_tensor: str = "ffn_norm.weight"
     # the row's own metadata (sliding windows, scales): ModelConfig fields read from the file by this function
     gguf_options: Callable[[MetadataReader, int, int, int, int], dict[str, Any]] | None = field(
         default=None, compare=False
@@ -178,6 +199,21 @@ GEMMA3_SWA_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
+def sliding_layers(key: MetadataReader, arch: str, n_layers: int, default_pattern: int) -> tuple[int, ...]:
+    """The sliding-window layers as llama.cpp reads {arch}.attention.sliding_window_pattern: one flag per layer
+    (true = sliding window), or every n-th layer global and the others local (n = 0: all local), n defaulting to the
+    architecture's."""
+    pattern = key(f"{arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ValueError(
+                f"{arch}.attention.sliding_window_pattern has {len(pattern)} entries for {n_layers} layers"
+            )
+        return tuple(i for i, is_local in enumerate(pattern) if is_local)
+    n = int(pattern)
+    return tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
+
+
 def gemma3_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, head_dim: int) -> dict[str, Any]:
     """Gemma 3's options from its GGUF metadata, read as llama.cpp reads them.
 
@@ -185,18 +221,7 @@ def gemma3_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, h
     The file has no query_pre_attn_scalar: it is head_dim for every size but the 27B (62 layers), whose is
     dim / n_heads, as in Google's reference config and llama.cpp."""
     window = int(key("gemma3.attention.sliding_window", 0) or 0)
-    local: tuple[int, ...] = ()
-    if window > 0:
-        pattern = key("gemma3.attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
-        if isinstance(pattern, list):  # one flag per layer: true = sliding window
-            if len(pattern) != n_layers:
-                raise ValueError(
-                    f"gemma3.attention.sliding_window_pattern has {len(pattern)} entries for {n_layers} layers"
-                )
-            local = tuple(i for i, is_local in enumerate(pattern) if is_local)
-        else:  # every n-th layer is global, the others local
-            n = int(pattern)
-            local = tuple(i for i in range(n_layers) if n == 0 or i % n < n - 1)
+    local = sliding_layers(key, "gemma3", n_layers, GEMMA3_SWA_PATTERN) if window > 0 else ()
     query_pre_attn_scalar = dim // n_heads if n_layers == 62 else head_dim
     return {
         "embed_scale": math.sqrt(dim),
@@ -237,6 +262,17 @@ def qwen35_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, h
     }
 
 
+# gpt-oss as llama.cpp reads it: every other layer (the even ones) a sliding window, RoPE's base the same in both
+GPT_OSS_SWA_PATTERN = 2
+
+
+def gpt_oss_options(key: MetadataReader, n_layers: int, dim: int, n_heads: int, head_dim: int) -> dict[str, Any]:
+    """gpt-oss's sliding window and its layers; q.k scaled by 1/sqrt(head_dim) as everywhere."""
+    window = int(key("gpt-oss.attention.sliding_window", 0) or 0)
+    local = sliding_layers(key, "gpt-oss", n_layers, GPT_OSS_SWA_PATTERN) if window > 0 else ()
+    return {"sliding_window": window, "local_layers": local}
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     row.name: row
     for row in (
@@ -248,7 +284,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen2moe", qkv_bias=True, ffn=FFN_MOE, shared_expert=True),
         Architecture("qwen3moe", qk_norm=True, ffn=FFN_MOE, moe_norm_topk=True),
         Architecture("olmoe", qk_norm=True, qk_norm_full=True, ffn=FFN_MOE),
-        Architecture("qwen35", qk_norm=True, hybrid_gdn=True, gguf_options=qwen35_options),
+        Architecture(
+            "qwen35",
+            qk_norm=True,
+            hybrid_gdn=True,
+            gguf_options=qwen35_options,
+            ffn_norm_tensor="post_attention_norm.weight",
+        ),
         Architecture(
             "qwen3next",
             qk_norm=True,
@@ -258,6 +300,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             moe_norm_topk=True,
             shared_expert=True,
             gguf_options=qwen35_options,
+            ffn_norm_tensor="post_attention_norm.weight",
         ),
         Architecture(
             "qwen35moe",
@@ -267,6 +310,19 @@ ARCHITECTURES: dict[str, Architecture] = {
             moe_norm_topk=True,
             shared_expert=True,
             gguf_options=qwen35_options,
+            ffn_norm_tensor="post_attention_norm.weight",
+        ),
+        Architecture(
+            "gpt-oss",
+            qkv_bias=True,
+            ffn=FFN_MOE,
+            ffn_act="swiglu_oai",
+            moe_gating="topk_softmax",
+            expert_bias=True,
+            attn_sinks=True,
+            attn_out_bias=True,
+            ffn_norm_tensor="post_attention_norm.weight",
+            gguf_options=gpt_oss_options,
         ),
     )
 }

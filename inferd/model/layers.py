@@ -43,6 +43,10 @@ def _attention(cfg: ModelConfig, layer: int) -> Block:
     }
     if cfg.qkv_bias:
         shapes.update({"q_bias": (1, q), "k_bias": (1, kv), "v_bias": (1, kv)})
+    if cfg.attn_out_bias:
+        shapes["o_bias"] = (1, dim)
+    if cfg.attn_sinks:
+        shapes["sinks"] = (1, cfg.n_heads)
     if cfg.qk_norm:  # per head, or (OLMoE) over the whole of q and of k
         shapes.update(
             {"q_norm": (1, q), "k_norm": (1, kv)}
@@ -100,10 +104,7 @@ def _ffn_gated(cfg: ModelConfig, layer: int) -> Block:
     }
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
-    block = _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes)
-    if ARCHITECTURES[cfg.arch].hybrid_gdn:  # Qwen3.5 names the FFN's input norm post_attention_norm
-        block.tensors["norm"] = f"blk.{layer}.post_attention_norm.weight"
-    return block
+    return _block(FFN_GATED, layer, {"act": cfg.ffn_act}, shapes, ARCHITECTURES[cfg.arch].ffn_norm_tensor)
 
 
 def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
@@ -124,25 +125,34 @@ def _ffn_moe(cfg: ModelConfig, layer: int) -> Block:
                 "down_shexp": (dim, shared),
             }
         )
+    if cfg.expert_bias:
+        shapes.update(
+            {
+                "router_bias": (1, n),
+                "gate_exps_bias": (n, hidden),
+                "up_exps_bias": (n, hidden),
+                "down_exps_bias": (n, dim),
+            }
+        )
     if cfg.sandwich_norms:
         shapes["post_norm"] = (1, dim)
-    if ARCHITECTURES[cfg.arch].hybrid_gdn:  # Qwen3.5 names the FFN's input norm post_attention_norm
-        names = {role: f"blk.{layer}.{BLOCK_TENSORS[FFN_MOE][role]}" for role in shapes}
-        names["norm"] = f"blk.{layer}.post_attention_norm.weight"
     options = {
         "act": cfg.ffn_act,
         "n_used": cfg.n_experts_used,
         "norm_topk": int(cfg.expert_norm_topk),
         "weights_scale": float(cfg.expert_weights_scale),
+        "gating": cfg.expert_gating,
     }
-    block = _block(FFN_MOE, layer, options, shapes)
-    if ARCHITECTURES[cfg.arch].hybrid_gdn:
-        block.tensors.update(names)
-    return block
+    return _block(FFN_MOE, layer, options, shapes, ARCHITECTURES[cfg.arch].ffn_norm_tensor)
 
 
-def _block(kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> Block:
+def _block(
+    kind: str, layer: int, options: dict[str, Any], shapes: dict[str, tuple[int, ...]], norm: str | None = None
+) -> Block:
+    """norm: the input norm's tensor name when the architecture's differs from the kind's (gpt-oss's FFN)"""
     names = {role: f"blk.{layer}.{BLOCK_TENSORS[kind][role]}" for role in shapes}
+    if norm is not None:
+        names["norm"] = f"blk.{layer}.{norm}"
     return Block(kind, options, names, shapes)
 
 

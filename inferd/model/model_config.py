@@ -19,7 +19,9 @@ from inferd.model.arch import ARCHITECTURES, ARCHS, FFN_MOE, GGUF_KEYS, HF_ARCHS
 from inferd.model.rope_scaling import check_llama3, hf_rope_scaling, llama3_from_factors
 
 HEAD_DIMS = (64, 128, 256)  # multiples of the attention kernel's 64-wide tiles that models use
-FFN_ACTS = ("silu", "gelu_tanh")
+FFN_ACTS = ("silu", "gelu_tanh", "swiglu_oai")
+MOE_GATINGS = ("softmax", "topk_softmax")
+YARN_KEYS = ("factor", "original_context", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
 # Weight rows are split into 32-value blocks (Q8_0/Q4_0/Q4_1), so every matmul input width must be a multiple.
 DIM_MULTIPLE = 32
 # experts per layer and experts per token the CPU engine's router holds (ext/cpu/inferd.h MOE_MAX_*)
@@ -46,7 +48,7 @@ class ModelConfig:
     context_length: int
     qk_norm: bool = False  # RMSNorm of every q and k head before RoPE (attn_q_norm / attn_k_norm)
     sandwich_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add
-    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+    ffn_act: str = "silu"  # the gate's activation: silu (SwiGLU), gelu_tanh (GeGLU), swiglu_oai (gpt-oss)
     embed_scale: float = 1.0  # the embeddings are multiplied by it (Gemma: sqrt(dim))
     attn_scale: float | None = None  # of q.k; None: 1/sqrt(head_dim)
     logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
@@ -76,6 +78,13 @@ class ModelConfig:
     ssm_v_heads: int = 0
     ssm_grouped_heads: bool = False  # Qwen3-Next: value head h reads key head h // (v_heads / k_heads); ssm_ba fused
     ssm_fused_in: bool = False  # Qwen3-Next's older files: q|k|v|z as one matrix (ssm_in), grouped per key head
+    expert_gating: str = "softmax"  # softmax over all experts, or (topk_softmax) over the k chosen by their logits
+    expert_bias: bool = False  # biases on the router's logits and on each expert's gate, up and down rows (gpt-oss)
+    attn_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
+    attn_out_bias: bool = False  # Wo's bias (gpt-oss)
+    # YaRN rope scaling of every layer, as llama.cpp runs it: factor, original_context, ext_factor, attn_factor,
+    # beta_fast, beta_slow; None: none
+    yarn: dict | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -124,6 +133,7 @@ class ModelConfig:
             raise ValueError("local (sliding-window) layers need a sliding_window")
         self._check_experts()
         self._check_recurrent()
+        self._check_yarn()
         if any(not 0 <= i < self.n_layers for i in self.local_layers) or list(self.local_layers) != sorted(
             set(self.local_layers)
         ):
@@ -147,6 +157,20 @@ class ModelConfig:
                 raise ValueError(f"{name} {value} is not a positive multiple of {DIM_MULTIPLE}")
         if not math.isfinite(self.expert_weights_scale) or self.expert_weights_scale <= 0:
             raise ValueError(f"expert_weights_scale must be a positive number, got {self.expert_weights_scale!r}")
+        if self.expert_gating not in MOE_GATINGS:
+            raise ValueError(f"expert_gating must be one of {MOE_GATINGS}, got {self.expert_gating!r}")
+
+    def _check_yarn(self) -> None:
+        if self.yarn is None:
+            return
+        missing = [k for k in YARN_KEYS if k not in self.yarn]
+        if missing:
+            raise ValueError(f"YaRN rope scaling lacks {', '.join(missing)}")
+        y = self.yarn
+        if not (y["factor"] > 1 and y["original_context"] > 0 and y["beta_fast"] > 0 and y["beta_slow"] > 0):
+            raise ValueError(f"YaRN rope scaling values are inconsistent: {dict(y)}")
+        if self.rope_scaling is not None or self.rope_linear_factor != 1.0:
+            raise ValueError("YaRN rope scaling with another rope scaling")
 
     def _check_recurrent(self) -> None:
         if self.rope_dims < 0 or self.rope_dims % 2 or self.rope_dims > self.head_dim:
@@ -218,6 +242,9 @@ class ModelConfig:
             ("recurrent layers", self.is_recurrent),
             ("an attention output gate", self.attn_output_gate),
             ("partial RoPE", 0 < self.rope_dims < self.head_dim),
+            ("attention sinks", self.attn_sinks),
+            ("YaRN rope scaling", self.yarn is not None),
+            ("the clamped SwiGLU", self.ffn_act == "swiglu_oai"),
         ]
         return [name for name, is_on in on if is_on]
 
@@ -315,9 +342,13 @@ class ModelConfig:
         scaling_type = key("rope_scaling_type", "none")
         # a factor without a type is linear, as llama.cpp reads it (older files wrote only rope.scale_linear)
         linear = float(key("rope_scaling_factor", key("rope_scale_linear", 1.0)) or 1.0)
-        if scaling_type not in ("none", "", "linear"):
+        yarn = None
+        if scaling_type == "yarn":
+            yarn = _gguf_yarn(key, linear)
+            linear = 1.0
+        elif scaling_type not in ("none", "", "linear"):
             raise ValueError(
-                f"rope scaling type {scaling_type!r} is not supported (only linear, and llama3 via rope_freqs)"
+                f"rope scaling type {scaling_type!r} is not supported (only linear, yarn, and llama3 via rope_freqs)"
             )
         vocab = key("vocab_size", None)
         if vocab is None:
@@ -374,6 +405,9 @@ class ModelConfig:
             qk_norm_full=row.qk_norm_full,
             sandwich_norms=row.sandwich_norms,
             ffn_act=row.ffn_act,
+            attn_sinks=row.attn_sinks,
+            attn_out_bias=row.attn_out_bias,
+            yarn=yarn,
             **options,
         )
 
@@ -407,6 +441,24 @@ def _gguf_experts(key, arch: str, hidden: int) -> dict[str, Any]:
         "shared_expert_hidden_dim": int(key("shared_expert_hidden_dim", 0) or hidden) if row.shared_expert else 0,
         "expert_norm_topk": row.moe_norm_topk,
         "expert_weights_scale": float(key("expert_weights_scale", 0.0) or 1.0),
+        "expert_gating": row.moe_gating,
+        "expert_bias": row.expert_bias,
+    }
+
+
+def _gguf_yarn(key, factor: float) -> dict[str, Any]:
+    """YaRN's parameters as llama.cpp reads them: the ext factor 1 unless the file says (a negative one: unset), betas
+    32 and 1, the file's attn_factor (1 unless set); a yarn_log_multiplier (DeepSeek's mscale) is not built."""
+    if float(key("yarn_log_multiplier", 0.0) or 0.0) != 0.0:
+        raise ValueError("YaRN with rope.scaling.yarn_log_multiplier is not supported")
+    ext = float(key("yarn_ext_factor", -1.0))
+    return {
+        "factor": factor,
+        "original_context": int(key("rope_original_context", 0) or 0),
+        "ext_factor": 1.0 if ext < 0 else ext,
+        "attn_factor": float(key("rope_attn_factor", 1.0) or 1.0),
+        "beta_fast": float(key("yarn_beta_fast", 32.0)),
+        "beta_slow": float(key("yarn_beta_slow", 1.0)),
     }
 
 

@@ -33,6 +33,7 @@ NATIVE_TYPES = (
     "Q3_K",
     "IQ4_NL",
     "IQ4_XS",
+    "MXFP4",
 )
 
 

@@ -36,6 +36,15 @@ _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# o200k's (gpt-oss, GPT-4o), as its tokenizer.json writes it: words split at a lower-to-upper case change
+_O200K_WORD = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
+_O200K_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_O200K_SUFFIX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_O200K = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_O200K_WORD}*{_O200K_LOWER}+{_O200K_SUFFIX}"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_O200K_WORD}+{_O200K_LOWER}*{_O200K_SUFFIX}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
     **{n: _Pre((_GPT2,)) for n in ("gpt-2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe", "jina-v1-en")},
     **{n: _Pre((_QWEN2,)) for n in ("qwen2", "deepseek-r1-qwen", "stablelm2")},
     **{n: _SMOLLM for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")},
+    **{n: _Pre((_O200K,)) for n in ("gpt-4o", "llama4")},
 }
 # Texts llama.cpp treats as end-of-generation when present as tokens (llama-vocab.cpp, "special_eog_ids")
 EOG_TEXTS = (

@@ -15,7 +15,7 @@ from inferd.engine.types import SamplingParams, SeqInput
 from tests.ext.paths import PATHS
 from tests.reference import make_tensor, random_model
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")     # rows of a multiple of 256
 
 
@@ -122,7 +122,8 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_specs = [(t, cols) for t in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL") + PAIR_TYPES]
+    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4") + PAIR_TYPES
+    plain_specs = [(t, cols) for t in plain_types]
     plain_specs += [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
     for w in [fused] + plain:
@@ -270,11 +271,18 @@ MODELS["qwen2moe-Q4_K_M-shared"] = dict(arch="qwen2moe", weight_type="Q4_K", dim
 MODELS["olmoe-F16"] = dict(arch="olmoe", weight_type="F16", n_kv_heads=2, experts=8, experts_used=3)
 MODELS["mixtral-Q4_0"] = dict(arch="llama", weight_type="Q4_0", embed_type="Q8_0", experts=8, experts_used=2,
                               expert_hidden=96)
-MOE_MODELS = ["qwen3moe-Q8_0", "qwen2moe-Q4_K_M-shared", "olmoe-F16", "mixtral-Q4_0"]
+# gpt-oss: sinks, biases, MXFP4 experts with their biases, the clamped SwiGLU, a window on layer 0, YaRN
+MODELS["gpt-oss-MXFP4"] = dict(arch="gpt-oss", weight_type="Q8_0", n_heads=4, n_kv_heads=2, head_dim=64, tie=False,
+                               experts=8, experts_used=4, expert_hidden=64, rope_theta=150000.0,
+                               mix={"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"},
+                               yarn={"factor": 32.0, "original_context": 4096, "ext_factor": 1.0,
+                                     "attn_factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0})
+MOE_MODELS = ["qwen3moe-Q8_0", "qwen2moe-Q4_K_M-shared", "olmoe-F16", "mixtral-Q4_0", "gpt-oss-MXFP4"]
 
 
 # the int8 KV cache (kv_cache_dtype q8_0) under the same promises, with head sizes 64, 128 and 256, GQA and windows
-KV_Q8_MODELS = ["Q4_1", "hd128-Q4_1-untied", "qwen2-Q4_K_M", "qwen3-Q8_0-qk-norm", "gemma3-Q4_0-window"]
+KV_Q8_MODELS = ["Q4_1", "hd128-Q4_1-untied", "qwen2-Q4_K_M", "qwen3-Q8_0-qk-norm", "gemma3-Q4_0-window",
+                "gpt-oss-MXFP4"]
 KV_CASES = [(n, "f16") for n in MODELS] + [(n, "q8_0") for n in KV_Q8_MODELS]
 
 

@@ -1,5 +1,5 @@
-"""The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, and the low-bit Q2_K, Q3_K,
-IQ4_NL, IQ4_XS) against the gguf
+"""The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, the low-bit Q2_K, Q3_K,
+IQ4_NL, IQ4_XS, and MXFP4) against the gguf
 package's own dequantizer and float64 numpy, on every path this CPU runs, and fused weights of several types.
 
 Weights are random valid blocks (every bit pattern of values and sub-block scales; tests/model/kquant_ref.py) and
@@ -20,7 +20,7 @@ from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, path_av
 from tests.model.kquant_ref import quantize_iq4_nl, quantize_k, random_blocks
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
-TYPES = K_TYPES + ("Q5_0", "Q5_1", "IQ4_NL")
+TYPES = K_TYPES + ("Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
 
 
@@ -112,7 +112,8 @@ def test_low_bit_segments_compute_each_part():
     """A Q3_K_M file's Wq|Wk (Q3_K) | Wv (Q5_K), and Q2_K | IQ4_XS | IQ4_NL: each part's rows, bit for bit, on every
     path, for a decode step and a prefill."""
     cols, rng = 512, np.random.default_rng(12)
-    for specs in ([("Q3_K", 24), ("Q5_K", 16)], [("Q2_K", 16), ("IQ4_XS", 8), ("IQ4_NL", 11)]):
+    for specs in ([("Q3_K", 24), ("Q5_K", 16)], [("Q2_K", 16), ("IQ4_XS", 8), ("IQ4_NL", 11)],
+                  [("MXFP4", 24), ("Q8_0", 16), ("MXFP4", 5)]):
         parts = [(t, rows, cols, quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32),
                                            t)) for t, rows in specs]
         fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
@@ -153,3 +154,17 @@ def test_bad_fusions_are_refused():
     with pytest.raises(ValueError, match="not supported"):        # interleaved parts of two types
         _cpu.Weight("parts", 0, 0, None, parts=[("Q4_K", 8, 256, z), ("Q6_K", 8, 256, np.zeros((8, 210), np.uint8))],
                     interleave=8)
+
+
+def test_mxfp4_every_exponent_and_code_dequantizes_as_gguf():
+    """All 256 E8M0 exponents (0 and 1 give subnormal scales) with all 16 codes: gguf's values, exactly."""
+    rows, cols = 256, 32
+    raw = np.zeros((rows, 17), np.uint8)
+    raw[:, 0] = np.arange(256)
+    codes = np.arange(32) % 16
+    raw[:, 1:] = (codes[:16] | (codes[16:][::-1] << 4)).astype(np.uint8)
+    w = _cpu.Weight("MXFP4", rows, cols, raw)
+    with np.errstate(over="ignore"):                    # the largest exponents' 12 * 2^127 is inf in both
+        want = gguf_values(raw, "MXFP4", cols).astype(np.float32)
+    np.testing.assert_array_equal(w.dequantize().view(np.uint32), want.view(np.uint32))
+    assert want[0, 1] == 2.0 ** -128 and want[130, 7] == 12 * 4.0 and want[130, 15] == -12 * 4.0   # 2^(e-128) v

@@ -175,10 +175,15 @@ def _iq4_xs(b: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
-    """Random valid GGUF blocks: random bytes, with the f16 scales set to values in [0, scale)."""
+    """Random valid GGUF blocks: random bytes, with the f16 scales set to values in [0, scale) (MXFP4: exponents
+    whose scales lie within [scale / 2^16, scale))."""
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
     nb = cols // block
     data = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+    if type_name == "MXFP4":   # e | qs[16]: scale 2^(e - 128) times the doubled e2m1 values
+        top = 128 + int(np.floor(np.log2(scale)))
+        data[:, :, 0] = rng.integers(top - 16, top, (rows, nb), dtype=np.uint8)
+        return np.ascontiguousarray(data.reshape(rows, nb * size))
     offsets = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
                "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108],
                "IQ4_NL": [0], "IQ4_XS": [0]}[type_name]

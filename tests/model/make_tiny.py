@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf import quants as gguf_quants
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -43,7 +43,8 @@ _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "mistral": ("MistralForCausa
 @dataclass(frozen=True)
 class TinySpec:
     # llama | mistral | qwen2 (q/k/v biases) | qwen3 (QK-norm) | gemma3; GGUF only: the mixtures of experts qwen3moe,
-    # qwen2moe (with a shared expert), olmoe (QK-norm over all of q and k), and llama with n_experts (Mixtral)
+    # qwen2moe (with a shared expert), olmoe (QK-norm over all of q and k), llama with n_experts (Mixtral), and
+    # gpt-oss (sinks, biases everywhere, clamped SwiGLU, every other layer a sliding window, YaRN)
     arch: str = "llama"
     vocab_size: int = 512
     dim: int = 128
@@ -70,12 +71,14 @@ class TinySpec:
     ssm_v_heads: int = 0
     ssm_head: int = 0
     ssm_conv: int = 0
+    yarn: tuple[float, int] | None = None  # YaRN's factor and original context length (gpt-oss)
+    router_gain: float = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
     def qkv_bias(self) -> bool:
-        return self.arch in ("qwen2", "qwen2moe")
+        return self.arch in ("qwen2", "qwen2moe", "gpt-oss")
 
     @property
     def qk_norm(self) -> bool:
@@ -212,9 +215,15 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         if spec.arch in HYBRIDS:
             shapes.update(_qwen35_shapes(spec, b, i))
             continue
+        ffn_norm = "post_attention_norm.weight" if spec.arch == "gpt-oss" else "ffn_norm.weight"
         shapes.update({b + "attn_norm.weight": (spec.dim,), b + "attn_q.weight": (q, spec.dim),
                        b + "attn_k.weight": (kv, spec.dim), b + "attn_v.weight": (kv, spec.dim),
-                       b + "attn_output.weight": (spec.dim, q), b + "ffn_norm.weight": (spec.dim,)})
+                       b + "attn_output.weight": (spec.dim, q), b + ffn_norm: (spec.dim,)})
+        if spec.arch == "gpt-oss":     # Wo's bias, the sinks, the router's and experts' biases
+            n, h = spec.n_experts, spec.hidden_dim
+            shapes.update({b + "attn_output.bias": (spec.dim,), b + "attn_sinks.weight": (spec.n_heads,),
+                           b + "ffn_gate_inp.bias": (n,), b + "ffn_gate_exps.bias": (n, h),
+                           b + "ffn_up_exps.bias": (n, h), b + "ffn_down_exps.bias": (n, spec.dim)})
         if spec.n_experts:
             shapes.update(_expert_shapes(spec, b))
         else:
@@ -249,8 +258,10 @@ def tiny_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w = -np.exp(rng.uniform(-1.0, 1.0, shape))
         elif name.endswith("ssm_dt.bias"):
             w = rng.uniform(-1.0, 1.0, shape)
+        elif name.endswith("attn_sinks.weight"):   # about the scores' size: a share of every head's weight
+            w = 1.0 + rng.standard_normal(shape)
         elif name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):   # routers
-            w = ROUTER_GAIN * rng.standard_normal(shape) / np.sqrt(shape[-1])
+            w = spec.router_gain * rng.standard_normal(shape) / np.sqrt(shape[-1])
         else:
             w = rng.standard_normal(shape) / np.sqrt(shape[-1])
         out[name] = w.astype(np.float32)
@@ -323,8 +334,9 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 
 # ---- writers -------------------------------------------------------------------------------------------------
-ROUTER_GAIN = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
-GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+# MXFP4: the experts in MXFP4 and the other matrices in Q8_0, as gpt-oss's published files
+GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "MXFP4")
+HARMONY = "harmony"   # chat_template: tests/text/harmony.py's GPT_OSS, with harmony's control tokens
 
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
@@ -339,6 +351,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     """
     if weight_type not in GGUF_WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {GGUF_WEIGHT_TYPES}")
+    if chat_template == HARMONY:
+        from tests.text.harmony import CONTROL_TOKENS, GPT_OSS
+        chat_template, control_tokens = GPT_OSS, tuple(control_tokens) + CONTROL_TOKENS
     path = Path(path)
     arch = spec.arch
     w = GGUFWriter(str(path), arch)
@@ -373,10 +388,14 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     if spec.n_experts:
         w.add_expert_count(spec.n_experts)
         w.add_expert_used_count(spec.n_experts_used)
-        if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next"):
+        if arch in ("qwen2moe", "qwen3moe", "qwen35moe", "qwen3next", "gpt-oss"):
             w.add_expert_feed_forward_length(spec.hidden_dim)
         if spec.shared_expert_dim:
             w.add_expert_shared_feed_forward_length(spec.shared_expert_dim)
+    if spec.yarn:
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(spec.yarn[0])
+        w.add_rope_scaling_orig_ctx_len(spec.yarn[1])
     tok = gguf_tokenizer_metadata(replace(spec, vocab_size=spec.vocab_size - len(control_tokens)))
     tok["tokens"] = tok["tokens"] + list(control_tokens)
     tok["types"] = tok["types"] + [TokenType.CONTROL] * len(control_tokens)
@@ -406,14 +425,16 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         from inferd.model.rope_scaling import llama3_freq_factors
         factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
-    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)
+    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K", "MXFP4") else weight_type)
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1 or name.endswith(("ffn_gate_inp.weight", "ssm_conv1d.weight")):   # kept F32 as llama.cpp
+        if x.ndim == 1 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight")):   # kept F32 as llama.cpp
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
+        if weight_type == "MXFP4" and "_exps." not in name:
+            ttype = "Q8_0"
         _add_matrix(w, name, x, ttype, spec.seed)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -561,6 +582,13 @@ _QWEN35MOE = replace(_QWEN35, arch="qwen35moe", hidden_dim=64, n_experts=8, n_ex
 # Qwen3-Next's: the same again, its value heads grouped per key head and beta|alpha fused (ssm_ba); the older files'
 # q|k|v|z fused as well (ssm_in)
 _QWEN3NEXT = replace(_QWEN35MOE, arch="qwen3next")
+# gpt-oss-20b in small: heads of 64, 4 of 8 experts per token, 4 layers alternating a sliding window (16 here, 128
+# there) with full attention, its RoPE base and YaRN (32 over 4096), harmony's vocabulary markers and template. Its
+# routers are sharper than the others' (gain 3): the 4th and 5th of 8 logits are closer than the 2nd and 3rd, and
+# a prompt must route clear of near ties (tests/engine/test_llamacpp_moe.py)
+GPTOSS_SPEC = TinySpec(arch="gpt-oss", dim=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=256,
+                       n_experts=8, n_experts_used=4, tie_embeddings=False, rope_theta=150000.0, norm_eps=1e-5,
+                       sliding_window=16, yarn=(32.0, 4096), vocab_size=640, context_length=1024, router_gain=3.0)
 _L3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 VARIANTS = {
     # GGUF files
@@ -594,6 +622,9 @@ VARIANTS = {
     "qwen3next-gguf-f32": ("gguf", _QWEN3NEXT, {"weight_type": "F32"}),
     "qwen3next-gguf-q8_0": ("gguf", _QWEN3NEXT, {"weight_type": "Q8_0"}),
     "qwen3next-ssm_in-gguf-f32": ("gguf", replace(_QWEN3NEXT, extra={"ssm_in": True}), {"weight_type": "F32"}),
+    **{f"gpt-oss-gguf-{t.lower()}": ("gguf", GPTOSS_SPEC, {"weight_type": t, "chat_template": HARMONY,
+                                                           "tokenizer_pre": "gpt-4o"})
+       for t in ("F32", "MXFP4")},
     # HF folders
     "llama-hf-bf16": ("hf", TinySpec(), {"dtype": "bf16"}),
     "llama-hf-f16": ("hf", TinySpec(), {"dtype": "f16"}),
@@ -627,4 +658,4 @@ def variant_spec(name: str) -> TinySpec:
 
 __all__ = ["TinySpec", "VARIANTS", "make_variant", "variant_spec", "write_tiny_gguf", "write_tiny_hf",
            "tiny_weights", "permute_for_gguf", "tokenizer_json", "gguf_tokenizer_metadata", "write_safetensors",
-           "to_bf16_bits", "hf_tensor_name", "random_kquant", "MOE_SPECS"]
+           "to_bf16_bits", "hf_tensor_name", "random_kquant", "MOE_SPECS", "GPTOSS_SPEC"]

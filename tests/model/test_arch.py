@@ -6,15 +6,15 @@ import math
 import pytest
 
 from inferd.model.arch import (ARCHITECTURES, ARCHS, BLOCK_TENSORS, BUILT_KINDS, HF_ARCHS, HF_BLOCK_TENSORS,
-                               HF_MODEL_TENSORS, MODEL_TENSORS, gemma3_options)
+                               HF_MODEL_TENSORS, MODEL_TENSORS, gemma3_options, gpt_oss_options)
 
 
 def test_every_row_is_made_of_built_blocks():
     assert ARCHS == ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "olmoe", "qwen35",
-                     "qwen3next", "qwen35moe")
+                     "qwen3next", "qwen35moe", "gpt-oss")
     assert BUILT_KINDS == ("attention", "ffn_gated", "ffn_moe", "recurrent")
     for row in ARCHITECTURES.values():
-        moe = row.name.endswith("moe") or row.name == "qwen3next"
+        moe = row.name.endswith("moe") or row.name in ("qwen3next", "gpt-oss")
         assert (row.mixer, row.ffn) == ("attention", "ffn_moe" if moe else "ffn_gated")
         assert row.mixer in BUILT_KINDS and row.ffn in BUILT_KINDS
     assert HF_ARCHS == {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -29,7 +29,8 @@ def test_rows_say_what_each_architecture_is():
                   "gemma3": (False, True, True, "gelu_tanh", True), "qwen2moe": (True, False, False, "silu", True),
                   "qwen3moe": (False, True, False, "silu", True), "olmoe": (False, True, False, "silu", True),
                   "qwen35": (False, True, False, "silu", True), "qwen3next": (False, True, False, "silu", True),
-                  "qwen35moe": (False, True, False, "silu", True)}
+                  "qwen35moe": (False, True, False, "silu", True),
+                  "gpt-oss": (True, False, False, "swiglu_oai", True)}
     assert [n for n, r in ARCHITECTURES.items() if r.hf_sliding_window] == ["mistral"]
     # the mixtures of experts as llama.cpp runs them: top-k weights renormalized (Qwen3-MoE, and Mixtral as a llama
     # file with experts), Qwen2-MoE's shared expert, OLMoE's QK-norm over all of q and k
@@ -40,6 +41,11 @@ def test_rows_say_what_each_architecture_is():
     assert [n for n, r in ARCHITECTURES.items() if r.hybrid_gdn] == ["qwen35", "qwen3next", "qwen35moe"]
     assert [n for n, r in ARCHITECTURES.items() if r.gdn_grouped_heads] == ["qwen3next"]
     assert [n for n, r in ARCHITECTURES.items() if r.qk_norm_full] == ["olmoe"]
+    # gpt-oss: top k on the logits and the softmax over those k, biases, sinks, its FFN norm's own name
+    oss = ARCHITECTURES["gpt-oss"]
+    assert (oss.moe_gating, oss.expert_bias, oss.attn_sinks, oss.attn_out_bias) == ("topk_softmax", True, True, True)
+    assert oss.ffn_norm_tensor == "post_attention_norm.weight"
+    assert [n for n, r in ARCHITECTURES.items() if r.moe_gating != "softmax" or r.attn_sinks] == ["gpt-oss"]
 
 
 def test_tensor_names_are_llama_cpp_s_and_never_shared():
@@ -48,7 +54,7 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
     assert BLOCK_TENSORS["ffn_moe"]["norm"] == BLOCK_TENSORS["ffn_gated"]["norm"]
     kinds = [BLOCK_TENSORS["attention"], BLOCK_TENSORS["ffn_gated"], moe_own]
     names = [n for roles in kinds for n in roles.values()] + list(MODEL_TENSORS.values())
-    assert len(names) == len(set(names)) == 27
+    assert len(names) == len(set(names)) == 33
     assert BLOCK_TENSORS["ffn_moe"]["gate_exps"] == "ffn_gate_exps.weight"
     assert BLOCK_TENSORS["ffn_moe"]["shared_gate"] == "ffn_gate_inp_shexp.weight"
     assert BLOCK_TENSORS["attention"]["o"] == "attn_output.weight"
@@ -61,7 +67,8 @@ def test_tensor_names_are_llama_cpp_s_and_never_shared():
 def test_hugging_face_names_are_of_the_same_roles():
     for kind, roles in HF_BLOCK_TENSORS.items():
         assert set(roles) <= set(BLOCK_TENSORS[kind])
-    assert set(HF_BLOCK_TENSORS["attention"]) == set(BLOCK_TENSORS["attention"]) - {"post_norm"}   # no HF Gemma
+    # no HF Gemma, no HF gpt-oss
+    assert set(HF_BLOCK_TENSORS["attention"]) == set(BLOCK_TENSORS["attention"]) - {"post_norm", "o_bias", "sinks"}
     assert HF_BLOCK_TENSORS["ffn_gated"]["norm"] == "post_attention_layernorm.weight"
     assert set(HF_MODEL_TENSORS) == set(MODEL_TENSORS)
 
@@ -110,3 +117,13 @@ def test_qwen35_layer_pattern_as_llama_cpp_reads_it():
     assert opts["recurrent_layers"] == (0, 3)
     with pytest.raises(ValueError, match="inner_size"):
         qwen35_options(qwen35_metadata(**{"qwen35.ssm.inner_size": 100}), 4, 2048, 8, 256)
+
+
+def test_gpt_oss_reads_its_window_and_its_layers():
+    """Every other layer a sliding window, the even ones (llama.cpp's pattern 2), unless the file lists them."""
+    got = gpt_oss_options(metadata(**{"gpt-oss.attention.sliding_window": 128}), 24, 2880, 64, 64)
+    assert got == {"sliding_window": 128, "local_layers": tuple(range(0, 24, 2))}
+    got = gpt_oss_options(metadata(**{"gpt-oss.attention.sliding_window": 128,
+                                      "gpt-oss.attention.sliding_window_pattern": [False, True, True]}), 3, 64, 1, 64)
+    assert got["local_layers"] == (1, 2)
+    assert gpt_oss_options(metadata(), 24, 2880, 64, 64) == {"sliding_window": 0, "local_layers": ()}

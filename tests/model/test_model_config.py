@@ -191,7 +191,11 @@ def test_from_gguf_qwen3():
 @pytest.mark.parametrize("change,message", [
     ({"general.architecture": "phi3"}, "unsupported architecture 'phi3'"),
     ({"llama.rope.dimension_count": 32}, "partial rotary embeddings"),
-    ({"llama.rope.scaling.type": "yarn"}, "rope scaling type 'yarn' is not supported"),
+    ({"llama.rope.scaling.type": "longrope"}, "rope scaling type 'longrope' is not supported"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "YaRN rope scaling values"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+      "llama.rope.scaling.original_context_length": 4096, "llama.rope.scaling.yarn_log_multiplier": 0.1},
+     "yarn_log_multiplier"),
     ({"llama.attention.head_count_kv": [3, 3]}, "llama.attention.head_count_kv varies per layer"),
     ({"llama.block_count": None}, "must be a positive integer"),
 ])
@@ -200,6 +204,21 @@ def test_from_gguf_refusals(change, message):
     with pytest.raises(ValueError) as e:
         ModelConfig.from_gguf(meta, [])
     assert message in str(e.value) or "missing metadata key llama.block_count" in str(e.value)
+
+
+def test_from_gguf_reads_yarn_as_llama_cpp():
+    """rope.scaling.type yarn: its factor and original context; ext factor 1 unless the file sets one (a negative one
+    is unset), betas 32 and 1, attn_factor 1; the factor is then not a linear one."""
+    meta = {**GGUF_SMOLLM2, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 32.0,
+            "llama.rope.scaling.original_context_length": 4096}
+    c = ModelConfig.from_gguf(meta, [])
+    assert c.yarn == {"factor": 32.0, "original_context": 4096, "ext_factor": 1.0, "attn_factor": 1.0,
+                      "beta_fast": 32.0, "beta_slow": 1.0}
+    assert c.rope_linear_factor == 1.0 and "YaRN rope scaling" in c.switches()
+    meta.update({"llama.rope.scaling.yarn_ext_factor": 0.5, "llama.rope.scaling.yarn_beta_fast": 16.0,
+                 "llama.rope.scaling.attn_factor": 0.9})
+    c = ModelConfig.from_gguf(meta, [])
+    assert (c.yarn["ext_factor"], c.yarn["beta_fast"], c.yarn["attn_factor"]) == (0.5, 16.0, 0.9)
 
 
 def test_llama3_freq_factors_known_values():

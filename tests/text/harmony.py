@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the chat template is data: its lines are kept as a template author writes them)
-"""A harmony chat template for the gpt-oss tests, and a tiny random GGUF that uses one.
+"""A harmony chat template for the gpt-oss tests, and a tiny random gpt-oss GGUF that uses one.
 
 GPT_OSS: the parts of openai/gpt-oss's published chat template that decide the prompt's shape (system and
 developer messages, tools as a `functions` namespace, earlier calls as commentary messages to=functions.NAME with
@@ -7,9 +7,10 @@ their results from functions.NAME, earlier thinking as `thinking`, the generatio
 with the tool types written as JSON instead of its TypeScript-like rendering."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from tests.model.make_tiny import TinySpec, write_tiny_gguf
+from tests.model.make_tiny import GPTOSS_SPEC, write_tiny_gguf
 
 GPT_OSS = r'''{{- "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
 Reasoning: " + (reasoning_effort if reasoning_effort is defined else "medium") + "
@@ -47,6 +48,7 @@ CONTROL_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<
 
 
 def write_tiny_harmony(path: str | Path) -> Path:
-    """A tiny random llama-shaped GGUF with harmony's control tokens (the vocabulary's last ids) and GPT_OSS."""
-    return write_tiny_gguf(path, TinySpec(vocab_size=640, context_length=2048, seed=13), weight_type="Q8_0",
-                           chat_template=GPT_OSS, control_tokens=CONTROL_TOKENS)
+    """A tiny random gpt-oss GGUF (tests/model/make_tiny.py's, MXFP4 experts) with harmony's control tokens (the
+    vocabulary's last ids), o200k's pre-tokenizer and GPT_OSS: the architecture and the chat format end to end."""
+    return write_tiny_gguf(path, replace(GPTOSS_SPEC, context_length=2048, seed=13), weight_type="MXFP4",
+                           chat_template=GPT_OSS, control_tokens=CONTROL_TOKENS, tokenizer_pre="gpt-4o")

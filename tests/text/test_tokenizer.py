@@ -270,7 +270,7 @@ def test_pre_tokenizers_equal_llama_cpp(tiny_dir, pre, text, expected):
 
 
 @pytest.mark.skipif(not LLAMA_TOKENIZE.exists(), reason="llama.cpp's llama-tokenize is not built here")
-@pytest.mark.parametrize("which", ["spm", "bpe", "default", "llama-bpe", "qwen2", "smollm", "dbrx"])
+@pytest.mark.parametrize("which", ["spm", "bpe", "default", "llama-bpe", "qwen2", "smollm", "dbrx", "gpt-4o"])
 def test_live_llama_cpp(which, tiny_dir, tmp_path):
     # (SmolLM2 itself is covered by the recorded SMOLLM2_CASES; re-running it here would cost ~15 s)
     if which in ("spm", "bpe"):
