@@ -50,7 +50,7 @@ def test_a_layer_runs_the_blocks_it_holds(arch):
 def test_the_builder_refuses_blocks_it_cannot_run():
     config, tensors, layers = cpu_model_parts(random_model())
     for kind, message in (("ffn_moe", "layer 0: an ffn_moe block needs router, experts_gu and experts_down"),
-                          ("recurrent", "layer 0: recurrent blocks are not built yet"),
+                          ("recurrent", "layer 0: a recurrent block needs win, wba, wout, conv"),
                           ("mamba", "layer 0: unknown block kind 'mamba'")):
         bad = [list(b) for b in layers]
         bad[0][1] = (kind, {}, {})

@@ -429,7 +429,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
-        if x.ndim == 1 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight")):   # kept F32 as llama.cpp
+        # kept F32 as llama.cpp keeps them: vectors, biases, routers, the convolution's taps
+        if x.ndim == 1 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight")):
             w.add_tensor(name, x)
             continue
         ttype = embd_type if name in ("token_embd.weight", "output.weight") else weight_type
