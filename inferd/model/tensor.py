@@ -33,6 +33,15 @@ NATIVE_TYPES = (
     "Q3_K",
     "IQ4_NL",
     "IQ4_XS",
+    "IQ3_S",
+    "IQ3_XXS",
+    "IQ2_S",
+    "IQ2_XS",
+    "IQ2_XXS",
+    "IQ1_M",
+    "IQ1_S",
+    "TQ1_0",
+    "TQ2_0",
 )
 
 
