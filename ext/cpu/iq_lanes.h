@@ -27,18 +27,9 @@ static inline int type_keeps_blocks(int type) {
 
 /* GGUF bytes of one block of 256 values: one lane's share of a tile block */
 static inline size_t lane_bytes(int type) {
-    switch (type) {
-    case WT_IQ2_XXS: return 66;
-    case WT_IQ2_XS: return 74;
-    case WT_IQ2_S: return 82;
-    case WT_IQ3_XXS: return 98;
-    case WT_IQ3_S: return 110;
-    case WT_IQ1_S: return 50;
-    case WT_IQ1_M: return 56;
-    case WT_TQ1_0: return 54;
-    case WT_TQ2_0: return 66;
-    default: return 0;
-    }
+    return type == WT_IQ2_XXS ? 66 : type == WT_IQ2_XS ? 74 : type == WT_IQ2_S ? 82 : type == WT_IQ3_XXS ? 98
+         : type == WT_IQ3_S ? 110 : type == WT_IQ1_S ? 50 : type == WT_IQ1_M ? 56 : type == WT_TQ1_0 ? 54
+         : type == WT_TQ2_0 ? 66 : 0;
 }
 
 static inline float lane_factor(int type) {

@@ -23,14 +23,19 @@ C_DIR = pathlib.Path(__file__).resolve().parents[2] / "ext" / "cpu"
 # GGUF block (values, bytes) and the engine's tile block bytes per type
 BLOCKS = {"Q4_0": (32, 18, 144), "Q4_1": (32, 20, 160), "Q5_0": (32, 22, 176), "Q5_1": (32, 24, 192),
           "Q8_0": (32, 34, 272), "Q4_K": (256, 144, 1184), "Q5_K": (256, 176, 1440), "Q6_K": (256, 210, 1680),
-          "Q2_K": (256, 84, 672), "Q3_K": (256, 110, 912), "IQ4_NL": (32, 18, 144), "IQ4_XS": (256, 136, 1104)}
+          "Q2_K": (256, 84, 672), "Q3_K": (256, 110, 912), "IQ4_NL": (32, 18, 144), "IQ4_XS": (256, 136, 1104),
+          **{t: (256, b, 8 * b) for t, b in [("IQ2_XXS", 66), ("IQ2_XS", 74), ("IQ2_S", 82), ("IQ3_XXS", 98),
+                                             ("IQ3_S", 110), ("IQ1_S", 50), ("IQ1_M", 56), ("TQ1_0", 54),
+                                             ("TQ2_0", 66)]}}
 
 
 def test_weight_types_come_from_the_table_in_enum_order():
     assert list(_cpu.WEIGHT_TYPES.items()) == [("F32", 0), ("F16", 1), ("BF16", 2), ("Q4_0", 3), ("Q4_1", 4),
                                                ("Q8_0", 5), ("Q4_K", 6), ("Q5_K", 7), ("Q6_K", 8), ("Q5_0", 9),
                                                ("Q5_1", 10), ("Q2_K", 11), ("Q3_K", 12), ("IQ4_NL", 13),
-                                               ("IQ4_XS", 14)]
+                                               ("IQ4_XS", 14), ("IQ2_XXS", 15), ("IQ2_XS", 16), ("IQ2_S", 17),
+                                               ("IQ3_XXS", 18), ("IQ3_S", 19), ("IQ1_S", 20), ("IQ1_M", 21),
+                                               ("TQ1_0", 22), ("TQ2_0", 23)]
     assert _cpu.FLOAT_WEIGHT_TYPES == ("F32", "F16", "BF16")
 
 
