@@ -27,6 +27,8 @@ from gguf import quants as gguf_quants
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from tests.model.kquant_ref import LANE_TYPES, random_blocks
+
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
@@ -248,12 +250,14 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray:
-    """Valid random blocks of a K-quant or IQ4 type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
+    """Valid random blocks of a K-quant, IQ or TQ type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
     qtype = GGMLQuantizationType[type_name]
     block, size = GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise ValueError(f"{type_name} needs cols divisible by {block}, got {cols}")
     rng = np.random.default_rng(seed)
+    if type_name in LANE_TYPES:   # codebook and ternary types: their scales set where each keeps them
+        return random_blocks(type_name, rows, cols, rng, scale=4e-4 / np.sqrt(cols / 256))
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     # where each type keeps its f16 scales: Q2_K d, dmin after 16 scales + 64 values; Q3_K d last
     scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,), "Q2_K": (80, 82),
