@@ -167,8 +167,8 @@ def test_requantize_gives_q8_0_of_the_values(type_name):
 
 
 def test_unsupported_type_and_argument_are_named():
-    t = Tensor("blk.0.ffn_up.weight", "IQ2_XXS", 2, 256, np.zeros((2, 66), np.uint8))
-    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type IQ2_XXS, which cannot be loaded"):
+    t = Tensor("blk.0.ffn_up.weight", "Q8_1", 2, 256, np.zeros((2, 320), np.uint8))
+    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type Q8_1, which cannot be loaded"):
         convert_tensor(t)
     with pytest.raises(ValueError, match="quantize must be one of q8_0, q4_0 or None, got 'q2_k'"):
         check_quantize_arg("q2_k")
