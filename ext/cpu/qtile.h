@@ -135,12 +135,11 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         /* signed values (|v| <= 62: maddubs pairs stay in int16): |v| times x with v's sign, each half of 16 values
          * times its scale in the madd */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
-                                                                           _mm256_sign_epi8(x[j], wv[j])), q6->sc16[0]));
-            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[4 + j], wv[4 + j]),
-                                                                           _mm256_sign_epi8(x[4 + j], wv[4 + j])),
-                                                      q6->sc16[1]));
+        for (int j = 0; j < 8; j++) {
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
+                                                               _mm256_sign_epi8(x[j], wv[j])), q6->sc16[j / 4]);
+            if (j < 4) a = _mm256_add_epi32(a, p);
+            else b = _mm256_add_epi32(b, p);
         }
         return _mm256_add_epi32(a, b);
     }
@@ -276,9 +275,16 @@ KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, cons
     return acc;
 }
 
-/* The types that keep their GGUF blocks (iq_lanes.h): sub-block s of the 8 rows expanded to wv[0..7] (signed) through
- * a transposing buffer, its halves' scales into q6->sc16; and the rows' d * factor */
+#include "qlanes.h"
+
+/* The types that keep their GGUF blocks (iq_lanes.h): sub-block s of the 8 rows expanded to wv[0..7] (signed), its
+ * halves' scales into q6->sc16, in registers (qlanes.h) or, for the IQ1 and TQ types, through a transposing buffer;
+ * and the rows' d * factor */
 KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
+    if (KFN(lanes_gathered)(type)) {
+        KFN(gather_lanes)(type, blk, s, wv, q6);
+        return;
+    }
     uint32_t v[8][TILE_ROWS] __attribute__((aligned(32)));   /* [j][r]: values 4j..4j+3 of row r */
     uint8_t sc[16];
     for (int r = 0; r < TILE_ROWS; r++) {
