@@ -270,7 +270,7 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 # ---- writers -------------------------------------------------------------------------------------------------
 ROUTER_GAIN = 1.0  # the routers' weights ~ N(0, gain^2 / dim)
-GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K") + LANE_TYPES
 
 
 def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: str = "Q8_0",
@@ -340,7 +340,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         from inferd.model.rope_scaling import llama3_freq_factors
         factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
-    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") else weight_type)
+    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K") + LANE_TYPES else weight_type)
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
@@ -362,7 +362,7 @@ def _add_matrix(w: GGUFWriter, name: str, x: np.ndarray, ttype: str, seed: int) 
         w.add_tensor(name, x)
     elif ttype == "F16":
         w.add_tensor(name, x.astype(np.float16))
-    elif ttype in ("Q4_K", "Q6_K"):   # a 3-D tensor's matrices one after another
+    elif ttype in ("Q4_K", "Q6_K") + LANE_TYPES:   # random valid blocks; a 3-D tensor's matrices one after another
         data = random_kquant(int(np.prod(x.shape[:-1])), x.shape[-1], ttype, seed + zlib.crc32(name.encode()))
         w.add_tensor(name, data.reshape(*x.shape[:-1], -1), raw_dtype=qtype)
     else:

@@ -147,7 +147,7 @@ def test_float_weights_quantized_on_load_equal_the_reference(quantize):
 
 
 @pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it quantizes to Q8_0)")
-@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ1_M", "TQ1_0"])
 def test_requantize_gives_q8_0_of_the_values(type_name):
     """requantize (the CUDA engine's route for the types its kernels lack) writes Q8_0 of the file's values."""
     rows, cols = 6, 512
