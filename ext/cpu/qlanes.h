@@ -2,11 +2,12 @@
  * 8 rows' bytes of a 32-value sub-block are gathered lane by lane (lane r reads row r's GGUF block, lane_bytes(type)
  * further on), their grid entries gathered from iq_grids.c, and their sign bits spread over the bytes they sign:
  * wv[0..7] and the halves' scales exactly as iq_lanes.h's lane_unpack gives them (the scalar definition), without a
- * pass through memory. IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS and IQ2_XXS; the IQ1 and TQ types go through the buffer of
- * KFN(load_lanes). */
+ * pass through memory. IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S and TQ2_0; IQ1_M and TQ1_0 go through the
+ * buffer of KFN(load_lanes). */
 
 KINLINE int KFN(lanes_gathered)(const int type) {
-    return type == WT_IQ3_S || type == WT_IQ3_XXS || type == WT_IQ2_S || type == WT_IQ2_XS || type == WT_IQ2_XXS;
+    return type == WT_IQ3_S || type == WT_IQ3_XXS || type == WT_IQ2_S || type == WT_IQ2_XS || type == WT_IQ2_XXS ||
+           type == WT_IQ1_S || type == WT_TQ2_0;
 }
 
 /* the 32-bit words at p + r * lane_bytes(type) for the 8 rows r (unaligned: byte offsets) */
@@ -120,5 +121,32 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
         __m256i m = _mm256_and_si256(_mm256_srli_epi32(sc, 4 * (s % 2)), f15);
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);
         KFN(lane_scales)(m, m, q6);
+    } else if (type == WT_IQ1_S) {   /* values 8 g +- 1 */
+        const __m256i q = KFN(gather_rows)(type, blk + 2 + 4 * s);
+        const __m256i h = _mm256_and_si256(KFN(gather_rows)(type, blk + 34 + 2 * s), _mm256_set1_epi32(0xffff));
+        const __m256i delta = _mm256_or_si256(_mm256_set1_epi8(1),   /* -1 in every byte where bit 15 is set */
+                                              _mm256_cmpeq_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)),
+                                                                 _mm256_set1_epi32(0x8000)));
+        for (int l = 0; l < 4; l++) {
+            __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q, 8 * l), b8),
+                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 3 * l),
+                                                                             _mm256_set1_epi32(7)), 8));
+            __m256i i2 = _mm256_slli_epi32(idx, 1);
+            for (int k = 0; k < 2; k++) {
+                __m256i g = KFN(gather_grid)((const uint32_t *)IQ1S_GRID, k ? _mm256_add_epi32(i2, one) : i2);
+                g = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xf8));
+                wv[2 * l + k] = _mm256_add_epi8(g, delta);
+            }
+        }
+        __m256i m = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 12), _mm256_set1_epi32(7)),
+                                                      1), one);
+        KFN(lane_scales)(m, m, q6);
+    } else if (type == WT_TQ2_0) {   /* value 32 s + i: bits 2 (s % 4) of qs[32 (s / 4) + i], minus 1 */
+        for (int j = 0; j < 8; j++) {
+            __m256i q = KFN(gather_rows)(type, blk + 32 * (s / 4) + 4 * j);
+            q = _mm256_and_si256(_mm256_srli_epi32(q, 2 * (s % 4)), _mm256_set1_epi8(3));
+            wv[j] = _mm256_sub_epi8(q, _mm256_set1_epi8(1));
+        }
+        KFN(lane_scales)(one, one, q6);
     }
 }
