@@ -85,6 +85,7 @@ FILES = {
     "IQ2_M": {
         "types": {"IQ2_S", "IQ3_S", "Q4_K", "Q5_K"},
         "ppl_1_chunk": 6.4367,
+        "ppl": 7.1305,  # the whole text (14 chunks)
         # llama.cpp's top two within 0.4 logits: prime tokens 6 (0.03 apart) and 17; hash-map tokens 18 and 21
         "greedy": {
             "prime": [73594, 12669, 198, 750, 374, 38217, 1445, 982, 262, 3190, 262, 4248, 421, 264, 1372, 374, 10250,
