@@ -30,12 +30,12 @@ cdef extern from "encoder.h" nogil:
         float *q_norm
         float *k_norm
         int sliding
-        float *wqkv_p
-        float *wo_p
-        float *wup_p
-        float *wdown_p
+        void *wqkv_p
+        void *wo_p
+        void *wup_p
+        void *wdown_p
         weight_t wqkv_f
-        float *wqkv_f_p
+        void *wqkv_f_p
         uint16_t *wqkv_f_bf
     ctypedef struct encoder_t:
         encoder_config_t cfg
@@ -51,7 +51,7 @@ cdef extern from "encoder.h" nogil:
         int n_dense
         weight_t dense[4]
         float *dense_bias[4]
-        float *dense_p[4]
+        void *dense_p[4]
         int dense_act[4]
         int out_dim
     ctypedef struct enc_batch_t:
@@ -68,7 +68,10 @@ cdef extern from "encoder.h" nogil:
     encoder_ctx_t *encoder_ctx_create(const encoder_t *m, int max_tokens, int max_seqs, int threads)
     void encoder_ctx_free(encoder_ctx_t *c)
     int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b)
-    float *pack_panels(const weight_t *w)
+    void *pack_panels(const weight_t *w)
+    int panels_keep_16bit(int type)
+    void gemm_panels(const void *panels, int type, int rows, int cols, int panel_begin, int panel_end, int ntok,
+                     const float *x, float *y, int ldy, int accumulate)
     uint16_t *pack_panels_bf16(const weight_t *w)
     void f32_to_bf16_row(const float *x, int n, uint16_t *out)
     void gemm_panels_bf16(const uint16_t *panels, int rows, int cols, int panel_begin, int panel_end, int ntok,
@@ -202,7 +205,7 @@ cdef class EncoderModel:
         self.m.out_dim = self.out_dim
         self.max_positions = c.max_positions
 
-    cdef int _matrix(self, weight_t *w, float **panels, tuple spec, int rows, int cols,
+    cdef int _matrix(self, weight_t *w, void **panels, tuple spec, int rows, int cols,
                      uint16_t **bf16_panels=NULL) except -1:
         """Builds a matrix; a float one is repacked into panels for the encoder's GEMM (into bf16 panels instead where
         bf16_panels is given: gemm_panels.c) and its row-major copy freed (the weight_t keeps its type and shape)."""
@@ -351,6 +354,33 @@ cdef class Encoder:
 def encoder_bf16_preferred():
     """Whether a quantized encoder's float parts run faster in bf16 here (AVX-512 BF16 on an AMD CPU; gemm_panels.c)."""
     return bool(c_encoder_bf16_preferred())
+
+
+def float_panels_16bit(str type_name):
+    """Whether an encoder's weights of this float type keep their 16-bit values in their panels on this CPU."""
+    return bool(panels_keep_16bit(WEIGHT_TYPES[type_name]))
+
+
+def gemm_float(str type_name, cnp.ndarray w, cnp.ndarray x):
+    """y (ntok, rows) = x @ w.T with the float panel GEMM on the active path (for tests): w (rows, cols) as the
+    weight's stored values (F32 float32, F16/BF16 their uint16 bits), x (ntok, cols) float32, cols a multiple of 8.
+    Returns (y, whether the panels kept w's 16-bit values)."""
+    cdef float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef int t = WEIGHT_TYPES[type_name], rows = w.shape[0], cols = w.shape[1], ntok = xv.shape[0]
+    if type_name not in FLOAT_WEIGHT_TYPES or xv.shape[1] != cols or cols % 8 or rows < 1 or ntok < 1:
+        raise ValueError("a float type, w (rows, cols) and x (ntok, cols) with cols a multiple of 8 are needed")
+    cdef weight_t wt
+    init_weight(&wt, (type_name, rows, cols, np.ascontiguousarray(w)))
+    cdef void *panels = pack_panels(&wt)
+    weight_free(&wt)
+    if panels == NULL:
+        raise MemoryError()
+    y = np.empty((ntok, rows), np.float32)
+    cdef float[:, ::1] yv = y
+    with nogil:
+        gemm_panels(panels, t, rows, cols, 0, (rows + 15) // 16, ntok, &xv[0, 0], &yv[0, 0], rows, 0)
+    free(panels)
+    return y, bool(panels_keep_16bit(t))
 
 
 def gemm_bf16(cnp.ndarray w, cnp.ndarray x):

@@ -31,9 +31,11 @@ from inferd.model.tensor import Tensor
 
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
                "MXFP4")
+# the codebook and ternary types: random valid blocks of the values' scale (tests/model/kquant_ref.py)
+LANE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 # gguf has no writer for these: tests/model/kquant_ref.py
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
-FILE_QUANT_TYPES = QUANT_TYPES
+FILE_QUANT_TYPES = QUANT_TYPES + LANE_TYPES
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -75,6 +77,9 @@ def make_tensor(name: str, values: np.ndarray, type_name: str) -> Tensor:
     elif type_name in K_TYPES:
         from tests.model.kquant_ref import quantize_k
         data = quantize_k(x, type_name)
+    elif type_name in LANE_TYPES:
+        from tests.model.kquant_ref import random_lane_blocks
+        data = random_lane_blocks(x, type_name)
     elif type_name == "IQ4_NL":
         from tests.model.kquant_ref import quantize_iq4_nl
         data = quantize_iq4_nl(x)

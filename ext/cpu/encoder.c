@@ -34,7 +34,7 @@ typedef struct {
     int32_t *seq_of;            /* (num_tokens) sequence of each token */
     /* a chunked matmul: y (ntok, ldy) (+)= W in + bias */
     const weight_t *w;
-    const float *panels;        /* w's panels when it is a float weight */
+    const void *panels;         /* w's panels when it is a float weight (gemm_panels.c) */
     const uint16_t *panels_bf;  /* or its bf16 panels, which read xbf */
     const float *in;
     const block_q8x *xq;
@@ -65,8 +65,8 @@ static void matmul_chunk_fn(void *arg, int64_t begin, int64_t end, int thread) {
                 gemm_panels_bf16(s->panels_bf, s->w->rows, s->w->cols, p0, p1, nt,
                                  s->c->xbf + (size_t)t0 * s->w->cols, y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
             else
-                gemm_panels(s->panels, s->w->rows, s->w->cols, p0, p1, nt, s->in + (size_t)t0 * s->w->cols,
-                            y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
+                gemm_panels(s->panels, s->w->type, s->w->rows, s->w->cols, p0, p1, nt,
+                            s->in + (size_t)t0 * s->w->cols, y + p0 * PANEL_ROWS, s->ldy, s->accumulate);
         } else {
             matmul_tiles(&s->c->kernels, s->w, tile0, tile1, nt, s->in + (size_t)t0 * s->w->cols,
                          s->xq + (size_t)t0 * nb, y + tile0 * TILE_ROWS, s->ldy, s->accumulate);
@@ -200,7 +200,7 @@ static void residual_norm_fn(void *arg, int64_t begin, int64_t end, int thread) 
 /* rows [32 j, 32 j + 32) of the FFN's up matrix for nt tokens into y (nt, 32) */
 static void up_rows(const encoder_ctx_t *c, const enc_layer_t *L, int j, int nt, const float *in,
                     const block_q8x *xq, float *y) {
-    if (L->wup_p) gemm_panels(L->wup_p, L->wup.rows, L->wup.cols, 2 * j, 2 * j + 2, nt, in, y, QK, 0);
+    if (L->wup_p) gemm_panels(L->wup_p, L->wup.type, L->wup.rows, L->wup.cols, 2 * j, 2 * j + 2, nt, in, y, QK, 0);
     else matmul_tiles(&c->kernels, &L->wup, j * (QK / TILE_ROWS), (j + 1) * (QK / TILE_ROWS), nt, in, xq, y, QK,
                       0);
 }
@@ -295,7 +295,7 @@ static void run(encoder_ctx_t *c, int stage, int64_t n, int64_t chunk, pool_fn f
 }
 
 /* y (ntok, ldy) (+)= w in + bias; w in float panels, bf16 panels (in is then rounded to bf16 first) or quantized */
-static void matmul_any(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
+static void matmul_any(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const void *panels,
                        const uint16_t *panels_bf, const float *in, const block_q8x *xq, float *y, int ldy,
                        int accumulate, const float *bias) {
     s->w = w; s->panels = panels; s->panels_bf = panels_bf; s->in = in; s->xq = xq; s->y = y; s->ldy = ldy;
@@ -306,7 +306,7 @@ static void matmul_any(encoder_ctx_t *c, int stage, estage_t *s, const weight_t 
     run(c, stage, chunks * s->n_groups, 1, matmul_chunk_fn, s);
 }
 
-static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const float *panels,
+static void matmul(encoder_ctx_t *c, int stage, estage_t *s, const weight_t *w, const void *panels,
                    const float *in, const block_q8x *xq, float *y, int ldy, int accumulate, const float *bias) {
     matmul_any(c, stage, s, w, panels, NULL, in, xq, y, ldy, accumulate, bias);
 }

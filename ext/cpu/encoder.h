@@ -37,12 +37,13 @@ typedef struct {
      * per head (head_dim) */
     float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm, *q_norm, *k_norm;
     int sliding;                      /* Gemma: a sliding-window layer (local RoPE table too) */
-    /* float weights as 16-row panels (gemm_panels.c), else NULL: the weight_t then keeps only its type and shape */
-    float *wqkv_p, *wo_p, *wup_p, *wdown_p;
+    /* float weights as 16-row panels (gemm_panels.c: f32, or an F16/BF16 weight's own values), else NULL: the
+     * weight_t then keeps only its type and shape, which say the panels' element type */
+    void *wqkv_p, *wo_p, *wup_p, *wdown_p;
     /* Wqkv in two parts (BERT under --quantize): wqkv holds its first rows quantized (those of q and k), wqkv_f the
      * rest (v, whose 8-bit rounding costs too much accuracy) as float panels; wqkv_f_p and wqkv_f_bf NULL: wqkv is
      * all of it */
-    weight_t wqkv_f; float *wqkv_f_p;
+    weight_t wqkv_f; void *wqkv_f_p;
     uint16_t *wqkv_f_bf;              /* wqkv_f as bf16 panels instead of wqkv_f_p (gemm_panels.c), or NULL */
 } enc_layer_t;
 
@@ -58,7 +59,7 @@ typedef struct {
     int n_dense;                      /* sentence-transformers Dense modules after pooling, float weights */
     weight_t dense[ENC_MAX_DENSE];    /* (out, in) */
     float *dense_bias[ENC_MAX_DENSE]; /* (out) or NULL */
-    float *dense_p[ENC_MAX_DENSE];    /* panels of dense[i] */
+    void *dense_p[ENC_MAX_DENSE];     /* panels of dense[i] */
     int dense_act[ENC_MAX_DENSE];     /* ENC_ACT_* applied to dense[i]'s output */
     int out_dim;                      /* the vector's length: dim, or the last Dense's out */
 } encoder_t;
@@ -106,11 +107,12 @@ void encoder_ctx_free(encoder_ctx_t *c);
 int encoder_forward(encoder_ctx_t *c, const enc_batch_t *b);   /* 0 ok; <0 invalid batch */
 
 /* float GEMM over 16-row panels (gemm_panels.c): y[t, r - 16 panel_begin] (+)= W x[t] for the rows of panels
- * [panel_begin, panel_end); x (ntok, cols) */
+ * [panel_begin, panel_end); x (ntok, cols); type: the weight's type (its panels' element type follows from it) */
 #define PANEL_ROWS 16
-float *pack_panels(const weight_t *w);        /* (ceil(rows / 16), cols, 16); NULL for a quantized w or no memory */
-void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
-                 float *y, int ldy, int accumulate);
+void *pack_panels(const weight_t *w);         /* (ceil(rows / 16), cols, 16); NULL for a quantized w or no memory */
+int panels_keep_16bit(int type);              /* whether an F16/BF16 weight's panels hold its 16-bit values here */
+void gemm_panels(const void *panels, int type, int rows, int cols, int panel_begin, int panel_end, int ntok,
+                 const float *x, float *y, int ldy, int accumulate);
 
 /* bfloat16 GEMM over panels of column pairs (gemm_panels.c), for the float parts of a quantized encoder where
  * encoder_bf16_preferred(): weights and activations rounded to bf16, VDPBF16PS's sums (the file says how) */

@@ -7,6 +7,10 @@
  * the scalar, AVX2 (16 rows x 6 tokens: 12 ymm accumulators) and AVX-512 (32 rows x 12 tokens in zmm) kernels do
  * exactly that, so all paths give the same bits and a token's row does not depend on the batch.
  *
+ * F16 and BF16 weights keep their own 16-bit values in the panels (half the memory of f32 panels), widened to f32 in
+ * registers as they are loaded: the same products and sums, the same bits. Where the CPU has AVX-512F their panels
+ * are f32 instead, which the zmm kernel reads (panels_keep_16bit).
+ *
  * The same in bfloat16, for an encoder's float projections under --quantize where bf16 dot products run faster than
  * f32 FMAs (AMD Zen 4: VDPBF16PS does 32 multiply-adds per instruction at the FMA's rate, 2.2x the f32 GEMM's rate on
  * BERT's shapes; on the Intel Xeons measured it ran at half the FMA's rate per multiply-add, so there the f32 panels
@@ -30,7 +34,12 @@
 #define NT512 12            /* tokens per AVX-512 pass: 24 accumulators of 32 zmm; a batch of up to 12 tokens (one
                              * short query) streams each weight once */
 
-float *pack_panels(const weight_t *w) {
+#if defined(__x86_64__)
+static int has_avx512f(void);
+#endif
+
+/* the panels' values in f32: value k of panel row r at (panel * cols + k) * 16 + r */
+static float *pack_panels_f32(const weight_t *w) {
     if (weight_is_quantized(w->type)) return NULL;
     int panels = (w->rows + PR - 1) / PR;
     float *out = NULL;
@@ -48,20 +57,52 @@ float *pack_panels(const weight_t *w) {
     return out;
 }
 
+int panels_keep_16bit(int type) {
+#if defined(__x86_64__)
+    if (has_avx512f()) return 0;
+#endif
+    return type == WT_F16 || type == WT_BF16;
+}
+
+void *pack_panels(const weight_t *w) {
+    if (!panels_keep_16bit(w->type)) return pack_panels_f32(w);
+    int panels = (w->rows + PR - 1) / PR;
+    uint16_t *out = NULL;
+    if (posix_memalign((void **)&out, 64, (size_t)panels * w->cols * PR * sizeof(uint16_t))) return NULL;
+    const uint16_t *src = (const uint16_t *)w->data;   /* row-major, as in the file */
+    for (int p = 0; p < panels; p++)
+        for (int r = 0; r < PR; r++) {
+            int row = p * PR + r;
+            for (int k = 0; k < w->cols; k++)
+                out[((size_t)p * w->cols + k) * PR + r] = row < w->rows ? src[(size_t)row * w->cols + k] : 0;
+        }
+    return out;
+}
+
+/* value i of panels of element type `type` (F32, or 16-bit F16/BF16: exact in f32) */
+static inline __attribute__((always_inline)) float panel_value(const void *P, const int type, size_t i) {
+    if (type == WT_F32) return ((const float *)P)[i];
+    uint16_t h = ((const uint16_t *)P)[i];
+    return type == WT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
 static inline void store_rows(float *y, const float *acc, int nrows, int accumulate) {
     for (int r = 0; r < nrows; r++) y[r] = accumulate ? y[r] + acc[r] : acc[r];
 }
 
-static void gemm_scalar(const float *panels, int rows, int cols, int pb, int pe, int ntok, const float *x, float *y,
-                        int ldy, int accumulate) {
+static inline __attribute__((always_inline)) void gemm_scalar_typed(const int type, const void *panels, int rows,
+                                                                   int cols, int pb, int pe, int ntok, const float *x,
+                                                                   float *y, int ldy, int accumulate) {
+    const size_t esize = type == WT_F32 ? 4 : 2;
     for (int p = pb; p < pe; p++) {
-        const float *P = panels + (size_t)p * cols * PR;
+        const void *P = (const uint8_t *)panels + (size_t)p * cols * PR * esize;
         int nrows = rows - p * PR < PR ? rows - p * PR : PR;
         for (int t = 0; t < ntok; t++) {
             float acc[PR];
             for (int r = 0; r < PR; r++) {
                 float a = 0.0f;
-                for (int k = 0; k < cols; k++) a = __builtin_fmaf(P[(size_t)k * PR + r], x[(size_t)t * cols + k], a);
+                for (int k = 0; k < cols; k++)
+                    a = __builtin_fmaf(panel_value(P, type, (size_t)k * PR + r), x[(size_t)t * cols + k], a);
                 acc[r] = a;
             }
             store_rows(y + (size_t)t * ldy + (p - pb) * PR, acc, nrows, accumulate);
@@ -70,16 +111,24 @@ static void gemm_scalar(const float *panels, int rows, int cols, int pb, int pe,
 }
 
 #if defined(__x86_64__)
-#define ATTR_AVX2 __attribute__((target("avx2,fma")))
+#define ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define ATTR_AVX512 __attribute__((target("avx2,fma,avx512f")))
 
-/* n tokens (1..NT) of one panel; inlined with constant n */
-ATTR_AVX2 static inline __attribute__((always_inline)) void panel_avx2(const float *P, int cols, const float *x,
-                                                                       int n, float *acc_out) {
+/* 8 values of panels of element type `type` from value i, widened in registers */
+ATTR_AVX2 static inline __attribute__((always_inline)) __m256 load8(const void *P, const int type, size_t i) {
+    if (type == WT_F32) return _mm256_load_ps((const float *)P + i);
+    __m128i h = _mm_load_si128((const __m128i *)((const uint16_t *)P + i));
+    if (type == WT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* n tokens (1..NT) of one panel; inlined with constant n and type */
+ATTR_AVX2 static inline __attribute__((always_inline)) void panel_avx2(const void *P, const int type, int cols,
+                                                                       const float *x, int n, float *acc_out) {
     __m256 a[NT][2];
     for (int i = 0; i < n; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
     for (int k = 0; k < cols; k++) {
-        __m256 w0 = _mm256_load_ps(P + (size_t)k * PR), w1 = _mm256_load_ps(P + (size_t)k * PR + 8);
+        __m256 w0 = load8(P, type, (size_t)k * PR), w1 = load8(P, type, (size_t)k * PR + 8);
         for (int i = 0; i < n; i++) {
             __m256 xb = _mm256_broadcast_ss(x + (size_t)i * cols + k);
             a[i][0] = _mm256_fmadd_ps(w0, xb, a[i][0]);
@@ -92,28 +141,41 @@ ATTR_AVX2 static inline __attribute__((always_inline)) void panel_avx2(const flo
     }
 }
 
-ATTR_AVX2 static void gemm_avx2(const float *panels, int rows, int cols, int pb, int pe, int ntok, const float *x,
-                                float *y, int ldy, int accumulate) {
+ATTR_AVX2 static inline __attribute__((always_inline)) void gemm_avx2_typed(const int type, const void *panels,
+                                                                            int rows, int cols, int pb, int pe,
+                                                                            int ntok, const float *x, float *y,
+                                                                            int ldy, int accumulate) {
     float acc[NT * PR];
+    const size_t esize = type == WT_F32 ? 4 : 2;
     for (int p = pb; p < pe; p++) {
-        const float *P = panels + (size_t)p * cols * PR;
+        const void *P = (const uint8_t *)panels + (size_t)p * cols * PR * esize;
         int nrows = rows - p * PR < PR ? rows - p * PR : PR;
         for (int t = 0; t < ntok; t += NT) {
             int n = ntok - t < NT ? ntok - t : NT;
             const float *xt = x + (size_t)t * cols;
             switch (n) {
-            case 6: panel_avx2(P, cols, xt, 6, acc); break;
-            case 5: panel_avx2(P, cols, xt, 5, acc); break;
-            case 4: panel_avx2(P, cols, xt, 4, acc); break;
-            case 3: panel_avx2(P, cols, xt, 3, acc); break;
-            case 2: panel_avx2(P, cols, xt, 2, acc); break;
-            default: panel_avx2(P, cols, xt, 1, acc);
+            case 6: panel_avx2(P, type, cols, xt, 6, acc); break;
+            case 5: panel_avx2(P, type, cols, xt, 5, acc); break;
+            case 4: panel_avx2(P, type, cols, xt, 4, acc); break;
+            case 3: panel_avx2(P, type, cols, xt, 3, acc); break;
+            case 2: panel_avx2(P, type, cols, xt, 2, acc); break;
+            default: panel_avx2(P, type, cols, xt, 1, acc);
             }
             for (int i = 0; i < n; i++)
                 store_rows(y + (size_t)(t + i) * ldy + (p - pb) * PR, acc + i * PR, nrows, accumulate);
         }
     }
 }
+
+#define GEMM_AVX2(name, TYPE)                                                                                     \
+    ATTR_AVX2 static void name(const void *panels, int rows, int cols, int pb, int pe, int ntok, const float *x, \
+                               float *y, int ldy, int accumulate) {                                              \
+        gemm_avx2_typed(TYPE, panels, rows, cols, pb, pe, ntok, x, y, ldy, accumulate);                         \
+    }
+GEMM_AVX2(gemm_avx2_f32, WT_F32)
+GEMM_AVX2(gemm_avx2_f16, WT_F16)
+GEMM_AVX2(gemm_avx2_bf16, WT_BF16)
+#undef GEMM_AVX2
 
 /* n tokens of np (1 or 2) adjacent panels, one zmm per panel */
 ATTR_AVX512 static inline __attribute__((always_inline)) void panels_avx512(const float *P, int cols, const float *x,
@@ -190,19 +252,32 @@ static int has_avx512bf16(void) {
 }
 #endif
 
-void gemm_panels(const float *panels, int rows, int cols, int panel_begin, int panel_end, int ntok, const float *x,
-                 float *y, int ldy, int accumulate) {
+#define GEMM_SCALAR(name, TYPE)                                                                                   \
+    static void name(const void *panels, int rows, int cols, int pb, int pe, int ntok, const float *x, float *y,    \
+                     int ldy, int accumulate) {                                                                    \
+        gemm_scalar_typed(TYPE, panels, rows, cols, pb, pe, ntok, x, y, ldy, accumulate);                         \
+    }
+GEMM_SCALAR(gemm_scalar_f32, WT_F32)
+GEMM_SCALAR(gemm_scalar_f16, WT_F16)
+GEMM_SCALAR(gemm_scalar_bf16, WT_BF16)
+#undef GEMM_SCALAR
+
+void gemm_panels(const void *panels, int type, int rows, int cols, int panel_begin, int panel_end, int ntok,
+                 const float *x, float *y, int ldy, int accumulate) {
+    const int elem = panels_keep_16bit(type) ? type : WT_F32;
 #if defined(__x86_64__)
-    if (zmm_path(has_avx512f())) {
+    if (elem == WT_F32 && zmm_path(has_avx512f())) {
         gemm_avx512(panels, rows, cols, panel_begin, panel_end, ntok, x, y, ldy, accumulate);
         return;
     }
     if (cpu_path() != PATH_SCALAR) {
-        gemm_avx2(panels, rows, cols, panel_begin, panel_end, ntok, x, y, ldy, accumulate);
+        (elem == WT_F16 ? gemm_avx2_f16 : elem == WT_BF16 ? gemm_avx2_bf16 : gemm_avx2_f32)(
+            panels, rows, cols, panel_begin, panel_end, ntok, x, y, ldy, accumulate);
         return;
     }
 #endif
-    gemm_scalar(panels, rows, cols, panel_begin, panel_end, ntok, x, y, ldy, accumulate);
+    (elem == WT_F16 ? gemm_scalar_f16 : elem == WT_BF16 ? gemm_scalar_bf16 : gemm_scalar_f32)(
+        panels, rows, cols, panel_begin, panel_end, ntok, x, y, ldy, accumulate);
 }
 
 /* ---- bfloat16 panels ---- */
@@ -226,7 +301,7 @@ static inline float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 /* pack_panels' panels, rounded, with each column pair's two values side by side */
 uint16_t *pack_panels_bf16(const weight_t *w) {
     if (w->cols % 2) return NULL;
-    float *f = pack_panels(w);                   /* value k of panel row r at k * 16 + r; NULL for a quantized w */
+    float *f = pack_panels_f32(w);               /* value k of panel row r at k * 16 + r; NULL for a quantized w */
     uint16_t *out = NULL;
     size_t n = (size_t)(w->rows + PR - 1) / PR * w->cols * PR;
     if (!f || posix_memalign((void **)&out, 64, n * sizeof(uint16_t))) { free(f); return NULL; }

@@ -17,7 +17,8 @@
 /* Weight types: values are stable, the Python side uses them. */
 enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2, WT_Q4_0 = 3, WT_Q4_1 = 4, WT_Q8_0 = 5, WT_Q4_K = 6, WT_Q5_K = 7,
        WT_Q6_K = 8, WT_Q5_0 = 9, WT_Q5_1 = 10, WT_Q2_K = 11, WT_Q3_K = 12, WT_IQ4_NL = 13, WT_IQ4_XS = 14,
-       WT_MXFP4 = 15, NUM_WEIGHT_TYPES };
+       WT_MXFP4 = 15, WT_IQ2_XXS = 16, WT_IQ2_XS = 17, WT_IQ2_S = 18, WT_IQ3_XXS = 19, WT_IQ3_S = 20, WT_IQ1_S = 21,
+       WT_IQ1_M = 22, WT_TQ1_0 = 23, WT_TQ2_0 = 24, NUM_WEIGHT_TYPES };
 
 /* Kernel paths, best last. */
 enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512VNNI = 2, PATH_AVXVNNI = 3 };

@@ -63,6 +63,8 @@ void float_rows_scalar(const weight_t *w, int row0, int nrows, int ntok, const f
  *   IQ4_NL        isum = sum v x   (v = IQ4_VALUES[q])                   dw = d
  *   IQ4_XS        isum = sc[s] sum v x                                   dw = d
  *   MXFP4         isum = sum v x   (v = MXFP4_VALUES[q])                 dw = 2^(e - 128)
+ *   IQ2_*, IQ3_*, IQ1_*, TQ*_0 (iq_lanes.h)
+ *                 isum = m[0] sum_0..15 v x + m[1] sum_16..31 v x        dw = d * factor
  * then acc = fma(float(isum), dw * dx, acc) and, with a min, acc = fma(mw, dsum, acc), dsum = dx * float(sum x) being
  * computed once per activation block (Q4_1 and Q5_1: acc = fma(float(sum x), mw * dx, acc), Q4_1's order from
  * before the K-quants, which SmolLM2's greedy agreement with llama.cpp was recorded with); Q2_K's mins weigh the two
@@ -80,6 +82,16 @@ static inline __attribute__((always_inline)) void quant_tile_scalar(const int ty
             for (int s = 0; s < nsub; s++) {
                 const block_q8x *xb = xq + (size_t)t * nb32 + (size_t)b * nsub + s;
                 for (int r = 0; r < TILE_ROWS; r++) {
+                    if (type_keeps_blocks(type)) {
+                        const uint8_t *lb = blk + (size_t)r * lane_bytes(type);
+                        int m[2];
+                        lane_values(type, lb, s, q, m);
+                        int32_t lo = 0, hi = 0;
+                        for (int i = 0; i < 16; i++) { lo += q[i] * xb->qs[i]; hi += q[16 + i] * xb->qs[16 + i]; }
+                        const float dw = lane_d(type, lb) * lane_factor(type);
+                        acc[r] = __builtin_fmaf((float)(m[0] * lo + m[1] * hi), dw * xb->d, acc[r]);
+                        continue;
+                    }
                     tile_lane_values(type, blk, s, r, q);
                     int32_t lo = 0, hi = 0;
                     for (int i = 0; i < 16; i++) { lo += q[i] * xb->qs[i]; hi += q[16 + i] * xb->qs[16 + i]; }
@@ -145,6 +157,15 @@ SCALAR_DEFINE(q2_k, WT_Q2_K)
 SCALAR_DEFINE(iq4_nl, WT_IQ4_NL)
 SCALAR_DEFINE(iq4_xs, WT_IQ4_XS)
 SCALAR_DEFINE(mxfp4, WT_MXFP4)
+SCALAR_DEFINE(iq2_xxs, WT_IQ2_XXS)
+SCALAR_DEFINE(iq2_xs, WT_IQ2_XS)
+SCALAR_DEFINE(iq2_s, WT_IQ2_S)
+SCALAR_DEFINE(iq3_xxs, WT_IQ3_XXS)
+SCALAR_DEFINE(iq3_s, WT_IQ3_S)
+SCALAR_DEFINE(iq1_s, WT_IQ1_S)
+SCALAR_DEFINE(iq1_m, WT_IQ1_M)
+SCALAR_DEFINE(tq1_0, WT_TQ1_0)
+SCALAR_DEFINE(tq2_0, WT_TQ2_0)
 #undef SCALAR_DEFINE
 
 /* ---------------- AVX2 float kernels (the quantized SIMD kernels: matmul_simd.c) ---------------- */

@@ -11,8 +11,8 @@
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
  * are the same operations in the same order on every path and for every ntok: bit-identical results.
- * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 have AVX2 kernels only (KVNNI 0): the VNNI paths' rows of the table bind
- * those. */
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 and the types that keep their GGUF blocks (iq_lanes.h) have AVX2 kernels only
+ * (KVNNI 0): the VNNI paths' rows of the table bind those. */
 
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -143,6 +143,18 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
+    if (type_keeps_blocks(type)) {
+        /* signed values (|v| <= 62: maddubs pairs stay in int16): |v| times x with v's sign, each half of 16 values
+         * times its scale in the madd */
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
+                                                               _mm256_sign_epi8(x[j], wv[j])), q6->sc16[j / 4]);
+            if (j < 4) a = _mm256_add_epi32(a, p);
+            else b = _mm256_add_epi32(b, p);
+        }
+        return _mm256_add_epi32(a, b);
+    }
     if (type_is_iq4(type)) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
          * (|pair sum| * 32 < 2^31) */
@@ -275,10 +287,54 @@ KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, cons
     return acc;
 }
 
+#include "qlanes.h"
+
+/* The types that keep their GGUF blocks (iq_lanes.h): sub-block s of the 8 rows expanded to wv[0..7] (signed), its
+ * halves' scales into q6->sc16, in registers (qlanes.h) or, for the IQ1 and TQ types, through a transposing buffer;
+ * and the rows' d * factor */
+KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
+    if (KFN(lanes_gathered)(type)) {
+        KFN(gather_lanes)(type, blk, s, wv, q6);
+        return;
+    }
+    uint32_t v[8][TILE_ROWS] __attribute__((aligned(32)));   /* [j][r]: values 4j..4j+3 of row r */
+    uint8_t sc[16];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        uint64_t w[4];
+        int m[2];
+        lane_unpack(type, blk + (size_t)r * lane_bytes(type), s, w, m);
+        for (int g = 0; g < 4; g++) {
+            v[2 * g][r] = (uint32_t)w[g];
+            v[2 * g + 1][r] = (uint32_t)(w[g] >> 32);
+        }
+        sc[r] = (uint8_t)m[0];
+        sc[8 + r] = (uint8_t)m[1];
+    }
+    for (int j = 0; j < 8; j++) wv[j] = _mm256_load_si256((const __m256i *)v[j]);
+    KFN(load_q6scales)(type, sc, q6);
+}
+
+KINLINE __m256 KFN(lane_dw)(const int type, const uint8_t *blk) {
+    float d[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) d[r] = lane_d(type, blk + (size_t)r * lane_bytes(type));
+    return _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_set1_ps(lane_factor(type)));
+}
+
 /* One block of a tile (all its sub-blocks) against ntok tokens: acc[k] += the block's share of token k's rows.
  * xb0: the block's first activation block of token 0; token k's follow nb32 blocks later. */
 KINLINE void KFN(block_tokens)(const int type, const uint8_t *blk, const int nsub, const int chains, const int ntok,
                                const block_q8x *xb0, int nb32, __m256 *acc) {
+    if (type_keeps_blocks(type)) {
+        const __m256 dw = KFN(lane_dw)(type, blk);
+        for (int s = 0; s < nsub; s++) {
+            __m256i wv[8];
+            KFN(q6scales) q6;
+            KFN(load_lanes)(type, blk, s, wv, &q6);
+            for (int k = 0; k < ntok; k++)
+                acc[k] = KFN(block_acc)(type, chains, acc[k], wv, dw, dw, &q6, xb0 + s + (size_t)k * nb32);
+        }
+        return;
+    }
     __m256 d = KFN(load_d)(type, blk), dmin = d;
     if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
     for (int s = 0; s < nsub; s++) {
@@ -354,6 +410,14 @@ KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(
     const size_t bb = tile_block_bytes(type);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = base + (size_t)b * bb;
+        if (type_keeps_blocks(type)) {
+            const __m256 dw = KFN(lane_dw)(type, blk);
+            for (int s = 0; s < nsub; s++, p++) {
+                KFN(load_lanes)(type, blk, s, p->wv, &p->q6);
+                p->dw = p->mw = dw;
+            }
+            continue;
+        }
         __m256 d = KFN(load_d)(type, blk), dmin = d;
         if (type == WT_Q4_K || type == WT_Q5_K || type == WT_Q2_K) dmin = KFN(load_f16x8)(blk + 16);
         for (int s = 0; s < nsub; s++, p++) {
@@ -420,6 +484,15 @@ KDEFINE(q2_k, WT_Q2_K)
 KDEFINE(iq4_nl, WT_IQ4_NL)
 KDEFINE(iq4_xs, WT_IQ4_XS)
 KDEFINE(mxfp4, WT_MXFP4)
+KDEFINE(iq2_xxs, WT_IQ2_XXS)
+KDEFINE(iq2_xs, WT_IQ2_XS)
+KDEFINE(iq2_s, WT_IQ2_S)
+KDEFINE(iq3_xxs, WT_IQ3_XXS)
+KDEFINE(iq3_s, WT_IQ3_S)
+KDEFINE(iq1_s, WT_IQ1_S)
+KDEFINE(iq1_m, WT_IQ1_M)
+KDEFINE(tq1_0, WT_TQ1_0)
+KDEFINE(tq2_0, WT_TQ2_0)
 #endif
 #undef KDEFINE
 
@@ -442,5 +515,14 @@ KENTRY(q2_k, WT_Q2_K)
 KENTRY(iq4_nl, WT_IQ4_NL)
 KENTRY(iq4_xs, WT_IQ4_XS)
 KENTRY(mxfp4, WT_MXFP4)
+KENTRY(iq2_xxs, WT_IQ2_XXS)
+KENTRY(iq2_xs, WT_IQ2_XS)
+KENTRY(iq2_s, WT_IQ2_S)
+KENTRY(iq3_xxs, WT_IQ3_XXS)
+KENTRY(iq3_s, WT_IQ3_S)
+KENTRY(iq1_s, WT_IQ1_S)
+KENTRY(iq1_m, WT_IQ1_M)
+KENTRY(tq1_0, WT_TQ1_0)
+KENTRY(tq2_0, WT_TQ2_0)
 #endif
 #undef KENTRY

@@ -229,7 +229,9 @@ static inline void put_lane_q6_k(uint8_t *blk, int r, const uint8_t *b) {
 
 /* one GGUF block -> lane `lane` of a tile block */
 static inline __attribute__((always_inline)) void put_block(const int type, uint8_t *blk, int lane, const uint8_t *b) {
-    if (type == WT_Q4_K) {
+    if (type_keeps_blocks(type)) {
+        memcpy(blk + (size_t)lane * lane_bytes(type), b, lane_bytes(type));
+    } else if (type == WT_Q4_K) {
         put_lane_q4_k(blk, lane, b);
     } else if (type == WT_Q6_K) {
         put_lane_q6_k(blk, lane, b);
@@ -272,6 +274,19 @@ static inline __attribute__((always_inline)) void dequant_typed(const int type, 
                                                                 float *out) {
     const int nsub = TILE_LAYOUT[type].nsub, nb = cols / (nsub * QK), t = row / TILE_ROWS, r = row % TILE_ROWS;
     const size_t bb = tile_block_bytes(type);
+    if (type_keeps_blocks(type)) {   /* iq_lanes.h's formula: gguf's floats */
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *lb = data + ((size_t)t * nb + b) * bb + (size_t)r * lane_bytes(type);
+            const float d = lane_d(type, lb), f = lane_factor(type);
+            for (int s = 0; s < nsub; s++) {
+                int q[32], m[2];
+                lane_values(type, lb, s, q, m);
+                const float ds[2] = {(d * (float)m[0]) * f, (d * (float)m[1]) * f};
+                for (int i = 0; i < 32; i++) out[(size_t)(b * nsub + s) * QK + i] = ds[i / 16] * (float)q[i];
+            }
+        }
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = data + ((size_t)t * nb + b) * bb;
         float d = tile_row_scale(type, blk, r);
@@ -331,6 +346,15 @@ QUANT_DEFINE(q2_k, WT_Q2_K)
 QUANT_DEFINE(iq4_nl, WT_IQ4_NL)
 QUANT_DEFINE(iq4_xs, WT_IQ4_XS)
 QUANT_DEFINE(mxfp4, WT_MXFP4)
+QUANT_DEFINE(iq2_xxs, WT_IQ2_XXS)
+QUANT_DEFINE(iq2_xs, WT_IQ2_XS)
+QUANT_DEFINE(iq2_s, WT_IQ2_S)
+QUANT_DEFINE(iq3_xxs, WT_IQ3_XXS)
+QUANT_DEFINE(iq3_s, WT_IQ3_S)
+QUANT_DEFINE(iq1_s, WT_IQ1_S)
+QUANT_DEFINE(iq1_m, WT_IQ1_M)
+QUANT_DEFINE(tq1_0, WT_TQ1_0)
+QUANT_DEFINE(tq2_0, WT_TQ2_0)
 #undef QUANT_DEFINE
 
 /* ---- float types: rows as they are ---- */

@@ -30,20 +30,27 @@
  *   IQ4_XS  d | 8 x sc[8] (int8) | 8 x group          value = d * sc[s] * IQ4_VALUES[q]
  *   MXFP4   e[8] | group                              value = 2^(e - 128) * MXFP4_VALUES[q]
  *           e: one E8M0 byte per row (GGUF's, as it is); MXFP4_VALUES are e2m1's values doubled (integers)
+ *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0: the 8 rows' GGUF blocks of 256 values one
+ *           after another (lane r's at r * its GGUF block bytes), the file's bytes unchanged: their codebook indices,
+ *           sign bits and base-3 digits are expanded by the kernels (iq_lanes.h has the formulas)
  * The 6-bit scales and mins of Q4_K/Q5_K are unpacked into bytes at load, so the kernels never decode them; so are
  * Q3_K's and IQ4_XS's 6-bit scales (into int8, their offset 32 taken off).
- * The sizes are the GGUF sizes (Q6_K, Q2_K, MXFP4, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32
- * bytes, 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%). */
+ * The sizes are the GGUF sizes (Q6_K, Q2_K, MXFP4, 32-value types) or a few bytes per 8 rows more (Q4_K, Q5_K: 32 bytes,
+ * 1.6%/2.2%; Q3_K: 32 bytes, 3.6%; IQ4_XS: 16 bytes, 1.5%); the types that keep their blocks, exactly the GGUF sizes. */
 #ifndef INFERD_TILE_H
 #define INFERD_TILE_H
 
 #include <string.h>
 #include "inferd.h"
+#include "iq_lanes.h"
 
 enum { TB_Q4_0 = 144, TB_Q4_1 = 160, TB_Q5_0 = 176, TB_Q5_1 = 192, TB_Q8_0 = 272,
        TB_Q4_K = 32 + 8 * 16 + 8 * 128, TB_Q5_K = 32 + 8 * 16 + 8 * 160, TB_Q6_K = 16 + 16 * 8 + 8 * 192,
-       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144,
-       TB_IQ4_XS = 16 + 8 * 8 + 8 * 128, TB_MXFP4 = 8 + 128 };
+       TB_Q3_K = 16 + 16 * 8 + 8 * 96, TB_Q2_K = 32 + 8 * 16 + 8 * 64, TB_IQ4_NL = 144, TB_IQ4_XS = 16 + 8 * 8 + 8 * 128,
+       TB_MXFP4 = 8 + 128,
+       /* 8 GGUF blocks (iq_lanes.h) */
+       TB_IQ2_XXS = 8 * 66, TB_IQ2_XS = 8 * 74, TB_IQ2_S = 8 * 82, TB_IQ3_XXS = 8 * 98, TB_IQ3_S = 8 * 110,
+       TB_IQ1_S = 8 * 50, TB_IQ1_M = 8 * 56, TB_TQ1_0 = 8 * 54, TB_TQ2_0 = 8 * 66 };
 
 /* the 16 values of IQ4_NL's and IQ4_XS's 4-bit codes (GGUF's non-linear grid): one byte shuffle maps 32 codes */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -72,6 +79,16 @@ static const tile_layout_t TILE_LAYOUT[NUM_WEIGHT_TYPES] = {
     [WT_IQ4_NL] = {TB_IQ4_NL, 1,    16,    0,    0,     0,    0,      0},
     [WT_IQ4_XS] = {TB_IQ4_XS, 8,    80,    128,  0,     0,    16,     8},
     [WT_MXFP4] =  {TB_MXFP4,  1,    8,     0,    0,     0,    0,      0},
+    /* each row's GGUF block whole (iq_lanes.h): no pieces */
+    [WT_IQ2_XXS] = {TB_IQ2_XXS, 8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ2_XS] = {TB_IQ2_XS,   8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ2_S] =  {TB_IQ2_S,    8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ3_XXS] = {TB_IQ3_XXS, 8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ3_S] =  {TB_IQ3_S,    8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ1_S] =  {TB_IQ1_S,    8,  0,     0,    0,     0,    0,      0},
+    [WT_IQ1_M] =  {TB_IQ1_M,    8,  0,     0,    0,     0,    0,      0},
+    [WT_TQ1_0] =  {TB_TQ1_0,    8,  0,     0,    0,     0,    0,      0},
+    [WT_TQ2_0] =  {TB_TQ2_0,    8,  0,     0,    0,     0,    0,      0},
 };
 
 /* the types whose 4-bit codes index a table of 16 signed values (one byte shuffle maps 32 codes) */

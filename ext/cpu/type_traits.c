@@ -69,6 +69,15 @@ QUANT_KERNELS_AVX2(q2_k)
 QUANT_KERNELS_AVX2(iq4_nl)
 QUANT_KERNELS_AVX2(iq4_xs)
 QUANT_KERNELS_AVX2(mxfp4)
+QUANT_KERNELS_AVX2(iq2_xxs)
+QUANT_KERNELS_AVX2(iq2_xs)
+QUANT_KERNELS_AVX2(iq2_s)
+QUANT_KERNELS_AVX2(iq3_xxs)
+QUANT_KERNELS_AVX2(iq3_s)
+QUANT_KERNELS_AVX2(iq1_s)
+QUANT_KERNELS_AVX2(iq1_m)
+QUANT_KERNELS_AVX2(tq1_0)
+QUANT_KERNELS_AVX2(tq2_0)
 
 /* ---- the table: one row per type ---- */
 #define FLOAT_ROW(NAME, BYTES, DEQUANT)                                                                            \
@@ -99,6 +108,15 @@ static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     [WT_IQ4_NL] = QUANT_ROW_AVX2("IQ4_NL", iq4_nl, QK, 18, TB_IQ4_NL),
     [WT_IQ4_XS] = QUANT_ROW_AVX2("IQ4_XS", iq4_xs, QK_K, 136, TB_IQ4_XS),
     [WT_MXFP4] = QUANT_ROW_AVX2("MXFP4", mxfp4, QK, 17, TB_MXFP4),
+    [WT_IQ2_XXS] = QUANT_ROW_AVX2("IQ2_XXS", iq2_xxs, QK_K, 66, TB_IQ2_XXS),
+    [WT_IQ2_XS] = QUANT_ROW_AVX2("IQ2_XS", iq2_xs, QK_K, 74, TB_IQ2_XS),
+    [WT_IQ2_S] = QUANT_ROW_AVX2("IQ2_S", iq2_s, QK_K, 82, TB_IQ2_S),
+    [WT_IQ3_XXS] = QUANT_ROW_AVX2("IQ3_XXS", iq3_xxs, QK_K, 98, TB_IQ3_XXS),
+    [WT_IQ3_S] = QUANT_ROW_AVX2("IQ3_S", iq3_s, QK_K, 110, TB_IQ3_S),
+    [WT_IQ1_S] = QUANT_ROW_AVX2("IQ1_S", iq1_s, QK_K, 50, TB_IQ1_S),
+    [WT_IQ1_M] = QUANT_ROW_AVX2("IQ1_M", iq1_m, QK_K, 56, TB_IQ1_M),
+    [WT_TQ1_0] = QUANT_ROW_AVX2("TQ1_0", tq1_0, QK_K, 54, TB_TQ1_0),
+    [WT_TQ2_0] = QUANT_ROW_AVX2("TQ2_0", tq2_0, QK_K, 66, TB_TQ2_0),
 };
 
 const type_traits_t *type_traits(int type) {

@@ -33,7 +33,16 @@ PRECISION = (
     "IQ4_XS",
     "MXFP4",
     "Q3_K",
+    "IQ3_S",
+    "IQ3_XXS",
     "Q2_K",
+    "TQ2_0",
+    "IQ2_S",
+    "IQ2_XS",
+    "IQ2_XXS",
+    "TQ1_0",
+    "IQ1_M",
+    "IQ1_S",
 )
 FLOATS = ("F32", "F16", "BF16")
 QUANTIZABLE = FLOATS + ("Q8_0", "Q4_1", "Q4_0")  # the types _cpu.quantize writes

@@ -1,5 +1,6 @@
 """Convert loaded tensors into the types the engine computes with (tensor.NATIVE_TYPES: F32, F16, BF16, Q4_0,
-Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4).
+Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS,
+IQ1_M, IQ1_S, TQ1_0, TQ2_0).
 
 - Native types pass through untouched: the arrays stay views over the file's mmap, nothing is copied; the C side
   repacks them into its tiles straight from there, in their own bit width.

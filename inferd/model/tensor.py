@@ -34,6 +34,15 @@ NATIVE_TYPES = (
     "IQ4_NL",
     "IQ4_XS",
     "MXFP4",
+    "IQ3_S",
+    "IQ3_XXS",
+    "IQ2_S",
+    "IQ2_XS",
+    "IQ2_XXS",
+    "IQ1_M",
+    "IQ1_S",
+    "TQ1_0",
+    "TQ2_0",
 )
 
 

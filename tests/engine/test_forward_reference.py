@@ -41,7 +41,8 @@ from tests.reference import Reference, random_model
 FLOAT_TOL = 1e-3
 QUANT_TOL = 5e-2
 TOL = {"F32": FLOAT_TOL, "F16": FLOAT_TOL, "BF16": FLOAT_TOL, **dict.fromkeys(
-    ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"), QUANT_TOL)}
+    ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_S",
+     "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0"), QUANT_TOL)}
 SMOLLM2_LAYER_TOL = 6e-2
 SMOLLM2_UPDATE_TOL = 0.15
 SMOLLM2_LOGITS_TOL = 5e-2
@@ -146,6 +147,13 @@ MEMORY_VARIANTS = {
                          output_type="Q6_K", mix={"attn_v": "Q5_K", "ffn_down": "Q4_K"}),
     "q2_k-iq4_xs-iq4_nl": dict(weight_type="Q2_K", dim=256, hidden=512, embed_type="IQ4_NL",
                                mix={"ffn_down": "IQ4_XS", "attn_output": "IQ4_XS"}),
+    # the codebook and ternary types (random valid blocks of the weights' scale): an IQ3_XXS/IQ3_S mix with IQ2 parts,
+    # and IQ2_XXS with the 1-bit and ternary types, fused Q|K|V and gate|up segments of different types
+    "qwen2-iq3_xxs-iq3_s-iq2": dict(arch="qwen2", weight_type="IQ3_XXS", dim=256, hidden=512, n_heads=4, n_kv_heads=2,
+                                    tie=False, output_type="Q6_K", embed_type="IQ3_S",
+                                    mix={"attn_v": "IQ3_S", "ffn_down": "IQ2_S", "attn_output": "IQ2_XS"}),
+    "iq2_xxs-iq1-tq": dict(weight_type="IQ2_XXS", dim=256, hidden=512, embed_type="Q8_0",
+                           mix={"attn_k": "IQ1_S", "ffn_up": "IQ1_M", "ffn_down": "TQ2_0", "attn_output": "TQ1_0"}),
     # Qwen3: QK-norm, no biases, head_dim 128 with q_dim != dim
     "qwen3-f32": dict(arch="qwen3", weight_type="F32", n_heads=4, n_kv_heads=2, head_dim=128),
     "qwen3-q4_0": dict(arch="qwen3", weight_type="Q4_0", embed_type="Q8_0", head_dim=128),

@@ -98,16 +98,19 @@ def test_cuda_engine_gets_k_quants_as_q8_0():
 
 
 def test_low_bit_types_reach_the_engine_in_their_own_width():
-    """A Q3_K/Q2_K/IQ4_XS/IQ4_NL matrix is neither converted at load nor widened when its weight is built: each
-    weight holds its own tiles, within 4% of the file's bytes (tests/engine/test_forward_reference.py checks such
-    models' logits)."""
+    """A Q3_K/Q2_K/IQ4_XS/IQ4_NL or IQ3/IQ2/IQ1/TQ matrix is neither converted at load nor widened when its weight is
+    built: each weight holds its own tiles, within 4% of the file's bytes (the codebook and ternary types: the file's
+    bytes exactly; tests/engine/test_forward_reference.py checks such models' logits)."""
     from inferd.model.quant import convert_all
     from inferd.model.tensor import Tensor
     from tests.model.make_tiny import random_kquant
 
     model = random_model(weight_type="Q8_0", dim=256, hidden=256)
     kinds = [("blk.0.ffn_down.weight", "Q3_K"), ("blk.1.attn_v.weight", "Q2_K"), ("blk.1.ffn_up.weight", "IQ4_XS"),
-             ("blk.0.attn_output.weight", "IQ4_NL")]
+             ("blk.0.attn_output.weight", "IQ4_NL"), ("blk.0.ffn_up.weight", "IQ3_S"), ("blk.0.ffn_gate.weight",
+             "IQ3_XXS"), ("blk.0.attn_q.weight", "IQ2_XXS"), ("blk.0.attn_k.weight", "IQ2_XS"),
+             ("blk.0.attn_v.weight", "IQ2_S"), ("blk.1.ffn_down.weight", "IQ1_S"), ("blk.1.ffn_gate.weight", "IQ1_M"),
+             ("blk.1.attn_q.weight", "TQ1_0"), ("blk.1.attn_output.weight", "TQ2_0")]
     for i, (name, kind) in enumerate(kinds):
         t = model.tensors[name]
         model.tensors[name] = Tensor(name, kind, t.rows, t.cols, random_kquant(t.rows, t.cols, kind, seed=i))
@@ -117,9 +120,11 @@ def test_low_bit_types_reach_the_engine_in_their_own_width():
         assert t is model.tensors[name]
         w = _cpu.Weight(kind, t.rows, t.cols, t.data)
         assert t.data.nbytes <= w.nbytes <= 1.04 * t.data.nbytes, name
+        if kind.startswith(("IQ1", "IQ2", "IQ3", "TQ")):
+            assert w.nbytes == t.data.nbytes, name
     ts = model.tensors
     spec = fuse([ts[f"blk.1.attn_{x}.weight"] for x in "qkv"])
-    assert [p[0] for p in spec[1]] == ["Q8_0", "Q8_0", "Q2_K"]     # V stays Q2_K: a segment of its own
+    assert [p[0] for p in spec[1]] == ["TQ1_0", "Q8_0", "Q2_K"]     # each part stays in its type: three segments
 
 
 def test_experts_are_views_of_their_rows(tmp_path):

@@ -16,7 +16,8 @@ from tests.ext.paths import PATHS
 from tests.reference import make_tensor, random_model
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")     # rows of a multiple of 256
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS",
+           "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0")     # rows of a multiple of 256
 
 
 def test_simd_paths_are_available_here():
@@ -122,7 +123,8 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4") + PAIR_TYPES
+    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4", "IQ3_S", "IQ2_XXS", "IQ1_M",
+                   "TQ1_0") + PAIR_TYPES
     plain_specs = [(t, cols) for t in plain_types]
     plain_specs += [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]

@@ -1,6 +1,7 @@
 """The natively computed GGUF types beyond Q4_0/Q4_1/Q8_0 (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, the low-bit Q2_K, Q3_K,
-IQ4_NL, IQ4_XS, and MXFP4) against the gguf
-package's own dequantizer and float64 numpy, on every path this CPU runs, and fused weights of several types.
+IQ4_NL, IQ4_XS, MXFP4, and the codebook and ternary types IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S, TQ2_0,
+TQ1_0) against the gguf package's own dequantizer and float64 numpy, on every path this CPU runs, and fused weights
+of several types. The codebook and ternary types' blocks are random valid ones (gguf cannot write them).
 
 Weights are random valid blocks (every bit pattern of values and sub-block scales; tests/model/kquant_ref.py) and
 blocks quantized from normal data; row counts are not multiples of the 8-row tile. Tolerance against float64 on
@@ -17,9 +18,9 @@ from gguf import quants as gguf_quants
 
 from inferd import _cpu
 from tests.ext.test_kernels import ALL_PATHS, PATHS, engine_activations, path_available
-from tests.model.kquant_ref import quantize_iq4_nl, quantize_k, random_blocks
+from tests.model.kquant_ref import LANE_TYPES, quantize_iq4_nl, quantize_k, random_blocks, random_lane_blocks
 
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS") + LANE_TYPES
 TYPES = K_TYPES + ("Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 SHAPES = {"K": [(13, 256), (37, 512), (8, 1536)], "32": [(13, 96), (37, 160), (8, 1024)]}
 
@@ -33,6 +34,8 @@ def gguf_values(raw: np.ndarray, type_name: str, cols: int) -> np.ndarray:
 
 
 def quantized(values: np.ndarray, type_name: str) -> np.ndarray:
+    if type_name in LANE_TYPES:
+        return random_lane_blocks(values, type_name)
     if type_name in K_TYPES:
         return quantize_k(values, type_name)
     if type_name == "IQ4_NL":
@@ -129,6 +132,33 @@ def test_low_bit_segments_compute_each_part():
                     np.testing.assert_array_equal(fused.matmul(x[:n]).view(np.uint32), want.view(np.uint32))
         finally:
             _cpu.set_path(old)
+
+
+@pytest.mark.parametrize("specs", [
+    [("IQ3_XXS", 24), ("IQ3_S", 16), ("Q4_K", 13)],       # an IQ3_XXS file's Q|K|V: IQ3_S K, Q4_K V
+    [("IQ2_XXS", 16), ("IQ2_S", 8), ("IQ2_XS", 11)],
+    [("IQ1_S", 8), ("IQ1_M", 16), ("Q2_K", 9)],
+    [("TQ1_0", 16), ("TQ2_0", 8), ("IQ4_XS", 5)],
+])
+def test_codebook_segments_compute_each_part(specs):
+    """Fused Q|K|V or gate|up of the codebook and ternary types beside each other and beside the K-quants: each
+    part's rows, bit for bit, on every path, for a decode step and a prefill."""
+    cols, rng = 512, np.random.default_rng(len(specs[0][0]) + specs[0][1])
+    parts = [(t, rows, cols, quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32), t))
+             for t, rows in specs]
+    fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
+    singles = [_cpu.Weight(*p) for p in parts]
+    np.testing.assert_array_equal(fused.dequantize(), np.concatenate([s.dequantize() for s in singles]))
+    x = rng.standard_normal((12, cols)).astype(np.float32)
+    old = _cpu.get_path()
+    try:
+        for p in filter(path_available, ALL_PATHS):
+            _cpu.set_path(p)
+            for n in (1, 12):
+                want = np.concatenate([s.matmul(x[:n]) for s in singles], axis=1)
+                np.testing.assert_array_equal(fused.matmul(x[:n]).view(np.uint32), want.view(np.uint32))
+    finally:
+        _cpu.set_path(old)
 
 
 def test_interleaved_parts_alternate_groups_of_rows():

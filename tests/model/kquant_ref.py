@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 QK_K = 256
 
@@ -174,6 +175,27 @@ def _iq4_xs(b: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16(d), scales_h.view(np.uint8).reshape(n, 2), scales_l, qs], 1)
 
 
+# the types whose blocks come out of codebooks, sign bits and ternary digits (the engine keeps their blocks whole):
+# gguf cannot write them, and a search over their grids is llama.cpp's work, not a test's: tests use random valid
+# blocks of these (every index, sign and scale bit pattern is valid)
+LANE_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
+_D_OFFSET = {"TQ1_0": 52, "TQ2_0": 64}
+
+
+def _set_d(type_name: str, data: np.ndarray, d: np.ndarray) -> None:
+    """Write f16 scales d (rows, nb) into blocks data (rows, nb, size); IQ1_M's d lies in its scale words' top
+    nibbles."""
+    h = d.astype(np.float16).view(np.uint16)
+    if type_name == "IQ1_M":
+        sc = data[:, :, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[..., k] |= ((h >> (4 * k)) & 15) << 12
+        data[:, :, 48:56] = sc.view(np.uint8)
+    else:
+        off = _D_OFFSET.get(type_name, 0)
+        data[:, :, off:off + 2] = h.view(np.uint8).reshape(*h.shape, 2)
+
+
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
     """Random valid GGUF blocks: random bytes, with the f16 scales set to values in [0, scale) (MXFP4: exponents
     whose scales lie within [scale / 2^16, scale))."""
@@ -184,9 +206,26 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
         top = 128 + int(np.floor(np.log2(scale)))
         data[:, :, 0] = rng.integers(top - 16, top, (rows, nb), dtype=np.uint8)
         return np.ascontiguousarray(data.reshape(rows, nb * size))
+    if type_name in LANE_TYPES:
+        _set_d(type_name, data, rng.uniform(0, scale, (rows, nb)))
+        return np.ascontiguousarray(data.reshape(rows, nb * size))
     offsets = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
                "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108],
                "IQ4_NL": [0], "IQ4_XS": [0]}[type_name]
     for off in offsets:
         data[:, :, off:off + 2] = _f16(rng.uniform(0, scale, (rows, nb)).astype(np.float32))
     return np.ascontiguousarray(data.reshape(rows, nb * size))
+
+
+def random_lane_blocks(x: np.ndarray, type_name: str) -> np.ndarray:
+    """Random valid blocks of a LANE_TYPES type, seeded by x, whose values have about x's root mean square: a stand-in
+    for a quantizer of x (its values are not x's)."""
+    rows, cols = x.shape
+    rng = np.random.default_rng(int(np.frombuffer(np.ascontiguousarray(x, np.float32).tobytes()[:64].ljust(64, b"\0"),
+                                                  np.uint32).sum()))
+    data = random_blocks(type_name, rows, cols, rng, scale=1.0).reshape(rows, cols // QK_K, -1)
+    _set_d(type_name, data, np.ones((rows, cols // QK_K)))
+    unit = gguf_quants.dequantize(data.reshape(rows, -1), GGMLQuantizationType[type_name])
+    rms = float(np.sqrt(np.mean(np.square(np.asarray(x, np.float64)))))
+    _set_d(type_name, data, np.full((rows, cols // QK_K), rms / max(float(np.sqrt(np.mean(np.square(unit)))), 1e-30)))
+    return np.ascontiguousarray(data.reshape(rows, -1))

@@ -27,6 +27,8 @@ from gguf import quants as gguf_quants
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from tests.model.kquant_ref import LANE_TYPES, random_blocks
+
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 LLAMA2_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
@@ -317,12 +319,14 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray:
-    """Valid random blocks of a K-quant or IQ4 type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
+    """Valid random blocks of a K-quant, IQ or TQ type (random bits, finite small f16 scales), uint8 (rows, bytes)."""
     qtype = GGMLQuantizationType[type_name]
     block, size = GGML_QUANT_SIZES[qtype]
     if cols % block:
         raise ValueError(f"{type_name} needs cols divisible by {block}, got {cols}")
     rng = np.random.default_rng(seed)
+    if type_name in LANE_TYPES:   # codebook and ternary types: their scales set where each keeps them
+        return random_blocks(type_name, rows, cols, rng, scale=4e-4 / np.sqrt(cols / 256))
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     # where each type keeps its f16 scales: Q2_K d, dmin after 16 scales + 64 values; Q3_K d last
     scale_offsets = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (size - 2,), "Q2_K": (80, 82),
@@ -335,7 +339,7 @@ def random_kquant(rows: int, cols: int, type_name: str, seed: int) -> np.ndarray
 
 # ---- writers -------------------------------------------------------------------------------------------------
 # MXFP4: the experts in MXFP4 and the other matrices in Q8_0, as gpt-oss's published files
-GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "MXFP4")
+GGUF_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "MXFP4") + LANE_TYPES
 HARMONY = "harmony"   # chat_template: tests/text/harmony.py's GPT_OSS, with harmony's control tokens
 
 
@@ -425,7 +429,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec = TinySpec(), weight_type: 
         from inferd.model.rope_scaling import llama3_freq_factors
         factors = llama3_freq_factors(spec.head_dim, spec.rope_theta, spec.rope_scaling).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
-    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K", "MXFP4") else weight_type)
+    embd_type = embd_type or ("Q8_0" if weight_type in ("Q4_K", "Q6_K", "MXFP4") + LANE_TYPES else weight_type)
     for name, x in weights.items():
         if arch in ("llama", "mistral") and name.endswith(("attn_q.weight", "attn_k.weight")):
             x = permute_for_gguf(x, spec.n_heads if "attn_q" in name else spec.n_kv_heads)
@@ -450,7 +454,7 @@ def _add_matrix(w: GGUFWriter, name: str, x: np.ndarray, ttype: str, seed: int) 
         w.add_tensor(name, x)
     elif ttype == "F16":
         w.add_tensor(name, x.astype(np.float16))
-    elif ttype in ("Q4_K", "Q6_K"):   # a 3-D tensor's matrices one after another
+    elif ttype in ("Q4_K", "Q6_K") + LANE_TYPES:   # random valid blocks; a 3-D tensor's matrices one after another
         data = random_kquant(int(np.prod(x.shape[:-1])), x.shape[-1], ttype, seed + zlib.crc32(name.encode()))
         w.add_tensor(name, data.reshape(*x.shape[:-1], -1), raw_dtype=qtype)
     else:

@@ -35,7 +35,7 @@ def tiny(request, tmp_path_factory):
     return folder, Embedder(load_embedding_model(folder), threads=2)
 
 
-@pytest.mark.parametrize("outtype, least_cos", [("F32", None), ("F16", 0.9999), ("Q8_0", 0.999)])
+@pytest.mark.parametrize("outtype, least_cos", [("F32", None), ("F16", 0.9999), ("BF16", 0.999), ("Q8_0", 0.999)])
 def test_vectors_equal_the_folders(tiny, tmp_path, outtype, least_cos):
     folder, from_folder = tiny
     path = write_tiny_embedding_gguf(folder, tmp_path / "m.gguf", outtype)

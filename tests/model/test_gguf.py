@@ -100,6 +100,24 @@ def test_native_quant_variants_load_untouched(tiny_dir, name):
             np.testing.assert_array_equal(t.data, raw[key].data)
 
 
+@pytest.mark.parametrize("weight_type", ["IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S", "TQ2_0",
+                                         "TQ1_0"])
+def test_codebook_and_ternary_files_load_in_their_types(tmp_path, weight_type):
+    """A tiny GGUF file of each codebook and ternary type: its matrices reach the engine as views of the file in
+    their type, and the engine's weights built from them dequantize to gguf's values exactly."""
+    from inferd import _cpu
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", TinySpec(n_layers=1, dim=256, hidden_dim=512, head_dim=64,
+                                                         n_heads=4, n_kv_heads=2), weight_type)
+    model = load_model(path)
+    layer = {n: t for n, t in model.tensors.items() if n.startswith("blk.") and t.rows > 1}
+    assert {t.type for t in layer.values()} == {weight_type}
+    for t in layer.values():
+        assert not t.data.flags.owndata                                  # a view of the mapped file
+        want = gguf_quants.dequantize(np.asarray(t.data), GGMLQuantizationType[weight_type]).reshape(t.rows, t.cols)
+        np.testing.assert_array_equal(_cpu.Weight(t.type, t.rows, t.cols, t.data).dequantize(), want)
+
+
 def test_permutation_matches_llama_cpp_pairing():
     # after the permutation, adjacent rows (2i, 2i+1) of a head hold HF's rotate-half rows (i, i + head_dim/2)
     w = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)  # 2 heads of head_dim 4

@@ -147,7 +147,7 @@ def test_float_weights_quantized_on_load_equal_the_reference(quantize):
 
 
 @pytest.mark.skipif(not HAVE_CPU, reason="inferd._cpu is not built (it quantizes to Q8_0)")
-@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ1_M", "TQ1_0"])
 def test_requantize_gives_q8_0_of_the_values(type_name):
     """requantize (the CUDA engine's route for the types its kernels lack) writes Q8_0 of the file's values."""
     rows, cols = 6, 512
@@ -167,8 +167,8 @@ def test_requantize_gives_q8_0_of_the_values(type_name):
 
 
 def test_unsupported_type_and_argument_are_named():
-    t = Tensor("blk.0.ffn_up.weight", "IQ2_XXS", 2, 256, np.zeros((2, 66), np.uint8))
-    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type IQ2_XXS, which cannot be loaded"):
+    t = Tensor("blk.0.ffn_up.weight", "Q8_1", 2, 256, np.zeros((2, 320), np.uint8))
+    with pytest.raises(ValueError, match="tensor blk.0.ffn_up.weight has type Q8_1, which cannot be loaded"):
         convert_tensor(t)
     with pytest.raises(ValueError, match="quantize must be one of q8_0, q4_0 or None, got 'q2_k'"):
         check_quantize_arg("q2_k")
