@@ -35,6 +35,23 @@ def smollm2_model(smollm2_path):
     return load_model(smollm2_path)
 
 
+@pytest.fixture(scope="module")
+def load_variant(tmp_path_factory):
+    """load(name): a tests/model/make_tiny.py variant, written and loaded once per test module"""
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import make_variant
+
+    folder = tmp_path_factory.mktemp("variants")
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            cache[name] = load_model(make_variant(name, folder))
+        return cache[name]
+
+    return load
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """A session folder for tiny models (tests.model.make_tiny.make_variant writes into it)."""

@@ -107,20 +107,6 @@ FILE_VARIANTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def load_variant(tmp_path_factory):
-    from inferd.model.loader import load_model
-    from tests.model.make_tiny import make_variant
-
-    folder = tmp_path_factory.mktemp("fwd-ref")
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            cache[name] = load_model(make_variant(name, folder))
-        return cache[name]
-    return load
-
 
 @pytest.mark.parametrize("name", FILE_VARIANTS)
 def test_file_variant_matches_reference(load_variant, name):

@@ -149,20 +149,6 @@ def test_gptoss_greedy_decode_is_its_prefill():
         seq.append(tok)
 
 
-@pytest.fixture(scope="module")
-def load_variant(tmp_path_factory):
-    from inferd.model.loader import load_model
-    from tests.model.make_tiny import make_variant
-
-    folder = tmp_path_factory.mktemp("gptoss")
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            cache[name] = load_model(make_variant(name, folder))
-        return cache[name]
-    return load
-
 
 @pytest.mark.parametrize("type_name", ["f32", "mxfp4"])
 def test_gptoss_file_matches_reference(load_variant, type_name):

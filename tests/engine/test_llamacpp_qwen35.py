@@ -16,18 +16,12 @@ import pytest
 
 from inferd.engine.engine import Engine, SeqInput
 from inferd.model.loader import load_model
-from tests.engine.test_llamacpp_tiny import (GENERATE, LOGPROB_TOL, NEAR_TIE, PROMPT_LEN, llama_cpp_greedy,
-                                             llama_server)
+from tests.engine.test_llamacpp_tiny import (GENERATE, PROMPT_LEN, assert_agrees_with_llama_cpp, llama_cpp_greedy,
+                                             llama_server, log_softmax)
 from tests.model.make_tiny import make_variant
 
 __all__ = ["llama_server"]   # the module's fixture, shared
 PROMPT_SEEDS = {"qwen35": 3, "qwen35moe": 3, "qwen3next": 3, "qwen3next-ssm_in": 3}
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits.astype(np.float64)
-    peak = logits.max(1, keepdims=True)
-    return logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next", "qwen3next-ssm_in"])
@@ -49,16 +43,4 @@ def test_qwen35_logprobs_match_llama_cpp(llama_server, tmp_path, arch):
         start += n
     assert start == len(toks) and np.array_equal(np.concatenate(chunked), whole)
 
-    logprobs = log_softmax(whole[PROMPT_LEN - 1:PROMPT_LEN - 1 + GENERATE])
-    worst = 0.0
-    for i, step in enumerate(steps):
-        if step is None:
-            continue
-        top = step["top_logprobs"]
-        for entry in top:
-            worst = max(worst, abs(logprobs[i, entry["id"]] - entry["logprob"]))
-        ours = int(np.argmax(logprobs[i]))
-        if ours != step["id"]:
-            assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, \
-                f"token {i}: we pick {ours}, llama.cpp {step['id']} ({top})"
-    assert worst < LOGPROB_TOL, f"log-probabilities up to {worst:.4f} apart from llama.cpp's"
+    assert_agrees_with_llama_cpp(log_softmax(whole[PROMPT_LEN - 1:PROMPT_LEN - 1 + GENERATE]), steps, arch)

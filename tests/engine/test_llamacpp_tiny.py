@@ -120,6 +120,29 @@ def llama_cpp_greedy(server: Path, model: Path, prompt: list[int], log: Path,
         proc.wait(timeout=30)
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    peak = logits.max(1, keepdims=True)
+    return logits - (peak + np.log(np.exp(logits - peak).sum(1, keepdims=True)))
+
+
+def assert_agrees_with_llama_cpp(logprobs: np.ndarray, steps: list, what: str) -> None:
+    """Our log-probabilities (one row per generated position) within LOGPROB_TOL of every top entry llama.cpp
+    reported, and our greedy pick its own wherever its top two are not a near tie."""
+    worst = 0.0
+    for i, step in enumerate(steps):
+        if step is None:
+            continue
+        top = step["top_logprobs"]
+        for entry in top:
+            worst = max(worst, abs(logprobs[i, entry["id"]] - entry["logprob"]))
+        ours = int(np.argmax(logprobs[i]))
+        if ours != step["id"]:
+            assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, \
+                f"{what} token {i}: we pick {ours}, llama.cpp {step['id']} ({top})"
+    assert worst < LOGPROB_TOL, f"{what}: log-probabilities up to {worst:.4f} apart from llama.cpp's"
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_logprobs_match_llama_cpp(llama_server, tmp_path, name):
     path = make_variant(name, tmp_path)
@@ -131,18 +154,4 @@ def test_logprobs_match_llama_cpp(llama_server, tmp_path, name):
 
     eng = Engine(model, num_kv_blocks=4, max_batch_tokens=256, max_seqs=1, threads=2, max_logits_rows=256)
     logits = eng.step([SeqInput(prompt + theirs, 0, [0, 1, 2, 3], 0, want_logits=True)])[0].logits
-    logits = logits[PROMPT_LEN - 1:PROMPT_LEN - 1 + GENERATE].astype(np.float64)
-    logprobs = logits - (logits.max(1, keepdims=True) + np.log(np.exp(logits - logits.max(1, keepdims=True))
-                                                                 .sum(1, keepdims=True)))
-    worst = 0.0
-    for i, step in enumerate(steps):
-        if step is None:
-            continue
-        top = step["top_logprobs"]
-        for entry in top:
-            worst = max(worst, abs(logprobs[i, entry["id"]] - entry["logprob"]))
-        ours = int(np.argmax(logits[i]))
-        if ours != step["id"]:
-            assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, \
-                f"{name} token {i}: we pick {ours}, llama.cpp {step['id']} ({top})"
-    assert worst < LOGPROB_TOL, f"{name}: log-probabilities up to {worst:.4f} apart from llama.cpp's"
+    assert_agrees_with_llama_cpp(log_softmax(logits[PROMPT_LEN - 1:PROMPT_LEN - 1 + GENERATE]), steps, name)

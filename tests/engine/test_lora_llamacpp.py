@@ -12,17 +12,11 @@ from inferd.engine.engine import Engine, SeqInput
 from inferd.model.loader import load_model
 from inferd.model.lora import load_adapter
 from tests.engine.test_llamacpp_tiny import (GENERATE, LOGPROB_TOL, NEAR_TIE, PROMPT_LEN, llama_cpp_greedy,
-                                             llama_server_path)
+                                             llama_server)
 from tests.model.make_lora import random_lora, write_gguf_lora
 from tests.model.make_tiny import make_variant
 
-
-@pytest.fixture(scope="module")
-def llama_server():
-    path = llama_server_path()
-    if path is None:
-        pytest.skip("llama.cpp's llama-server is not built (../shared/peers/llama-cpp.sh builds it)")
-    return path
+__all__ = ["llama_server"]   # test_llamacpp_tiny's fixture, shared
 
 
 @pytest.mark.parametrize("name", ["llama32-gguf-f16", "qwen3-gguf-f32"])

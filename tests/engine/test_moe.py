@@ -29,20 +29,6 @@ ROUTE_MARGIN = 1e-3               # router logits this close to a tie are left o
 CASES = [(arch, t) for arch in MOE_SPECS for t in ("f32", "q8_0", "q4_k")]
 
 
-@pytest.fixture(scope="module")
-def load_variant(tmp_path_factory):
-    from inferd.model.loader import load_model
-    from tests.model.make_tiny import make_variant
-
-    folder = tmp_path_factory.mktemp("moe")
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            cache[name] = load_model(make_variant(name, folder))
-        return cache[name]
-    return load
-
 
 def clear_routing(model, act_quant: bool):
     """Tokens whose every routing decision is clear of a tie by ROUTE_MARGIN in the reference, and the reference's

@@ -28,20 +28,6 @@ SEQ_LEN = 70                      # crosses the 64-position KV block boundary
 ROUTE_MARGIN = 3e-3
 
 
-@pytest.fixture(scope="module")
-def load_variant(tmp_path_factory):
-    from inferd.model.loader import load_model
-    from tests.model.make_tiny import make_variant
-
-    folder = tmp_path_factory.mktemp("qwen35")
-    cache = {}
-
-    def load(name):
-        if name not in cache:
-            cache[name] = load_model(make_variant(name, folder))
-        return cache[name]
-    return load
-
 
 def engine(model, max_seqs=4, threads=2, num_kv_blocks=8):
     return Engine(model, num_kv_blocks=num_kv_blocks, max_batch_tokens=128, max_seqs=max_seqs, threads=threads,
