@@ -117,21 +117,7 @@ def test_low_bit_segments_compute_each_part():
     cols, rng = 512, np.random.default_rng(12)
     for specs in ([("Q3_K", 24), ("Q5_K", 16)], [("Q2_K", 16), ("IQ4_XS", 8), ("IQ4_NL", 11)],
                   [("MXFP4", 24), ("Q8_0", 16), ("MXFP4", 5)]):
-        parts = [(t, rows, cols, quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32),
-                                           t)) for t, rows in specs]
-        fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-        singles = [_cpu.Weight(*p) for p in parts]
-        np.testing.assert_array_equal(fused.dequantize(), np.concatenate([s.dequantize() for s in singles]))
-        x = rng.standard_normal((12, cols)).astype(np.float32)
-        old = _cpu.get_path()
-        try:
-            for p in filter(path_available, ALL_PATHS):
-                _cpu.set_path(p)
-                for n in (1, 12):
-                    want = np.concatenate([s.matmul(x[:n]) for s in singles], axis=1)
-                    np.testing.assert_array_equal(fused.matmul(x[:n]).view(np.uint32), want.view(np.uint32))
-        finally:
-            _cpu.set_path(old)
+        check_fused_parts(specs, cols, rng)
 
 
 @pytest.mark.parametrize("specs", [
@@ -144,6 +130,12 @@ def test_codebook_segments_compute_each_part(specs):
     """Fused Q|K|V or gate|up of the codebook and ternary types beside each other and beside the K-quants: each
     part's rows, bit for bit, on every path, for a decode step and a prefill."""
     cols, rng = 512, np.random.default_rng(len(specs[0][0]) + specs[0][1])
+    check_fused_parts(specs, cols, rng)
+
+
+def check_fused_parts(specs, cols, rng):
+    """A weight fused of parts (type, rows) dequantizes and multiplies as its parts one by one, bit for bit, on every
+    path, for a decode step (1 token) and a prefill (12)."""
     parts = [(t, rows, cols, quantized((rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32), t))
              for t, rows in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
