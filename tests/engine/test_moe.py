@@ -30,16 +30,16 @@ CASES = [(arch, t) for arch in MOE_SPECS for t in ("f32", "q8_0", "q4_k")]
 
 
 
-def clear_routing(model, act_quant: bool):
-    """Tokens whose every routing decision is clear of a tie by ROUTE_MARGIN in the reference, and the reference's
+def clear_routing(model, act_quant: bool, margin: float = ROUTE_MARGIN, seeds: int = 29):
+    """Tokens whose every routing decision is clear of a tie by `margin` in the reference, and the reference's
     pass over them: a near tie goes either way in float32 (the first of the seeds tried that has none)."""
-    for seed in range(1, 30):
+    for seed in range(1, seeds + 1):
         toks = np.random.default_rng(seed).integers(3, model.config.vocab_size, SEQ_LEN)
         ref = Reference(model.config, model.tensors)
         out = ref.forward(toks, kv_dtype=np.float16, act_quant=act_quant)
-        if np.min(ref.route_margins) > ROUTE_MARGIN:
+        if np.min(ref.route_margins) > margin:
             return toks, out
-    raise AssertionError(f"no prompt of the seeds tried routes clear of ties by {ROUTE_MARGIN}")
+    raise AssertionError(f"no prompt of the seeds tried routes clear of ties by {margin}")
 
 
 def run_engine(model, tokens, threads=2):
