@@ -21,6 +21,14 @@ The costs come from a fit over recent steps (step_cost.py); before it has seen e
 decodes is the smallest one (MIN_PREFILL_BESIDE_DECODES), which a prompt never goes below so that it always
 progresses. A step without decodes (nothing is streaming) takes prompt tokens up to the whole budget, and
 `max_prefill_while_decoding` stays an upper bound on the chunk.
+
+The bound alone would starve prompts that arrive faster than it lets them in: a step takes about K - 1 decode
+steps' worth of prompt tokens, while a closed-loop load brings (prompt tokens / output tokens) of them per decode
+token, over 5 for long prompts and short answers. Prompts would pile up, fewer streams would decode, their steps
+and so the chunks would shrink, and throughput would fall. So a step also takes at least the prompt tokens
+waiting to be computed spread over PACE_STEPS steps: a sustained stream of prompts is then taken in as fast as
+it comes, evenly over the steps (every step a little longer, none much longer: the tail stays near the median),
+while one long prompt in a quiet period still comes in at the bound's pace.
 When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones stay in the
 prefix cache), and it is recomputed later from its prompt and what it generated so far.
 """
@@ -44,6 +52,7 @@ log = logging.getLogger("inferd.scheduler")
 
 MIN_PREFILL_BESIDE_DECODES = 16  # a step's latency bound never stops a prompt from progressing
 DEFAULT_STEP_LATENCY_FACTOR = 2.0  # a step with prompt tokens beside decodes: at most this many decode steps
+PACE_STEPS = 32  # beside decodes, a step takes at least the pending prompt tokens over this many steps
 
 
 class Scheduler(Sequences):
@@ -186,11 +195,22 @@ class Scheduler(Sequences):
             return cap
         cost = self.step_cost
         decode_s = cost.decode_s(decode_rows)
-        if decode_s is None:  # nothing learned yet: the smallest chunk, which teaches the costs
-            return min(cap, MIN_PREFILL_BESIDE_DECODES)
-        bound = self.max_step_latency_s or decode_s * (self.step_latency_factor or 1.0)
+        bound = self.max_step_latency_s or (decode_s or 0.0) * (self.step_latency_factor or 1.0)
         fits = cost.prompt_tokens_within(bound, decode_rows, MIN_PREFILL_BESIDE_DECODES)
-        return min(cap, fits if fits is not None else MIN_PREFILL_BESIDE_DECODES)
+        # nothing learned yet: the smallest chunk, which teaches the costs
+        fits = fits if fits is not None else MIN_PREFILL_BESIDE_DECODES
+        return min(cap, max(fits, -(-self._pending_prompt_tokens() // PACE_STEPS)))
+
+    def _pending_prompt_tokens(self) -> int:
+        """Prompt tokens still to compute of the running sequences and of the waiting ones that may start."""
+        pending = sum(st.target_len - st.num_computed for st in self.running if not st.status.prompt_done)
+        free = self.max_running - len(self.running)
+        for st in self.waiting:
+            if free <= 0:
+                break
+            pending += st.target_len - st.num_computed
+            free -= 1
+        return pending
 
     def observe(self, batch: ScheduledBatch, duration_s: float) -> None:
         """How long `batch` took to run: what sizes the next steps' prefill chunks (step_cost.py)."""

@@ -5,7 +5,7 @@ of the steps that ran (a fake engine, its steps 'timed' by a cost model the test
 import pytest
 
 from inferd.engine.loop import run_batch
-from inferd.engine.scheduler import DEFAULT_STEP_LATENCY_FACTOR, MIN_PREFILL_BESIDE_DECODES
+from inferd.engine.scheduler import DEFAULT_STEP_LATENCY_FACTOR, MIN_PREFILL_BESIDE_DECODES, PACE_STEPS
 from inferd.engine.step_cost import MIN_STEPS, StepCost
 from tests.engine.fake_engine import FakeEngine
 from tests.engine.test_scheduler import Harness, req
@@ -163,3 +163,24 @@ def test_a_step_without_decodes_takes_the_whole_budget():
     h.sched.abort("d0")
     h.add(req("b", range(1000, 1600), max_tokens=5))
     assert timed_step(h, step) == [(0, 512, 0)]
+
+
+def test_prompts_arriving_faster_than_the_bound_lets_in_are_paced_over_the_steps():
+    step = cost_model(0.030, 0.001, 0.001)
+    h = warmed(step, num_decoding=1)
+    for i in range(3):
+        h.add(req(f"p{i}", range(1000 * (i + 1), 1000 * (i + 1) + 640), max_tokens=5))
+    # 1920 prompt tokens pending: 60 a step (1920 / 32), more than the bound's 31
+    assert PACE_STEPS == 32
+    assert timed_step(h, step) == [(22, 1, 1), (0, 60, 0)]
+    # then 1860 pending: 59 a step
+    assert timed_step(h, step) == [(23, 1, 1), (60, 59, 0)]
+
+
+def test_waiting_requests_that_cannot_start_are_not_pending():
+    step = cost_model(0.030, 0.001, 0.001)
+    h = warmed(step, num_decoding=1, max_running=2)
+    for i in range(3):
+        h.add(req(f"p{i}", range(1000 * (i + 1), 1000 * (i + 1) + 1280), max_tokens=5))
+    # one free slot: only p0's 1280 tokens count, 40 a step
+    assert timed_step(h, step) == [(22, 1, 1), (0, 40, 0)]
