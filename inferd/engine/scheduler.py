@@ -93,6 +93,7 @@ class Scheduler(Sequences):
         self.max_step_latency_s = max_step_latency_s or None
         self.step_latency_factor = step_latency_factor or None
         self.step_cost = StepCost()
+        self.pace_steps = PACE_STEPS
         # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
         self.max_logits_rows = engine.max_logits_rows
         # A sequence must fit in the cache alone, otherwise preemption could never make room for it.
@@ -199,7 +200,7 @@ class Scheduler(Sequences):
         fits = cost.prompt_tokens_within(bound, decode_rows, MIN_PREFILL_BESIDE_DECODES)
         # nothing learned yet: the smallest chunk, which teaches the costs
         fits = fits if fits is not None else MIN_PREFILL_BESIDE_DECODES
-        return min(cap, max(fits, -(-self._pending_prompt_tokens() // PACE_STEPS)))
+        return min(cap, max(fits, -(-self._pending_prompt_tokens() // self.pace_steps)))
 
     def _pending_prompt_tokens(self) -> int:
         """Prompt tokens still to compute of the running sequences and of the waiting ones that may start."""
