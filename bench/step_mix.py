@@ -44,8 +44,8 @@ def main() -> None:
     model = load_model(args.model)
     per_seq = blocks_needed(args.depth + args.rounds * len(chunks) * 2 + 8)
     prompt_blocks = blocks_needed(1000 + max(chunks))
-    engine = Engine(model, num_kv_blocks=max(decodes) * per_seq + prompt_blocks, max_batch_tokens=max(*chunks, 512) + 64,
-                    max_seqs=max(decodes) + 1, threads=args.threads)
+    engine = Engine(model, num_kv_blocks=max(decodes) * per_seq + prompt_blocks,
+                    max_batch_tokens=max(*chunks, 512) + 64, max_seqs=max(decodes) + 1, threads=args.threads)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(max(decodes))]
     long_table = list(range(max(decodes) * per_seq, max(decodes) * per_seq + prompt_blocks))
     vocab = 1000
