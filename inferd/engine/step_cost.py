@@ -37,7 +37,9 @@ class StepCost:
             for j in range(3):
                 self._xx[i][j] = FORGET * self._xx[i][j] + x[i] * x[j]
         self.num_steps += 1
-        self._coef = self._fit() if self.num_steps >= MIN_STEPS else None
+        fit = self._fit() if self.num_steps >= MIN_STEPS else None
+        if fit is not None:  # steps that say nothing consistent (a burst of noise) leave the last costs standing
+            self._coef = fit
 
     @property
     def known(self) -> bool:

@@ -41,6 +41,17 @@ def test_too_few_steps_or_no_positive_token_cost_is_no_fit():
     assert cost.per_prompt_token_s is None and cost.decode_s(4) is None
 
 
+def test_steps_that_contradict_the_costs_leave_the_last_ones_standing():
+    step = cost_model(0.010, 0.002, 0.001)
+    cost = StepCost()
+    for rows, tokens in [(0, 128), (4, 0), (4, 32), (8, 0)]:
+        cost.observe(step(rows, tokens), rows, tokens)
+    known = cost.decode_s(4), cost.per_prompt_token_s
+    for tokens, seconds in [(32, 0.5), (256, 0.01)] * 3:  # more prompt tokens, faster steps: noise
+        cost.observe(seconds, 4, tokens)
+    assert (cost.decode_s(4), cost.per_prompt_token_s) == known
+
+
 def test_one_shape_seen_over_and_over_is_predicted_for_that_shape():
     step = cost_model(0.010, 0.002, 0.001)
     cost = StepCost()
