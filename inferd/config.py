@@ -149,6 +149,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        if 0 < self.step_latency_factor < 1:
+            raise ValueError(
+                f"step_latency_factor must be 0 (off) or at least 1 (a step with prompt tokens beside decodes takes "
+                f"at least what the decodes take); got {self.step_latency_factor}"
+            )
         for name, path in self.lora_adapters.items():
             if not LORA_NAME.fullmatch(name) or not path:
                 raise ValueError(
