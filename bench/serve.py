@@ -3,6 +3,7 @@
     python bench/serve.py --bin DIR                   # uniform: c = 1,4,8,16, 4 requests per client, 3 repeats, ~4 min
     python bench/serve.py --bin DIR --workload mixed  # mixed: c = 8,32, 2 requests per client, 2 repeats, ~10 min
     python bench/serve.py --bin DIR --quick [--workload mixed]   # smoke test: c = 1,4 (mixed: 4), 1 request, 1 repeat
+    python bench/serve.py --inferd-only [--inferd-args '...']   # inferd alone (a quick look; no ratios)
 (times: estimates for SmolLM2 Q4_0 on an unshared 2-core machine, from the speeds in bench/results/serve.md)
 
 Workloads (--workload):
@@ -26,6 +27,8 @@ where S, the context per slot, holds the workload's longest prompt and output (b
   TTFT        request sent -> first text chunk (p50, p95)
   ITL         gap between consecutive text chunks (p50, p99). A chunk that carries several tokens counts once,
               so the table gives the tokens per chunk: at 1.00 (one token per chunk) ITL is per token.
+  ITL p99/p50 the tail against the stream's usual cadence
+With --inferd-only llama-server does not run (its column is empty): for a quick look at one inferd configuration.
 Writes bench/results/serve[-mixed][-quick].md (table, per-repeat throughput ratios, commands), .json and .png.
 """
 from __future__ import annotations
@@ -357,18 +360,23 @@ def ratio(a: float, b: float) -> str:
 
 METRICS = [("output tok/s", lambda r: r.throughput), ("TTFT p50 ms", lambda r: r.ttft(0.5) * 1e3),
            ("TTFT p95 ms", lambda r: r.ttft(0.95) * 1e3), ("ITL p50 ms", lambda r: r.itl(0.5) * 1e3),
-           ("ITL p99 ms", lambda r: r.itl(0.99) * 1e3), ("tokens per chunk", lambda r: r.tokens_per_chunk)]
+           ("ITL p99 ms", lambda r: r.itl(0.99) * 1e3), ("ITL p99/p50", lambda r: r.itl(0.99) / r.itl(0.5)),
+           ("tokens per chunk", lambda r: r.tokens_per_chunk)]
 
 
 def table(results: dict[int, dict[str, LevelResult]]) -> list[str]:
     """One row per level and metric: llama-server, inferd, inferd / llama-server."""
     lines = ["| c | metric | llama-server | inferd | inferd / llama |", "| ---: | --- | ---: | ---: | ---: |"]
     for c, pair in results.items():
-        ll, us = pair["llama-server"], pair["inferd"]
+        ll, us = pair.get("llama-server"), pair["inferd"]
         for label, get in METRICS:
-            a, b = get(ll), get(us)
-            lines.append(f"| {c} | {label} | {a:.{2 if label.startswith('tokens') else 1}f} | "
-                         f"{b:.{2 if label.startswith('tokens') else 1}f} | {ratio(b, a)} |")
+            digits = 1 if label.endswith(("tok/s", "ms")) else 2
+            b = get(us)
+            if ll is None:
+                lines.append(f"| {c} | {label} | - | {b:.{digits}f} | - |")
+                continue
+            a = get(ll)
+            lines.append(f"| {c} | {label} | {a:.{digits}f} | {b:.{digits}f} | {ratio(b, a)} |")
     return lines
 
 
@@ -386,6 +394,8 @@ def plot(results: dict[int, dict[str, LevelResult]], path: Path, title: str) -> 
               ("ITL p50 (ms)", lambda r: r.itl(0.5) * 1e3)]
     for ax, (label, get) in zip(axes, panels):
         for name, style in (("inferd", "o-"), ("llama-server", "s--")):
+            if name not in results[cs[0]]:
+                continue
             ax.plot(cs, [get(results[c][name]) for c in cs], style, label=name)
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel(label)
@@ -409,7 +419,9 @@ async def main_async(args) -> int:
     bin_dir = llama_bin(args.bin)
     path = model_file(args.model, bin_dir)
     env = peer_env(args.peer_lib)
-    repack = args.repack == "on" or args.repack == "auto" and repack_works(bin_dir, path, args.threads, env)
+    peer = not args.inferd_only
+    repack = (not peer or args.repack == "on"
+              or args.repack == "auto" and repack_works(bin_dir, path, args.threads, env))
     text_ids, decode = text_token_ids(path)
     log_dir = Path(tempfile.mkdtemp(prefix="inferd-bench-serve-"))   # the servers' output, for post-mortems
     extra = args.inferd_args.split() if args.inferd_args else []
@@ -417,7 +429,8 @@ async def main_async(args) -> int:
     what = (f"{UNIFORM_PROMPT} prompt + {UNIFORM_OUTPUT} output tokens" if args.workload == "uniform" else
             f"mixed: prompts {MIXED_PROMPT[0]}-{MIXED_PROMPT[1]}, outputs {MIXED_OUTPUT[0]}-{MIXED_OUTPUT[1]} "
             f"tokens, every 4th after a shared {SYSTEM_TOKENS}-token system prompt, seed {args.seed}")
-    title = (f"inferd vs llama-server, {path.name}, {args.threads} threads, {_cpu.get_path()} kernels, {what}, "
+    who = "inferd vs llama-server" if peer else "inferd alone"
+    title = (f"{who}, {path.name}, {args.threads} threads, {_cpu.get_path()} kernels, {what}, "
              f"{rounds} requests per client, {repeats} ABBA repeats pooled")
     print(title, flush=True)
     warning = busy_warning()
@@ -437,9 +450,10 @@ async def main_async(args) -> int:
             this = {}
             pair = (llama_server(bin_dir, path, args.threads, c, per_slot, env, repack),
                     inferd_server(path, args.threads, c, per_slot, extra))
+            order = abba(rep, pair) if peer else pair[1:]
             if rep == 0:
-                commands += [s.shown for s in pair]
-            for server in abba(rep, pair):
+                commands += [s.shown for s in pair if s in order]
+            for server in order:
                 r = await bench_server(server, requests, log_dir)
                 this[server.name] = r
                 print(f"c={c:<3} {server.name:<13} {r.throughput:7.1f} tok/s  TTFT p50 {r.ttft(0.5) * 1e3:7.1f} ms  "
@@ -452,14 +466,14 @@ async def main_async(args) -> int:
                     results[c][server.name].add(r)
                 else:
                     results[c][server.name] = r
-            if this["llama-server"].throughput:
+            if peer and this["llama-server"].throughput:
                 spread[c].append(this["inferd"].throughput / this["llama-server"].throughput)
 
     stamp = time.strftime("%Y-%m-%d %H:%M")
     host = machine()
     lines = [f"# {title} ({stamp})", "", machine_line(host) + f" llama.cpp: {peer_build(bin_dir)}.", ""]
     lines += table(results)
-    lines += ["", "Throughput ratio of each repeat (min-max): " + "; ".join(
+    lines += [] if not peer else ["", "Throughput ratio of each repeat (min-max): " + "; ".join(
         f"c={c}: " + (fmt_range(xs, 2) if len(xs) > 1 else f"{xs[0]:.2f}x (1 repeat)") for c, xs in spread.items()
         if xs)]
     lines += ["", "ITL is the gap between text chunks; tokens per chunk 1.00 means one token per chunk."]
@@ -476,11 +490,13 @@ async def main_async(args) -> int:
     report = "\n".join(lines) + "\n"
     print("\n" + report)
     name = ("serve" + ("" if args.model == "smollm2-q4_0" else f"_{args.model}")
-            + ("-mixed" if args.workload == "mixed" else "") + ("-quick" if quick else ""))
+            + ("-mixed" if args.workload == "mixed" else "") + ("-quick" if quick else "")
+            + ("" if peer else "-inferd"))
     raw = {str(c): {n: {"requests": r.requests, "repeat_ratios": spread[c], "output_tokens": r.output_tokens,
                         "chunks": r.chunks, "wall_s": r.wall_s, "throughput": r.throughput,
                         "ttft_p50": r.ttft(0.5), "ttft_p95": r.ttft(0.95), "itl_p50": r.itl(0.5),
-                        "itl_p99": r.itl(0.99), "errors": r.errors}
+                        "itl_p99": r.itl(0.99), "itl_p99_over_p50": r.itl(0.99) / r.itl(0.5) if r.itls else None,
+                        "errors": r.errors}
                     for n, r in pair.items()} for c, pair in results.items()}
     write_results(args.out_dir / f"{name}.md", report,
                   {"kind": "serve", "title": title, "date": stamp, "machine": host, "peer_build": peer_build(bin_dir),
@@ -505,6 +521,8 @@ def main() -> int:
     ap.add_argument("--peer-lib", type=Path, help="folder put first on llama-server's LD_LIBRARY_PATH")
     ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
                     help="llama.cpp's weight repacking; auto: on unless a short llama-bench run dies with SIGILL")
+    ap.add_argument("--inferd-only", action="store_true",
+                    help="run inferd alone (no llama-server, no ratios): a quick look at one configuration")
     ap.add_argument("--inferd-args", default="", help="extra `inferd serve` options, e.g. '--speculative'")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = ap.parse_args()

@@ -102,6 +102,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_tokens: PosInt = 512
     max_prefill_while_decoding: NonNegInt = 256
     max_step_latency_ms: NonNegFloat = 0.0
+    step_latency_factor: NonNegFloat = 2.0
     max_running: PosInt = 64
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0
@@ -148,6 +149,11 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if value not in allowed:
                 shown = ", ".join(repr(a) if a == "" else a for a in allowed)
                 raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+        if 0 < self.step_latency_factor < 1:
+            raise ValueError(
+                f"step_latency_factor must be 0 (off) or at least 1 (a step with prompt tokens beside decodes takes "
+                f"at least what the decodes take); got {self.step_latency_factor}"
+            )
         for name, path in self.lora_adapters.items():
             if not LORA_NAME.fullmatch(name) or not path:
                 raise ValueError(
@@ -257,8 +263,12 @@ DOCS: dict[str, str] = {
     "max_prefill_while_decoding": "Most prompt tokens one step takes while other sequences are generating, so "
     "their streams keep their pace; 0 means the whole max_batch_tokens.",
     "max_step_latency_ms": "While sequences are generating, cut prompt chunks so a step should end within this "
-    "many milliseconds (from the measured cost of recent steps; at least 16 prompt tokens a step); 0 means only "
-    "max_prefill_while_decoding bounds them.",
+    "many milliseconds (from the measured cost of recent steps; at least 16 prompt tokens a step); 0 means "
+    "step_latency_factor bounds them instead.",
+    "step_latency_factor": "While sequences are generating, cut prompt chunks so a step should take at most this "
+    "many times a step of the decodes alone (from the measured cost of recent steps; at least 16 prompt tokens a "
+    "step): a stream's slowest tokens come about this much later than its usual ones. max_step_latency_ms, when "
+    "set, replaces it; both 0 means only max_prefill_while_decoding bounds the chunks.",
     "generation_config": "Sampling for the fields a request leaves out: model (what the model file recommends, "
     "else llama.cpp's temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), llama.cpp (those, whatever the file "
     "says) or openai (temperature 1, nothing truncated).",

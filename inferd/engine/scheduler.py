@@ -7,11 +7,28 @@ drive it step by step with a fake engine and a fake clock.
 
 Policy: running sequences first, decodes before prefill chunks (a long prompt being chunked in must not stall
 everyone already generating); then waiting requests in arrival order while the step's token budget and the KV
-cache allow. While sequences are decoding, the prompt tokens of a step are capped lower than the step's budget
-(`max_prefill_while_decoding`): a decode step costs about as much as a small prefill chunk, so a full-budget chunk
-would make the streams' next token several times later than their usual cadence (bench/results/step_mix.md).
-With `max_step_latency_s` the chunk is also cut to what keeps such a step within that bound, from the costs of
-recent steps (step_cost.py).
+cache allow.
+
+While sequences are decoding, every prompt token in the step delays their next token: on a CPU the matmuls are
+compute-bound from a few rows on, so a prompt token costs about what a decode row costs, and a 256-token chunk
+beside 8 decodes makes that step many times a decode step (bench/results/step_latency/). So the prompt tokens a
+step takes beside decodes (all prompts' chunks together) are cut to what keeps the step within a bound:
+`step_latency_factor` (K) times what a step of those decodes alone takes, by default; or `max_step_latency_s`
+when that is set. A stream's slowest token then comes at most about K times later than its usual one, whatever
+the model, the machine or the batch, with no number to tune. The prompt's own cost changes little: the weights
+stream once per step either way, so small chunks mostly add steps, and the decodes ride along in those steps.
+The costs come from a fit over recent steps (step_cost.py); before it has seen enough steps a chunk beside
+decodes is the smallest one (MIN_PREFILL_BESIDE_DECODES), which a prompt never goes below so that it always
+progresses. A step without decodes (nothing is streaming) takes prompt tokens up to the whole budget, and
+`max_prefill_while_decoding` stays an upper bound on the chunk.
+
+The bound alone would starve prompts that arrive faster than it lets them in: a step takes about K - 1 decode
+steps' worth of prompt tokens, while a closed-loop load brings (prompt tokens / output tokens) of them per decode
+token, over 5 for long prompts and short answers. Prompts would pile up, fewer streams would decode, their steps
+and so the chunks would shrink, and throughput would fall. So a step also takes at least the prompt tokens
+waiting to be computed spread over PACE_STEPS steps: a sustained stream of prompts is then taken in as fast as
+it comes, evenly over the steps (every step a little longer, none much longer: the tail stays near the median),
+while one long prompt in a quiet period still comes in at the bound's pace.
 When the cache is full the latest-arrived running sequence is preempted: its blocks go (full ones stay in the
 prefix cache), and it is recomputed later from its prompt and what it generated so far.
 """
@@ -34,6 +51,8 @@ __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepSt
 log = logging.getLogger("inferd.scheduler")
 
 MIN_PREFILL_BESIDE_DECODES = 16  # a step's latency bound never stops a prompt from progressing
+DEFAULT_STEP_LATENCY_FACTOR = 2.0  # a step with prompt tokens beside decodes: at most this many decode steps
+PACE_STEPS = 32  # beside decodes, a step takes at least the pending prompt tokens over this many steps
 
 
 class Scheduler(Sequences):
@@ -47,6 +66,7 @@ class Scheduler(Sequences):
         speculative: bool = False,
         max_prefill_while_decoding: int | None = None,
         max_step_latency_s: float | None = None,
+        step_latency_factor: float | None = DEFAULT_STEP_LATENCY_FACTOR,
         clock: Callable[[], float] = time.monotonic,
     ):
         slots = num_state_slots(engine)
@@ -68,9 +88,12 @@ class Scheduler(Sequences):
         self.max_batch_tokens = engine.max_batch_tokens
         # prompt tokens a step may take beside decodes (None or 0: the whole budget)
         self.max_prefill_while_decoding = max_prefill_while_decoding or None
-        # while sequences decode, a step should end within this (None: only the cap above bounds the chunk)
+        # while sequences decode, a step should end within this many seconds, else within this many times a step
+        # of the decodes alone (both None or 0: only the cap above bounds the chunk)
         self.max_step_latency_s = max_step_latency_s or None
+        self.step_latency_factor = step_latency_factor or None
         self.step_cost = StepCost()
+        self.pace_steps = PACE_STEPS
         # logits rows (sampled rows plus every row of an echo-logprobs chunk) are capped separately
         self.max_logits_rows = engine.max_logits_rows
         # A sequence must fit in the cache alone, otherwise preemption could never make room for it.
@@ -102,8 +125,8 @@ class Scheduler(Sequences):
         preempted = False
 
         for want_decode in (True, False):
-            if not want_decode and scheduled:
-                budget = min(budget, self._prefill_beside_decodes())  # the decodes keep their cadence
+            if not want_decode and scheduled:  # the decodes keep their cadence
+                budget = min(budget, self._prefill_beside_decodes(self.max_batch_tokens - budget))
             for st in list(self.running):
                 if budget <= 0 or rows_left <= 0:
                     break
@@ -166,16 +189,33 @@ class Scheduler(Sequences):
             ],
         )
 
-    def _prefill_beside_decodes(self) -> int:
+    def _prefill_beside_decodes(self, decode_rows: int) -> int:
+        """Prompt tokens a step with `decode_rows` decode rows may take (the module's docstring says why)."""
         cap = self.max_prefill_while_decoding or self.max_batch_tokens
-        if self.max_step_latency_s is not None:
-            fits = self.step_cost.prompt_tokens_within(self.max_step_latency_s, MIN_PREFILL_BESIDE_DECODES)
-            cap = min(cap, fits) if fits is not None else cap
-        return cap
+        if self.max_step_latency_s is None and self.step_latency_factor is None:
+            return cap
+        cost = self.step_cost
+        decode_s = cost.decode_s(decode_rows)
+        bound = self.max_step_latency_s or (decode_s or 0.0) * (self.step_latency_factor or 1.0)
+        fits = cost.prompt_tokens_within(bound, decode_rows, MIN_PREFILL_BESIDE_DECODES)
+        # nothing learned yet: the smallest chunk, which teaches the costs
+        fits = fits if fits is not None else MIN_PREFILL_BESIDE_DECODES
+        return min(cap, max(fits, -(-self._pending_prompt_tokens() // self.pace_steps)))
+
+    def _pending_prompt_tokens(self) -> int:
+        """Prompt tokens still to compute of the running sequences and of the waiting ones that may start."""
+        pending = sum(st.target_len - st.num_computed for st in self.running if not st.status.prompt_done)
+        free = self.max_running - len(self.running)
+        for st in self.waiting:
+            if free <= 0:
+                break
+            pending += st.target_len - st.num_computed
+            free -= 1
+        return pending
 
     def observe(self, batch: ScheduledBatch, duration_s: float) -> None:
         """How long `batch` took to run: what sizes the next steps' prefill chunks (step_cost.py)."""
-        decode_rows = sum(1 for s in batch.seqs if s.num_sampled and s.num_new == s.num_sampled)
+        decode_rows = sum(s.num_new for s in batch.seqs if s.num_sampled and s.num_new == s.num_sampled)
         prompt_tokens = sum(s.num_new for s in batch.seqs if s.num_new != s.num_sampled)
         self.step_cost.observe(duration_s, decode_rows, prompt_tokens)
 

@@ -1,44 +1,101 @@
 """How long a step takes, learned from the steps that ran: what the scheduler needs to size a prefill chunk so
-that the streams decoding beside it wait at most `max_step_latency_s` for their next token.
+that the streams decoding beside it are not held up much longer than their usual cadence.
 
-A step that carries decode tokens and a prefill chunk costs about what the decodes alone cost (the weights
-stream once, whatever the batch) plus a cost per prompt token (the matmuls are compute-bound at prefill sizes,
-so that part grows with the chunk). Both are running means over recent steps: decode-only steps give the
-first, steps with a chunk give the second once the first is known. The machine's speed drifts (other
-processes, memory bandwidth phases), so recent steps count most.
+A step costs a fixed part (the weights stream from memory once per step, whatever the batch; the thread pool's
+start and end), a part per decode row, and a part per prompt token (the matmuls are compute-bound at these
+batch sizes, so that part grows with the rows). The three are fitted by least squares over recent steps, each
+weighted by how recent it is (the machine's speed drifts: other processes, memory bandwidth phases). Every kind
+of step informs the fit: prefill-only steps the per-token cost, decode-only steps the decode cost at their number
+of rows, mixed steps both. What the steps seen cannot tell apart (the first few steps of a server: one prompt,
+then decodes of one size) is settled by what is true of the matmuls: a decode row costs about what a prompt token
+costs (the same rows through the same weights, plus its logits), so the fit leans, faintly, towards the two being
+equal; steps that do tell them apart outweigh that at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-DECAY = 0.2  # weight of the newest step in each running mean
-MIN_CHUNK_FOR_RATE = 16  # shorter chunks say more about the fixed cost than about the per-token one
+FORGET = 0.95  # weight of a step relative to the one after it
+PRIOR = 1e-6  # pull towards "a decode row costs what a prompt token costs", relative to the data's own weight
+RIDGE = 1e-12  # keeps the system solvable, relative to the weighted sum of squares of each feature
+MIN_STEPS = 3  # steps seen before the fit is used
 
 
 @dataclass
 class StepCost:
-    decode_s: float | None = None  # a step of decode tokens only
-    per_prompt_token_s: float | None = None  # what each prompt token adds to a step
+    # exponentially weighted sums of x x^T and x y, with x = (1, decode rows, prompt tokens) and y the step's seconds
+    _xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _xy: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _coef: tuple[float, float, float] | None = None  # (fixed, per decode row, per prompt token) seconds
+    num_steps: int = 0  # steps seen
 
     def observe(self, duration_s: float, num_decode_rows: int, num_prompt_tokens: int) -> None:
-        if num_prompt_tokens == 0:
-            if num_decode_rows:
-                self.decode_s = _mean(self.decode_s, duration_s)
-            return
-        if num_prompt_tokens < MIN_CHUNK_FOR_RATE:
-            return
-        fixed = self.decode_s if num_decode_rows and self.decode_s is not None else 0.0
-        rate = max(duration_s - fixed, 0.0) / num_prompt_tokens
-        self.per_prompt_token_s = _mean(self.per_prompt_token_s, rate)
+        x = (1.0, float(num_decode_rows), float(num_prompt_tokens))
+        for i in range(3):
+            self._xy[i] = FORGET * self._xy[i] + x[i] * duration_s
+            for j in range(3):
+                self._xx[i][j] = FORGET * self._xx[i][j] + x[i] * x[j]
+        self.num_steps += 1
+        fit = self._fit() if self.num_steps >= MIN_STEPS else None
+        if fit is not None:  # steps that say nothing consistent (a burst of noise) leave the last costs standing
+            self._coef = fit
 
-    def prompt_tokens_within(self, budget_s: float, floor: int) -> int | None:
-        """Prompt tokens a step with decodes may take and still end within `budget_s`; never fewer than `floor`
-        (a prompt must always progress). None until both costs have been seen."""
-        if self.decode_s is None or not self.per_prompt_token_s:
+    @property
+    def known(self) -> bool:
+        return self._coef is not None
+
+    def decode_s(self, num_decode_rows: int) -> float | None:
+        """A step of `num_decode_rows` decodes alone, as the fit predicts it (None until it is known)."""
+        if self._coef is None:
             return None
-        return max(floor, int((budget_s - self.decode_s) / self.per_prompt_token_s))
+        fixed, per_row, _ = self._coef
+        return fixed + per_row * num_decode_rows
+
+    @property
+    def per_prompt_token_s(self) -> float | None:
+        return None if self._coef is None else self._coef[2]
+
+    def prompt_tokens_within(self, budget_s: float, num_decode_rows: int, floor: int) -> int | None:
+        """Prompt tokens a step with `num_decode_rows` decodes may take and still end within `budget_s`; never
+        fewer than `floor` (a prompt must always progress). None until the costs are known."""
+        decode_s, per_token = self.decode_s(num_decode_rows), self.per_prompt_token_s
+        if decode_s is None or per_token is None:
+            return None
+        return max(floor, int((budget_s - decode_s) / per_token + 1e-3))  # the fit's rounding: 30.9999 is 31
+
+    def _fit(self) -> tuple[float, float, float] | None:
+        """The costs, or None when the observations do not give a positive step cost and a positive token cost."""
+        a = [row[:] + [self._xy[i]] for i, row in enumerate(self._xx)]
+        for i in range(3):
+            a[i][i] += RIDGE * max(a[i][i], 1.0)
+        # PRIOR * scale * (per_row - per_token)^2 added to the squared error
+        prior = PRIOR * max(min(self._xx[1][1], self._xx[2][2]), 1.0)
+        a[1][1] += prior
+        a[2][2] += prior
+        a[1][2] -= prior
+        a[2][1] -= prior
+        coef = _solve(a)
+        if coef is None or coef[2] <= 0 or coef[0] + coef[1] <= 0:
+            return None
+        fixed, per_row, per_token = coef
+        # noise may push one part of a decode step below zero: it is none of the cost then
+        return max(fixed, 0.0), max(per_row, 0.0), per_token
 
 
-def _mean(old: float | None, new: float) -> float:
-    return new if old is None else old + DECAY * (new - old)
+def _solve(a: list[list[float]]) -> tuple[float, float, float] | None:
+    """Gaussian elimination with partial pivoting on the augmented 3x4 matrix `a` (modified in place)."""
+    n = 3
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-18:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for k in range(col, n + 1):
+                a[r][k] -= f * a[col][k]
+    out = [0.0] * n
+    for r in reversed(range(n)):
+        out[r] = (a[r][n] - sum(a[r][k] * out[k] for k in range(r + 1, n))) / a[r][r]
+    return out[0], out[1], out[2]

@@ -60,6 +60,7 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
         speculative=s.speculative,
         max_prefill_while_decoding=s.max_prefill_while_decoding,
         max_step_latency_s=s.max_step_latency_ms / 1000 or None,
+        step_latency_factor=s.step_latency_factor or None,
     )
     engine_loop = state.engine_loop = EngineLoop(
         engine,

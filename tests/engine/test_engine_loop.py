@@ -229,7 +229,6 @@ async def test_the_loop_tells_the_policy_how_long_each_step_took(running):
     s = running(FakeEngine(max_batch_tokens=64))
     outs = await collect(s.submit(req("a", range(100), max_tokens=5)))
     assert tokens_of(outs)
-    cost = s.scheduler.step_cost
-    # prefill-only steps of 64 and 36 tokens gave the per-token cost, the decodes the decode cost
-    assert cost.per_prompt_token_s is not None and cost.per_prompt_token_s > 0
-    assert cost.decode_s is not None and cost.decode_s > 0
+    # prefill-only steps of 64 and 36 tokens, then 4 decode steps: each one's time went into the fit (whose
+    # values are those of a fake engine's timing noise)
+    assert s.scheduler.step_cost.num_steps == 6

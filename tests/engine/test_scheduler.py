@@ -112,7 +112,7 @@ def test_step_stats_count_prefill_decode_and_first_token_latency():
 
 
 def test_long_prompt_is_chunked_and_decodes_go_first():
-    h = Harness(FakeEngine(max_batch_tokens=128))
+    h = Harness(FakeEngine(max_batch_tokens=128), step_latency_factor=0)  # the step bound: test_step_cost.py
     h.add(req("short", range(10), max_tokens=10))
     h.step()                                   # short's prefill
     h.add(req("long", range(1000, 1300), max_tokens=1))
@@ -124,7 +124,7 @@ def test_long_prompt_is_chunked_and_decodes_go_first():
 
 
 def test_prompt_tokens_beside_decodes_are_capped_so_streams_keep_their_cadence():
-    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=32)
+    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=32, step_latency_factor=0)
     h.add(req("long", range(1000, 1300), max_tokens=2))
     h.step()                                   # alone: nobody decodes, the prompt takes the whole budget
     h.add(req("short", range(10), max_tokens=10))
@@ -143,7 +143,7 @@ def test_prompt_tokens_beside_decodes_are_capped_so_streams_keep_their_cadence()
 
 
 def test_without_the_cap_a_prompt_chunk_takes_what_the_decodes_leave():
-    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=0)
+    h = Harness(FakeEngine(max_batch_tokens=128), max_prefill_while_decoding=0, step_latency_factor=0)
     h.add(req("short", range(10), max_tokens=10))
     h.step()
     h.add(req("long", range(1000, 1300), max_tokens=1))
@@ -325,7 +325,7 @@ def test_prompt_logprobs_cover_every_prompt_position():
 
 
 def test_prompt_logprob_chunks_respect_the_logits_row_limit():
-    h = Harness(FakeEngine(max_batch_tokens=256, max_logits_rows=40))
+    h = Harness(FakeEngine(max_batch_tokens=256, max_logits_rows=40), step_latency_factor=0)
     h.add(req("dec", range(5), max_tokens=10))
     h.step()
     h.add(req("echo", range(100), max_tokens=1, prompt_logprobs=0))

@@ -61,6 +61,7 @@ def test_defaults_without_any_source():
     ("colour = 1\n", "unknown setting 'colour'"),
     ("port = \n", "Invalid value"),
     ("log_level = 'loud'\n", "log_level must be debug, info"),
+    ("step_latency_factor = 0.5\n", "step_latency_factor must be 0 (off) or at least 1"),
 ])
 def test_bad_file_names_file_and_field(tmp_path, content, message):
     cfg = tmp_path / "bad.toml"
