@@ -195,6 +195,21 @@ def validate_gguf(path: str) -> GGUFHeader:
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
 
 
+def read_architecture(path: str) -> str | None:
+    """general.architecture (None when the header has none) without walking the rest of the header: writers put
+    it first, and the vocabulary's 10^5 strings that follow are most of a header's reading time. Raises
+    ModelLoadError for a file that is not GGUF or breaks off before the key."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size < 24:
+                raise ModelLoadError(path, f"file is too short to be GGUF ({size} bytes)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _Walker(path, buf, size).architecture()
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
+
+
 class _Walker:
     def __init__(self, path: str, buf: mmap.mmap, size: int):
         self.path, self.buf, self.size, self.pos = path, buf, size, 0
@@ -274,7 +289,17 @@ class _Walker:
             return self.strings(count, what)
         raise self.fail(f"{what} has unsupported item type {itype}")
 
-    def header(self) -> GGUFHeader:
+    def architecture(self) -> str | None:
+        n_kv = self.preamble()[2]
+        for i in range(n_kv):
+            key = self.string(f"metadata key #{i}")
+            value = self.value(self.unpack("<I", f"type of metadata {key!r}"), f"metadata {key!r}")
+            if key == "general.architecture":
+                return value if isinstance(value, str) else None
+        return None
+
+    def preamble(self) -> tuple[int, int, int]:
+        """Magic and version checked: (version, tensor count, metadata count)."""
         if self.buf[:4] != MAGIC:
             raise self.fail(f"not a GGUF file (magic {bytes(self.buf[:4])!r}, expected {MAGIC!r})")
         self.pos = 4
@@ -283,8 +308,10 @@ class _Walker:
             raise self.fail("big-endian GGUF files are not supported")
         if version not in VERSIONS:
             raise self.fail(f"unsupported GGUF version {version} (supported: {', '.join(map(str, VERSIONS))})")
-        n_tensors = self.unpack("<Q", "tensor count")
-        n_kv = self.unpack("<Q", "metadata count")
+        return version, self.unpack("<Q", "tensor count"), self.unpack("<Q", "metadata count")
+
+    def header(self) -> GGUFHeader:
+        version, n_tensors, n_kv = self.preamble()
         # minimal sizes: a key/value is key length (8) + type (4) + a 1-byte value; a tensor info is
         # name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8)
         if n_kv * 13 > self.size - self.pos:
