@@ -26,6 +26,7 @@ import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import functools  # noqa: E402
 import importlib  # noqa: E402
+import importlib.abc  # noqa: E402
 import inspect  # noqa: E402
 import io  # noqa: E402
 import pstats  # noqa: E402
@@ -48,6 +49,7 @@ OFFSET = _since_boot() - (time.perf_counter() - T_START)  # perf_counter at T_ST
 # (module, attribute, label): the functions and classes each stage is; a class stands for its constructor
 STAGES = [
     ("inferd.server.app", "is_embedding_folder", "is the file an encoder? (reads its header)"),
+    ("inferd.model.embedding_gguf", "is_embedding_gguf", "is the file an encoder? (early load's check)"),
     ("inferd.model.loader", "load_gguf", "GGUF header walk (metadata, tensor index)"),
     ("inferd.text.tokenizer:Tokenizer", "from_gguf", "tokenizer build"),
     ("inferd.model.loader", "_check_vocab", "vocabulary check"),
@@ -66,7 +68,7 @@ STAGES = [
 
 rows: list[tuple[str, str, float, float, float]] = []  # label, thread, start, end, cpu
 profiles: dict[str, cProfile.Profile] = {}
-PROFILE_THREADED = {"tokenizer build", "build_engine (repack + context)"}
+PROFILE_THREADED = {"tokenizer build", "build_engine (repack + context)", "GGUF header walk (metadata, tensor index)"}
 
 
 def stamp() -> float:
@@ -100,18 +102,53 @@ def timed(fn, label: str, profile: bool):
     return run
 
 
-def install(profile: bool) -> None:
-    for where, attr, label in STAGES:
-        mod_name, _, cls_name = where.partition(":")
-        mod = importlib.import_module(mod_name)
-        owner = getattr(mod, cls_name) if cls_name else mod
-        fn = getattr(owner, attr)
-        wrapped = timed(fn, label, profile)
-        setattr(owner, attr, wrapped)  # a classmethod's bound method, called through its class, stays bound
-        if not isinstance(fn, type):  # a function another module imported by name at its top: there too
-            for other in list(sys.modules.values()):
-                if other is not None and other is not mod and getattr(other, attr, None) is fn:
-                    setattr(other, attr, wrapped)
+# modules whose import is a stage of its own (everything they import, on the thread that imported them first)
+IMPORT_STAGES = {
+    "inferd.server.app": "import the server (aiohttp, APIs, parsers)",
+    "inferd.model.loader": "import the loader (numpy, gguf, tokenizers, jinja2)",
+}
+
+
+class _StageHook(importlib.abc.MetaPathFinder):
+    """Wraps the STAGES' functions as their modules are imported (nothing is imported ahead of the start, so the
+    start's own order of imports is what is measured), and times the IMPORT_STAGES' imports."""
+
+    def __init__(self, profile: bool):
+        self.profile = profile
+        self.modules = {where.partition(":")[0] for where, _, _ in STAGES} | set(IMPORT_STAGES)
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.modules:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def run(module):
+            t0, c0 = stamp(), time.thread_time()
+            exec_module(module)
+            if name in IMPORT_STAGES:
+                thread = threading.current_thread().name
+                rows.append((IMPORT_STAGES[name], thread, t0, stamp(), time.thread_time() - c0))
+            self.patch(module)
+
+        spec.loader.exec_module = run
+        return spec
+
+    def patch(self, module) -> None:
+        for where, attr, label in STAGES:
+            mod_name, _, cls_name = where.partition(":")
+            if mod_name != module.__name__:
+                continue
+            owner = getattr(module, cls_name) if cls_name else module
+            # a classmethod's bound method, set on its class and called through it, stays bound
+            setattr(owner, attr, timed(getattr(owner, attr), label, self.profile))
 
 
 def report(ready_at: float, profile: int) -> None:
@@ -119,13 +156,15 @@ def report(ready_at: float, profile: int) -> None:
     print(f"\nready (/health 200) at {ready_at:.3f} s after exec; process CPU {cpu.user + cpu.system:.2f} s "
           f"(user {cpu.user:.2f}, sys {cpu.system:.2f}); peak RSS {_vmhwm() / 1e9:.2f} GB")
     print("threads' CPU s (user+sys):", ", ".join(f"{name} {u:.2f}+{k:.2f}" for name, u, k in _threads_cpu()))
-    print(f"\n| stage | thread | start s | end s | wall s | CPU s |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    print("\n| stage | thread | start s | end s | wall s | CPU s |\n| --- | --- | ---: | ---: | ---: | ---: |")
     print(f"| interpreter + imports to serve_main | MainThread | 0.000 | {IMPORTS_DONE:.3f} | {IMPORTS_DONE:.3f} | "
           f"{IMPORTS_CPU:.3f} |")
     for label, thread, t0, t1, c in sorted(rows, key=lambda r: r[2]):
         print(f"| {label} | {thread} | {t0:.3f} | {t1:.3f} | {t1 - t0:.3f} | {c:.3f} |")
     if profile:
-        for label, prof in [("imports", IMPORT_PROFILE), *profiles.items()]:
+        if MAIN_PROFILE is not None:
+            MAIN_PROFILE.disable()
+        for label, prof in [("main thread from serve_main to ready", MAIN_PROFILE), *profiles.items()]:
             if prof is None:
                 continue
             out = io.StringIO()
@@ -159,11 +198,11 @@ def _vmhwm() -> int:
 
 
 IMPORTS_DONE = IMPORTS_CPU = 0.0
-IMPORT_PROFILE: cProfile.Profile | None = None
+MAIN_PROFILE: cProfile.Profile | None = None
 
 
 def main() -> int:
-    global IMPORTS_DONE, IMPORTS_CPU, IMPORT_PROFILE
+    global IMPORTS_DONE, IMPORTS_CPU, MAIN_PROFILE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEFAULT_FILE), help="a GGUF file (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=4096)
@@ -171,16 +210,14 @@ def main() -> int:
     ap.add_argument("--cprofile", type=int, default=0, metavar="N")
     args = ap.parse_args()
     path = Path(args.model).expanduser()
-    if args.cprofile:
-        IMPORT_PROFILE = cProfile.Profile()
-        IMPORT_PROFILE.enable()
+    sys.meta_path.insert(0, _StageHook(bool(args.cprofile)))
     from inferd.server import main as serve_module  # what `inferd serve` imports before it reads its options
     from inferd.server.systemd import Notifier
 
-    if IMPORT_PROFILE is not None:
-        IMPORT_PROFILE.disable()
     IMPORTS_DONE, IMPORTS_CPU = stamp(), time.process_time()
-    install(bool(args.cprofile))
+    if args.cprofile:
+        MAIN_PROFILE = cProfile.Profile()
+        MAIN_PROFILE.enable()
 
     def ready(self, status: str = "") -> bool:
         report(stamp(), args.cprofile)

@@ -33,7 +33,10 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
     loop = asyncio.get_running_loop()
     s = state.settings
     state.model = model
-    engine = await loop.run_in_executor(None, build_engine, model, s)
+    early, state.early_start = state.early_start, None  # its engine is this model's only, and only once
+    engine = await loop.run_in_executor(None, early.engine_for, model) if early is not None else None
+    if engine is None:
+        engine = await loop.run_in_executor(None, build_engine, model, s)
     state.engine = engine
     await load_adapters(state, engine, model)  # the lora_adapters setting's, before any request
     tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
