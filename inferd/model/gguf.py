@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .layers import check_tensors
 from .model_config import ModelConfig
 from .errors import ModelLoadError
+from .ggml_types import GGML_TYPES
 from .quant import LOADABLE_TYPES
 from .tensor import Tensor
 
@@ -368,16 +368,14 @@ class _Walker:
         dims = tuple(self.unpack("<Q", f"dimension of tensor {name}") for _ in range(n_dims))
         raw_type = self.unpack("<I", f"type of tensor {name}")
         offset = self.unpack("<Q", f"offset of tensor {name}")
-        try:
-            qtype = GGMLQuantizationType(raw_type)
-            block, type_size = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise self.fail(f"tensor {name} has unknown type id {raw_type}") from None
+        if raw_type not in GGML_TYPES:
+            raise self.fail(f"tensor {name} has unknown type id {raw_type}")
+        type_name, block, type_size = GGML_TYPES[raw_type]
         if any(d == 0 for d in dims):
             raise self.fail(f"tensor {name} has an empty dimension {dims}")
         if dims[0] % block:
             raise self.fail(
-                f"tensor {name}: row length {dims[0]} is not a multiple of the {qtype.name} block size {block}"
+                f"tensor {name}: row length {dims[0]} is not a multiple of the {type_name} block size {block}"
             )
         n_values = 1
         for d in dims:
@@ -385,4 +383,4 @@ class _Walker:
         nbytes = n_values // block * type_size
         if nbytes > self.size:
             raise self.fail(f"tensor {name} of shape {dims} would need {nbytes} bytes, more than the whole file")
-        return TensorInfo(name, dims, qtype.name, offset, nbytes)
+        return TensorInfo(name, dims, type_name, offset, nbytes)

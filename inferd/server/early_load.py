@@ -39,6 +39,7 @@ class EarlyStart:
         self.settings = settings
         self._model: Future[LoadedModel | None] = Future()
         self._engine: Future[Any] = Future()
+        self._repacking = threading.Event()  # the header is read: what is left is C without the GIL, mostly
         threading.Thread(target=self._run, name="model-load", daemon=True).start()
 
     @staticmethod
@@ -56,6 +57,8 @@ class EarlyStart:
             self._model.set_exception(e)
             self._engine.set_result(None)
             return
+        finally:
+            self._repacking.set()
         self._model.set_result(model)
         if model is None:
             self._engine.set_result(None)
@@ -66,6 +69,11 @@ class EarlyStart:
             self._engine.set_result(build_engine(model, self.settings))
         except BaseException as e:
             self._engine.set_exception(e)
+
+    def wait_repacking(self) -> None:
+        """Returns once the header is read (or the load failed): the repack that follows runs beside Python work,
+        while the header walk beside the imports would only share the GIL with them and start the repack later."""
+        self._repacking.wait()
 
     def load(self) -> LoadedModel:
         model = self._model.result()

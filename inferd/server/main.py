@@ -55,6 +55,8 @@ def serve_main(argv: list[str]) -> int:
     if settings.host not in ("127.0.0.1", "::1", "localhost") and not api_keys:
         log.warning("listening on %s without API keys: anyone who can reach this port can use the model", settings.host)
     early = start_early_load(settings)  # beside the imports the server's start begins with (app, aiohttp, APIs)
+    if early is not None:
+        early.wait_repacking()
     try:
         return asyncio.run(serve(settings, api_keys, early=early))
     except KeyboardInterrupt:

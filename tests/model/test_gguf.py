@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 
 from inferd.model.errors import ModelLoadError
@@ -320,6 +320,25 @@ def test_validate_gguf_reports_layout(tiny):
     assert "token_embd.weight" in names and len(names) == 2 + 9
     embd = next(t for t in header.tensors if t.name == "token_embd.weight")
     assert (embd.dims, embd.type, embd.nbytes) == ((128, 512), "Q8_0", 512 * 4 * 34)
+
+
+def test_the_loaders_type_table_is_the_gguf_packages():
+    from inferd.model.ggml_types import GGML_TYPES
+
+    assert GGML_TYPES == {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType}
+
+
+def test_reading_a_header_imports_neither_the_gguf_package_nor_jinja2():
+    """The start's load begins with these imports: they stay small (gguf's writer and YAML, jinja2 come later)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inferd.model.loader, inferd.model.embedding_gguf\n"
+            "print(sorted(m for m in ('gguf', 'yaml', 'jinja2', 'aiohttp') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 def test_read_architecture_stops_at_its_key(tiny, tmp_path):
