@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def load_model_from_settings(settings: Settings) -> LoadedModel:
     """Pull (when named) and load the settings' chat model; its tokenizer builds while the engine repacks the
-    weights (start_chat reads it after build_engine)."""
+    weights (start_chat reads it while the engine builds)."""
     from inferd.model.loader import load_model
     from inferd.model.pull import cache_dir, resolve
 
