@@ -212,15 +212,19 @@ static inline void put_lane_q6_k(uint8_t *blk, int r, const uint8_t *b) {
         for (int i = 0; i < 16; i++) g[i] = (uint8_t)(((L[i] >> ls) & 15) | ((L[16 + i] >> ls) & 15) << 4);
         uint8_t *gp = blk + tile_group_off(WT_Q6_K, s) + 4 * r, *hp = blk + tile_hbits_off(WT_Q6_K, s) + 4 * r;
         for (int p = 0; p < 4; p++) memcpy(gp + 32 * p, g + 4 * p, 4);
-        for (int e = 0; e < 4; e++) {
-            uint8_t lo = 0, hi = 0;
-            for (int p = 0; p < 4; p++) {
-                lo |= (uint8_t)(((H[4 * p + e] >> hs) & 3) << (2 * p));
-                hi |= (uint8_t)(((H[16 + 4 * p + e] >> hs) & 3) << (2 * p));
-            }
-            hp[e] = lo;
-            hp[32 + e] = hi;
+        /* tile byte e of the lane's 4 holds at bits 2p the top bits of value 4p + e (16 + 4p + e in the second
+         * half): four source bytes at once in a 32-bit word (little-endian), whose byte lanes never carry into
+         * each other (a 2-bit field moved by at most 6) */
+        uint32_t lo = 0, hi = 0;
+        for (int p = 0; p < 4; p++) {
+            uint32_t a, c;
+            memcpy(&a, H + 4 * p, 4);
+            memcpy(&c, H + 16 + 4 * p, 4);
+            lo |= ((a >> hs) & 0x03030303u) << (2 * p);
+            hi |= ((c >> hs) & 0x03030303u) << (2 * p);
         }
+        memcpy(hp, &lo, 4);
+        memcpy(hp + 32, &hi, 4);
         uint8_t *sc = blk + tile_scales_off(WT_Q6_K, s);
         sc[r] = b[192 + 2 * s];
         sc[8 + r] = b[192 + 2 * s + 1];

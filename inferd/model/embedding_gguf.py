@@ -31,7 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from ..text.tokenizer import CONTROL, Tokenizer
 from .embedding import KNOWN_MATRYOSHKA, EmbeddingModel, _bert, _gemma3, _rope_table, _Weights, load_embedding_model
 from .errors import ModelLoadError
-from .gguf import TensorInfo, _tensor_data, _to_tensor, validate_gguf
+from .gguf import TensorInfo, _tensor_data, _to_tensor, read_architecture, validate_gguf
 from .quant import FLOAT_TYPES, check_quantize_arg, convert_tensor, to_float32
 from .tensor import Tensor
 
@@ -82,7 +82,7 @@ def gguf_architecture(path: str | os.PathLike[str]) -> str | None:
     if not p.is_file() or p.suffix.lower() != ".gguf":
         return None
     try:
-        arch = validate_gguf(str(p)).metadata.get("general.architecture")
+        arch = read_architecture(str(p))
     except ModelLoadError:
         return None
     return arch if isinstance(arch, str) else None

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .layers import check_tensors
 from .model_config import ModelConfig
 from .errors import ModelLoadError
+from .ggml_types import GGML_TYPES
 from .quant import LOADABLE_TYPES
 from .tensor import Tensor
 
@@ -195,6 +195,21 @@ def validate_gguf(path: str) -> GGUFHeader:
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
 
 
+def read_architecture(path: str) -> str | None:
+    """general.architecture (None when the header has none) without walking the rest of the header: writers put
+    it first, and the vocabulary's 10^5 strings that follow are most of a header's reading time. Raises
+    ModelLoadError for a file that is not GGUF or breaks off before the key."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size < 24:
+                raise ModelLoadError(path, f"file is too short to be GGUF ({size} bytes)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return _Walker(path, buf, size).architecture()
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
+
+
 class _Walker:
     def __init__(self, path: str, buf: mmap.mmap, size: int):
         self.path, self.buf, self.size, self.pos = path, buf, size, 0
@@ -274,7 +289,17 @@ class _Walker:
             return self.strings(count, what)
         raise self.fail(f"{what} has unsupported item type {itype}")
 
-    def header(self) -> GGUFHeader:
+    def architecture(self) -> str | None:
+        n_kv = self.preamble()[2]
+        for i in range(n_kv):
+            key = self.string(f"metadata key #{i}")
+            value = self.value(self.unpack("<I", f"type of metadata {key!r}"), f"metadata {key!r}")
+            if key == "general.architecture":
+                return value if isinstance(value, str) else None
+        return None
+
+    def preamble(self) -> tuple[int, int, int]:
+        """Magic and version checked: (version, tensor count, metadata count)."""
         if self.buf[:4] != MAGIC:
             raise self.fail(f"not a GGUF file (magic {bytes(self.buf[:4])!r}, expected {MAGIC!r})")
         self.pos = 4
@@ -283,8 +308,10 @@ class _Walker:
             raise self.fail("big-endian GGUF files are not supported")
         if version not in VERSIONS:
             raise self.fail(f"unsupported GGUF version {version} (supported: {', '.join(map(str, VERSIONS))})")
-        n_tensors = self.unpack("<Q", "tensor count")
-        n_kv = self.unpack("<Q", "metadata count")
+        return version, self.unpack("<Q", "tensor count"), self.unpack("<Q", "metadata count")
+
+    def header(self) -> GGUFHeader:
+        version, n_tensors, n_kv = self.preamble()
         # minimal sizes: a key/value is key length (8) + type (4) + a 1-byte value; a tensor info is
         # name length (8) + n_dims (4) + one dim (8) + type (4) + offset (8)
         if n_kv * 13 > self.size - self.pos:
@@ -341,16 +368,14 @@ class _Walker:
         dims = tuple(self.unpack("<Q", f"dimension of tensor {name}") for _ in range(n_dims))
         raw_type = self.unpack("<I", f"type of tensor {name}")
         offset = self.unpack("<Q", f"offset of tensor {name}")
-        try:
-            qtype = GGMLQuantizationType(raw_type)
-            block, type_size = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise self.fail(f"tensor {name} has unknown type id {raw_type}") from None
+        if raw_type not in GGML_TYPES:
+            raise self.fail(f"tensor {name} has unknown type id {raw_type}")
+        type_name, block, type_size = GGML_TYPES[raw_type]
         if any(d == 0 for d in dims):
             raise self.fail(f"tensor {name} has an empty dimension {dims}")
         if dims[0] % block:
             raise self.fail(
-                f"tensor {name}: row length {dims[0]} is not a multiple of the {qtype.name} block size {block}"
+                f"tensor {name}: row length {dims[0]} is not a multiple of the {type_name} block size {block}"
             )
         n_values = 1
         for d in dims:
@@ -358,4 +383,4 @@ class _Walker:
         nbytes = n_values // block * type_size
         if nbytes > self.size:
             raise self.fail(f"tensor {name} of shape {dims} would need {nbytes} bytes, more than the whole file")
-        return TensorInfo(name, dims, qtype.name, offset, nbytes)
+        return TensorInfo(name, dims, type_name, offset, nbytes)

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..text.chat import default_template
+from ..text.chat_templates import default_template
 from ..text.tokenizer import Tokenizer
 from .model_config import ModelConfig
 from .errors import ModelLoadError

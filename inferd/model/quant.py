@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf import quants as gguf_quants
 
 from .tensor import NATIVE_TYPES, Tensor, bytes_per_row
 
@@ -87,7 +85,9 @@ def to_float32(t: Tensor, r0: int, r1: int) -> np.ndarray:
         return rows.view(np.float16).astype(np.float32)
     if t.type == "BF16":
         return (rows.astype(np.uint32) << 16).view(np.float32)  # bf16 is the top half of an f32
-    return gguf_quants.dequantize(np.ascontiguousarray(rows), GGMLQuantizationType[t.type]).astype(np.float32)
+    from gguf import GGMLQuantizationType, quants  # the gguf package's reference code: only a few loads get here
+
+    return quants.dequantize(np.ascontiguousarray(rows), GGMLQuantizationType[t.type]).astype(np.float32)
 
 
 def quantize_rows(x: np.ndarray, type_name: str) -> np.ndarray:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .ggml_types import BLOCK_SIZES
 
 # The types the engine computes with directly; everything else is converted by quant.py.
 NATIVE_TYPES = (
@@ -49,7 +50,7 @@ NATIVE_TYPES = (
 def block_info(type_name: str) -> tuple[int, int]:
     """(values per block, bytes per block) of a GGML type name, e.g. Q8_0 -> (32, 34)."""
     try:
-        return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+        return BLOCK_SIZES[type_name]
     except KeyError:
         raise ValueError(f"unknown tensor type {type_name!r}") from None
 

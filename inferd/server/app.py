@@ -19,6 +19,7 @@ from inferd.server import routes
 from inferd.server.chat_engine import describe as describe_chat
 from inferd.server.chat_engine import start_chat, stop_chat
 from inferd.server.cors import setup_cors
+from inferd.server.early_load import EarlyStart, load_model_from_settings
 from inferd.server.model_admin import ModelStates
 from inferd.server.models import MODELS, ModelManager
 from inferd.server.middleware import auth_middleware, error_middleware, key_digest, lifecycle_middleware
@@ -77,15 +78,6 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 # ---- start-up -----------------------------------------------------------------------------------------------
-
-
-def load_model_from_settings(settings: Settings):
-    from inferd.model.loader import load_model
-    from inferd.model.pull import cache_dir, resolve
-
-    path = resolve(settings.model, progress=False, cache=cache_dir(settings.model_cache_dir))
-    # the tokenizer builds while the engine repacks the weights (start_serving reads it after build_engine)
-    return load_model(path, quantize=settings.quantize or None, background_tokenizer=True)
 
 
 async def start_serving(
@@ -257,9 +249,11 @@ def create_app(
     model=None,
     load: Callable[[], LoadedModel] | None = None,
     notifier: Notifier | None = None,
+    early: EarlyStart | None = None,
 ) -> web.Application:
     """`model`: an already loaded model (tests); otherwise `load()` (default: pull + load per settings)
-    runs in a worker thread after the server starts listening."""
+    runs in a worker thread after the server starts listening; `early`: the model's load and engine already under
+    way (server/early_load.py), which then stands in for both."""
     app = web.Application(
         client_max_size=settings.max_body_bytes, middlewares=[error_middleware, auth_middleware, lifecycle_middleware]
     )
@@ -268,6 +262,7 @@ def create_app(
         notifier=notifier or Notifier(),
         api_key_digests=[key_digest(k) for k in api_keys],
         model=model,
+        early_start=early,
     )
     state.idle.set()
     app[STATE] = state
@@ -277,7 +272,7 @@ def create_app(
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
-    load = load or (lambda: load_model_from_settings(settings))
+    load = load or (early.load if early is not None else lambda: load_model_from_settings(settings))
     models = ModelManager(state) if settings.many_models and model is None else None
     if models is not None:
         app[MODELS] = models

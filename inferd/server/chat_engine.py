@@ -33,13 +33,21 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
     loop = asyncio.get_running_loop()
     s = state.settings
     state.model = model
-    engine = await loop.run_in_executor(None, build_engine, model, s)
-    state.engine = engine
-    await load_adapters(state, engine, model)  # the lora_adapters setting's, before any request
-    tok = await loop.run_in_executor(None, lambda: model.tokenizer)  # may still be building
+    early, state.early_start = state.early_start, None  # its engine is this model's only, and only once
+
+    def engine_of_model():
+        engine = early.engine_for(model) if early is not None else None
+        return engine if engine is not None else build_engine(model, s)
+
+    building = loop.run_in_executor(None, engine_of_model)
+    building.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error is awaited below, or moot
+    # the tokenizer (may still be building) and the chat template while the weights repack, in C without the GIL
+    tok = await loop.run_in_executor(None, lambda: model.tokenizer)
     state.served_model_name = s.served_model_name or model.model_name
     state.sampling_defaults = resolve_sampling(s.generation_config, model.sampling, s.override_generation_config)
     state.chat_template = ChatTemplate(model.chat_template, tok.bos_token, tok.eos_token)
+    engine = state.engine = await building
+    await load_adapters(state, engine, model)  # the lora_adapters setting's, before any request
     if getattr(engine, "supports_token_masks", False):
         # the grammar vocabulary builds for the first constrained request (on the compiler's pool): ~0.6 s for
         # 150k tokens, all of it holding the GIL (llguidance), which would stall the event loop, the scheduler

@@ -9,12 +9,14 @@ import logging
 import signal
 import sys
 
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from inferd.config import ConfigError, Settings, add_arguments, describe, load_settings, read_api_keys
-from inferd.server.app import create_app
-from inferd.server.state import STATE
+from inferd.server.early_load import EarlyStart, start_early_load
 from inferd.server.systemd import Notifier
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("inferd.server")
 
@@ -52,15 +54,29 @@ def serve_main(argv: list[str]) -> int:
     log.debug("settings: %s", describe(settings))
     if settings.host not in ("127.0.0.1", "::1", "localhost") and not api_keys:
         log.warning("listening on %s without API keys: anyone who can reach this port can use the model", settings.host)
+    early = start_early_load(settings)  # beside the imports the server's start begins with (app, aiohttp, APIs)
+    if early is not None:
+        early.wait_repacking()
     try:
-        return asyncio.run(serve(settings, api_keys))
+        return asyncio.run(serve(settings, api_keys, early=early))
     except KeyboardInterrupt:
         return 0
 
 
-async def serve(settings: Settings, api_keys: list[str], notifier: Notifier | None = None) -> int:
+async def serve(
+    settings: Settings,
+    api_keys: list[str],
+    notifier: Notifier | None = None,
+    early: EarlyStart | None = None,
+) -> int:
+    """`early`: the model's load already under way (start_early_load); otherwise the app loads it once listening."""
+    from aiohttp import web
+
+    from inferd.server.app import create_app
+    from inferd.server.state import STATE
+
     notifier = notifier or Notifier()
-    app = create_app(settings, api_keys=api_keys, notifier=notifier)
+    app = create_app(settings, api_keys=api_keys, notifier=notifier, early=early)
     state = app[STATE]
     runner = web.AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=max(settings.drain_timeout_s, 0.1)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from inferd.engine.loop import EngineLoop
     from inferd.model.loader import LoadedModel
     from inferd.server.apis.responses.store import ResponseStore
+    from inferd.server.early_load import EarlyStart
     from inferd.server.embedding_service import EmbeddingMetrics, EmbeddingService
     from inferd.server.lora import ServedAdapter
     from inferd.server.metrics import Metrics
@@ -45,6 +46,7 @@ class ServerState:
     accepting: bool = True
     failure: str | None = None
     model: LoadedModel | None = None
+    early_start: EarlyStart | None = None  # the model's load and engine begun before the server's imports
     engine: Engine | CudaEngine | None = None
     engine_loop: EngineLoop | None = None
     metrics: Metrics | None = None

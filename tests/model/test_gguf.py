@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 
 from inferd.model.errors import ModelLoadError
-from inferd.model.gguf import load_gguf, validate_gguf
+from inferd.model.gguf import load_gguf, read_architecture, validate_gguf
 from inferd.model.loader import load_model
 from tests.model.make_tiny import (TinySpec, make_variant, permute_for_gguf, tiny_weights, variant_spec,
                                    write_tiny_gguf)
@@ -320,6 +320,52 @@ def test_validate_gguf_reports_layout(tiny):
     assert "token_embd.weight" in names and len(names) == 2 + 9
     embd = next(t for t in header.tensors if t.name == "token_embd.weight")
     assert (embd.dims, embd.type, embd.nbytes) == ((128, 512), "Q8_0", 512 * 4 * 34)
+
+
+def test_the_loaders_type_table_is_the_gguf_packages():
+    from inferd.model.ggml_types import GGML_TYPES
+
+    assert GGML_TYPES == {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType}
+
+
+def test_reading_a_header_imports_neither_the_gguf_package_nor_jinja2():
+    """The start's load begins with these imports: they stay small (gguf's writer and YAML, jinja2 come later)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inferd.model.loader, inferd.model.embedding_gguf\n"
+            "print(sorted(m for m in ('gguf', 'yaml', 'jinja2', 'aiohttp') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_read_architecture_stops_at_its_key(tiny, tmp_path):
+    assert read_architecture(str(tiny)) == validate_gguf(str(tiny)).metadata["general.architecture"] == "llama"
+    # the key comes first: a file cut right after it still names its architecture (the full walk would refuse it)
+    data = tiny.read_bytes()
+    cut = data.index(b"general.architecture") + len(b"general.architecture") + 4 + 8 + len(b"llama")
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[:cut])
+    assert read_architecture(str(bad)) == "llama"
+    bad.write_bytes(data[: cut - 2])  # inside the value: the error says what broke off
+    with pytest.raises(ModelLoadError, match="needs 5 bytes but only 3 remain"):
+        read_architecture(str(bad))
+    bad.write_bytes(b"GGML" + data[4:])
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        read_architecture(str(bad))
+
+
+def test_read_architecture_of_a_file_without_the_key(tmp_path):
+    path = tmp_path / "bare.gguf"
+    writer = GGUFWriter(str(path), arch="llama")
+    writer.kv_data[0].pop("general.architecture")
+    writer.add_string("general.name", "no architecture")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert read_architecture(str(path)) is None
 
 
 def test_expert_tensors_load_as_views_of_their_matrices(tmp_path):

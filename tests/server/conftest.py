@@ -39,9 +39,10 @@ def loaded_model(request, model_path):
 
 
 class ServerThread:
-    def __init__(self, settings: Settings, model=None, *, api_keys=(), load=None, notifier=None):
+    def __init__(self, settings: Settings, model=None, *, api_keys=(), load=None, notifier=None, early=None):
         self.settings = settings
-        self.app = create_app(settings, api_keys=list(api_keys), model=model, load=load, notifier=notifier)
+        self.app = create_app(settings, api_keys=list(api_keys), model=model, load=load, notifier=notifier,
+                              early=early)
         self.state = self.app[STATE]
         self.loop = asyncio.new_event_loop()
         self._started = threading.Event()
