@@ -290,34 +290,22 @@ KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, cons
 #include "qlanes.h"
 
 /* The types that keep their GGUF blocks (iq_lanes.h): sub-block s of the 8 rows expanded to wv[0..7] (signed), its
- * halves' scales into q6->sc16, in registers (qlanes.h) or, for the IQ1 and TQ types, through a transposing buffer;
- * and the rows' d * factor */
+ * halves' scales into q6->sc16, in registers (qlanes.h: lane by lane, or for TQ1_0 row by row and transposed); and
+ * the rows' d * factor */
 KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
-    if (KFN(lanes_gathered)(type)) {
-        KFN(gather_lanes)(type, blk, s, wv, q6);
-        return;
-    }
-    uint32_t v[8][TILE_ROWS] __attribute__((aligned(32)));   /* [j][r]: values 4j..4j+3 of row r */
-    uint8_t sc[16];
-    for (int r = 0; r < TILE_ROWS; r++) {
-        uint64_t w[4];
-        int m[2];
-        lane_unpack(type, blk + (size_t)r * lane_bytes(type), s, w, m);
-        for (int g = 0; g < 4; g++) {
-            v[2 * g][r] = (uint32_t)w[g];
-            v[2 * g + 1][r] = (uint32_t)(w[g] >> 32);
-        }
-        sc[r] = (uint8_t)m[0];
-        sc[8 + r] = (uint8_t)m[1];
-    }
-    for (int j = 0; j < 8; j++) wv[j] = _mm256_load_si256((const __m256i *)v[j]);
-    KFN(load_q6scales)(type, sc, q6);
+    if (type == WT_TQ1_0) KFN(tq1_lanes)(blk, s, wv, q6);
+    else if (type == WT_TQ2_0) KFN(tq2_lanes)(blk, s, wv, q6);
+    else KFN(gather_lanes)(type, blk, s, wv, q6);
 }
 
+/* the rows' d (f16, converted as load_f16x8 converts: exactly) times the type's factor */
 KINLINE __m256 KFN(lane_dw)(const int type, const uint8_t *blk) {
-    float d[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++) d[r] = lane_d(type, blk + (size_t)r * lane_bytes(type));
-    return _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_set1_ps(lane_factor(type)));
+    const size_t lb = lane_bytes(type);
+    const __m128i h = _mm_setr_epi16((short)lane_d_bits(type, blk), (short)lane_d_bits(type, blk + lb),
+                                     (short)lane_d_bits(type, blk + 2 * lb), (short)lane_d_bits(type, blk + 3 * lb),
+                                     (short)lane_d_bits(type, blk + 4 * lb), (short)lane_d_bits(type, blk + 5 * lb),
+                                     (short)lane_d_bits(type, blk + 6 * lb), (short)lane_d_bits(type, blk + 7 * lb));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(lane_factor(type)));
 }
 
 /* One block of a tile (all its sub-blocks) against ntok tokens: acc[k] += the block's share of token k's rows.
