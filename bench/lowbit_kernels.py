@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/ (after an installed or PYTHONPATH inferd)
 from tests.model.kquant_ref import random_blocks  # noqa: E402
 
 from inferd import _cpu  # noqa: E402

@@ -144,16 +144,22 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
     if (type_keeps_blocks(type)) {
-        /* signed values (|v| <= 62: maddubs pairs stay in int16): |v| times x with v's sign, each half of 16 values
-         * times its scale in the madd */
-        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
-                                                               _mm256_sign_epi8(x[j], wv[j])), q6->sc16[j / 4]);
-            if (j < 4) a = _mm256_add_epi32(a, p);
-            else b = _mm256_add_epi32(b, p);
+        /* signed values: |v| times x with v's sign; each half of 16 values times its scale in the madd. A maddubs
+         * pair is at most 2 * 62 * 127 (IQ3's grids), so two of them add in int16 before the madd; the IQ1 and
+         * ternary values (|v| <= 9) add all four of a half */
+        const int four = type == WT_IQ1_S || type == WT_IQ1_M || type == WT_TQ1_0 || type == WT_TQ2_0;
+        __m256i p[8], sum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+            p[j] = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(x[j], wv[j]));
+        for (int h = 0; h < 2; h++) {
+            __m256i p01 = _mm256_add_epi16(p[4 * h], p[4 * h + 1]), p23 = _mm256_add_epi16(p[4 * h + 2], p[4 * h + 3]);
+            if (four)
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), q6->sc16[h]));
+            else
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(p01, q6->sc16[h]),
+                                                             _mm256_madd_epi16(p23, q6->sc16[h])));
         }
-        return _mm256_add_epi32(a, b);
+        return sum;
     }
     if (type_is_iq4(type)) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
