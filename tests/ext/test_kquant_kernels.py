@@ -218,8 +218,8 @@ def _largest_blocks(type_name: str, index: int) -> np.ndarray:
 @pytest.mark.parametrize("type_name", ["IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS"])
 def test_codebook_largest_block_sums_are_exact(type_name):
     """Every index the grid's entry of the largest sum, every sign positive, every scale 15, every activation 127:
-    about the largest block sum each type can give (the SIMD kernels add products in int16 before the scale, which must not overflow) equals float64's and
-    the scalar path's, for a decode step and a prefill."""
+    about the largest block sum each type can give (the SIMD kernels add products in int16 before the scale, which
+    must not overflow) equals float64's and the scalar path's, for a decode step and a prefill."""
     grid_size = {"IQ2_XXS": 256, "IQ2_XS": 512, "IQ2_S": 1024, "IQ3_XXS": 256, "IQ3_S": 512}[type_name]
     candidates = np.stack([_largest_blocks(type_name, k) for k in range(grid_size)])
     best = int(np.argmax(gguf_values(candidates, type_name, 256).sum(axis=1)))
