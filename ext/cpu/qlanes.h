@@ -38,19 +38,25 @@ KINLINE __m256i KFN(gather_grid)(const uint32_t *g, __m256i idx) {
     return KFN(set8)(g[i[0]], g[i[1]], g[i[2]], g[i[3]], g[i[4]], g[i[5]], g[i[6]], g[i[7]]);
 }
 
+/* 8-byte words e0..e7 (lane r: e_r): their low words into *lo, their high words into *hi */
+KINLINE void KFN(split64)(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3, uint64_t e4, uint64_t e5, uint64_t e6,
+                          uint64_t e7, __m256i *lo, __m256i *hi) {
+    /* a: rows 0, 1 | 4, 5, b: rows 2, 3 | 6, 7; shuffle_ps takes words 0, 2 (or 1, 3) of a then b per 128-bit half:
+     * rows 0..3 | 4..7 */
+    const __m256 a = _mm256_castsi256_ps(_mm256_set_epi64x((long long)e5, (long long)e4, (long long)e1,
+                                                           (long long)e0));
+    const __m256 b = _mm256_castsi256_ps(_mm256_set_epi64x((long long)e7, (long long)e6, (long long)e3,
+                                                           (long long)e2));
+    *lo = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88));
+    *hi = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xdd));
+}
+
 /* the 8-byte entries idx of a grid: their low words into *lo, their high words into *hi (lane r: entry idx[r]) */
 KINLINE void KFN(gather_grid64)(const uint64_t *g, __m256i idx, __m256i *lo, __m256i *hi) {
     uint32_t i[8] __attribute__((aligned(32)));
     _mm256_store_si256((__m256i *)(void *)i, idx);
     __asm__ volatile("" ::: "memory");
-    /* a: entries of rows 0, 1 | 4, 5, b: rows 2, 3 | 6, 7; shuffle_ps takes words 0, 2 (or 1, 3) of a then b per
-     * 128-bit half: rows 0..3 | 4..7 */
-    const __m256 a = _mm256_castsi256_ps(_mm256_set_epi64x((long long)g[i[5]], (long long)g[i[4]],
-                                                           (long long)g[i[1]], (long long)g[i[0]]));
-    const __m256 b = _mm256_castsi256_ps(_mm256_set_epi64x((long long)g[i[7]], (long long)g[i[6]],
-                                                           (long long)g[i[3]], (long long)g[i[2]]));
-    *lo = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88));
-    *hi = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xdd));
+    KFN(split64)(g[i[0]], g[i[1]], g[i[2]], g[i[3]], g[i[4]], g[i[5]], g[i[6]], g[i[7]], lo, hi);
 }
 
 /* byte b of each lane's word copied into all 4 bytes of the lane */
@@ -141,15 +147,30 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
         }
         KFN(lane_scales)(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(sc, f15), 1), one),
                          _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(sc, 4), 1), one), q6);
-    } else if (type == WT_IQ3_S) {
-        const __m256i q0 = KFN(gather_rows)(type, blk + 2 + 8 * s), q1 = KFN(gather_rows)(type, blk + 6 + 8 * s);
-        const __m256i qh = KFN(gather_rows)(type, blk + 66 + s), sg = KFN(gather_rows)(type, blk + 74 + 4 * s);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(j < 4 ? q0 : q1, 8 * (j % 4)), b8),
-                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, j), one), 8));
-            wv[j] = KFN(apply_signs)(KFN(gather_grid)(IQ3S_GRID, idx), KFN(spread_byte)(sg, j / 2), j % 2);
+    } else if (type == WT_IQ3_S) {   /* row by row: a row's 8 indices (qs bytes, qh bits << 8) in one xmm */
+        const size_t lb = lane_bytes(type);
+        uint16_t idx[TILE_ROWS][8] __attribute__((aligned(16)));   /* [r][j] */
+        const __m128i bits = _mm_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128);
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const uint8_t *p = blk + r * lb;
+            const __m128i q = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * s)));
+            const __m128i h = _mm_and_si128(_mm_set1_epi16(p[66 + s]), bits);
+            _mm_store_si128((__m128i *)(void *)idx[r],
+                            _mm_or_si128(q, _mm_and_si128(_mm_cmpeq_epi16(h, bits), _mm_set1_epi16(256))));
         }
+        __asm__ volatile("" ::: "memory");
+        const __m256i sg = KFN(gather_rows)(type, blk + 74 + 4 * s);
+#define IQ3S_PAIR(r, j) (IQ3S_GRID[idx[r][j]] | (uint64_t)IQ3S_GRID[idx[r][(j) + 1]] << 32)
+#pragma GCC unroll 4
+        for (int l = 0; l < 4; l++) {   /* entries 2l, 2l + 1: values 8l..8l+7 */
+            __m256i lo, hi;
+            KFN(split64)(IQ3S_PAIR(0, 2 * l), IQ3S_PAIR(1, 2 * l), IQ3S_PAIR(2, 2 * l), IQ3S_PAIR(3, 2 * l),
+                         IQ3S_PAIR(4, 2 * l), IQ3S_PAIR(5, 2 * l), IQ3S_PAIR(6, 2 * l), IQ3S_PAIR(7, 2 * l), &lo, &hi);
+            const __m256i sb = KFN(spread_byte)(sg, l);
+            wv[2 * l] = KFN(apply_signs)(lo, sb, 0);
+            wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
+        }
+#undef IQ3S_PAIR
         __m256i sc = _mm256_srli_epi32(KFN(gather_rows)(type, blk + 103 + s / 2), 24);   /* the byte at 106 + s/2 */
         __m256i m = _mm256_and_si256(_mm256_srli_epi32(sc, 4 * (s % 2)), f15);
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);
