@@ -1,13 +1,16 @@
 /* The codebook types' weight vectors in ymm registers (included by qtile.h, once per path, with its KFN names):
  * wv[0..7] and the halves' scales exactly as iq_lanes.h's lane_unpack gives them (the scalar definition).
- * IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S and IQ1_M go lane by lane (gather_lanes): the 8 rows' bytes of a
- * 32-value sub-block are put together lane by lane (lane r reads row r's GGUF block, lane_bytes(type) further on),
- * their grid entries looked up (iq_grids.c), and their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0,
+ * IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S and IQ1_M go lane by lane (gather_lanes): the grid entries of the 8
+ * rows' 32-value sub-block are looked up (iq_grids.c) one row at a time (lane r reads row r's GGUF block,
+ * lane_bytes(type) further on), 8 values (an IQ2 or IQ1 entry, two IQ3 ones) per 64-bit word, and split into the
+ * lanes' low and high 4 values with two shuffles; the rows' sign and scale words are put together lane by lane and
+ * their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0,
  * whose 32 values of a row lie in one run of bytes, go row by row: a row's values in one vector, then the 8 rows
  * transposed into the lanes. */
 
-/* AMD's cores run an 8-lane vpgatherdd far slower than 8 scalar loads put together with inserts (about 15 cycles
- * against 4 on Zen 4), so the lanes below are filled from scalar loads: the same values a gather gives. */
+/* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts, so the lanes below are
+ * filled from scalar loads, and the grid indices are read (or computed) from each row's bytes with scalar loads: no
+ * index vector goes through memory to be read back. */
 KINLINE __m256i KFN(set8)(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6,
                           uint32_t a7) {
     __m128i lo = _mm_cvtsi32_si128((int)a0), hi = _mm_cvtsi32_si128((int)a4);
@@ -30,14 +33,6 @@ KINLINE __m256i KFN(gather_rows)(const int type, const uint8_t *p) {
                      KFN(word_at)(p + 7 * lb));
 }
 
-/* the entries idx of a grid of 32-bit entries (the indices through memory: a store, then scalar loads) */
-KINLINE __m256i KFN(gather_grid)(const uint32_t *g, __m256i idx) {
-    uint32_t i[8] __attribute__((aligned(32)));
-    _mm256_store_si256((__m256i *)(void *)i, idx);
-    __asm__ volatile("" ::: "memory");   /* reload the indices (vpextrd costs more than a load) */
-    return KFN(set8)(g[i[0]], g[i[1]], g[i[2]], g[i[3]], g[i[4]], g[i[5]], g[i[6]], g[i[7]]);
-}
-
 /* 8-byte words e0..e7 (lane r: e_r): their low words into *lo, their high words into *hi */
 KINLINE void KFN(split64)(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3, uint64_t e4, uint64_t e5, uint64_t e6,
                           uint64_t e7, __m256i *lo, __m256i *hi) {
@@ -49,14 +44,6 @@ KINLINE void KFN(split64)(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3, ui
                                                            (long long)e2));
     *lo = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88));
     *hi = _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xdd));
-}
-
-/* the 8-byte entries idx of a grid: their low words into *lo, their high words into *hi (lane r: entry idx[r]) */
-KINLINE void KFN(gather_grid64)(const uint64_t *g, __m256i idx, __m256i *lo, __m256i *hi) {
-    uint32_t i[8] __attribute__((aligned(32)));
-    _mm256_store_si256((__m256i *)(void *)i, idx);
-    __asm__ volatile("" ::: "memory");
-    KFN(split64)(g[i[0]], g[i[1]], g[i[2]], g[i[3]], g[i[4]], g[i[5]], g[i[6]], g[i[7]], lo, hi);
 }
 
 /* byte b of each lane's word copied into all 4 bytes of the lane */
@@ -92,24 +79,45 @@ KINLINE void KFN(lane_scales)(__m256i m0, __m256i m1, KFN(q6scales) *q6) {
     q6->pair = _mm256_setzero_si256();
 }
 
+/* the grid index of values 8l..8l+7 of sub-block s in the GGUF block p (iq_lanes.h's lane_unpack), for the types of
+ * 8-byte grid entries */
+KINLINE uint32_t KFN(index8)(const int type, const uint8_t *p, int s, int l) {
+    if (type == WT_IQ2_XXS) return p[2 + 8 * s + l];
+    if (type == WT_IQ2_XS) return (p[2 + 8 * s + 2 * l] | (uint32_t)p[3 + 8 * s + 2 * l] << 8) & 511;
+    if (type == WT_IQ2_S) return p[2 + 4 * s + l] | (uint32_t)((p[66 + s] >> (2 * l)) & 3) << 8;
+    if (type == WT_IQ1_S) return p[2 + 4 * s + l] | ((p[34 + 2 * s] | (uint32_t)p[35 + 2 * s] << 8) >> (3 * l) & 7) << 8;
+    return p[4 * s + l] | (uint32_t)((p[32 + 2 * s + l / 2] >> (4 * (l % 2))) & 7) << 8;   /* IQ1_M */
+}
+
+/* the 8 rows' entries of values 8l..8l+7 (grid g of 8-byte entries): low words into *lo, high words into *hi */
+KINLINE void KFN(grid_rows64)(const int type, const uint64_t *g, const uint8_t *blk, int s, int l, __m256i *lo,
+                              __m256i *hi) {
+    const size_t lb = lane_bytes(type);
+    KFN(split64)(g[KFN(index8)(type, blk, s, l)], g[KFN(index8)(type, blk + lb, s, l)],
+                 g[KFN(index8)(type, blk + 2 * lb, s, l)], g[KFN(index8)(type, blk + 3 * lb, s, l)],
+                 g[KFN(index8)(type, blk + 4 * lb, s, l)], g[KFN(index8)(type, blk + 5 * lb, s, l)],
+                 g[KFN(index8)(type, blk + 6 * lb, s, l)], g[KFN(index8)(type, blk + 7 * lb, s, l)], lo, hi);
+}
+
 KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
-    const __m256i b8 = _mm256_set1_epi32(0xff), one = _mm256_set1_epi32(1), f15 = _mm256_set1_epi32(15);
+    const __m256i one = _mm256_set1_epi32(1), f15 = _mm256_set1_epi32(15);
     if (type == WT_IQ2_XXS || type == WT_IQ3_XXS) {
         const int iq3 = type == WT_IQ3_XXS;
         const __m256i a = KFN(gather_rows)(type, blk + (iq3 ? 66 + 4 * s : 6 + 8 * s));   /* signs, scale << 28 */
-        const __m256i q0 = KFN(gather_rows)(type, blk + 2 + 8 * s);
-        const __m256i q1 = iq3 ? KFN(gather_rows)(type, blk + 6 + 8 * s) : q0;
+        const size_t lb = lane_bytes(type);
+        const uint8_t *q = blk + 2 + 8 * s;   /* row r's indices at q + r lb */
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
             __m256i k = _mm256_and_si256(_mm256_srli_epi32(a, 7 * l), _mm256_set1_epi32(127));
             __m256i sb = KFN(spread_byte)(KFN(ksign)(k), 0);
             __m256i lo, hi;
-            if (iq3) {   /* indices 2l, 2l + 1: bytes of q0 (l < 2) or q1 */
-                __m256i q = l < 2 ? q0 : q1;
-                lo = KFN(gather_grid)(IQ3XXS_GRID, _mm256_and_si256(_mm256_srli_epi32(q, 16 * (l % 2)), b8));
-                hi = KFN(gather_grid)(IQ3XXS_GRID, _mm256_and_si256(_mm256_srli_epi32(q, 16 * (l % 2) + 8), b8));
+            if (iq3) {   /* indices 2l, 2l + 1: entries of values 8l..8l+3, 8l+4..8l+7, one 64-bit word */
+#define IQ3XXS_PAIR(r) (IQ3XXS_GRID[q[(r) * lb + 2 * l]] | (uint64_t)IQ3XXS_GRID[q[(r) * lb + 2 * l + 1]] << 32)
+                KFN(split64)(IQ3XXS_PAIR(0), IQ3XXS_PAIR(1), IQ3XXS_PAIR(2), IQ3XXS_PAIR(3), IQ3XXS_PAIR(4),
+                             IQ3XXS_PAIR(5), IQ3XXS_PAIR(6), IQ3XXS_PAIR(7), &lo, &hi);
+#undef IQ3XXS_PAIR
             } else {
-                KFN(gather_grid64)(IQ2XXS_GRID, _mm256_and_si256(_mm256_srli_epi32(q0, 8 * l), b8), &lo, &hi);
+                KFN(grid_rows64)(type, IQ2XXS_GRID, blk, s, l, &lo, &hi);
             }
             wv[2 * l] = KFN(apply_signs)(lo, sb, 0);
             wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
@@ -124,7 +132,7 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
                                          _mm256_set1_epi32(0xffff));
             __m256i sb = KFN(spread_byte)(KFN(ksign)(_mm256_srli_epi32(q, 9)), 0);
             __m256i lo, hi;
-            KFN(gather_grid64)(IQ2XS_GRID, _mm256_and_si256(q, _mm256_set1_epi32(511)), &lo, &hi);
+            KFN(grid_rows64)(type, IQ2XS_GRID, blk, s, l, &lo, &hi);
             wv[2 * l] = KFN(apply_signs)(lo, sb, 0);
             wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
         }
@@ -132,16 +140,12 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
         KFN(lane_scales)(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(sc, f15), 1), one),
                          _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(sc, 4), 1), one), q6);
     } else if (type == WT_IQ2_S) {
-        const __m256i q = KFN(gather_rows)(type, blk + 2 + 4 * s), sg = KFN(gather_rows)(type, blk + 34 + 4 * s);
-        const __m256i qh = KFN(gather_rows)(type, blk + 66 + s);
+        const __m256i sg = KFN(gather_rows)(type, blk + 34 + 4 * s);
         const __m256i sc = _mm256_srli_epi32(KFN(gather_rows)(type, blk + 71 + s), 24);   /* the byte at 74 + s */
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
-            __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q, 8 * l), b8),
-                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(qh, 2 * l),
-                                                                             _mm256_set1_epi32(3)), 8));
             __m256i sb = KFN(spread_byte)(sg, l), lo, hi;
-            KFN(gather_grid64)(IQ2S_GRID, idx, &lo, &hi);
+            KFN(grid_rows64)(type, IQ2S_GRID, blk, s, l, &lo, &hi);
             wv[2 * l] = KFN(apply_signs)(lo, sb, 0);
             wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
         }
@@ -176,18 +180,14 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);
         KFN(lane_scales)(m, m, q6);
     } else if (type == WT_IQ1_S) {   /* values 8 g +- 1 */
-        const __m256i q = KFN(gather_rows)(type, blk + 2 + 4 * s);
         const __m256i h = _mm256_and_si256(KFN(gather_rows)(type, blk + 34 + 2 * s), _mm256_set1_epi32(0xffff));
         const __m256i delta = _mm256_or_si256(_mm256_set1_epi8(1),   /* -1 in every byte where bit 15 is set */
                                               _mm256_cmpeq_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)),
                                                                  _mm256_set1_epi32(0x8000)));
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
-            __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q, 8 * l), b8),
-                                          _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 3 * l),
-                                                                             _mm256_set1_epi32(7)), 8));
             __m256i half[2];
-            KFN(gather_grid64)(IQ1S_GRID, idx, &half[0], &half[1]);
+            KFN(grid_rows64)(type, IQ1S_GRID, blk, s, l, &half[0], &half[1]);
 #pragma GCC unroll 2
             for (int k = 0; k < 2; k++) {
                 __m256i g = _mm256_and_si256(_mm256_slli_epi16(half[k], 3), _mm256_set1_epi8((char)0xf8));
@@ -198,18 +198,15 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
                                                       1), one);
         KFN(lane_scales)(m, m, q6);
     } else if (type == WT_IQ1_M) {   /* values 8 g +- 1, the sign of the delta per 8 values */
-        const __m256i q = KFN(gather_rows)(type, blk + 4 * s);
         const __m256i h = KFN(gather_rows)(type, blk + 32 + 2 * s);   /* a nibble per 8 values: index bits, sign */
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {
             const __m256i nib = _mm256_srli_epi32(h, 4 * l);
-            __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(q, 8 * l), b8),
-                                          _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(7)), 8));
             const __m256i eight = _mm256_set1_epi32(8);
             const __m256i delta = _mm256_or_si256(_mm256_set1_epi8(1),
                                                   _mm256_cmpeq_epi32(_mm256_and_si256(nib, eight), eight));
             __m256i half[2];
-            KFN(gather_grid64)(IQ1S_GRID, idx, &half[0], &half[1]);
+            KFN(grid_rows64)(type, IQ1S_GRID, blk, s, l, &half[0], &half[1]);
 #pragma GCC unroll 2
             for (int k = 0; k < 2; k++)
                 wv[2 * l + k] = _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(half[k], 3),
