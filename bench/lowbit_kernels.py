@@ -2,12 +2,13 @@
 Q4_K beside them) at Qwen2.5-1.5B's shapes, for a decode step (1 token) and prefill chunks (64, 512 tokens).
 
     python bench/lowbit_kernels.py [--types Q4_K,IQ3_S,...] [--shapes 1536x1536,8960x1536,1536x8960]
-        [--tokens 1,64,512] [--path avx2] [--repeats 5] [--json out.json]
+        [--tokens 1,64,512] [--path avx2] [--repeats 5] [--json out.json] [--before before.json] [--note TEXT]
 
 Weights are random valid blocks (tests/model/kquant_ref.py): a codebook kernel's work does not depend on which
 entries the indices pick. Each cell is the best of `repeats` timings of at least 0.1 s of the thread's CPU time
 each (CPU time leaves out the time a shared machine gives to other processes; the best is the least disturbed);
-prints ms per call, GB/s of the weight's bytes and GOP/s.
+prints ms per call, GB/s of the weight's bytes and GOP/s; with --before (the --json of another build's run), that
+run's ms and the speed-up beside each cell.
 """
 
 from __future__ import annotations
@@ -49,12 +50,21 @@ def main() -> None:
     ap.add_argument("--path", default=None, help="kernel path (default: this CPU's best)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, help="also write the cells here")
+    ap.add_argument("--before", type=Path, help="another build's --json: its ms and the speed-up beside each cell")
+    ap.add_argument("--note", default="", help="a line about the machine, printed under the title")
     args = ap.parse_args()
+    before = {}
+    if args.before:
+        before = {(c["type"], c["rows"], c["cols"], c["tokens"]): c["ms"] for c in json.loads(args.before.read_text())}
     _cpu.set_path(args.path or _cpu.best_path())
     rng = np.random.default_rng(0)
     cells = []
     print(f"# low-bit matmul kernels, 1 thread, {_cpu.get_path()} path (best of {args.repeats})\n")
-    print("| type | rows x cols | tokens | ms | weight GB/s | GOP/s |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    if args.note:
+        print(args.note + "\n")
+    extra = " before ms | speed-up |" if before else ""
+    print(f"| type | rows x cols | tokens | ms | weight GB/s | GOP/s |{extra}\n"
+          f"| --- | --- | ---: | ---: | ---: | ---: |{' ---: | ---: |' if before else ''}")
     for type_name in args.types.split(","):
         for shape in args.shapes.split(","):
             rows, cols = map(int, shape.split("x"))
@@ -65,8 +75,10 @@ def main() -> None:
                 cell = {"type": type_name, "rows": rows, "cols": cols, "tokens": ntok, "ms": dt * 1e3,
                         "weight_gbps": w.nbytes / dt / 1e9, "gops": 2 * rows * cols * ntok / dt / 1e9}
                 cells.append(cell)
+                was = before.get((type_name, rows, cols, ntok))
+                extra = f" {was:.3f} | {was / cell['ms']:.2f}x |" if was else (" | |" if before else "")
                 print(f"| {type_name} | {rows}x{cols} | {ntok} | {cell['ms']:.3f} | {cell['weight_gbps']:.1f} | "
-                      f"{cell['gops']:.1f} |", flush=True)
+                      f"{cell['gops']:.1f} |{extra}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1) + "\n")
 

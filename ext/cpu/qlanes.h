@@ -4,13 +4,12 @@
  * rows' 32-value sub-block are looked up (iq_grids.c) one row at a time (lane r reads row r's GGUF block,
  * lane_bytes(type) further on), 8 values (an IQ2 or IQ1 entry, two IQ3 ones) per 64-bit word, and split into the
  * lanes' low and high 4 values with two shuffles; the rows' sign and scale words are put together lane by lane and
- * their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0,
- * whose 32 values of a row lie in one run of bytes, go row by row: a row's values in one vector, then the 8 rows
- * transposed into the lanes. */
+ * their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0, whose 32 values of a row lie in one run of
+ * bytes, go row by row: a row's values in one vector, then the 8 rows transposed into the lanes. */
 
 /* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts, so the lanes below are
- * filled from scalar loads, and the grid indices are read (or computed) from each row's bytes with scalar loads: no
- * index vector goes through memory to be read back. */
+ * filled from scalar loads, and the grid indices come from each row's own bytes (IQ3_S's 8 of a row computed in one
+ * xmm) rather than from a vector of the 8 lanes' indices. */
 KINLINE __m256i KFN(set8)(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6,
                           uint32_t a7) {
     __m128i lo = _mm_cvtsi32_si128((int)a0), hi = _mm_cvtsi32_si128((int)a4);
@@ -243,7 +242,7 @@ KINLINE void KFN(transpose_rows)(const __m256i rows[8], __m256i wv[8]) {
 /* TQ1_0's sub-block s of one row: value t is base-3 digit `digit` of a byte (iq_lanes.h: byte t digit s for s < 5;
  * bytes 32 + t % 16, digits 2 (s - 5) + t / 16 for s = 5, 6; for s = 7 byte 32 + t digit 4, then byte 48 + (t - 16) %
  * 4 digit (t - 16) / 4): digit k of q is ((q 3^k mod 256) 3) >> 8, minus 1 for the value */
-KINLINE __m256i KFN(tq1_row)(const uint8_t *b, int s, __m256i mul_even, __m256i mul_odd) {
+KINLINE __m256i KFN(tq1_row)(const uint8_t *b, int s, __m256i mul) {
     __m256i src;
     if (s < 5) {
         src = _mm256_loadu_si256((const __m256i *)b);
@@ -255,15 +254,15 @@ KINLINE __m256i KFN(tq1_row)(const uint8_t *b, int s, __m256i mul_even, __m256i 
         src = _mm256_inserti128_si256(_mm256_castsi128_si256(mid), hi, 1);
     }
     const __m256i lo8 = _mm256_set1_epi16(0xff);
-    __m256i e = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(src, lo8), mul_even), lo8);
-    __m256i o = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(src, 8), mul_odd), lo8);
+    __m256i e = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(src, lo8), mul), lo8);
+    __m256i o = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(src, 8), mul), lo8);
     e = _mm256_srli_epi16(_mm256_add_epi16(_mm256_slli_epi16(e, 1), e), 8);
     o = _mm256_srli_epi16(_mm256_add_epi16(_mm256_slli_epi16(o, 1), o), 8);
     return _mm256_sub_epi8(_mm256_or_si256(e, _mm256_slli_epi16(o, 8)), _mm256_set1_epi8(1));
 }
 
 KINLINE void KFN(tq1_lanes)(const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
-    /* the powers of 3 per value (16-bit lanes: even and odd bytes apart) */
+    /* the power of 3 per value: one per 16-bit lane, which holds an even and an odd byte of the same digit */
     static const uint16_t pow3[8] = {1, 3, 9, 27, 81, 1, 1, 1};
     __m256i mul;
     if (s < 5) mul = _mm256_set1_epi16((short)pow3[s]);
@@ -272,7 +271,7 @@ KINLINE void KFN(tq1_lanes)(const uint8_t *blk, int s, __m256i wv[8], KFN(q6scal
     else mul = _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27);
     __m256i rows[8];
     const __m256i one = _mm256_set1_epi32(1);
-    for (int r = 0; r < TILE_ROWS; r++) rows[r] = KFN(tq1_row)(blk + (size_t)r * lane_bytes(WT_TQ1_0), s, mul, mul);
+    for (int r = 0; r < TILE_ROWS; r++) rows[r] = KFN(tq1_row)(blk + (size_t)r * lane_bytes(WT_TQ1_0), s, mul);
     KFN(transpose_rows)(rows, wv);
     KFN(lane_scales)(one, one, q6);
 }
