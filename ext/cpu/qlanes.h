@@ -8,8 +8,8 @@
  * bytes, go row by row: a row's values in one vector, then the 8 rows transposed into the lanes. */
 
 /* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts, so the lanes below are
- * filled from scalar loads, and the grid indices come from each row's own bytes (IQ3_S's 8 of a row computed in one
- * xmm) rather than from a vector of the 8 lanes' indices. */
+ * filled from scalar loads, and the grid indices come from each row's own bytes with scalar loads rather than from
+ * a vector of the 8 lanes' indices stored and read back. */
 KINLINE __m256i KFN(set8)(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6,
                           uint32_t a7) {
     __m128i lo = _mm_cvtsi32_si128((int)a0), hi = _mm_cvtsi32_si128((int)a4);
@@ -150,20 +150,11 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
         }
         KFN(lane_scales)(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(sc, f15), 1), one),
                          _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(sc, 4), 1), one), q6);
-    } else if (type == WT_IQ3_S) {   /* row by row: a row's 8 indices (qs bytes, qh bits << 8) in one xmm */
+    } else if (type == WT_IQ3_S) {   /* row by row: index j = qs byte j | bit j of the qh byte << 8 */
         const size_t lb = lane_bytes(type);
-        uint16_t idx[TILE_ROWS][8] __attribute__((aligned(16)));   /* [r][j] */
-        const __m128i bits = _mm_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128);
-        for (int r = 0; r < TILE_ROWS; r++) {
-            const uint8_t *p = blk + r * lb;
-            const __m128i q = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(p + 2 + 8 * s)));
-            const __m128i h = _mm_and_si128(_mm_set1_epi16(p[66 + s]), bits);
-            _mm_store_si128((__m128i *)(void *)idx[r],
-                            _mm_or_si128(q, _mm_and_si128(_mm_cmpeq_epi16(h, bits), _mm_set1_epi16(256))));
-        }
-        __asm__ volatile("" ::: "memory");
         const __m256i sg = KFN(gather_rows)(type, blk + 74 + 4 * s);
-#define IQ3S_PAIR(r, j) (IQ3S_GRID[idx[r][j]] | (uint64_t)IQ3S_GRID[idx[r][(j) + 1]] << 32)
+#define IQ3S_INDEX(r, j) (blk[(r) * lb + 2 + 8 * s + (j)] | ((uint32_t)blk[(r) * lb + 66 + s] << (8 - (j)) & 256))
+#define IQ3S_PAIR(r, j) (IQ3S_GRID[IQ3S_INDEX(r, j)] | (uint64_t)IQ3S_GRID[IQ3S_INDEX(r, (j) + 1)] << 32)
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {   /* entries 2l, 2l + 1: values 8l..8l+7 */
             __m256i lo, hi;
@@ -174,6 +165,7 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
             wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
         }
 #undef IQ3S_PAIR
+#undef IQ3S_INDEX
         __m256i sc = _mm256_srli_epi32(KFN(gather_rows)(type, blk + 103 + s / 2), 24);   /* the byte at 106 + s/2 */
         __m256i m = _mm256_and_si256(_mm256_srli_epi32(sc, 4 * (s % 2)), f15);
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);
