@@ -108,6 +108,11 @@ def parse_llama_bench(text: str) -> dict[tuple[str, int], dict[str, list[float]]
 
 REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
               "gemma-3-270m-q4_k_m": "gemma-3-270m-q4_k_m.gguf"}
+# Qwen2.5-Coder-1.5B re-quantized to the low-bit types by llama-quantize from the Q4_K_M file, made on first use into
+# the same folder (tests/engine/test_qwen_low_bit.py reads them there): bench name -> (file, llama-quantize's type);
+# the IQ mixes with an importance matrix from llama-imatrix over llama.cpp's own docs/build.md (four 512-token chunks)
+LOW_BIT_FILES = {f"qwen2.5-coder-1.5b-{t.lower()}": (f"qwen2.5-coder-1.5b-instruct-{t.lower()}.gguf", t)
+                 for t in ("Q2_K", "Q3_K_M", "IQ4_XS", "IQ3_M", "IQ2_M")}
 # bench name -> make_moe_model.py's shape: random weights at a real model's shape, made on first use (never committed)
 SHAPED_FILES = {"qwen3-30b-a3b-q4_k_m": "qwen3-30b-a3b"}
 
@@ -145,6 +150,8 @@ def model_file(name: str, bin_dir: Path) -> Path:
 
     if name in REAL_FILES:
         return real_file(name)
+    if name in LOW_BIT_FILES:
+        return low_bit_file(name, bin_dir)
     folder = cache_dir() / "bench"
     folder.mkdir(parents=True, exist_ok=True)
     if name in SHAPED_FILES:
@@ -159,7 +166,7 @@ def model_file(name: str, bin_dir: Path) -> Path:
     family, _, qtype = name.partition("-")
     if family not in ("smollm2", "tinyllama") or qtype not in ("q4_0", "q4_1", "q8_0"):
         raise SystemExit(f"unknown model {name!r}: smollm2-q4_0|q4_1|q8_0, tinyllama-q4_0|q4_1|q8_0, "
-                         f"or one of {', '.join([*REAL_FILES, *SHAPED_FILES])}")
+                         f"or one of {', '.join([*REAL_FILES, *LOW_BIT_FILES, *SHAPED_FILES])}")
     base = resolve(DEFAULT_MODEL, progress=False)
     if family == "smollm2":
         if qtype == "q4_1":
@@ -177,6 +184,32 @@ def model_file(name: str, bin_dir: Path) -> Path:
 
 
 # ---- order and statistics -------------------------------------------------------------------------------------
+
+
+def low_bit_file(name: str, bin_dir: Path) -> Path:
+    """One of the LOW_BIT_FILES, re-quantized from the Qwen Q4_K_M file with llama-quantize --allow-requantize where
+    it is absent (the IQ mixes with an importance matrix: llama-imatrix -c 512 --chunks 4 over llama.cpp's
+    docs/build.md, from the source folder above bin_dir)."""
+    file_name, qtype = LOW_BIT_FILES[name]
+    base = real_file("qwen2.5-coder-1.5b-q4_k_m")
+    out = base.parent / file_name
+    if out.exists():
+        return out
+    extra: list[str] = []
+    if qtype.startswith("IQ"):
+        imatrix = base.parent / "qwen2.5-coder-1.5b-instruct.imatrix.dat"
+        if not imatrix.exists():
+            text = next((d / "docs" / "build.md" for d in bin_dir.parents if (d / "docs" / "build.md").exists()), None)
+            if text is None:
+                raise SystemExit(f"no llama.cpp docs/build.md above {bin_dir} for the importance matrix")
+            subprocess.run([str(bin_dir / "llama-imatrix"), "-m", str(base), "-f", str(text), "-c", "512", "--chunks",
+                            "4", "-t", "2", "-o", str(imatrix)], check=True, capture_output=True)
+        extra = ["--imatrix", str(imatrix)]
+    part = out.with_suffix(".part")   # renamed when whole
+    subprocess.run([str(bin_dir / "llama-quantize"), "--allow-requantize", *extra, str(base), str(part), qtype],
+                   check=True, capture_output=True)
+    part.rename(out)
+    return out
 
 def abba(round_index: int, pair: Sequence[T]) -> list[T]:
     """The order of a pair in round `round_index`: A B, then B A, ... so that over two rounds each side has run

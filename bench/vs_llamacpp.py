@@ -16,6 +16,9 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
                                                                                   all five: ~24 min
     qwen3-30b-a3b-q4_k_m       pp512 tg128         depth 0                -r 1   2 rounds   (--models only: a
                                Qwen3-30B-A3B-shaped file of random Q4_K/Q6_K blocks, 17 GB, made by make_moe_model.py)
+    qwen2.5-coder-1.5b-q2_k, -q3_k_m, -iq4_xs, -iq3_m, -iq2_m
+                               pp512 tg128         depth 0                -r 1   2 rounds   (--models only: the Q4_K_M
+                               file re-quantized by llama-quantize, made on first use: bench/_common.low_bit_file)
 
 The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from
 bench/results/vs_llamacpp.md, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine:
@@ -58,7 +61,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import (MEDIANS, abba, available_memory, best_config, busy_warning, command_line, fmt_range, llama_bin,  # noqa: E402
+from _common import (LOW_BIT_FILES, MEDIANS, abba, available_memory, best_config, busy_warning,  # noqa: E402
+                     command_line, fmt_range, llama_bin,
                      machine, machine_line, median, model_file, parse_llama_bench, peer_build, peer_env, peer_env_words,
                      repack_works, test_sizes, write_results)
 from inferd import _cpu  # noqa: E402
@@ -89,6 +93,8 @@ PLANS = {
 MOE_PLANS = {
     "qwen3-30b-a3b-q4_k_m": Plan(("pp512", "tg128"), (0,), 1, 2),
 }
+# named with --models only: Qwen2.5-Coder-1.5B in the low-bit types (_common.LOW_BIT_FILES, made on first use)
+LOW_BIT_PLANS = {name: Plan(("pp512", "tg128"), (0,), 1, 2) for name in LOW_BIT_FILES}
 QUICK = Plan(("pp128", "tg128"), (0,), 1, 1)
 
 Samples = dict[tuple[str, int], list[float]]          # (test, depth) -> tok/s samples
@@ -332,7 +338,7 @@ def main() -> None:
     rows: list[Row] = []
     notes: list[str] = []
     for name in names:
-        base = QUICK if args.quick else {**PLANS, **MOE_PLANS}.get(name, PLANS["smollm2-q4_1"])
+        base = QUICK if args.quick else {**PLANS, **MOE_PLANS, **LOW_BIT_PLANS}.get(name, PLANS["smollm2-q4_1"])
         plan = Plan(tuple(args.tests.split(",")) if args.tests else base.tests,
                     tuple(int(d) for d in args.depths.split(",")) if args.depths else base.depths,
                     args.repeats or base.repeats, args.rounds or base.rounds)

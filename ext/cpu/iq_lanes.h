@@ -38,7 +38,8 @@ static inline float lane_factor(int type) {
     return 0.125f;
 }
 
-static inline float lane_d(int type, const uint8_t *b) {
+/* the block's f16 scale, its bits */
+static inline uint16_t lane_d_bits(int type, const uint8_t *b) {
     uint16_t h;
     if (type == WT_IQ1_M) {   /* the f16 spread over the top nibbles of its four scale words */
         uint16_t sc[4];
@@ -47,8 +48,10 @@ static inline float lane_d(int type, const uint8_t *b) {
     } else {
         memcpy(&h, b + (type == WT_TQ2_0 ? 64 : type == WT_TQ1_0 ? 52 : 0), 2);
     }
-    return f16_to_f32(h);
+    return h;
 }
+
+static inline float lane_d(int type, const uint8_t *b) { return f16_to_f32(lane_d_bits(type, b)); }
 
 #define LANE_BYTES_01 0x0101010101010101ull
 

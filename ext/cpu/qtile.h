@@ -144,16 +144,22 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
     if (type_keeps_blocks(type)) {
-        /* signed values (|v| <= 62: maddubs pairs stay in int16): |v| times x with v's sign, each half of 16 values
-         * times its scale in the madd */
-        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
-                                                               _mm256_sign_epi8(x[j], wv[j])), q6->sc16[j / 4]);
-            if (j < 4) a = _mm256_add_epi32(a, p);
-            else b = _mm256_add_epi32(b, p);
+        /* signed values: |v| times x with v's sign; each half of 16 values times its scale in the madd. A maddubs
+         * pair is at most 2 * 62 * 127 (IQ3's grids), so two of them add in int16 before the madd; the IQ1 and
+         * ternary values (|v| <= 9) add all four of a half */
+        const int four = type == WT_IQ1_S || type == WT_IQ1_M || type == WT_TQ1_0 || type == WT_TQ2_0;
+        __m256i p[8], sum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+            p[j] = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]), _mm256_sign_epi8(x[j], wv[j]));
+        for (int h = 0; h < 2; h++) {
+            __m256i p01 = _mm256_add_epi16(p[4 * h], p[4 * h + 1]), p23 = _mm256_add_epi16(p[4 * h + 2], p[4 * h + 3]);
+            if (four)
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), q6->sc16[h]));
+            else
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(p01, q6->sc16[h]),
+                                                             _mm256_madd_epi16(p23, q6->sc16[h])));
         }
-        return _mm256_add_epi32(a, b);
+        return sum;
     }
     if (type_is_iq4(type)) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
@@ -290,34 +296,22 @@ KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, cons
 #include "qlanes.h"
 
 /* The types that keep their GGUF blocks (iq_lanes.h): sub-block s of the 8 rows expanded to wv[0..7] (signed), its
- * halves' scales into q6->sc16, in registers (qlanes.h) or, for the IQ1 and TQ types, through a transposing buffer;
- * and the rows' d * factor */
+ * halves' scales into q6->sc16, in registers (qlanes.h: lane by lane, or for TQ1_0 row by row and transposed); and
+ * the rows' d * factor */
 KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
-    if (KFN(lanes_gathered)(type)) {
-        KFN(gather_lanes)(type, blk, s, wv, q6);
-        return;
-    }
-    uint32_t v[8][TILE_ROWS] __attribute__((aligned(32)));   /* [j][r]: values 4j..4j+3 of row r */
-    uint8_t sc[16];
-    for (int r = 0; r < TILE_ROWS; r++) {
-        uint64_t w[4];
-        int m[2];
-        lane_unpack(type, blk + (size_t)r * lane_bytes(type), s, w, m);
-        for (int g = 0; g < 4; g++) {
-            v[2 * g][r] = (uint32_t)w[g];
-            v[2 * g + 1][r] = (uint32_t)(w[g] >> 32);
-        }
-        sc[r] = (uint8_t)m[0];
-        sc[8 + r] = (uint8_t)m[1];
-    }
-    for (int j = 0; j < 8; j++) wv[j] = _mm256_load_si256((const __m256i *)v[j]);
-    KFN(load_q6scales)(type, sc, q6);
+    if (type == WT_TQ1_0) KFN(tq1_lanes)(blk, s, wv, q6);
+    else if (type == WT_TQ2_0) KFN(tq2_lanes)(blk, s, wv, q6);
+    else KFN(gather_lanes)(type, blk, s, wv, q6);
 }
 
+/* the rows' d (f16, converted as load_f16x8 converts: exactly) times the type's factor */
 KINLINE __m256 KFN(lane_dw)(const int type, const uint8_t *blk) {
-    float d[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; r++) d[r] = lane_d(type, blk + (size_t)r * lane_bytes(type));
-    return _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_set1_ps(lane_factor(type)));
+    const size_t lb = lane_bytes(type);
+    const __m128i h = _mm_setr_epi16((short)lane_d_bits(type, blk), (short)lane_d_bits(type, blk + lb),
+                                     (short)lane_d_bits(type, blk + 2 * lb), (short)lane_d_bits(type, blk + 3 * lb),
+                                     (short)lane_d_bits(type, blk + 4 * lb), (short)lane_d_bits(type, blk + 5 * lb),
+                                     (short)lane_d_bits(type, blk + 6 * lb), (short)lane_d_bits(type, blk + 7 * lb));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(lane_factor(type)));
 }
 
 /* One block of a tile (all its sub-blocks) against ntok tokens: acc[k] += the block's share of token k's rows.

@@ -190,3 +190,54 @@ def test_mxfp4_every_exponent_and_code_dequantizes_as_gguf():
         want = gguf_values(raw, "MXFP4", cols).astype(np.float32)
     np.testing.assert_array_equal(w.dequantize().view(np.uint32), want.view(np.uint32))
     assert want[0, 1] == 2.0 ** -128 and want[130, 7] == 12 * 4.0 and want[130, 15] == -12 * 4.0   # 2^(e-128) v
+
+
+# ---- the codebook types' largest block sums ---------------------------------------------------------------------
+def _largest_blocks(type_name: str, index: int) -> np.ndarray:
+    """One block of type_name whose every grid index is `index`, every sign positive and every 4-bit scale 15 (d 1)"""
+    size = {"IQ2_XXS": 66, "IQ2_XS": 74, "IQ2_S": 82, "IQ3_XXS": 98, "IQ3_S": 110}[type_name]
+    b = np.zeros(size, np.uint8)
+    b[0:2] = np.array([1.0], np.float16).view(np.uint8)
+    if type_name in ("IQ2_XXS", "IQ3_XXS"):   # indices | u32 words: 4 x 7 sign bits (0), scale << 28
+        words = np.full(8, 0xF0000000, np.uint32).view(np.uint8).reshape(8, 4)
+        if type_name == "IQ2_XXS":
+            q = b[2:66].reshape(8, 8)
+            q[:, :4], q[:, 4:] = index, words
+        else:
+            b[2:66], b[66:98] = index, words.ravel()
+    elif type_name == "IQ2_XS":               # u16: 9-bit index | sign bits (0) << 9 | scales (two nibbles)
+        b[2:66] = np.full(32, index, np.uint16).view(np.uint8)
+        b[66:74] = 0xFF
+    elif type_name == "IQ2_S":                # qs | signs (0) | qh (2 index bits per 8 values) | scales
+        b[2:34], b[66:74], b[74:82] = index & 255, (index >> 8) * 0x55, 0xFF
+    else:                                     # IQ3_S: qs | qh (index bit 8) | signs (0) | scales
+        b[2:66], b[66:74], b[106:110] = index & 255, 0xFF if index >> 8 else 0, 0xFF
+    return b
+
+
+@pytest.mark.parametrize("type_name", ["IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS"])
+def test_codebook_largest_block_sums_are_exact(type_name):
+    """Every index the grid's entry of the largest sum, every sign positive, every scale 15, every activation 127:
+    about the largest block sum each type can give (the SIMD kernels add products in int16 before the scale, which
+    must not overflow) equals float64's and the scalar path's, for a decode step and a prefill."""
+    grid_size = {"IQ2_XXS": 256, "IQ2_XS": 512, "IQ2_S": 1024, "IQ3_XXS": 256, "IQ3_S": 512}[type_name]
+    candidates = np.stack([_largest_blocks(type_name, k) for k in range(grid_size)])
+    best = int(np.argmax(gguf_values(candidates, type_name, 256).sum(axis=1)))
+    rows, cols = 16, 512
+    raw = np.tile(_largest_blocks(type_name, best), (rows, cols // 256))
+    W = gguf_values(raw, type_name, cols).astype(np.float64)
+    assert W.min() > 0   # the grid entry of the largest sum, every value positive
+    w = _cpu.Weight(type_name, rows, cols, raw)
+    x = np.ones((12, cols), np.float32)
+    old = _cpu.get_path()
+    try:
+        results = {}
+        for p in filter(path_available, ALL_PATHS):
+            _cpu.set_path(p)
+            results[p] = [w.matmul(x[:n]) for n in (1, 12)]
+    finally:
+        _cpu.set_path(old)
+    for p, ys in results.items():
+        for y in ys:
+            np.testing.assert_array_equal(y.view(np.uint32), results["scalar"][1][: len(y)].view(np.uint32), p)
+            np.testing.assert_allclose(y, np.ones((len(y), cols)) @ W.T, rtol=1e-6)
