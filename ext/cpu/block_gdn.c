@@ -168,10 +168,10 @@ void gdn_block(context_t *c, stage_t *s, const block_t *B) {
         stage_prepare_input(c, s, c->x, cfg->dim, B->norm, &G->win);                     /* rmsnorm(x) */
     else
         stage_prepare_input_floats(c, s, c->x, cfg->dim, B->norm);
-    stage_matmul(c, STAGE_QKV, s, &G->win, c->gdn_in, 0);                                /* qkv | z */
-    stage_matmul(c, STAGE_QKV, s, &G->wba, c->gdn_ba, 0);                                /* beta | alpha */
-    stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * (GDN_CONV_DIM(G) / QK), 1, conv_fn, s);
+    stage_matmul(c, STAGE_RECURRENT_IN, s, &G->win, c->gdn_in, 0);                      /* qkv | z */
+    stage_matmul(c, STAGE_RECURRENT_IN, s, &G->wba, c->gdn_ba, 0);                      /* beta | alpha */
+    stage_run(c, STAGE_RECURRENT_CONV, (int64_t)s->b->num_seqs * (GDN_CONV_DIM(G) / QK), 1, conv_fn, s);
     stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * G->n_v_heads, 1, delta_fn, s);
     stage_set_input(s, c->gdn_out, GDN_VALUE_DIM(G), c->gdn_xq);
-    stage_matmul_residual(c, STAGE_WO, s, &G->wout, NULL, B->post_norm, -1);                    /* x += Wout out */
+    stage_matmul_residual(c, STAGE_RECURRENT_OUT, s, &G->wout, NULL, B->post_norm, -1);       /* x += Wout out */
 }
