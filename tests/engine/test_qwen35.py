@@ -60,6 +60,18 @@ def test_qwen35_file_matches_reference(load_variant, type_name):
     assert worst.max() <= tol, f"qwen35 {type_name}: worst row error per layer, then logits: {worst}"
 
 
+def test_other_convolution_kernel(load_variant):
+    """A convolution kernel other than 4 (the width block_gdn.c's convolution is unrolled for) takes the general
+    loop: the reference's values, and the same bits one token per step as in one step."""
+    model = load_variant("qwen35-conv3-gguf-f32")
+    assert model.config.ssm_conv_kernel == 3
+    toks = tokens(model)
+    ref = Reference(model.config, model.tensors).forward(toks, kv_dtype=np.float16)
+    whole = run_chunks(engine(model), toks, [SEQ_LEN])
+    assert row_errors(whole, ref.logits).max() <= FLOAT_TOL
+    assert np.array_equal(whole, run_chunks(engine(model), toks, [3, 1, 40, 26]))
+
+
 MOE_CASES = [("qwen35moe", "f32"), ("qwen35moe", "q8_0"), ("qwen3next", "f32"), ("qwen3next", "q8_0"),
              ("qwen3next-ssm_in", "f32")]
 
