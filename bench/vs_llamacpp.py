@@ -16,6 +16,8 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
                                                                                   all five: ~24 min
     qwen3-30b-a3b-q4_k_m       pp512 tg128         depth 0                -r 1   2 rounds   (--models only: a
                                Qwen3-30B-A3B-shaped file of random Q4_K/Q6_K blocks, 17 GB, made by make_moe_model.py)
+    qwen3.5-2b-q4_k_m          pp512 tg128         depth 0                -r 2   3 rounds   (--models only: a
+                               Qwen3.5-2B-shaped hybrid of random Q4_K blocks, 1 GB, made by make_qwen35_model.py)
 
 The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from
 bench/results/vs_llamacpp.md, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine:
@@ -85,9 +87,10 @@ PLANS = {
     "tinyllama-q4_0": Plan(("pp512", "tg128"), (0,), 2, 2),
     "qwen2.5-coder-1.5b-q4_k_m": Plan(("pp512", "tg128"), (0, 4096), 1, 2),
 }
-# named with --models only: random weights at a mixture of experts' real shape (17 GB, made on first use)
-MOE_PLANS = {
+# named with --models only: random weights at a real model's shape (_common.SHAPED_FILES, made on first use)
+SHAPED_PLANS = {
     "qwen3-30b-a3b-q4_k_m": Plan(("pp512", "tg128"), (0,), 1, 2),
+    "qwen3.5-2b-q4_k_m": Plan(("pp512", "tg128"), (0,), 2, 3),
 }
 QUICK = Plan(("pp128", "tg128"), (0,), 1, 1)
 
@@ -332,7 +335,7 @@ def main() -> None:
     rows: list[Row] = []
     notes: list[str] = []
     for name in names:
-        base = QUICK if args.quick else {**PLANS, **MOE_PLANS}.get(name, PLANS["smollm2-q4_1"])
+        base = QUICK if args.quick else {**PLANS, **SHAPED_PLANS}.get(name, PLANS["smollm2-q4_1"])
         plan = Plan(tuple(args.tests.split(",")) if args.tests else base.tests,
                     tuple(int(d) for d in args.depths.split(",")) if args.depths else base.depths,
                     args.repeats or base.repeats, args.rounds or base.rounds)
