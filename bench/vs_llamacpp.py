@@ -19,6 +19,8 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
     qwen2.5-coder-1.5b-q2_k, -q3_k_m, -iq4_xs, -iq3_m, -iq2_m
                                pp512 tg128         depth 0                -r 1   2 rounds   (--models only: the Q4_K_M
                                file re-quantized by llama-quantize, made on first use: bench/_common.low_bit_file)
+    qwen3.5-2b-q4_k_m          pp512 tg128         depth 0                -r 2   3 rounds   (--models only: a
+                               Qwen3.5-2B-shaped hybrid of random Q4_K blocks, 1 GB, made by make_qwen35_model.py)
 
 The times are a cost model's (llama-bench's warm-up, depth fills and 4 settings per test; speeds from
 bench/results/vs_llamacpp.md, llama.cpp's prefill at 60% for `--repack 0`) for an unshared 2-core machine:
@@ -89,9 +91,10 @@ PLANS = {
     "tinyllama-q4_0": Plan(("pp512", "tg128"), (0,), 2, 2),
     "qwen2.5-coder-1.5b-q4_k_m": Plan(("pp512", "tg128"), (0, 4096), 1, 2),
 }
-# named with --models only: random weights at a mixture of experts' real shape (17 GB, made on first use)
-MOE_PLANS = {
+# named with --models only: random weights at a real model's shape (_common.SHAPED_FILES, made on first use)
+SHAPED_PLANS = {
     "qwen3-30b-a3b-q4_k_m": Plan(("pp512", "tg128"), (0,), 1, 2),
+    "qwen3.5-2b-q4_k_m": Plan(("pp512", "tg128"), (0,), 2, 3),
 }
 # named with --models only: Qwen2.5-Coder-1.5B in the low-bit types (_common.LOW_BIT_FILES, made on first use)
 LOW_BIT_PLANS = {name: Plan(("pp512", "tg128"), (0,), 1, 2) for name in LOW_BIT_FILES}
@@ -338,7 +341,7 @@ def main() -> None:
     rows: list[Row] = []
     notes: list[str] = []
     for name in names:
-        base = QUICK if args.quick else {**PLANS, **MOE_PLANS, **LOW_BIT_PLANS}.get(name, PLANS["smollm2-q4_1"])
+        base = QUICK if args.quick else {**PLANS, **SHAPED_PLANS, **LOW_BIT_PLANS}.get(name, PLANS["smollm2-q4_1"])
         plan = Plan(tuple(args.tests.split(",")) if args.tests else base.tests,
                     tuple(int(d) for d in args.depths.split(",")) if args.depths else base.depths,
                     args.repeats or base.repeats, args.rounds or base.rounds)

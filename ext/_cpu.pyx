@@ -628,7 +628,8 @@ cdef class Model:
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",
-               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora", "recurrent")
+               "matmul gate|up+swiglu", "matmul down", "matmul output", "sample", "moe route", "lora",
+               "recurrent delta rule", "matmul recurrent in", "recurrent conv", "matmul recurrent out")
 
 
 FORWARD_ERRORS = {

@@ -25,36 +25,47 @@ static float *block_state(const context_t *c, const gdn_block_t *G, int slot) {
     return c->state + (size_t)slot * c->model->state_floats + (size_t)G->index * gdn_state_floats(G);
 }
 
-/* one item = (sequence, 32 channels of q|k|v): for each of the sequence's tokens in order, the depthwise causal
- * convolution of the channel's last conv_kernel inputs (taps oldest first, summed in that order), then SiLU,
- * written over the token's input in place; the slot keeps the last conv_kernel - 1 raw inputs */
+/* One sequence's tokens through the depthwise causal convolution of 32 channels: each token's output is the sum of
+ * the channel's last K inputs times its taps (oldest first, summed in that order), then SiLU, written over the
+ * token's input in place; last holds the K - 1 inputs before the first token and is left holding the K - 1 last
+ * ones. The taps are held transposed, (tap, channel), so that each tap is one multiply and one add across the 32
+ * channels; inlined with K a constant for the kernels files have (4), the tap loops unroll. */
+static inline __attribute__((always_inline)) void conv_tokens(float *in, size_t stride, int n, const float *conv,
+                                                              int K, float last[9][QK]) {
+    static const float ones[QK] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    float taps[9][QK];
+    for (int j = 0; j < K; j++)
+        for (int ch = 0; ch < QK; ch++) taps[j][ch] = conv[(size_t)ch * K + j];
+    for (int t = 0; t < n; t++, in += stride) {
+        float y[QK];
+        memcpy(last[K - 1], in, QK * sizeof(float));
+        for (int ch = 0; ch < QK; ch++) y[ch] = 0.0f;
+        for (int j = 0; j < K; j++)
+            for (int ch = 0; ch < QK; ch++) y[ch] += last[j][ch] * taps[j][ch];
+        memmove(last[0], last[1], (size_t)(K - 1) * QK * sizeof(float));
+        swiglu(y, ones, in, QK);                                 /* silu(y) * 1, on the active path */
+    }
+}
+
+/* one item = (sequence, 32 channels of q|k|v): the sequence's tokens in order through the convolution and its
+ * SiLU (conv_tokens), from and back to the slot's last conv_kernel - 1 raw inputs */
 static void conv_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     context_t *c = s->c;
     const gdn_block_t *G = &s->block->gdn;
     int conv_dim = GDN_CONV_DIM(G), width = conv_dim + GDN_VALUE_DIM(G), K = G->conv_kernel;
     int chunks = conv_dim / QK;
-    static const float ones[QK] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-                                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     (void)thread;
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / chunks), c0 = (int)(item % chunks) * QK;
+        int first = c->seq_first[seq], n = c->seq_first[seq + 1] - first;
         float *window = block_state(c, G, s->b->state_slots[seq]) + c0;       /* (K - 1, conv_dim), row stride */
-        float last[8][QK];                                                     /* K <= 9: checked at build */
+        float *in = c->gdn_in + (size_t)first * width + c0, last[9][QK];      /* K <= 9: checked at build */
+        const float *conv = G->conv + (size_t)c0 * K;
         for (int j = 0; j < K - 1; j++) memcpy(last[j], window + (size_t)j * conv_dim, QK * sizeof(float));
-        for (int t = c->seq_first[seq]; t < c->seq_first[seq + 1]; t++) {
-            float *in = c->gdn_in + (size_t)t * width + c0, y[QK];
-            for (int ch = 0; ch < QK; ch++) {
-                const float *w = G->conv + (size_t)(c0 + ch) * K;
-                float raw = in[ch];
-                y[ch] = 0.0f;
-                for (int j = 0; j < K - 1; j++) y[ch] += last[j][ch] * w[j];
-                y[ch] += raw * w[K - 1];
-                for (int j = 0; j + 1 < K - 1; j++) last[j][ch] = last[j + 1][ch];
-                if (K > 1) last[K - 2][ch] = raw;
-            }
-            swiglu(y, ones, in, QK);                             /* silu(y) * 1, on the active path */
-        }
+        if (K == 4) conv_tokens(in, (size_t)width, n, conv, 4, last);
+        else conv_tokens(in, (size_t)width, n, conv, K, last);
         for (int j = 0; j < K - 1; j++) memcpy(window + (size_t)j * conv_dim, last[j], QK * sizeof(float));
     }
 }
@@ -168,10 +179,10 @@ void gdn_block(context_t *c, stage_t *s, const block_t *B) {
         stage_prepare_input(c, s, c->x, cfg->dim, B->norm, &G->win);                     /* rmsnorm(x) */
     else
         stage_prepare_input_floats(c, s, c->x, cfg->dim, B->norm);
-    stage_matmul(c, STAGE_QKV, s, &G->win, c->gdn_in, 0);                                /* qkv | z */
-    stage_matmul(c, STAGE_QKV, s, &G->wba, c->gdn_ba, 0);                                /* beta | alpha */
-    stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * (GDN_CONV_DIM(G) / QK), 1, conv_fn, s);
+    stage_matmul(c, STAGE_RECURRENT_IN, s, &G->win, c->gdn_in, 0);                      /* qkv | z */
+    stage_matmul(c, STAGE_RECURRENT_IN, s, &G->wba, c->gdn_ba, 0);                      /* beta | alpha */
+    stage_run(c, STAGE_RECURRENT_CONV, (int64_t)s->b->num_seqs * (GDN_CONV_DIM(G) / QK), 1, conv_fn, s);
     stage_run(c, STAGE_RECURRENT, (int64_t)s->b->num_seqs * G->n_v_heads, 1, delta_fn, s);
     stage_set_input(s, c->gdn_out, GDN_VALUE_DIM(G), c->gdn_xq);
-    stage_matmul_residual(c, STAGE_WO, s, &G->wout, NULL, B->post_norm, -1);                    /* x += Wout out */
+    stage_matmul_residual(c, STAGE_RECURRENT_OUT, s, &G->wout, NULL, B->post_norm, -1);       /* x += Wout out */
 }

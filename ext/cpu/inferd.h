@@ -425,9 +425,10 @@ typedef struct {
                                         * positions; its first is 0 (the slot starts empty) or the slot's next. */
 } batch_t;
 
-/* stages of a step, for the optional profile */
+/* stages of a step, for the optional profile (a recurrent block's matmuls apart from attention's) */
 enum { STAGE_EMBED, STAGE_NORM_QUANT, STAGE_QKV, STAGE_ROPE_KV, STAGE_ATTENTION, STAGE_WO, STAGE_GATE_UP_SWIGLU,
-       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, STAGE_LORA, STAGE_RECURRENT, NUM_STAGES };
+       STAGE_DOWN, STAGE_OUTPUT, STAGE_SAMPLE, STAGE_ROUTE, STAGE_LORA, STAGE_RECURRENT, STAGE_RECURRENT_IN,
+       STAGE_RECURRENT_CONV, STAGE_RECURRENT_OUT, NUM_STAGES };
 
 typedef struct {
     const model_t *model;

@@ -60,6 +60,18 @@ def test_qwen35_file_matches_reference(load_variant, type_name):
     assert worst.max() <= tol, f"qwen35 {type_name}: worst row error per layer, then logits: {worst}"
 
 
+def test_other_convolution_kernel(load_variant):
+    """A convolution kernel other than 4 (the width block_gdn.c's convolution is unrolled for) takes the general
+    loop: the reference's values, and the same bits one token per step as in one step."""
+    model = load_variant("qwen35-conv3-gguf-f32")
+    assert model.config.ssm_conv_kernel == 3
+    toks = tokens(model)
+    ref = Reference(model.config, model.tensors).forward(toks, kv_dtype=np.float16)
+    whole = run_chunks(engine(model), toks, [SEQ_LEN])
+    assert row_errors(whole, ref.logits).max() <= FLOAT_TOL
+    assert np.array_equal(whole, run_chunks(engine(model), toks, [3, 1, 40, 26]))
+
+
 MOE_CASES = [("qwen35moe", "f32"), ("qwen35moe", "q8_0"), ("qwen3next", "f32"), ("qwen3next", "q8_0"),
              ("qwen3next-ssm_in", "f32")]
 
@@ -177,8 +189,9 @@ def test_state_read_and_restored_continues_the_same(load_variant):
 
 
 def test_scheduler_runs_hybrid_requests(load_variant):
-    """Through the scheduler: greedy generation beside other requests equals generation alone; speculative
-    decoding is off for the hybrid; each running sequence holds a state slot, freed when it ends."""
+    """Through the scheduler: greedy generation beside other requests equals generation alone, two prompts in one
+    step and a prompt beside decodes in one step; speculative decoding is off for the hybrid; each running sequence
+    holds a state slot, freed when it ends."""
     model = load_variant("qwen35-gguf-q8_0")
     eng = engine(model, max_seqs=3, num_kv_blocks=12)
     greedy = SamplingParams(temperature=0.0)
@@ -188,18 +201,23 @@ def test_scheduler_runs_hybrid_requests(load_variant):
     sched = Scheduler(eng, max_model_len=512, enable_prefix_caching=True, speculative=True)
     assert sched.snapshot_states and not sched.allow_drafts
     from inferd.engine.request import RequestState
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(prompts[:2]):
         sched.add(RequestState(Request(f"b{i}", p, greedy, 12), 0.0))
     got: dict[str, list[int]] = {f"b{i}": [] for i in range(3)}
-    max_used = 0
+    max_used, steps = 0, []
     while sched.has_work:
         batch = sched.schedule()
         max_used = max(max_used, sched.kv.stats().num_state_slots_used)
+        steps.append(sorted(len(s.token_ids) for s in batch.inputs))
         sched.postprocess(batch, eng.step(batch.inputs))
         for st, out in sched.take_outputs():
             got[st.request.request_id] += out.token_ids
+        if len(steps) == 2:  # the third arrives while the first two decode
+            sched.add(RequestState(Request("b2", prompts[2], greedy, 12), 0.0))
     assert [got[f"b{i}"] for i in range(3)] == alone
     assert max_used == 3 and sched.kv.stats().num_state_slots_used == 0
+    # one forward call per step: the first two prompts together, then the third's beside the others' decodes
+    assert steps[0] == [30, 45] and steps[2] == [1, 1, 9]
 
 
 def test_preempted_sequence_recomputes_its_state(load_variant):

@@ -624,6 +624,7 @@ VARIANTS = {
     "qwen35moe-gguf-f32": ("gguf", _QWEN35MOE, {"weight_type": "F32"}),
     "qwen35moe-gguf-q8_0": ("gguf", _QWEN35MOE, {"weight_type": "Q8_0"}),
     "qwen35-mtp-gguf-q8_0": ("gguf", replace(_QWEN35, extra={"mtp": True}), {"weight_type": "Q8_0"}),
+    "qwen35-conv3-gguf-f32": ("gguf", replace(_QWEN35, ssm_conv=3), {"weight_type": "F32"}),
     "qwen3next-gguf-f32": ("gguf", _QWEN3NEXT, {"weight_type": "F32"}),
     "qwen3next-gguf-q8_0": ("gguf", _QWEN3NEXT, {"weight_type": "Q8_0"}),
     "qwen3next-ssm_in-gguf-f32": ("gguf", replace(_QWEN3NEXT, extra={"ssm_in": True}), {"weight_type": "F32"}),
