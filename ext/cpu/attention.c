@@ -269,8 +269,10 @@ static void merge_cols_scalar(float *O, const float *o, float a, float b, int hd
 ATTN_AVX2 static void merge_cols_avx2(float *O, const float *o, float a, float b, int hd) {
     __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
     int d = 0;
-    for (; d + 8 <= hd; d += 8)
-        _mm256_storeu_ps(O + d, _mm256_fmadd_ps(_mm256_loadu_ps(o + d), vb, _mm256_mul_ps(_mm256_loadu_ps(O + d), va)));
+    for (; d + 8 <= hd; d += 8) {
+        __m256 kept = _mm256_mul_ps(_mm256_loadu_ps(O + d), va);
+        _mm256_storeu_ps(O + d, _mm256_fmadd_ps(_mm256_loadu_ps(o + d), vb, kept));
+    }
     for (; d < hd; d++) O[d] = __builtin_fmaf(o[d], b, O[d] * a);
 }
 #endif
