@@ -113,6 +113,7 @@ class Peer:
     kv_cache: str
     repack: bool = True
     ubatch: str = "256,512"      # swept: each test keeps its best
+    flash_attn: tuple[str, ...] = ("0", "1")   # one invocation each (a q8_0 cache: 1 only)
 
     def commands(self, path: Path, tests: list[str], depth: int, repeats: int) -> list[list[str]]:
         """One llama-bench invocation per flash-attention setting at this depth."""
@@ -124,7 +125,7 @@ class Peer:
         return [[str(self.bin_dir / "llama-bench"), "-m", str(path), "-t", str(self.threads), "-p", prompts,
                  "-n", gens, "-d", str(depth), "-fa", fa, "-ub", self.ubatch, "-lm", "none", "-r", str(repeats),
                  "-o", "json", *repack, *kv]
-                for fa in (("1",) if self.kv_cache != "f16" else ("0", "1"))]
+                for fa in (("1",) if self.kv_cache != "f16" else self.flash_attn)]
 
     def run(self, cmd: list[str]) -> dict[tuple[str, int], dict[str, list[float]]]:
         r = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
@@ -305,6 +306,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(PLANS))
     ap.add_argument("--kv-cache", choices=("f16", "q8_0"), default="f16",
                     help="KV cache type of both engines (q8_0: llama.cpp -ctk/-ctv q8_0 with -fa 1)")
+    ap.add_argument("--peer-fa", choices=("0,1", "0", "1"), default="0,1",
+                    help="llama.cpp's flash-attention settings swept (each fills the depth again: at depth 8192 "
+                    "and more, 1 alone halves llama.cpp's time; it is the faster one at depth)")
+    ap.add_argument("--peer-ub", default="256,512", help="llama.cpp's micro-batch sizes swept (-ub)")
     ap.add_argument("--bin", type=Path, help="folder of llama.cpp's tools (default: ../shared/peers/llama-cpp.sh)")
     ap.add_argument("--peer-lib", type=Path, help="folder put first on llama.cpp's LD_LIBRARY_PATH")
     ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
@@ -325,7 +330,8 @@ def main() -> None:
     suffix = ("" if args.kv_cache == "f16" else f"_kv{args.kv_cache}") + ("-quick" if args.quick else "")
     out = args.out or HERE / "results" / f"vs_llamacpp{suffix}.md"
 
-    peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads, args.kv_cache)
+    peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads, args.kv_cache, ubatch=args.peer_ub,
+                flash_attn=tuple(args.peer_fa.split(",")))
     started = time.monotonic()
     stamp, host = time.strftime("%Y-%m-%d %H:%M"), machine()
     warning = busy_warning()

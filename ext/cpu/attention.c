@@ -258,6 +258,25 @@ ATTN_AVX512_INLINE void accumulate16_nr(const tile_t *t, int hd, const int NR, c
 ATTN_AVX512 static void accumulate_v_avx512(const tile_t *t, int hd) { BY_ROWS(accumulate16_nr, t, t, hd); }
 #endif
 
+/* ---------------- merging a segment's output into the total ---------------- */
+
+/* O[d] = fma(o[d], b, O[d] * a): the same two roundings per element on every path */
+static void merge_cols_scalar(float *O, const float *o, float a, float b, int hd) {
+    for (int d = 0; d < hd; d++) O[d] = __builtin_fmaf(o[d], b, O[d] * a);
+}
+
+#if defined(__x86_64__)
+ATTN_AVX2 static void merge_cols_avx2(float *O, const float *o, float a, float b, int hd) {
+    __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    int d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        __m256 kept = _mm256_mul_ps(_mm256_loadu_ps(O + d), va);
+        _mm256_storeu_ps(O + d, _mm256_fmadd_ps(_mm256_loadu_ps(o + d), vb, kept));
+    }
+    for (; d < hd; d++) O[d] = __builtin_fmaf(o[d], b, O[d] * a);
+}
+#endif
+
 /* ---------------- the kernels of the active path ---------------- */
 
 typedef struct {
@@ -267,6 +286,7 @@ typedef struct {
     void (*accumulate_v)(const tile_t *, int);
     float (*max_of)(const float *, int);
     float (*weights)(float *, int, float);
+    void (*merge_cols)(float *, const float *, float, float, int);
     int direct;                       /* the tile kernels read f16 (scalar: always the f32 tiles) */
 } kernels_t;
 
@@ -282,10 +302,11 @@ static void convert_v_plain(const uint16_t *v, float *vf, int hd, int r0, int r1
 
 static kernels_t active_kernels(void) {
     kernels_t k = {convert_k_plain, convert_v_plain, scores_scalar, accumulate_v_scalar, max_scalar,
-                   weights_scalar, 0};
+                   weights_scalar, merge_cols_scalar, 0};
 #if defined(__x86_64__)
     if (cpu_path() != PATH_SCALAR)
-        k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2, 1};
+        k = (kernels_t){convert_k_avx2, convert_v_avx2, scores_avx2, accumulate_v_avx2, max_avx2, weights_avx2,
+                        merge_cols_avx2, 1};
     /* the VNNI paths' CPUs with AVX-512F: tiles of 16 lanes (two FMA units of 512 bits on server parts) */
     if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) {
         k.scores = scores_avx512;
@@ -426,8 +447,8 @@ static void segment_blocks(const run_t *a, int seg, int *b0, int *b1) {
 }
 
 /* total (M, S, O) <- the merge of the total so far with a segment's (m, s, o), for one row. The first segment the
- * row sees becomes the total as it is. Plain C on every path (one call per row and segment). */
-static void merge_row(float *M, float *S, float *O, float m, float s, const float *o, int hd) {
+ * row sees becomes the total as it is. The outputs through the path's merge_cols, the same bits on every path. */
+static void merge_row(const kernels_t *k, float *M, float *S, float *O, float m, float s, const float *o, int hd) {
     if (m == -INFINITY) return;                                  /* the row saw nothing of this segment */
     if (*M == -INFINITY) {
         *M = m; *S = s;
@@ -436,7 +457,7 @@ static void merge_row(float *M, float *S, float *O, float m, float s, const floa
     }
     float top = m > *M ? m : *M, a = softmax_weight(*M - top), b = softmax_weight(m - top);
     *S = __builtin_fmaf(s, b, *S * a);
-    for (int d = 0; d < hd; d++) O[d] = __builtin_fmaf(o[d], b, O[d] * a);
+    k->merge_cols(O, o, a, b, hd);
     *M = top;
 }
 
@@ -465,7 +486,7 @@ void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_k
         if (b0 >= b1) continue;
         attend_segment(&a, b0, b1, o, mx, sm, seg + 1 == nseg ? next_k : NULL, seg + 1 == nseg ? next_v : NULL);
         for (int r = 0; r < rows; r++)
-            merge_row(&M[r], &S[r], out_row(out, out_stride, a.per_head, group, hd, r), mx[r], sm[r],
+            merge_row(&a.kern, &M[r], &S[r], out_row(out, out_stride, a.per_head, group, hd, r), mx[r], sm[r],
                       o + (size_t)r * hd, hd);
     }
     for (int r = 0; r < rows; r++) {
@@ -497,11 +518,12 @@ int attention_segment(const float *q, int q_stride, int ntok, int group, int n_k
 void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
                      int head_dim, float *out, int out_stride, const float *sinks) {
     int per_head = ntok * group, rows = per_head * kv_heads;
+    kernels_t kern = active_kernels();
     for (int r = 0; r < rows; r++) {
         float M = -INFINITY, S = 0.0f, *dst = out_row(out, out_stride, per_head, group, head_dim, r);
         for (int seg = 0; seg < nseg; seg++) {
             const float *p = parts + seg * part_stride, *mx = p + (size_t)rows * head_dim, *sm = mx + rows;
-            merge_row(&M, &S, dst, mx[r], sm[r], p + (size_t)r * head_dim, head_dim);
+            merge_row(&kern, &M, &S, dst, mx[r], sm[r], p + (size_t)r * head_dim, head_dim);
         }
         float inv = softmax_norm(M, S, sinks, row_head(per_head, group, r));
         for (int d = 0; d < head_dim; d++) dst[d] *= inv;

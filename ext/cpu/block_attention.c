@@ -223,6 +223,10 @@ void attention_plan(context_t *c, const batch_t *b, stage_t *s) {
     if (s->segments > 1) s->attn_items *= s->segments;
     s->attn_chunk = s->attn_items / (threads * 2);
     s->attn_chunk = s->attn_chunk < 1 ? 1 : s->attn_chunk > 8 ? 8 : s->attn_chunk;
+    /* A run of many tokens is a long item (at depth, tens of milliseconds: its tokens against every key), so a
+     * prefill's items are claimed one at a time: with several per claim, a thread that got the last claim (or lost
+     * its core for a while to other work) keeps the others waiting for up to a quarter of the stage. */
+    if (n_runs < b->num_tokens) s->attn_chunk = 1;
     /* Each attention item quantizes its heads' output for Wo itself. When every sequence has a single run, the item
      * also does its tokens' RoPE and K/V writes first: no other item reads them. A sequence with several runs (a
      * prefill chunk) needs a stage of its own for those, since its later runs read the K/V its earlier runs write.
