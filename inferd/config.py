@@ -102,7 +102,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_tokens: PosInt = 512
     max_prefill_while_decoding: NonNegInt = 256
     max_step_latency_ms: NonNegFloat = 0.0
-    step_latency_factor: NonNegFloat = 2.0
+    step_latency_factor: NonNegFloat = 3.0
     max_running: PosInt = 64
     max_waiting: PosInt = 256
     max_model_len: NonNegInt = 0

@@ -51,7 +51,7 @@ __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepSt
 log = logging.getLogger("inferd.scheduler")
 
 MIN_PREFILL_BESIDE_DECODES = 16  # a step's latency bound never stops a prompt from progressing
-DEFAULT_STEP_LATENCY_FACTOR = 2.0  # a step with prompt tokens beside decodes: at most this many decode steps
+DEFAULT_STEP_LATENCY_FACTOR = 3.0  # a step with prompt tokens beside decodes: at most this many decode steps
 PACE_STEPS = 32  # beside decodes, a step takes at least the pending prompt tokens over this many steps
 
 

@@ -4,6 +4,7 @@ of the steps that ran (a fake engine, its steps 'timed' by a cost model the test
 
 import pytest
 
+from inferd.config import Settings
 from inferd.engine.loop import run_batch
 from inferd.engine.scheduler import DEFAULT_STEP_LATENCY_FACTOR, MIN_PREFILL_BESIDE_DECODES, PACE_STEPS
 from inferd.engine.step_cost import MIN_STEPS, StepCost
@@ -90,7 +91,9 @@ def timed_step(h: Harness, step) -> list[tuple[int, int, int]]:
 
 
 def warmed(step, num_decoding: int = 1, **kw) -> Harness:
-    """A policy that has timed a prefill-only step and two decode steps of `num_decoding` sequences."""
+    """A policy (K = 2 unless given) that has timed a prefill-only step and two decode steps of `num_decoding`
+    sequences."""
+    kw.setdefault("step_latency_factor", 2.0)
     h = Harness(FakeEngine(max_batch_tokens=512), **kw)
     for i in range(num_decoding):
         h.add(req(f"d{i}", range(100 * i, 100 * i + 20), max_tokens=200))
@@ -101,10 +104,15 @@ def warmed(step, num_decoding: int = 1, **kw) -> Harness:
     return h
 
 
-def test_by_default_a_chunk_beside_decodes_keeps_the_step_within_twice_theirs():
+def test_the_bound_is_on_by_default_at_three_decode_steps():
+    assert DEFAULT_STEP_LATENCY_FACTOR == 3.0
+    assert Harness(FakeEngine()).sched.step_latency_factor == DEFAULT_STEP_LATENCY_FACTOR
+    assert Settings().step_latency_factor == DEFAULT_STEP_LATENCY_FACTOR
+
+
+def test_a_chunk_beside_decodes_keeps_the_step_within_k_times_theirs():
     step = cost_model(0.030, 0.001, 0.001)
     h = warmed(step, num_decoding=1)
-    assert DEFAULT_STEP_LATENCY_FACTOR == 2.0
     h.add(req("b", range(1000, 1100), max_tokens=5))
     # beside d0's decode (0.031 s alone) a step of 0.062 s holds 31 prompt tokens, not the cap's 256
     assert timed_step(h, step) == [(22, 1, 1), (0, 31, 0)]
