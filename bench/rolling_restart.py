@@ -83,7 +83,7 @@ changed: checks every 1 s, 2 failures down, 2 successes up). {args.concurrency} 
 `/v1/completions` ({args.max_tokens} tokens each, `ignore_eos`, {args.users} users hashed onto replicas by `user`)
 throughout; each replica in turn gets SIGTERM, exits, starts again and rejoins when HAProxy marks it UP.
 
-The machine was shared: 2 CPU cores with other sessions' builds and tests running, so absolute throughput is
+The machine was shared: 2 CPU cores with other builds and tests running, so absolute throughput is
 noisy; the three replicas, HAProxy and the Python load generator all share those 2 cores, so throughput while one
 replica is away is not simply two thirds of the full figure.
 
