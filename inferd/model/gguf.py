@@ -10,11 +10,12 @@ views over an mmap of the file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from .errors import ModelLoadError
 from .ggml_types import GGML_TYPES
 from .quant import LOADABLE_TYPES
 from .tensor import Tensor
+
+_T = TypeVar("_T")
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # v1 used 32-bit counts and is long gone
@@ -184,28 +187,25 @@ def _to_tensor(name: str, data: np.ndarray, info: TensorInfo) -> Tensor:
 
 def validate_gguf(path: str) -> GGUFHeader:
     """Walk the header with bounds checks; raise ModelLoadError for the first problem found."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            if size < 24:
-                raise ModelLoadError(path, f"file is too short to be GGUF ({size} bytes)")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _Walker(path, buf, size).header()
-    except OSError as e:
-        raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
+    return _walk(path, lambda walker: walker.header())
 
 
 def read_architecture(path: str) -> str | None:
     """general.architecture (None when the header has none) without walking the rest of the header: writers put
     it first, and the vocabulary's 10^5 strings that follow are most of a header's reading time. Raises
     ModelLoadError for a file that is not GGUF or breaks off before the key."""
+    return _walk(path, lambda walker: walker.architecture())
+
+
+def _walk(path: str, read: Callable[[_Walker], _T]) -> _T:
+    """`read` over a _Walker of the mapped file; a file too short or unreadable is a ModelLoadError."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
             if size < 24:
                 raise ModelLoadError(path, f"file is too short to be GGUF ({size} bytes)")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _Walker(path, buf, size).architecture()
+                return read(_Walker(path, buf, size))
     except OSError as e:
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
 
