@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 FORGET = 0.95  # weight of a step relative to the one after it
 PRIOR = 1e-6  # pull towards "a decode row costs what a prompt token costs", relative to the data's own weight
 RIDGE = 1e-12  # keeps the system solvable, relative to the weighted sum of squares of each feature
@@ -84,18 +86,10 @@ class StepCost:
 
 
 def _solve(a: list[list[float]]) -> tuple[float, float, float] | None:
-    """Gaussian elimination with partial pivoting on the augmented 3x4 matrix `a` (modified in place)."""
-    n = 3
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-18:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(col + 1, n):
-            f = a[r][col] / a[col][col]
-            for k in range(col, n + 1):
-                a[r][k] -= f * a[col][k]
-    out = [0.0] * n
-    for r in reversed(range(n)):
-        out[r] = (a[r][n] - sum(a[r][k] * out[k] for k in range(r + 1, n))) / a[r][r]
-    return out[0], out[1], out[2]
+    """The solution of the augmented 3x4 system `a`, None when it is singular."""
+    m = np.array(a)
+    try:
+        x = np.linalg.solve(m[:, :3], m[:, 3])
+    except np.linalg.LinAlgError:
+        return None
+    return float(x[0]), float(x[1]), float(x[2])
