@@ -116,6 +116,7 @@ LOW_BIT_FILES = {f"qwen2.5-coder-1.5b-{t.lower()}": (f"qwen2.5-coder-1.5b-instru
 # bench name -> (the script that writes it, its shape): random weights at a real model's shape, made on first use
 # (never committed)
 SHAPED_FILES = {"qwen3-30b-a3b-q4_k_m": ("make_moe_model.py", "qwen3-30b-a3b"),
+                "gpt-oss-20b-mxfp4": ("make_moe_model.py", "gpt-oss-20b"),
                 "qwen3.5-2b-q4_k_m": ("make_qwen35_model.py", "qwen3.5-2b")}
 
 

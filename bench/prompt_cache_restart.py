@@ -83,7 +83,10 @@ class Server:
                 if not line.startswith(b"data: {"):
                     continue
                 event = json.loads(line[6:])
-                if first is None and event.get("choices") and event["choices"][0]["delta"].get("content") is not None:
+                choice = event["choices"][0] if event.get("choices") else None
+                # the first chunk, the role's, leaves before any computing: the first token is the first chunk with
+                # text or the one that ends the choice (a token can decode to no text yet)
+                if first is None and choice and (choice["delta"].get("content") or choice.get("finish_reason")):
                     first = time.perf_counter() - t0
                 if event.get("usage"):
                     cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]

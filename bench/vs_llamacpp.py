@@ -16,6 +16,8 @@ the first d positions of the KV cache already filled (untimed), as llama-bench's
                                                                                   all five: ~24 min
     qwen3-30b-a3b-q4_k_m       pp512 tg128         depth 0                -r 1   2 rounds   (--models only: a
                                Qwen3-30B-A3B-shaped file of random Q4_K/Q6_K blocks, 17 GB, made by make_moe_model.py)
+    gpt-oss-20b-mxfp4          pp512 tg128         depth 0                -r 1   2 rounds   (--models only: a
+                               gpt-oss-20b-shaped file, MXFP4 experts and Q8_0 elsewhere, made by make_moe_model.py)
     qwen2.5-coder-1.5b-q2_k, -q3_k_m, -iq4_xs, -iq3_m, -iq2_m
                                pp512 tg128         depth 0                -r 1   2 rounds   (--models only: the Q4_K_M
                                file re-quantized by llama-quantize, made on first use: bench/_common.low_bit_file)
@@ -94,6 +96,7 @@ PLANS = {
 # named with --models only: random weights at a real model's shape (_common.SHAPED_FILES, made on first use)
 SHAPED_PLANS = {
     "qwen3-30b-a3b-q4_k_m": Plan(("pp512", "tg128"), (0,), 1, 2),
+    "gpt-oss-20b-mxfp4": Plan(("pp512", "tg128"), (0,), 1, 2),
     "qwen3.5-2b-q4_k_m": Plan(("pp512", "tg128"), (0,), 2, 3),
 }
 # named with --models only: Qwen2.5-Coder-1.5B in the low-bit types (_common.LOW_BIT_FILES, made on first use)

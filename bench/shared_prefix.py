@@ -1,0 +1,85 @@
+"""TTFT of a request whose system prompt an earlier request already sent (a prefix-cache hit) against a cold one,
+`inferd serve` as a real process: the figure a chat UI or an agent sees on its second turn.
+
+    python bench/shared_prefix.py [--model smollm2-135m-instruct | FILE.gguf] [--tokens 1000] [-t 2] [--rounds 4]
+                                  [--out bench/results/shared_prefix.md]
+
+Each round makes a system prompt of about --tokens tokens that no earlier request used (its first sentence names
+the round), then sends, streamed, greedy, one token each:
+  cold  that system prompt and a question: nothing of it is cached
+  warm  the same system prompt and another question: the system prompt's whole blocks are a prefix-cache hit
+The two are sent back to back, so each round's ratio compares requests in the same phase of a noisy machine.
+A hybrid model (recurrent layers) hits only up to a block whose end has a state snapshot: every request's
+`cached_tokens` is checked (cold 0, warm at least the system prompt's whole blocks but one), and a round whose hit
+is smaller fails the run instead of reporting a number that measures something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import fmt_median, fmt_ratio, machine, ratio_of_medians, results_head, stats, write_results  # noqa: E402
+from prompt_cache_restart import SENTENCE, Server  # noqa: E402
+
+SIDES = ("cold", "warm")
+BLOCK = 64  # tokens per KV block: a hit is whole blocks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="a model name `inferd serve` takes, or a path")
+    ap.add_argument("--tokens", type=int, default=1000, help="about this many tokens of system prompt")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", type=Path, help="write the results file here (and its JSON beside it)")
+    args = ap.parse_args()
+    samples: dict[str, list[list[float]]] = {side: [] for side in SIDES}
+    hits: dict[str, list[int]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory(prefix="inferd-shared-prefix-") as tmp:
+        log = Path(tmp) / "server.log"
+        srv = Server(args, Path(tmp) / "cache", log)
+        try:
+            srv.ttft([{"role": "user", "content": "Warm up."}])
+            for r in range(args.rounds):
+                system = f"Harbour office number {r} opens at {6 + r % 4} o'clock. " + SENTENCE * max(1, args.tokens // 30)
+                times = {}
+                for side in SIDES:
+                    question = f"Which berth does ship number {r * 2 + len(times)} take tomorrow?"
+                    t, cached = srv.ttft([{"role": "system", "content": system}, {"role": "user", "content": question}])
+                    floor = 0 if side == "cold" else (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK
+                    if (side == "cold" and cached != 0) or (side == "warm" and cached < floor):
+                        raise SystemExit(f"round {r} {side}: cached_tokens {cached} (expected "
+                                         f"{'0' if side == 'cold' else f'>= {floor}'}); see {log}")
+                    times[side] = t
+                    samples[side].append([t])
+                    hits[side].append(cached)
+                    print(f"round {r} {side} TTFT {t * 1000:8.1f} ms  cached {cached}", flush=True)
+        finally:
+            srv.stop()
+    ratio, per_round = ratio_of_medians(samples["warm"], samples["cold"])
+    flat = {side: [x for rnd in samples[side] for x in rnd] for side in SIDES}
+    lines = [f"{side}: TTFT {fmt_median([x * 1000 for x in flat[side]])} ms, cached tokens {hits[side]}"
+             for side in SIDES]
+    lines.append(f"warm / cold: {fmt_ratio(ratio, per_round)}")
+    print("\n".join(lines))
+    if args.out:
+        stamp = time.strftime("%Y-%m-%d")
+        title = "A shared system prompt: TTFT of a prefix-cache hit against a cold request"
+        md = "\n".join(results_head(title, stamp, machine(), f"model {args.model}, ~{args.tokens} tokens of "
+                                    f"system prompt, {args.threads} threads.")
+                       + ["", *lines, "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
+        write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
+                                     "sides": {side: stats(flat[side]) for side in SIDES},
+                                     "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
