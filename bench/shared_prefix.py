@@ -48,7 +48,8 @@ def main() -> None:
         try:
             srv.ttft([{"role": "user", "content": "Warm up."}])
             for r in range(args.rounds):
-                system = f"Harbour office number {r} opens at {6 + r % 4} o'clock. " + SENTENCE * max(1, args.tokens // 30)
+                opening = f"Harbour office number {r} opens at {6 + r % 4} o'clock. "
+                system = opening + SENTENCE * max(1, args.tokens // 30)
                 times = {}
                 for side in SIDES:
                     question = f"Which berth does ship number {r * 2 + len(times)} take tomorrow?"
