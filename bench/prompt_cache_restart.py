@@ -140,7 +140,7 @@ def main() -> None:
     print("\n".join(lines))
     if args.out:
         stamp = time.strftime("%Y-%m-%d")
-        md = "\n".join(results_head("Prompt cache across a restart: TTFT", stamp, machine(), f"model {args.model}.")
+        md = "\n".join(results_head("Prompt cache across a restart: TTFT", stamp, machine(), f"model {args.model}")
                        + ["", *lines, ""])
         write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
                                      "sides": {side: stats(flat[side]) for side in SIDES},

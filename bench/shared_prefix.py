@@ -25,7 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import fmt_median, fmt_ratio, machine, ratio_of_medians, results_head, stats, write_results  # noqa: E402
+from _common import (busy_warning, fmt_median, fmt_ratio, machine, ratio_of_medians, results_head, stats,  # noqa: E402
+                     write_results)
 from prompt_cache_restart import SENTENCE, Server  # noqa: E402
 
 SIDES = ("cold", "warm")
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", type=Path, help="write the results file here (and its JSON beside it)")
     args = ap.parse_args()
+    warning = busy_warning()
     samples: dict[str, list[list[float]]] = {side: [] for side in SIDES}
     hits: dict[str, list[int]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="inferd-shared-prefix-") as tmp:
@@ -74,8 +76,9 @@ def main() -> None:
         stamp = time.strftime("%Y-%m-%d")
         title = "A shared system prompt: TTFT of a prefix-cache hit against a cold request"
         md = "\n".join(results_head(title, stamp, machine(), f"model {args.model}, ~{args.tokens} tokens of "
-                                    f"system prompt, {args.threads} threads.")
-                       + ["", *lines, "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
+                                    f"system prompt, {args.threads} threads")
+                       + ["", *lines, *(["", f"**Warning**: {warning}."] if warning else []),
+                          "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
         write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
                                      "sides": {side: stats(flat[side]) for side in SIDES},
                                      "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
