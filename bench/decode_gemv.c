@@ -158,6 +158,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < copies[s]; c++)
             if (weight_init(&ws[s][c], type, rows, cols, src, gguf_row_bytes(type, cols) * rows, mem + lb * c))
                 return 1;
+        huge_collapse(mem, lb * copies[s]);
         free(src);
     }
     double best[8][NSHAPES], bw = 0;
