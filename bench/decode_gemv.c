@@ -12,7 +12,8 @@
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/type_traits.c ext/cpu/repack.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
- *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
+ *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c ext/cpu/iq_grids.c -lm \
+ *       -o /tmp/decode_gemv
  *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024
  *   HOT=1 /tmp/decode_gemv 1 10 4 z4
  */

@@ -571,7 +571,7 @@ cdef class Model:
     @property
     def huge_pages(self):
         """Where the weights' move into 2 MB pages stands (hugemem.c): "collapsing" (on a low-priority thread
-        since the load; the weights work at full precision meanwhile, on 4 KB pages), "all", "partly" (the kernel
+        since the load; meanwhile the weights work as before, on 4 KB pages), "all", "partly" (the kernel
         refused some pages: they stay on 4 KB pages, which khugepaged may still collapse) or "none" (a kernel
         without MADV_COLLAPSE, or THP off)."""
         return HUGE_PAGES_NAMES[huge_collapse_state(self.collapser)]
