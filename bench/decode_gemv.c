@@ -12,7 +12,8 @@
  *   gcc -O3 -std=gnu11 -ffp-contract=off -fno-math-errno -pthread -Iext/cpu bench/decode_gemv.c ext/cpu/weight.c \
  *       ext/cpu/type_traits.c ext/cpu/repack.c \
  *       ext/cpu/matmul.c ext/cpu/matmul_simd.c ext/cpu/qpair512.c ext/cpu/qdecode512.c ext/cpu/dispatch.c \
- *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c -lm -o /tmp/decode_gemv
+ *       ext/cpu/fp16.c ext/cpu/quant.c ext/cpu/pool.c ext/cpu/hugemem.c ext/cpu/membw.c ext/cpu/iq_grids.c -lm \
+ *       -o /tmp/decode_gemv
  *   /tmp/decode_gemv THREADS ROUNDS GROUP...   e.g. /tmp/decode_gemv 2 5 4 z4 z4n L4 S1024
  *   HOT=1 /tmp/decode_gemv 1 10 4 z4
  */
@@ -158,6 +159,7 @@ int main(int argc, char **argv) {
         for (int c = 0; c < copies[s]; c++)
             if (weight_init(&ws[s][c], type, rows, cols, src, gguf_row_bytes(type, cols) * rows, mem + lb * c))
                 return 1;
+        huge_collapse(mem, lb * copies[s]);
         free(src);
     }
     double best[8][NSHAPES], bw = 0;

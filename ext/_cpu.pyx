@@ -427,6 +427,7 @@ cdef class Model:
     cdef list _keep
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
+    cdef huge_collapser_t *collapser   # turns the arena into huge pages once built, beside whatever runs next
     cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
     cdef object progress, release
 
@@ -478,6 +479,7 @@ cdef class Model:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
             self.progress = self.release = None
+        self.collapser = huge_collapse_start(self.arena, self.arena_bytes)
 
     cdef _build(self, model_config_t *c, dict tensors, list layers):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
@@ -566,6 +568,20 @@ cdef class Model:
         """(address, bytes) of the memory holding every weight (for the huge-page test)."""
         return <size_t>self.arena, self.arena_bytes
 
+    @property
+    def huge_pages(self):
+        """Where the weights' move into 2 MB pages stands (hugemem.c): "collapsing" (on a low-priority thread
+        since the load; meanwhile the weights work as before, on 4 KB pages), "all", "partly" (the kernel
+        refused some pages: they stay on 4 KB pages, which khugepaged may still collapse) or "none" (a kernel
+        without MADV_COLLAPSE, or THP off)."""
+        return HUGE_PAGES_NAMES[huge_collapse_state(self.collapser)]
+
+    def wait_huge_pages(self):
+        """Blocks (without the GIL) until the weights' move into huge pages is done; returns `huge_pages`."""
+        with nogil:
+            huge_collapse_wait(self.collapser)
+        return self.huge_pages
+
     cdef float *_floats(self, tuple t, int n) except NULL:
         arr = np.ascontiguousarray(t[3], dtype=np.float32).reshape(-1)
         if arr.shape[0] != n:
@@ -606,6 +622,8 @@ cdef class Model:
             free(self.m.layers)
         free(self.m.rope_cos_sin)
         free(self.m.rope_cos_sin_local)
+        with nogil:
+            huge_collapse_end(self.collapser)     # stopped and joined before its memory goes
         huge_free(self.arena, self.arena_bytes)
 
     @property
@@ -625,6 +643,10 @@ cdef class Model:
         for i in range(self.m.cfg.n_layers):
             total += self._block_weights(i, False)
         return total
+
+
+HUGE_PAGES_NAMES = {HUGE_PAGES_COLLAPSING: "collapsing", HUGE_PAGES_ALL: "all", HUGE_PAGES_PARTLY: "partly",
+                    HUGE_PAGES_NONE: "none", HUGE_PAGES_STOPPED: "stopped"}
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",

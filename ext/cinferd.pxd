@@ -53,6 +53,14 @@ cdef extern from "inferd.h" nogil:
     double read_bandwidth(size_t nbytes, int threads, int repeats)
     void *huge_alloc(size_t n)
     void huge_free(void *p, size_t n)
+    enum:
+        HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE, HUGE_PAGES_STOPPED
+    ctypedef struct huge_collapser_t:
+        pass
+    huge_collapser_t *huge_collapse_start(void *p, size_t n)
+    int huge_collapse_state(huge_collapser_t *c)
+    int huge_collapse_wait(huge_collapser_t *c)
+    void huge_collapse_end(huge_collapser_t *c)
 
     void quantize_act(const float *x, int n, block_q8x *out)
     enum:

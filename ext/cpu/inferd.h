@@ -111,10 +111,22 @@ void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
 
 double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per second */
 
-/* zeroed memory for big long-lived buffers, in transparent huge pages where the kernel allows (hugemem.c); NULL
- * when out of memory. huge_free takes the size given to huge_alloc. */
+/* zeroed memory for big long-lived buffers, 2 MB aligned, first faulted on 4 KB pages and turned into transparent
+ * huge pages by huge_collapse once written (hugemem.c); NULL when out of memory. huge_free takes the size given to
+ * huge_alloc. */
 void *huge_alloc(size_t n);
 void huge_free(void *p, size_t n);
+/* how much of a buffer huge_collapse turned into huge pages */
+enum { HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE, HUGE_PAGES_STOPPED };
+int huge_collapse(void *p, size_t n);            /* now, on this thread; a HUGE_PAGES_ state */
+/* the same on a thread of its own at the lowest priority (NULL: no thread, the buffer stays as it is);
+ * huge_collapse_wait blocks until it is done, huge_collapse_end stops it between two pages, joins it and frees it:
+ * call it before the buffer is freed */
+typedef struct huge_collapser huge_collapser_t;
+huge_collapser_t *huge_collapse_start(void *p, size_t n);
+int huge_collapse_state(huge_collapser_t *c);
+int huge_collapse_wait(huge_collapser_t *c);
+void huge_collapse_end(huge_collapser_t *c);
 
 /* ---- kernels (pure functions over typed buffers) ---- */
 void quantize_act(const float *x, int n, block_q8x *out);                 /* x: (n), out: (n/32) */

@@ -77,6 +77,7 @@ double read_bandwidth(size_t nbytes, int threads, int repeats) {
     uint8_t *buf = huge_alloc(nbytes);            /* in the pages the engine's weights use */
     if (!buf) return -1.0;
     memset(buf, 1, nbytes);                       /* touch every page before timing */
+    huge_collapse(buf, nbytes);                   /* then into huge pages, as the weights once loaded */
     pool_t *pool = pool_create(threads);
     double best = 0.0;
     for (int r = 0; r < repeats; r++)

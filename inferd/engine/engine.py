@@ -83,6 +83,16 @@ class Engine(EngineShape):
         self.kernel_path = _cpu.get_path()
         self._loras: list[_cpu.LoraAdapter] = []  # each adapter's A and B once, whatever uses it
 
+    @property
+    def huge_pages(self) -> str:
+        """Where the weights' move into 2 MB pages stands: "collapsing", "all", "partly" or "none"
+        (_cpu.Model.huge_pages)."""
+        return self._model.huge_pages
+
+    def wait_huge_pages(self) -> str:
+        """Blocks until the weights' move into 2 MB pages is done (without the GIL); returns `huge_pages`."""
+        return self._model.wait_huge_pages()
+
     def add_adapter(self, adapter) -> int:
         """Makes a LoRA adapter (inferd.model.lora.Adapter, read for this model) available to SeqInput.lora;
         returns its index. Its matrices are held once in f32 beside the base weights, which stay as they are."""

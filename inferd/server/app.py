@@ -143,18 +143,26 @@ async def start_serving(
 
 
 async def after_ready(state: ServerState) -> None:
-    """What no first request needs, done once ready when no request has been in flight for a moment (when_idle):
-    the read-bandwidth probe (a few hundred ms of every thread, in C without the GIL; the bandwidth-ratio gauge
-    reads 0 until it is done)."""
+    """What no first request needs, done once ready: the weights' move into 2 MB pages (begun by the load on a
+    low-priority thread of its own, ext/cpu/hugemem.c) is followed and logged, then, when no request has been in
+    flight for a moment (when_idle), the read-bandwidth probe (a few hundred ms of every thread, in C without the
+    GIL; the bandwidth-ratio gauge reads 0 until it is done), which so reads memory as the settled weights are."""
     from inferd import _cpu
 
+    loop = asyncio.get_running_loop()
+
+    def huge_pages() -> str | None:  # the CPU engine's weights; None for a GPU's
+        return getattr(state.engine, "huge_pages", None)
+
+    if huge_pages() is not None:
+        while huge_pages() == "collapsing":  # polled: a shutdown meanwhile waits for nothing
+            await asyncio.sleep(0.1)
+        log.info("weights in 2 MB pages: %s", huge_pages())
     if state.settings.measure_bandwidth and state.metrics is not None and state.engine is not None:
         await when_idle(state)
         # the C probe, which reads the same kind of pages (huge) as the weights' stream
         threads = state.engine.threads
-        bandwidth = await asyncio.get_running_loop().run_in_executor(
-            None, _cpu.measure_read_bandwidth, 256 << 20, threads, 3
-        )
+        bandwidth = await loop.run_in_executor(None, _cpu.measure_read_bandwidth, 256 << 20, threads, 3)
         state.metrics.read_bandwidth = bandwidth
         log.info("read bandwidth %.1f GB/s", bandwidth / 1e9)
 
