@@ -15,9 +15,13 @@
 
 static double cpu(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
-/* where each type's f16 scales sit in its block (d, and dmin where it has one) */
+/* where each type's f16 scales sit in its block (d, and dmin where it has one); MXFP4's is an E8M0 exponent byte */
 static void sane_scales(enum ggml_type t, unsigned char *w, size_t nblocks) {
     const size_t bs = ggml_type_size(t);
+    if (t == GGML_TYPE_MXFP4) {
+        for (size_t b = 0; b < nblocks; b++) w[b * bs] = 120;
+        return;
+    }
     const size_t off = t == GGML_TYPE_Q2_K ? 80 : t == GGML_TYPE_Q3_K ? 108 : 0;
     const int two = t == GGML_TYPE_Q2_K || t == GGML_TYPE_Q4_K;
     const unsigned short h = 0x2000;
@@ -29,7 +33,7 @@ static void sane_scales(enum ggml_type t, unsigned char *w, size_t nblocks) {
 
 int main(int argc, char **argv) {
     const int rows = argc > 2 ? atoi(argv[1]) : 8960, cols = argc > 2 ? atoi(argv[2]) : 1536;
-    const enum ggml_type types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS,
+    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS,
                                     GGML_TYPE_IQ3_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ2_XS,
                                     GGML_TYPE_IQ2_XXS};
     ggml_cpu_init();
