@@ -23,33 +23,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import real_file  # noqa: E402
+from decode_steps import GreedyDecoder, add_arguments  # noqa: E402
 
 MAX_WINDOWS = 400
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("label")
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    add_arguments(ap)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--after", type=int, default=8, help="windows once the weights are in huge pages")
-    ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
-    from inferd.engine.engine import Engine, SeqInput
-    from inferd.engine.types import SamplingParams
-    from inferd.model.loader import load_model
-
-    path = real_file(args.model) if not Path(args.model).is_file() else Path(args.model)
-    model = load_model(path)
-    engine = Engine(model, num_kv_blocks=8, max_batch_tokens=512, max_seqs=1, threads=args.threads)
+    decoder = GreedyDecoder(args.model, args.threads)
     t_load = time.perf_counter()
 
     def state() -> str:
-        return getattr(engine, "huge_pages", "at load")
+        return getattr(decoder.engine, "huge_pages", "at load")
 
-    blocks, prompt, greedy = list(range(8)), list(range(100, 132)), SamplingParams(temperature=0.0)
-    token, pos = engine.step([SeqInput(prompt, 0, blocks, 1, params=greedy)])[0].tokens[0], len(prompt)
     during: list[tuple[float, float]] = []
     after: list[tuple[float, float]] = []
     done_at = None
@@ -58,10 +48,9 @@ def main() -> None:
         times, cpu = [], []
         for _ in range(args.window):
             t0, c0 = time.perf_counter(), time.thread_time()
-            token = engine.step([SeqInput([token], pos, blocks, 1, params=greedy)])[0].tokens[0]
+            decoder.step()
             times.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
-            pos = pos + 1 if pos + 1 < 8 * 64 else len(prompt)     # the same few blocks, written over
         step, step_cpu, now = statistics.median(times), statistics.median(cpu), state()
         print(f"{args.label} {time.perf_counter() - t_load:6.2f} s  {before:>10} -> {now:<10} "
               f"step {step * 1e3:6.2f} ms  {1 / step:6.2f} tok/s  CPU {step_cpu * 1e3:6.2f} ms", flush=True)
@@ -73,6 +62,7 @@ def main() -> None:
             after.append((1 / step, step_cpu))
             if len(after) >= args.after:
                 break
+
     def med(xs: list[tuple[float, float]]) -> str:
         if not xs:
             return "no window"

@@ -20,34 +20,55 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import real_file  # noqa: E402
 
+from inferd.engine.engine import Engine  # noqa: E402
+from inferd.engine.types import SamplingParams, SeqInput  # noqa: E402
+from inferd.model.loader import load_model  # noqa: E402
+
 WARM_UP = 16
+BLOCKS = 8
+
+
+class GreedyDecoder:
+    """This checkout's engine on `model` (a bench name or a path), primed with a 32-token prompt; step() runs one
+    single-token greedy decode step, writing over the same few KV blocks when they are full."""
+
+    def __init__(self, model: str, threads: int):
+        path = real_file(model) if not Path(model).is_file() else Path(model)
+        self.engine = Engine(load_model(path), num_kv_blocks=BLOCKS, max_batch_tokens=512, max_seqs=1,
+                             threads=threads)
+        self.blocks, self.prompt = list(range(BLOCKS)), list(range(100, 132))
+        self.greedy = SamplingParams(temperature=0.0)
+        self.token, self.pos = self._step(self.prompt, 0), len(self.prompt)
+
+    def _step(self, tokens: list[int], pos: int) -> int:
+        return self.engine.step([SeqInput(tokens, pos, self.blocks, 1, params=self.greedy)])[0].tokens[0]
+
+    def step(self) -> None:
+        self.token = self._step([self.token], self.pos)
+        self.pos = self.pos + 1 if self.pos + 1 < BLOCKS * 64 else len(self.prompt)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments every single-token decode bench takes: a label for its lines, the model, the threads."""
+    ap.add_argument("label")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    ap.add_argument("-t", "--threads", type=int, default=2)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("label")
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    add_arguments(ap)
     ap.add_argument("--steps", type=int, default=96)
-    ap.add_argument("-t", "--threads", type=int, default=2)
     args = ap.parse_args()
-    from inferd.engine.engine import Engine, SeqInput
-    from inferd.engine.types import SamplingParams
-    from inferd.model.loader import load_model
-
-    path = real_file(args.model) if not Path(args.model).is_file() else Path(args.model)
-    engine = Engine(load_model(path), num_kv_blocks=8, max_batch_tokens=512, max_seqs=1, threads=args.threads)
-    getattr(engine, "wait_huge_pages", lambda: None)()     # timed once the weights are in 2 MB pages
-    blocks, prompt, greedy = list(range(8)), list(range(100, 132)), SamplingParams(temperature=0.0)
-    token, pos = engine.step([SeqInput(prompt, 0, blocks, 1, params=greedy)])[0].tokens[0], len(prompt)
+    decoder = GreedyDecoder(args.model, args.threads)
+    getattr(decoder.engine, "wait_huge_pages", lambda: None)()     # timed once the weights are in 2 MB pages
     times = []
     for _ in range(WARM_UP + args.steps):
         t0 = time.perf_counter()
-        token = engine.step([SeqInput([token], pos, blocks, 1, params=greedy)])[0].tokens[0]
+        decoder.step()
         times.append(time.perf_counter() - t0)
-        pos += 1
     step = statistics.median(times[WARM_UP:])
     print(f"{args.label} median step {step * 1e3:.2f} ms  tok/s {1 / step:.2f}")
-
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,11 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 
-static double cpu(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double cpu(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 /* where each type's f16 scales sit in its block (d, and dmin where it has one); MXFP4's is an E8M0 exponent byte */
 static void sane_scales(enum ggml_type t, unsigned char *w, size_t nblocks) {
@@ -33,9 +37,9 @@ static void sane_scales(enum ggml_type t, unsigned char *w, size_t nblocks) {
 
 int main(int argc, char **argv) {
     const int rows = argc > 2 ? atoi(argv[1]) : 8960, cols = argc > 2 ? atoi(argv[2]) : 1536;
-    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS,
-                                    GGML_TYPE_IQ3_S, GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ2_S, GGML_TYPE_IQ2_XS,
-                                    GGML_TYPE_IQ2_XXS};
+    const enum ggml_type types[] = {GGML_TYPE_Q8_0, GGML_TYPE_MXFP4, GGML_TYPE_Q4_K, GGML_TYPE_Q2_K,
+                                    GGML_TYPE_Q3_K, GGML_TYPE_IQ4_XS, GGML_TYPE_IQ3_S, GGML_TYPE_IQ3_XXS,
+                                    GGML_TYPE_IQ2_S, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_XXS};
     ggml_cpu_init();
     srand(1);
     float *xf = malloc(sizeof(float) * (size_t)cols), *out = malloc(sizeof(float) * (size_t)rows);

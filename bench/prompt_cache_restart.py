@@ -32,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from _common import abba, fmt_median, fmt_ratio, machine, ratio_of_medians, results_head, stats, write_results  # noqa: E402
+from _common import (abba, busy_warning, fmt_median, fmt_ratio, machine, ratio_of_medians, results_head,  # noqa: E402
+                     stats, write_results)
 
 SIDES = ("warm", "restart")
 SENTENCE = ("The harbour office keeps the tide tables, the berth list and the pilot roster for every ship that "
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", type=Path, help="write the results file here (and its JSON beside it)")
     args = ap.parse_args()
+    warning = busy_warning()
     system = SENTENCE * max(1, args.tokens // 30)  # about 30 tokens a sentence with SmolLM2's tokenizer
     question = iter(f"Which berth does ship number {i} take tomorrow?" for i in range(10_000))
     samples: dict[str, list[list[float]]] = {side: [] for side in SIDES}
@@ -133,20 +135,28 @@ def main() -> None:
                     print(f"round {r} {side:8s} TTFT {t * 1000:7.1f} ms  cached {cached}", flush=True)
         finally:
             srv.stop()
-    ratio, per_round = ratio_of_medians(samples["restart"], samples["warm"])
-    flat = {side: [x for rnd in samples[side] for x in rnd] for side in SIDES}
-    lines = [f"{side}: TTFT {fmt_median([x * 1000 for x in flat[side]])} ms" for side in SIDES]
-    lines.append(f"restart / warm: {fmt_ratio(ratio, per_round)}")
+    report(args, samples, hits, ("restart", "warm"), "Prompt cache across a restart: TTFT", f"model {args.model}",
+           warning)
+
+
+def report(args: argparse.Namespace, samples: dict[str, list[list[float]]], hits: dict[str, list[int]],
+           sides: tuple[str, str], title: str, about: str, warning: str | None = None) -> None:
+    """Print each side's TTFT and cached tokens and the ratio sides[0] / sides[1]; with args.out, write them as a
+    results file (its JSON beside it) with the command line."""
+    ratio, per_round = ratio_of_medians(samples[sides[0]], samples[sides[1]])
+    flat = {side: [x for rnd in samples[side] for x in rnd] for side in samples}
+    lines = [f"{side}: TTFT {fmt_median([x * 1000 for x in flat[side]])} ms, cached tokens {hits[side]}"
+             for side in samples]
+    lines.append(f"{sides[0]} / {sides[1]}: {fmt_ratio(ratio, per_round)}")
     print("\n".join(lines))
     if args.out:
-        stamp = time.strftime("%Y-%m-%d")
-        md = "\n".join(results_head("Prompt cache across a restart: TTFT", stamp, machine(), f"model {args.model}")
-                       + ["", *lines, ""])
+        md = "\n".join(results_head(title, time.strftime("%Y-%m-%d"), machine(), about)
+                       + ["", *lines, *(["", f"**Warning**: {warning}."] if warning else []),
+                          "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
         write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
-                                     "sides": {side: stats(flat[side]) for side in SIDES},
+                                     "sides": {side: stats(flat[side]) for side in samples},
                                      "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
         print(f"wrote {args.out}")
-
 
 if __name__ == "__main__":
     main()

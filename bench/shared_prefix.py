@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import (busy_warning, fmt_median, fmt_ratio, machine, ratio_of_medians, results_head, stats,  # noqa: E402
-                     write_results)
-from prompt_cache_restart import SENTENCE, Server  # noqa: E402
+from _common import busy_warning  # noqa: E402
+from prompt_cache_restart import SENTENCE, Server, report  # noqa: E402
 
 SIDES = ("cold", "warm")
 BLOCK = 64  # tokens per KV block: a hit is whole blocks
@@ -52,37 +50,21 @@ def main() -> None:
             for r in range(args.rounds):
                 opening = f"Harbour office number {r} opens at {6 + r % 4} o'clock. "
                 system = opening + SENTENCE * max(1, args.tokens // 30)
-                times = {}
-                for side in SIDES:
-                    question = f"Which berth does ship number {r * 2 + len(times)} take tomorrow?"
+                for k, side in enumerate(SIDES):
+                    question = f"Which berth does ship number {2 * r + k} take tomorrow?"
                     t, cached = srv.ttft([{"role": "system", "content": system}, {"role": "user", "content": question}])
                     floor = 0 if side == "cold" else (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK
                     if (side == "cold" and cached != 0) or (side == "warm" and cached < floor):
                         raise SystemExit(f"round {r} {side}: cached_tokens {cached} (expected "
                                          f"{'0' if side == 'cold' else f'>= {floor}'}); see {log}")
-                    times[side] = t
                     samples[side].append([t])
                     hits[side].append(cached)
                     print(f"round {r} {side} TTFT {t * 1000:8.1f} ms  cached {cached}", flush=True)
         finally:
             srv.stop()
-    ratio, per_round = ratio_of_medians(samples["warm"], samples["cold"])
-    flat = {side: [x for rnd in samples[side] for x in rnd] for side in SIDES}
-    lines = [f"{side}: TTFT {fmt_median([x * 1000 for x in flat[side]])} ms, cached tokens {hits[side]}"
-             for side in SIDES]
-    lines.append(f"warm / cold: {fmt_ratio(ratio, per_round)}")
-    print("\n".join(lines))
-    if args.out:
-        stamp = time.strftime("%Y-%m-%d")
-        title = "A shared system prompt: TTFT of a prefix-cache hit against a cold request"
-        md = "\n".join(results_head(title, stamp, machine(), f"model {args.model}, ~{args.tokens} tokens of "
-                                    f"system prompt, {args.threads} threads")
-                       + ["", *lines, *(["", f"**Warning**: {warning}."] if warning else []),
-                          "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
-        write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
-                                     "sides": {side: stats(flat[side]) for side in SIDES},
-                                     "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
-        print(f"wrote {args.out}")
+    report(args, samples, hits, ("warm", "cold"),
+           "A shared system prompt: TTFT of a prefix-cache hit against a cold request",
+           f"model {args.model}, ~{args.tokens} tokens of system prompt, {args.threads} threads", warning)
 
 
 if __name__ == "__main__":

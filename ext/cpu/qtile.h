@@ -77,8 +77,8 @@ KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[
         wv[p] = _mm256_and_si256(v, m4);
         wv[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     }
-    if (type_is_iq4(type)) {   /* codes -> their int8 values (MXFP4: plus 12, unsigned): one byte shuffle per 32 */
-        const void *values = type == WT_MXFP4 ? (const void *)MXFP4_PLUS12 : (const void *)code_values(type);
+    if (type_is_iq4(type)) {   /* codes -> their int8 values (MXFP4: plus its offset): one byte shuffle per 32 */
+        const int8_t *values = type == WT_MXFP4 ? MXFP4_PLUS_OFFSET : code_values(type);
         const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
         for (int j = 0; j < 8; j++) wv[j] = _mm256_shuffle_epi8(book, wv[j]);
         return;
@@ -163,15 +163,15 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         return sum;
     }
     if (type == WT_MXFP4) {
-        /* values + 12 in [0, 24], unsigned: four maddubs pairs stay below 4 * 2 * 24 * 127 < 2^15 in int16, and
-         * 12 sum(x) comes off after: sum (v + 12) x - 12 sum x = sum v x, exact */
+        /* values + 12 (MXFP4_OFFSET) in [0, 24], unsigned: four maddubs pairs stay below 4 * 2 * 24 * 127 < 2^15
+         * in int16, and 12 sum(x) comes off after: sum (v + 12) x - 12 sum x = sum v x, exact */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], x[j]));
             b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wv[4 + j], x[4 + j]));
         }
         __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
-        return _mm256_sub_epi32(sum, _mm256_set1_epi32(12 * xb->isum));
+        return _mm256_sub_epi32(sum, _mm256_set1_epi32(MXFP4_OFFSET * xb->isum));
     }
     if (type_is_iq4(type)) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd

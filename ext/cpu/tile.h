@@ -57,8 +57,10 @@ static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 
 /* MXFP4's 4-bit codes: e2m1 (sign, 2-bit exponent, 1-bit mantissa) times two, so that they are integers; the
  * block's scale is halved to match (mxfp4_scale) */
 static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-/* the same values plus 12, unsigned (the AVX2 kernel's maddubs operand; it subtracts 12 sum(x) after) */
-static const uint8_t MXFP4_PLUS12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+/* the same values plus MXFP4_OFFSET, all >= 0: the AVX2 kernel's unsigned maddubs operand (it subtracts
+ * MXFP4_OFFSET * sum(x) after) */
+#define MXFP4_OFFSET 12
+static const int8_t MXFP4_PLUS_OFFSET[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 /* Where a tile block's pieces lie, per quantized type (the drawing above as numbers): bytes of the tile block;
  * 32-value blocks in it (1, or 8 for the K-quants); block s's group at group + s * group_step, its hbit or h2bit piece
