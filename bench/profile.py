@@ -22,6 +22,7 @@ from inferd.model.pull import resolve
 def profile(engine: Engine, prompt_len: int, decode: int) -> None:
     table = list(range(blocks_needed(prompt_len + decode + 1)))
     tokens = [(i * 7919) % (engine.vocab_size - 10) + 5 for i in range(prompt_len)]
+    engine.wait_huge_pages()                                                 # timed in 2 MB pages, as served
     engine.step([SeqInput(tokens[:16], 0, table, 1, state_slot=0)])        # warm up
     ctx = engine._ctx
     ctx.set_profiling(True)
