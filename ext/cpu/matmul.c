@@ -316,13 +316,17 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
     }
     const qkernel_t *q = k->tiles;
     const int batch = q->batch && ntok >= 2 * q->ntok && nb32 <= BATCH_MAX_BLOCKS;
+    if (batch) {   /* two tiles a call while two are left */
+        for (int t = t0; t < t1; t += 2, base += 2 * tile_bytes) {
+            int two = t + 1 < t1;
+            q->batch(base, two ? base + tile_bytes : NULL, nb, xq, nb32, ntok, y, ldy, ycol0 + (t - t0) * TILE_ROWS,
+                     rows_of(w, two ? t + 1 : t), accumulate);
+        }
+        return;
+    }
     const int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int t = t0; t < t1; t++, base += tile_bytes) {
         int ycol = ycol0 + (t - t0) * TILE_ROWS, nrows = rows_of(w, t), i = 0;
-        if (batch) {
-            q->batch(base, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);
-            continue;
-        }
         for (; i + q->ntok <= ntok; i += q->ntok)
             q->many(base, nb, xq + (size_t)i * nb32, nb32, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate, small);
         for (; i < ntok; i++)

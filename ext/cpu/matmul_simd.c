@@ -2,7 +2,7 @@
  * region, giving each type's kernels per path (qtile_q4_0_avx2, qtile_q4_0_avx512vnni, ...: type_traits.c's rows).
  *
  * KNT is each (path, type)'s tokens per call: AVX-512VL has 32 vector registers, room for 8 tokens'
- * accumulators; AVX2 and AVX-VNNI have 16, so 4. */
+ * accumulators; AVX2 and AVX-VNNI have 16, so 4. KNT_PAIR: AVX2's tokens per call of Q4_K's two-tile prefill kernel. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -18,10 +18,12 @@
 #define KSUFFIX avx2
 #define KVNNI 0
 #define KNT(type) 4
+#define KNT_PAIR 4
 #include "qtile.h"
 #undef KSUFFIX
 #undef KVNNI
 #undef KNT
+#undef KNT_PAIR
 #pragma GCC pop_options
 
 #pragma GCC push_options

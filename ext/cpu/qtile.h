@@ -445,6 +445,104 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
+#if !KVNNI
+/* Two adjacent tiles' prepared blocks against KNT_PAIR tokens at once, for the types whose block sum is a fold of
+ * its 8 products maddubs(wv[j], x[j]) (pair_type): each 4 values' weight vectors of both tiles and each token's 4
+ * activation bytes are loaded once for the 2 x KNT_PAIR products they meet (one tile alone reloads its weights every
+ * KNT tokens and broadcasts each activation per tile: about 4.5 instructions a product against 3.7 here). Per tile
+ * and token the block sum is block_isum's integer and the float steps are accumulate()'s: the same bits. y: tile a's
+ * rows at ycol, tile b's 8 columns further. */
+KINLINE int KFN(pair_type)(const int type) { return type == WT_Q4_K || type == WT_Q6_K; }
+
+/* product j into the running sum: Q4_K's in int16 (8 of them stay below 8 * 2 * 15 * 127 < 2^15), Q6_K's times its
+ * half's scale in int32 */
+KINLINE __m256i KFN(pair_fold)(const int type, __m256i sum, __m256i p, int j, const KFN(prepared) *w) {
+    if (type == WT_Q6_K) return _mm256_add_epi32(sum, _mm256_madd_epi16(p, w->q6.sc16[j >> 2]));
+    return _mm256_add_epi16(sum, p);
+}
+
+/* the running sum as block_isum's: Q4_K's pairs added into int32, Q6_K's less 32 times its scaled sums of x */
+KINLINE __m256i KFN(pair_finish)(const int type, __m256i sum, const KFN(prepared) *w, const block_q8x *xb) {
+    if (type == WT_Q6_K)
+        return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(w->q6.pair, KFN(bcast4)(xb->hsum)), 5));
+    return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+}
+
+KINLINE void KFN(pair_tokens)(const int type, const KFN(prepared) *pa, const KFN(prepared) *pb, int nb32,
+                              const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate) {
+    __m256 acc_a[KNT_PAIR], acc_b[KNT_PAIR];
+    for (int k = 0; k < KNT_PAIR; k++) acc_a[k] = acc_b[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb32; b++, pa++, pb++) {
+        __m256i sa[KNT_PAIR], sb[KNT_PAIR];
+        for (int k = 0; k < KNT_PAIR; k++) sa[k] = sb[k] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i wa = pa->wv[j], wb = pb->wv[j];
+            for (int k = 0; k < KNT_PAIR; k++) {
+                const __m256i x = KFN(bcast4)(xq[(size_t)k * nb32 + b].qs + 4 * j);
+                sa[k] = KFN(pair_fold)(type, sa[k], _mm256_maddubs_epi16(wa, x), j, pa);
+                sb[k] = KFN(pair_fold)(type, sb[k], _mm256_maddubs_epi16(wb, x), j, pb);
+                /* keeps the sums in registers, added as they come: left to itself the compiler computes all the
+                 * products first and spills them */
+                __asm__("" : "+x"(sa[k]), "+x"(sb[k]));
+            }
+        }
+        for (int k = 0; k < KNT_PAIR; k++) {
+            const block_q8x *xb = xq + (size_t)k * nb32 + b;
+            acc_a[k] = KFN(accumulate)(type, acc_a[k], KFN(pair_finish)(type, sa[k], pa, xb), pa->dw, pa->mw, xb);
+            acc_b[k] = KFN(accumulate)(type, acc_b[k], KFN(pair_finish)(type, sb[k], pb, xb), pb->dw, pb->mw, xb);
+        }
+    }
+    for (int k = 0; k < KNT_PAIR; k++) {
+        KFN(store)(acc_a[k], y + (size_t)k * ldy + ycol, TILE_ROWS, accumulate);
+        KFN(store)(acc_b[k], y + (size_t)k * ldy + ycol + TILE_ROWS, nrows_b, accumulate);
+    }
+}
+#endif
+
+/* all ntok tokens against one prepared tile of nrows rows: KNT(type) at a time, then one by one */
+KINLINE void KFN(prepared_all)(const int type, const KFN(prepared) *p, int nb32, int ntok, const block_q8x *xq,
+                               float *y, int ldy, int ycol, int nrows, int accumulate) {
+    int t = 0;
+    for (; t + KNT(type) <= ntok; t += KNT(type))
+        KFN(prepared_tokens)(type, KNT(type), p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
+                             accumulate);
+    for (; t < ntok; t++)
+        KFN(prepared_tokens)(type, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
+                             accumulate);
+}
+
+/* the batch kernel (tile.h's qbatch_fn): on AVX2, pair_type's pairs of tiles KNT_PAIR tokens at a time; everything
+ * else tile by tile (VNNI's dpbusd takes a product in one instruction: no broadcast to share) */
+KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int nb32,
+                        int ntok, float *y, int ldy, int ycol, int nrows, int accumulate) {
+    KFN(prepared) p[nb32];
+    KFN(prepare_tile)(type, ta, nb, p);
+    if (!tb) {
+        KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, nrows, accumulate);
+        return;
+    }
+#if !KVNNI
+    if (KFN(pair_type)(type) && ntok >= KNT_PAIR) {
+        KFN(prepared) q[nb32];
+        KFN(prepare_tile)(type, tb, nb, q);
+        int t = 0;
+        for (; t + KNT_PAIR <= ntok; t += KNT_PAIR)
+            KFN(pair_tokens)(type, p, q, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
+                             accumulate);
+        if (t < ntok) {   /* the last tokens, each tile alone */
+            KFN(prepared_all)(type, p, nb32, ntok - t, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,
+                              TILE_ROWS, accumulate);
+            KFN(prepared_all)(type, q, nb32, ntok - t, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy,
+                              ycol + TILE_ROWS, nrows, accumulate);
+        }
+        return;
+    }
+#endif
+    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, TILE_ROWS, accumulate);
+    KFN(prepare_tile)(type, tb, nb, p);
+    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol + TILE_ROWS, nrows, accumulate);
+}
+
 /* the kernels of one type: KNT(type) tokens per call, and one */
 #define KDEFINE(name, TYPE)                                                                                      \
     static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
@@ -464,17 +562,9 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
         default: KFN(tiles_one)(TYPE, 1, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch);         \
         }                                                                                                        \
     }                                                                                                            \
-    static void KFN(name##_b)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,     \
-                              int ldy, int ycol, int nrows, int accumulate) {                                    \
-        KFN(prepared) p[nb32];                                                                                   \
-        KFN(prepare_tile)(TYPE, base, nb, p);                                                                    \
-        int t = 0;                                                                                               \
-        for (; t + KNT(TYPE) <= ntok; t += KNT(TYPE))                                                            \
-            KFN(prepared_tokens)(TYPE, KNT(TYPE), p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,\
-                                 nrows, accumulate);                                                             \
-        for (; t < ntok; t++)                                                                                    \
-            KFN(prepared_tokens)(TYPE, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows, \
-                                 accumulate);                                                                    \
+    static void KFN(name##_b)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int nb32,      \
+                              int ntok, float *y, int ldy, int ycol, int nrows, int accumulate) {                \
+        KFN(batch)(TYPE, ta, tb, nb, xq, nb32, ntok, y, ldy, ycol, nrows, accumulate);                           \
     }
 KDEFINE(q4_0, WT_Q4_0)
 KDEFINE(q4_1, WT_Q4_1)

@@ -110,9 +110,11 @@ static inline size_t tile_block_bytes(int type) { return TILE_LAYOUT[type].bytes
  * the rest. */
 typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
                          int nrows, int accumulate, int prefetch);
-/* batch: all ntok tokens against one tile, unpacking the tile's blocks once (NULL where that does not pay) */
-typedef void (*qbatch_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
-                          int ycol, int nrows, int accumulate);
+/* batch: all ntok tokens against one tile, or two adjacent ones (tb: the next tile, or NULL), unpacking each tile's
+ * blocks once (NULL where that does not pay); nrows: the last tile's rows, the first's being whole when tb is given;
+ * tile b's rows go 8 columns after tile a's */
+typedef void (*qbatch_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int nb32, int ntok,
+                          float *y, int ldy, int ycol, int nrows, int accumulate);
 /* group: one token against ntiles (1..QGROUP_TILES) adjacent tiles of one segment, tile_bytes apart, in lockstep;
  * y points at the first tile's row 0, the last tile stores nrows_last rows; prefetch: the first `prefetch` tiles from
  * base are the rest of the segment, which the decode prefetch below stays within (0 = none) */
