@@ -9,9 +9,9 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* the types whose prefill unpacks each tile once (tile.h's qbatch_fn): all but Q4_0 and Q8_0, whose vectors are
- * a load and a mask or a load away */
-#define KBATCH(type) ((type) != WT_Q4_0 && (type) != WT_Q8_0)
+/* the types whose prefill unpacks each tile once (tile.h's qbatch_fn): all but Q8_0, whose vectors are a load away,
+ * and on the VNNI paths Q4_0, a load and a mask away (on AVX2 it goes by pairs of tiles: qtile.h's pair_tokens) */
+#define KBATCH(type) ((type) != WT_Q8_0 && ((type) != WT_Q4_0 || !KVNNI))
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")

@@ -294,15 +294,21 @@ KINLINE __m256 KFN(accumulate)(const int type, __m256 acc, __m256i isum, __m256 
     return acc;
 }
 
-/* one token's block from its weight vectors: the block sum, accumulated; Q2_K's mins after (matmul.c's order) */
-KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, const __m256i wv[8], __m256 dw,
-                              __m256 mw, const KFN(q6scales) *q6, const block_q8x *xb) {
-    acc = KFN(accumulate)(type, acc, KFN(block_isum)(type, chains, wv, xb, q6), dw, mw, xb);
+/* one token's block sum, accumulated; Q2_K's mins after (matmul.c's order) */
+KINLINE __m256 KFN(isum_acc)(const int type, __m256 acc, __m256i isum, __m256 dw, __m256 mw, const KFN(q6scales) *q6,
+                             const block_q8x *xb) {
+    acc = KFN(accumulate)(type, acc, isum, dw, mw, xb);
     if (type == WT_Q2_K) {
         __m256i imin = _mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(mw, _mm256_set1_ps(xb->d)), acc);
     }
     return acc;
+}
+
+/* one token's block from its weight vectors */
+KINLINE __m256 KFN(block_acc)(const int type, const int chains, __m256 acc, const __m256i wv[8], __m256 dw,
+                              __m256 mw, const KFN(q6scales) *q6, const block_q8x *xb) {
+    return KFN(isum_acc)(type, acc, KFN(block_isum)(type, chains, wv, xb, q6), dw, mw, q6, xb);
 }
 
 #include "qlanes.h"
@@ -451,48 +457,66 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
  * activation bytes are loaded once for the 2 x KNT_PAIR products they meet (one tile alone reloads its weights every
  * KNT tokens and broadcasts each activation per tile: about 4.5 instructions a product against 3.7 here). Per tile
  * and token the block sum is block_isum's integer and the float steps are accumulate()'s: the same bits. y: tile a's
- * rows at ycol, tile b's 8 columns further. */
-KINLINE int KFN(pair_type)(const int type) { return type == WT_Q4_K || type == WT_Q6_K; }
+ * rows at ycol, tile b's 8 columns further. pair_type: the types that gain from it (the Q5 types, Q3_K and MXFP4,
+ * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
+KINLINE int KFN(pair_type)(const int type) {
+    return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K || type == WT_Q6_K || type == WT_Q2_K;
+}
+/* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 one by one, times
+ * their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
+KINLINE int KFN(pair_int16)(const int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K; }
+/* tokens a call: KNT_PAIR, or 2 for Q2_K, which keeps two running sums per tile and token */
+KINLINE int KFN(pair_ntok)(const int type) { return type == WT_Q2_K ? 2 : KNT_PAIR; }
 
-/* product j into the running sum: Q4_K's in int16 (8 of them stay below 8 * 2 * 15 * 127 < 2^15), Q6_K's times its
- * half's scale in int32 */
-KINLINE __m256i KFN(pair_fold)(const int type, __m256i sum, __m256i p, int j, const KFN(prepared) *w) {
-    if (type == WT_Q6_K) return _mm256_add_epi32(sum, _mm256_madd_epi16(p, w->q6.sc16[j >> 2]));
-    return _mm256_add_epi16(sum, p);
+/* product j into the running sums (s16: int16, s32: int32) */
+KINLINE void KFN(pair_fold)(const int type, __m256i *s16, __m256i *s32, __m256i p, int j, const KFN(prepared) *w) {
+    if (KFN(pair_int16)(type)) {
+        *s16 = _mm256_add_epi16(*s16, p);
+    } else if (type == WT_Q6_K) {
+        *s32 = _mm256_add_epi32(*s32, _mm256_madd_epi16(p, w->q6.sc16[j >> 2]));
+    } else {
+        *s16 = (j & 3) == 0 ? p : _mm256_add_epi16(*s16, p);
+        if ((j & 3) == 3) *s32 = _mm256_add_epi32(*s32, _mm256_madd_epi16(*s16, w->q6.sc16[j >> 2]));
+    }
 }
 
-/* the running sum as block_isum's: Q4_K's pairs added into int32, Q6_K's less 32 times its scaled sums of x */
-KINLINE __m256i KFN(pair_finish)(const int type, __m256i sum, const KFN(prepared) *w, const block_q8x *xb) {
-    if (type == WT_Q6_K)
+/* the running sums as block_isum's, with its type's offsets taken off */
+KINLINE __m256i KFN(pair_finish)(const int type, __m256i s16, __m256i sum, const KFN(prepared) *w,
+                                 const block_q8x *xb) {
+    if (KFN(pair_int16)(type)) sum = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    if (type == WT_Q6_K)   /* values stored as q + 32: 32 times their scaled sums of x off */
         return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(w->q6.pair, KFN(bcast4)(xb->hsum)), 5));
-    return _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+    return type == WT_Q4_0 ? _mm256_add_epi32(sum, _mm256_set1_epi32(xb->q4_corr)) : sum;
 }
 
-KINLINE void KFN(pair_tokens)(const int type, const KFN(prepared) *pa, const KFN(prepared) *pb, int nb32,
-                              const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate) {
+KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared) *pa, const KFN(prepared) *pb,
+                              int nb32, const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate) {
     __m256 acc_a[KNT_PAIR], acc_b[KNT_PAIR];
-    for (int k = 0; k < KNT_PAIR; k++) acc_a[k] = acc_b[k] = _mm256_setzero_ps();
+    for (int k = 0; k < ntok; k++) acc_a[k] = acc_b[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb32; b++, pa++, pb++) {
-        __m256i sa[KNT_PAIR], sb[KNT_PAIR];
-        for (int k = 0; k < KNT_PAIR; k++) sa[k] = sb[k] = _mm256_setzero_si256();
+        __m256i a16[KNT_PAIR], b16[KNT_PAIR], a32[KNT_PAIR], b32[KNT_PAIR];
+        for (int k = 0; k < ntok; k++) a16[k] = b16[k] = a32[k] = b32[k] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
             const __m256i wa = pa->wv[j], wb = pb->wv[j];
-            for (int k = 0; k < KNT_PAIR; k++) {
+            for (int k = 0; k < ntok; k++) {
                 const __m256i x = KFN(bcast4)(xq[(size_t)k * nb32 + b].qs + 4 * j);
-                sa[k] = KFN(pair_fold)(type, sa[k], _mm256_maddubs_epi16(wa, x), j, pa);
-                sb[k] = KFN(pair_fold)(type, sb[k], _mm256_maddubs_epi16(wb, x), j, pb);
+                KFN(pair_fold)(type, &a16[k], &a32[k], _mm256_maddubs_epi16(wa, x), j, pa);
+                KFN(pair_fold)(type, &b16[k], &b32[k], _mm256_maddubs_epi16(wb, x), j, pb);
                 /* keeps the sums in registers, added as they come: left to itself the compiler computes all the
                  * products first and spills them */
-                __asm__("" : "+x"(sa[k]), "+x"(sb[k]));
+                if (KFN(pair_int16)(type)) __asm__("" : "+x"(a16[k]), "+x"(b16[k]));
+                else __asm__("" : "+x"(a32[k]), "+x"(b32[k]));
             }
         }
-        for (int k = 0; k < KNT_PAIR; k++) {
+        for (int k = 0; k < ntok; k++) {
             const block_q8x *xb = xq + (size_t)k * nb32 + b;
-            acc_a[k] = KFN(accumulate)(type, acc_a[k], KFN(pair_finish)(type, sa[k], pa, xb), pa->dw, pa->mw, xb);
-            acc_b[k] = KFN(accumulate)(type, acc_b[k], KFN(pair_finish)(type, sb[k], pb, xb), pb->dw, pb->mw, xb);
+            acc_a[k] = KFN(isum_acc)(type, acc_a[k], KFN(pair_finish)(type, a16[k], a32[k], pa, xb), pa->dw, pa->mw,
+                                     &pa->q6, xb);
+            acc_b[k] = KFN(isum_acc)(type, acc_b[k], KFN(pair_finish)(type, b16[k], b32[k], pb, xb), pb->dw, pb->mw,
+                                     &pb->q6, xb);
         }
     }
-    for (int k = 0; k < KNT_PAIR; k++) {
+    for (int k = 0; k < ntok; k++) {
         KFN(store)(acc_a[k], y + (size_t)k * ldy + ycol, TILE_ROWS, accumulate);
         KFN(store)(acc_b[k], y + (size_t)k * ldy + ycol + TILE_ROWS, nrows_b, accumulate);
     }
@@ -522,12 +546,13 @@ KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, in
         return;
     }
 #if !KVNNI
-    if (KFN(pair_type)(type) && ntok >= KNT_PAIR) {
+    const int n = KFN(pair_ntok)(type);
+    if (KFN(pair_type)(type) && ntok >= n) {
         KFN(prepared) q[nb32];
         KFN(prepare_tile)(type, tb, nb, q);
         int t = 0;
-        for (; t + KNT_PAIR <= ntok; t += KNT_PAIR)
-            KFN(pair_tokens)(type, p, q, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
+        for (; t + n <= ntok; t += n)
+            KFN(pair_tokens)(type, n, p, q, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
                              accumulate);
         if (t < ntok) {   /* the last tokens, each tile alone */
             KFN(prepared_all)(type, p, nb32, ntok - t, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,

@@ -69,8 +69,9 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
         assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
 
 
-PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")   # the types of the AVX-512 pair-of-tiles prefill kernels
-PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K")                  # Q6_K: halves of 16 values on AMX
+# the types of the pair-of-tiles prefill kernels (AVX-512's; AVX2's but Q8_0), and MXFP4, Q2_K, Q3_K (AVX2's)
+PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")
+PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K")   # Q6_K: halves of 16 values on AMX
 
 
 PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
