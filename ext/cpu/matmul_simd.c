@@ -2,7 +2,8 @@
  * region, giving each type's kernels per path (qtile_q4_0_avx2, qtile_q4_0_avx512vnni, ...: type_traits.c's rows).
  *
  * KNT is each (path, type)'s tokens per call: AVX-512VL has 32 vector registers, room for 8 tokens'
- * accumulators; AVX2 and AVX-VNNI have 16, so 4. KNT_PAIR: AVX2's tokens per call of Q4_K's two-tile prefill kernel. */
+ * accumulators; AVX2 and AVX-VNNI have 16, so 4. KNT_PAIR: AVX2's tokens per call of the two-tile prefill
+ * kernel (qtile.h's pair_tokens; Q2_K's takes 2). */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
