@@ -3,8 +3,10 @@
  *   KSUFFIX        the path's name (the functions and each type's qkernel_t get it as a suffix)
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
  *   KNT(type)      tokens per call of the many-token kernel of `type` (its qkernel_t's ntok)
+ *   KNT_PAIR       (AVX2) tokens per call of the prefill kernel over two tiles (pair_tokens)
  *
- * One call: ntok tokens against one tile (8 rows). For every 32-value block, in column order:
+ * One call: ntok tokens against one tile (8 rows; AVX2's prefill of some types: two, pair_tokens). For every 32-value
+ * block, in column order:
  *   1. the block's 8 weight vectors wv[j] (lane r: values 4j..4j+3 of row r, unsigned; signed for Q8_0),
  *   2. for each token, its exact int32 block sum isum (tile.h and matmul.c's scalar kernel define it per type),
  *   3. acc = fma(float(isum), dw * dx, acc), and for the types with a min, acc = fma(mw, dx * sum x, acc),
@@ -455,7 +457,7 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
 /* Two adjacent tiles' prepared blocks against KNT_PAIR tokens at once, for the types whose block sum is a fold of
  * its 8 products maddubs(wv[j], x[j]) (pair_type): each 4 values' weight vectors of both tiles and each token's 4
  * activation bytes are loaded once for the 2 x KNT_PAIR products they meet (one tile alone reloads its weights every
- * KNT tokens and broadcasts each activation per tile: about 4.5 instructions a product against 3.7 here). Per tile
+ * KNT tokens and broadcasts each activation once per tile; bench/results/prefill_pairs_avx2.md counts both). Per tile
  * and token the block sum is block_isum's integer and the float steps are accumulate()'s: the same bits. y: tile a's
  * rows at ycol, tile b's 8 columns further. pair_type: the types that gain from it (the Q5 types, Q3_K and MXFP4,
  * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
