@@ -70,5 +70,6 @@ def main() -> None:
     step = statistics.median(times[WARM_UP:])
     print(f"{args.label} median step {step * 1e3:.2f} ms  tok/s {1 / step:.2f}")
 
+
 if __name__ == "__main__":
     main()

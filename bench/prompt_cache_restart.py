@@ -158,5 +158,6 @@ def report(args: argparse.Namespace, samples: dict[str, list[list[float]]], hits
                                      "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
         print(f"wrote {args.out}")
 
+
 if __name__ == "__main__":
     main()

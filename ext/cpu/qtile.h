@@ -140,6 +140,23 @@ KINLINE void KFN(load_q6scales)(const int type, const uint8_t *sc, KFN(q6scales)
                                      _mm256_slli_epi32(o->sc32[i], 16));
 }
 
+/* what the stored values' offsets add to a block sum per unit of sum(x), as an int32 to add: Q4_0's q - 8 (its
+ * q4_corr), Q5_0's q - 16, MXFP4's v + MXFP4_OFFSET */
+KINLINE int32_t KFN(x_corr)(const int type, const block_q8x *xb) {
+    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum
+           : type == WT_MXFP4 ? -MXFP4_OFFSET * xb->isum : 0;
+}
+
+/* an AVX2 block sum with its stored values' offsets taken off: x_corr's, and Q6_K's q + 32 and Q3_K's q + 4 (times
+ * each half's scaled sum of x) */
+KINLINE __m256i KFN(offsets_off)(const int type, __m256i sum, const KFN(q6scales) *q6, const block_q8x *xb) {
+    if (type == WT_Q6_K || type == WT_Q3_K)
+        return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum)),
+                                                       type == WT_Q6_K ? 5 : 2));
+    const int32_t corr = KFN(x_corr)(type, xb);
+    return corr ? _mm256_add_epi32(sum, _mm256_set1_epi32(corr)) : sum;
+}
+
 /* the exact int32 block sum of one token (xb) against wv, per lane */
 KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i wv[8], const block_q8x *xb,
                                 const KFN(q6scales) *q6) {
@@ -172,8 +189,8 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
             a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], x[j]));
             b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wv[4 + j], x[4 + j]));
         }
-        __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
-        return _mm256_sub_epi32(sum, _mm256_set1_epi32(MXFP4_OFFSET * xb->isum));
+        return KFN(offsets_off)(type, _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones)), q6,
+                                xb);
     }
     if (type_is_iq4(type)) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
@@ -195,10 +212,9 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
             a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wv[j], x[j]));
             b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wv[4 + j], x[4 + j]));
         }
-        __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(a, q6->sc16[0]), _mm256_madd_epi16(b, q6->sc16[1]));
-        if (type == WT_Q3_K)   /* values are stored as q + 4: subtract 4 * (sc0 * sum(x[0..15]) + sc1 * ...) */
-            sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum)), 2));
-        return sum;
+        /* Q3_K's values are stored as q + 4: 4 * (sc0 * sum(x[0..15]) + sc1 * ...) comes off */
+        return KFN(offsets_off)(type, _mm256_add_epi32(_mm256_madd_epi16(a, q6->sc16[0]),
+                                                       _mm256_madd_epi16(b, q6->sc16[1])), q6, xb);
     }
     if (type == WT_Q6_K) {
 #if KVNNI
@@ -215,10 +231,8 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
             a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x[j]), q6->sc16[0]));
             b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4 + j], x[4 + j]), q6->sc16[1]));
         }
-        __m256i sum = _mm256_add_epi32(a, b);
-        /* values are stored as q + 32: subtract 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) */
-        __m256i corr = _mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum));
-        return _mm256_sub_epi32(sum, _mm256_slli_epi32(corr, 5));
+        /* values are stored as q + 32: 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) comes off */
+        return KFN(offsets_off)(type, _mm256_add_epi32(a, b), q6, xb);
 #endif
     }
     if (type == WT_Q8_0) {
@@ -242,9 +256,8 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     }
     /* 4- and 5-bit unsigned values; Q4_0 and Q5_0 subtract 8 or 16 times sum(x) */
     int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
-    int32_t corr = type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : 0;
 #if KVNNI
-    __m256i a = _mm256_set1_epi32(corr), b = _mm256_setzero_si256();
+    __m256i a = _mm256_set1_epi32(KFN(x_corr)(type, xb)), b = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
         if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
         else a = DPBUSD(a, wv[j], x[j]);
@@ -261,7 +274,7 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     }
     __m256i sum = five ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
                        : _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
-    return corr ? _mm256_add_epi32(sum, _mm256_set1_epi32(corr)) : sum;
+    return KFN(offsets_off)(type, sum, q6, xb);
 #endif
 }
 
@@ -486,9 +499,7 @@ KINLINE void KFN(pair_fold)(const int type, __m256i *s16, __m256i *s32, __m256i 
 KINLINE __m256i KFN(pair_finish)(const int type, __m256i s16, __m256i sum, const KFN(prepared) *w,
                                  const block_q8x *xb) {
     if (KFN(pair_int16)(type)) sum = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    if (type == WT_Q6_K)   /* values stored as q + 32: 32 times their scaled sums of x off */
-        return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(w->q6.pair, KFN(bcast4)(xb->hsum)), 5));
-    return type == WT_Q4_0 ? _mm256_add_epi32(sum, _mm256_set1_epi32(xb->q4_corr)) : sum;
+    return KFN(offsets_off)(type, sum, &w->q6, xb);
 }
 
 KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared) *pa, const KFN(prepared) *pb,
