@@ -646,7 +646,7 @@ cdef class Model:
 
 
 HUGE_PAGES_NAMES = {HUGE_PAGES_COLLAPSING: "collapsing", HUGE_PAGES_ALL: "all", HUGE_PAGES_PARTLY: "partly",
-                    HUGE_PAGES_NONE: "none", HUGE_PAGES_STOPPED: "stopped"}
+                    HUGE_PAGES_NONE: "none"}
 
 
 STAGE_NAMES = ("embed", "norm+quantize", "matmul qkv", "rope+kv write", "attention", "matmul wo",

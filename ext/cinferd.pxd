@@ -54,7 +54,7 @@ cdef extern from "inferd.h" nogil:
     void *huge_alloc(size_t n)
     void huge_free(void *p, size_t n)
     enum:
-        HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE, HUGE_PAGES_STOPPED
+        HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE
     ctypedef struct huge_collapser_t:
         pass
     huge_collapser_t *huge_collapse_start(void *p, size_t n)

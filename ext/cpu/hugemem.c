@@ -64,7 +64,7 @@ static int collapse_pages(void *p, size_t n, atomic_int *stop) {
     size_t len = mapped_len(n), refused = 0;
     madvise(a, len, MADV_HUGEPAGE);               /* for khugepaged, where a page is refused below */
     for (size_t off = 0; off < len; off += HUGE_PAGE) {
-        if (stop && atomic_load(stop)) return HUGE_PAGES_STOPPED;
+        if (stop && atomic_load(stop)) return HUGE_PAGES_PARTLY;          /* stopped: nobody asks after this */
         int r = madvise(a + off, HUGE_PAGE, MADV_COLLAPSE);
         if (r && errno == EAGAIN) r = madvise(a + off, HUGE_PAGE, MADV_COLLAPSE);   /* a page busy for a moment */
         if (r && errno == EINVAL) return HUGE_PAGES_NONE;                        /* a kernel before 6.1 */

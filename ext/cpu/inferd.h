@@ -117,7 +117,7 @@ double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per s
 void *huge_alloc(size_t n);
 void huge_free(void *p, size_t n);
 /* how much of a buffer huge_collapse turned into huge pages */
-enum { HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE, HUGE_PAGES_STOPPED };
+enum { HUGE_PAGES_COLLAPSING, HUGE_PAGES_ALL, HUGE_PAGES_PARTLY, HUGE_PAGES_NONE };
 int huge_collapse(void *p, size_t n);            /* now, on this thread; a HUGE_PAGES_ state */
 /* the same on a thread of its own at the lowest priority (NULL: no thread, the buffer stays as it is);
  * huge_collapse_wait blocks until it is done, huge_collapse_end stops it between two pages, joins it and frees it:
