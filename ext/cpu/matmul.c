@@ -315,7 +315,7 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
         return;
     }
     const qkernel_t *q = k->tiles;
-    const int batch = q->batch && ntok >= 2 * q->ntok && nb32 <= BATCH_MAX_BLOCKS;
+    const int batch = q->batch && ntok >= q->batch_min && nb32 <= BATCH_MAX_BLOCKS;
     if (batch) {   /* two tiles a call while two are left */
         for (int t = t0; t < t1; t += 2, base += 2 * tile_bytes) {
             int two = t + 1 < t1;
@@ -326,11 +326,12 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
     }
     const int small = w->nbytes < SMALL_MATRIX_BYTES;
     for (int t = t0; t < t1; t++, base += tile_bytes) {
-        int ycol = ycol0 + (t - t0) * TILE_ROWS, nrows = rows_of(w, t), i = 0;
-        for (; i + q->ntok <= ntok; i += q->ntok)
-            q->many(base, nb, xq + (size_t)i * nb32, nb32, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate, small);
-        for (; i < ntok; i++)
-            q->one(base, nb, xq + (size_t)i * nb32, nb32, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate, small);
+        int ycol = ycol0 + (t - t0) * TILE_ROWS, nrows = rows_of(w, t);
+        for (int i = 0, n; i < ntok; i += n) {
+            n = ntok - i < q->ntok ? ntok - i : q->ntok;
+            q->tokens(base, nb, xq + (size_t)i * nb32, nb32, n, y + (size_t)i * ldy, ldy, ycol, nrows, accumulate,
+                      small);
+        }
     }
 }
 

@@ -2,7 +2,7 @@
  * inside a `#pragma GCC target` region, with:
  *   KSUFFIX        the path's name (the functions and each type's qkernel_t get it as a suffix)
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
- *   KNT(type)      tokens per call of the many-token kernel of `type` (its qkernel_t's ntok)
+ *   KNT(type)      the most tokens per call of the tile kernel of `type` (its qkernel_t's ntok)
  *   KNT_PAIR       (AVX2) tokens per call of the prefill kernel over two tiles (pair_tokens)
  *
  * One call: ntok tokens against one tile (8 rows; AVX2's prefill of some types: two, pair_tokens). For every 32-value
@@ -456,13 +456,16 @@ KINLINE void KFN(prepare_tile)(const int type, const uint8_t *base, int nb, KFN(
 }
 
 KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prepared) *p, int nb32,
-                                  const block_q8x *xq, float *y, int ldy, int ycol, int nrows, int accumulate) {
+                                  const block_q8x *xq, float *y, int ldy, int ycol, int nrows, int accumulate,
+                                  const batch_prefetch_t *pf) {
     const int chains = ntok == 1 ? 2 : 1;
     __m256 acc[8];
     for (int k = 0; k < ntok; k++) acc[k] = _mm256_setzero_ps();
-    for (int b = 0; b < nb32; b++, p++)
+    for (int b = 0; b < nb32; b++, p++) {
+        batch_prefetch_step(pf, b);
         for (int k = 0; k < ntok; k++)
             acc[k] = KFN(block_acc)(type, chains, acc[k], p->wv, p->dw, p->mw, &p->q6, xq + (size_t)k * nb32 + b);
+    }
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
@@ -474,9 +477,9 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
  * and token the block sum is block_isum's integer and the float steps are accumulate()'s: the same bits. y: tile a's
  * rows at ycol, tile b's 8 columns further. pair_type: the types that gain from it (the Q5 types, Q3_K and MXFP4,
  * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
-KINLINE int KFN(pair_type)(const int type) {
-    return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K || type == WT_Q6_K || type == WT_Q2_K;
-}
+#define KPAIR_TYPE(type) \
+    ((type) == WT_Q4_0 || (type) == WT_Q4_1 || (type) == WT_Q4_K || (type) == WT_Q6_K || (type) == WT_Q2_K)
+KINLINE int KFN(pair_type)(const int type) { return KPAIR_TYPE(type); }
 /* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 one by one, times
  * their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
 KINLINE int KFN(pair_int16)(const int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K; }
@@ -503,10 +506,12 @@ KINLINE __m256i KFN(pair_finish)(const int type, __m256i s16, __m256i sum, const
 }
 
 KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared) *pa, const KFN(prepared) *pb,
-                              int nb32, const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate) {
+                              int nb32, const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate,
+                              const batch_prefetch_t *pf) {
     __m256 acc_a[KNT_PAIR], acc_b[KNT_PAIR];
     for (int k = 0; k < ntok; k++) acc_a[k] = acc_b[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb32; b++, pa++, pb++) {
+        batch_prefetch_step(pf, b);
         __m256i a16[KNT_PAIR], b16[KNT_PAIR], a32[KNT_PAIR], b32[KNT_PAIR];
         for (int k = 0; k < ntok; k++) a16[k] = b16[k] = a32[k] = b32[k] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -536,60 +541,72 @@ KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared
 }
 #endif
 
-/* all ntok tokens against one prepared tile of nrows rows: KNT(type) at a time, then one by one */
+/* all ntok tokens against one prepared tile of nrows rows: KNT(type) at a time, then one by one; pf: the first pass's
+ * prefetch */
 KINLINE void KFN(prepared_all)(const int type, const KFN(prepared) *p, int nb32, int ntok, const block_q8x *xq,
-                               float *y, int ldy, int ycol, int nrows, int accumulate) {
+                               float *y, int ldy, int ycol, int nrows, int accumulate, const batch_prefetch_t *pf) {
     int t = 0;
-    for (; t + KNT(type) <= ntok; t += KNT(type))
+    for (; t + KNT(type) <= ntok; t += KNT(type), pf = NULL)
         KFN(prepared_tokens)(type, KNT(type), p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
-                             accumulate);
-    for (; t < ntok; t++)
+                             accumulate, pf);
+    for (; t < ntok; t++, pf = NULL)
         KFN(prepared_tokens)(type, 1, p, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
-                             accumulate);
+                             accumulate, pf);
 }
 
 /* the batch kernel (tile.h's qbatch_fn): on AVX2, pair_type's pairs of tiles KNT_PAIR tokens at a time; everything
- * else tile by tile (VNNI's dpbusd takes a product in one instruction: no broadcast to share) */
+ * else tile by tile (VNNI's dpbusd takes a product in one instruction: no broadcast to share). Each call prefetches the
+ * two tiles after its own (the next call's, where the caller goes on in the segment). */
 KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int nb32,
                         int ntok, float *y, int ldy, int ycol, int nrows, int accumulate) {
+    const size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+    const batch_prefetch_t next = batch_prefetch_plan((tb ? tb : ta) + tile_bytes, 2 * tile_bytes, nb32);
     KFN(prepared) p[nb32];
     KFN(prepare_tile)(type, ta, nb, p);
     if (!tb) {
-        KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, nrows, accumulate);
+        KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, nrows, accumulate, &next);
         return;
     }
 #if !KVNNI
-    const int n = KFN(pair_ntok)(type);
-    if (KFN(pair_type)(type) && ntok >= n) {
+    if (KFN(pair_type)(type)) {
+        const int n = KFN(pair_ntok)(type);
         KFN(prepared) q[nb32];
         KFN(prepare_tile)(type, tb, nb, q);
-        int t = 0;
-        for (; t + n <= ntok; t += n)
-            KFN(pair_tokens)(type, n, p, q, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol, nrows,
-                             accumulate);
-        if (t < ntok) {   /* the last tokens, each tile alone */
-            KFN(prepared_all)(type, p, nb32, ntok - t, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, ycol,
-                              TILE_ROWS, accumulate);
-            KFN(prepared_all)(type, q, nb32, ntok - t, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy,
-                              ycol + TILE_ROWS, nrows, accumulate);
+        for (int t = 0; t < ntok; t += n) {   /* n tokens a call, the last call the rest */
+            const block_q8x *xt = xq + (size_t)t * nb32;
+            float *yt = y + (size_t)t * ldy;
+            const batch_prefetch_t *pf = t == 0 ? &next : NULL;
+            switch (ntok - t < n ? ntok - t : n) {
+            case 1: KFN(pair_tokens)(type, 1, p, q, nb32, xt, yt, ldy, ycol, nrows, accumulate, pf); break;
+            case 2: KFN(pair_tokens)(type, 2, p, q, nb32, xt, yt, ldy, ycol, nrows, accumulate, pf); break;
+            case 3: KFN(pair_tokens)(type, 3, p, q, nb32, xt, yt, ldy, ycol, nrows, accumulate, pf); break;
+            default: KFN(pair_tokens)(type, KNT_PAIR, p, q, nb32, xt, yt, ldy, ycol, nrows, accumulate, pf);
+            }
         }
         return;
     }
 #endif
-    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, TILE_ROWS, accumulate);
+    const batch_prefetch_t second = batch_prefetch_plan(tb, tile_bytes, nb32);
+    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol, TILE_ROWS, accumulate, &second);
     KFN(prepare_tile)(type, tb, nb, p);
-    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol + TILE_ROWS, nrows, accumulate);
+    KFN(prepared_all)(type, p, nb32, ntok, xq, y, ldy, ycol + TILE_ROWS, nrows, accumulate, &next);
 }
 
-/* the kernels of one type: KNT(type) tokens per call, and one */
+/* the kernels of one type: up to KNT(type) tokens per call (fewer: three at a time, each token's operations the
+ * same), the batch and the decode group */
 #define KDEFINE(name, TYPE)                                                                                      \
-    static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
-                              int ycol, int nrows, int accumulate, int prefetch) {                               \
-        KFN(tile)(TYPE, KNT(TYPE), base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);              \
-    }                                                                                                            \
-    static void KFN(name##_1)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy,     \
-                              int ycol, int nrows, int accumulate, int prefetch) {                               \
-        KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
+    static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,    \
+                              int ldy, int ycol, int nrows, int accumulate, int prefetch) {                      \
+        if (ntok == KNT(TYPE)) {                                                                                 \
+            KFN(tile)(TYPE, KNT(TYPE), base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);           \
+            return;                                                                                              \
+        }                                                                                                        \
+        for (int i = 0, n; i < ntok; i += n, xq += (size_t)n * nb32, y += (size_t)n * ldy) {                     \
+            n = ntok - i < 3 ? ntok - i : 3;                                                                     \
+            if (n == 1) KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);       \
+            else if (n == 2) KFN(tile)(TYPE, 2, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);  \
+            else KFN(tile)(TYPE, 3, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);              \
+        }                                                                                                        \
     }                                                                                                            \
     static void KFN(name##_g)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,   \
                               float *y, int nrows_last, int accumulate, int prefetch) {                         \
@@ -631,10 +648,18 @@ KDEFINE(tq2_0, WT_TQ2_0)
 #undef KDEFINE
 
 /* each type's kernels of this path, for its row of the type-traits table (type_traits.c): qtile_<type>_<path>.
- * KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work) */
+ * KBATCH(type): whether the type's prefill unpacks each tile once (the types whose unpacking costs ALU work);
+ * KBATCH_MIN(type): from how many tokens: two for AVX2's pairs of tiles, which take any count up to KNT_PAIR (a decode
+ * step of a few sequences shares each tile's unpacking and its prefetch), else two full calls of the tile kernel */
+#if KVNNI
+#define KBATCH_MIN(type) (2 * KNT(type))
+#else
+#define KBATCH_MIN(type) (KPAIR_TYPE(type) ? KNT(type) + 1 : 2 * KNT(type))
+#endif
 #define KENTRY(name, TYPE) \
     const qkernel_t KCAT(qtile_##name, KSUFFIX) = \
-        {KNT(TYPE), KFN(name##_n), KFN(name##_1), KBATCH(TYPE) ? KFN(name##_b) : NULL, KFN(name##_g)};
+        {KNT(TYPE), KFN(name##_n), KBATCH(TYPE) ? KFN(name##_b) : NULL, KFN(name##_g), \
+         KBATCH_MIN(TYPE)};
 KENTRY(q4_0, WT_Q4_0)
 KENTRY(q4_1, WT_Q4_1)
 KENTRY(q5_0, WT_Q5_0)
@@ -660,3 +685,5 @@ KENTRY(tq1_0, WT_TQ1_0)
 KENTRY(tq2_0, WT_TQ2_0)
 #endif
 #undef KENTRY
+#undef KBATCH_MIN
+#undef KPAIR_TYPE

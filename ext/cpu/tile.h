@@ -104,12 +104,11 @@ static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
 
 static inline size_t tile_block_bytes(int type) { return TILE_LAYOUT[type].bytes; }
 
-/* A quantized tile kernel: ntok tokens (xq, token stride nb32 blocks) against the tile at `base` of nb tile blocks;
- * writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. A type's qkernel_t on a path (its row of the
- * type-traits table) gives the tokens per call of the many-token kernel (its block size) and a one-token kernel for
- * the rest. */
-typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, float *y, int ldy, int ycol,
-                         int nrows, int accumulate, int prefetch);
+/* A quantized tile kernel: ntok tokens (xq, token stride nb32 blocks; 1 <= ntok <= its qkernel_t's ntok) against the
+ * tile at `base` of nb tile blocks; writes (or adds to) y[k * ldy + ycol + r] for its nrows rows. A type's qkernel_t
+ * on a path (its row of the type-traits table) gives the most tokens a call takes (its block of accumulators). */
+typedef void (*qtile_fn)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy,
+                         int ycol, int nrows, int accumulate, int prefetch);
 /* batch: all ntok tokens against one tile, or two adjacent ones (tb: the next tile, or NULL), unpacking each tile's
  * blocks once (NULL where that does not pay); nrows: the last tile's rows, the first's being whole when tb is given;
  * tile b's rows go 8 columns after tile a's */
@@ -188,8 +187,28 @@ static inline __attribute__((always_inline)) void decode_prefetch_tile(const dec
     prefetch_run(p->linear ? prefetch_linear_at(p, step, i) : prefetch_near_at(p, step, i), lines_tile, p->last);
 }
 
-/* one type's ymm tile kernels on one SIMD path (qtile.h): ntok tokens per call of `many` */
-typedef struct { int ntok; qtile_fn many, one; qbatch_fn batch; qgroup_fn group; } qkernel_t;
+/* A prefill (batch) kernel computes for a long time on the tiles it has unpacked and reads no memory meanwhile, so
+ * the hardware prefetcher idles and the next call's unpacking waits on memory: each call spreads prefetches of the
+ * bytes it will read next over its first pass of blocks (`per_block` lines at each block), into L2 like the decode
+ * prefetch. */
+typedef struct { const uint8_t *at, *end; size_t per_block; } batch_prefetch_t;
+
+static inline batch_prefetch_t batch_prefetch_plan(const uint8_t *at, size_t bytes, int nb32) {
+    const size_t lines = (bytes + 63) / 64;
+    batch_prefetch_t p = {at, at + bytes, (lines + (size_t)nb32 - 1) / (size_t)nb32};
+    return p;
+}
+
+static inline __attribute__((always_inline)) void batch_prefetch_step(const batch_prefetch_t *p, int b) {
+    if (!p) return;
+    for (const uint8_t *q = p->at + 64 * p->per_block * (size_t)b, *e = q + 64 * p->per_block; q < e && q < p->end;
+         q += 64)
+        __builtin_prefetch(q, 0, 1);
+}
+
+/* one type's ymm tile kernels on one SIMD path (qtile.h): up to ntok tokens per call of `tokens`; batch from
+ * batch_min tokens up */
+typedef struct { int ntok; qtile_fn tokens; qbatch_fn batch; qgroup_fn group; int batch_min; } qkernel_t;
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 /* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), all quantized types:
  * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8); amx: groups of 16 tokens may go to
