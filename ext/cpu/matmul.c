@@ -222,9 +222,9 @@ SIMD_ATTR_AVX2 void float_rows_avx2(const weight_t *w, int row0, int nrows, int 
 #endif
 
 /* ---------------- the dispatch over a weight's bound kernels ---------------- */
-/* Matrices smaller than this (a few hundred KB) end before the hardware prefetcher has ramped up: the many-token
- * kernels prefetch for them (and always when several tokens share a call). A decode step's kernels prefetch as the
- * context's decode_prefetch_bytes says. */
+/* Matrices smaller than this (a few hundred KB) end before the hardware prefetcher has ramped up: the tile kernels
+ * prefetch for them (and always when several tokens share a call; the batch kernels always). A decode step's kernels
+ * prefetch as the context's decode_prefetch_bytes says. */
 #define SMALL_MATRIX_BYTES (2u << 20)
 
 /* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever

@@ -30,8 +30,7 @@ KINLINE __m256 KFN(load_e8m0x8)(const uint8_t *p) {
     __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
     __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
-}
-/* row scales d of a tile block: f16, or MXFP4's exponents */
+}/* row scales d of a tile block: f16, or MXFP4's exponents */
 KINLINE __m256 KFN(load_d)(const int type, const uint8_t *blk) {
     return type == WT_MXFP4 ? KFN(load_e8m0x8)(blk) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 }
@@ -402,6 +401,51 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
+#if !KVNNI
+/* MXFP4's decode group: tiles_one's work with each block's activation broadcasts shared by the group's tiles (the
+ * kernel is bound by its vector instructions, not by memory: nibbles, a byte shuffle per 32 codes, then maddubs) and
+ * each tile's codes unpacked four values at a time beside their products. Per tile, block_isum's MXFP4 sums (the
+ * same int16 chains) and accumulate()'s float steps: the same bits. */
+KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
+                                  const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
+    const size_t bb = tile_block_bytes(WT_MXFP4);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_PLUS_OFFSET));
+    const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, bb, prefetch);
+    __m256 acc[QGROUP_TILES];
+    for (int i = 0; i < ntiles; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk0 = base + (size_t)b * bb;
+        const block_q8x *xb = xq + b;
+        __m256i lo[QGROUP_TILES], hi[QGROUP_TILES];
+        for (int i = 0; i < ntiles; i++) {
+            decode_prefetch_tile(&pf, b, i, (int)((bb + 63) / 64));
+            lo[i] = hi[i] = _mm256_setzero_si256();
+        }
+        for (int p = 0; p < 4; p++) {   /* values 4p..4p+3 (low nibbles) and 16 + 4p.. (high) of every row */
+            const __m256i xl = KFN(bcast4)(xb->qs + 4 * p), xh = KFN(bcast4)(xb->qs + 16 + 4 * p);
+            for (int i = 0; i < ntiles; i++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk0 + i * tile_bytes + 8 + 32 * p));
+                const __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
+                const __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                lo[i] = _mm256_add_epi16(lo[i], _mm256_maddubs_epi16(wl, xl));
+                hi[i] = _mm256_add_epi16(hi[i], _mm256_maddubs_epi16(wh, xh));
+            }
+        }
+        const __m256 dx = _mm256_set1_ps(xb->d);
+        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
+        for (int i = 0; i < ntiles; i++) {
+            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
+            isum = _mm256_add_epi32(isum, corr);
+            const __m256 dw = KFN(load_e8m0x8)(blk0 + i * tile_bytes);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[i]);
+        }
+    }
+    for (int i = 0; i < ntiles; i++)
+        KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
+}
+#endif
+
 /* One token (a decode step) against `ntiles` adjacent tiles of one segment, block by block in lockstep: each
  * thread then streams `ntiles` regions of the weight at once instead of one, which keeps more of them in flight for
  * the hardware prefetcher (a single stream reached half the read bandwidth: bench/results/decode_q4k.md), and the
@@ -409,6 +453,12 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
  * y: the first tile's row 0; tile i's rows follow at y + 8 i, the last tile's nrows_last of them. */
 KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
                             const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
+#if !KVNNI
+    if (type == WT_MXFP4) {
+        KFN(mxfp4_tiles_one)(ntiles, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch);
+        return;
+    }
+#endif
     const int nsub = type_is_k(type) ? 8 : 1;
     const size_t bb = tile_block_bytes(type);
     __m256 acc[4];
@@ -425,6 +475,7 @@ KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *bas
     for (int i = 0; i < ntiles; i++)
         KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
 }
+
 
 /* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
  * vectors, scales) on the stack, then every group of tokens reads them: the unpacking (nibbles, high bits, the
@@ -594,18 +645,29 @@ KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, in
 
 /* the kernels of one type: up to KNT(type) tokens per call (fewer: three at a time, each token's operations the
  * same), the batch and the decode group */
+/* each token count its own function: inlined together into one, the 4-token kernel lost its registers */
+#define KTOKENS(name, TYPE, SUFFIX, N)                                                                           \
+    static __attribute__((noinline)) void KFN(name##_t##SUFFIX)(const uint8_t *base, int nb, const block_q8x *xq,\
+                                                          int nb32, float *y, int ldy, int ycol, int nrows,     \
+                                                          int accumulate, int prefetch) {                       \
+        KFN(tile)(TYPE, N, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
+    }
 #define KDEFINE(name, TYPE)                                                                                      \
+    KTOKENS(name, TYPE, 1, 1)                                                                                    \
+    KTOKENS(name, TYPE, 2, 2)                                                                                    \
+    KTOKENS(name, TYPE, 3, 3)                                                                                    \
+    KTOKENS(name, TYPE, all, KNT(TYPE))                                                                          \
     static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,    \
                               int ldy, int ycol, int nrows, int accumulate, int prefetch) {                      \
         if (ntok == KNT(TYPE)) {                                                                                 \
-            KFN(tile)(TYPE, KNT(TYPE), base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);           \
+            KFN(name##_tall)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                \
             return;                                                                                              \
         }                                                                                                        \
         for (int i = 0, n; i < ntok; i += n, xq += (size_t)n * nb32, y += (size_t)n * ldy) {                     \
             n = ntok - i < 3 ? ntok - i : 3;                                                                     \
-            if (n == 1) KFN(tile)(TYPE, 1, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);       \
-            else if (n == 2) KFN(tile)(TYPE, 2, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);  \
-            else KFN(tile)(TYPE, 3, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);              \
+            if (n == 1) KFN(name##_t1)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);           \
+            else if (n == 2) KFN(name##_t2)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);      \
+            else KFN(name##_t3)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                  \
         }                                                                                                        \
     }                                                                                                            \
     static void KFN(name##_g)(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,   \
@@ -685,5 +747,6 @@ KENTRY(tq1_0, WT_TQ1_0)
 KENTRY(tq2_0, WT_TQ2_0)
 #endif
 #undef KENTRY
+#undef KTOKENS
 #undef KBATCH_MIN
 #undef KPAIR_TYPE
