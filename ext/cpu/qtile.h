@@ -30,7 +30,8 @@ KINLINE __m256 KFN(load_e8m0x8)(const uint8_t *p) {
     __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
     __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
-}/* row scales d of a tile block: f16, or MXFP4's exponents */
+}
+/* row scales d of a tile block: f16, or MXFP4's exponents */
 KINLINE __m256 KFN(load_d)(const int type, const uint8_t *blk) {
     return type == WT_MXFP4 ? KFN(load_e8m0x8)(blk) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 }
@@ -476,7 +477,6 @@ KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *bas
         KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
 }
 
-
 /* Many tokens (a prefill) against one tile: the tile's blocks are unpacked once into `prepared` blocks (weight
  * vectors, scales) on the stack, then every group of tokens reads them: the unpacking (nibbles, high bits, the
  * K-quants' scale products) is no longer repeated for every group of KNT tokens. Same operations per token and
@@ -644,12 +644,12 @@ KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, in
 }
 
 /* the kernels of one type: up to KNT(type) tokens per call (fewer: three at a time, each token's operations the
- * same), the batch and the decode group */
-/* each token count its own function: inlined together into one, the 4-token kernel lost its registers */
+ * same), the batch and the decode group. Each token count is a function of its own: inlined together into one, the
+ * KNT-token pass lost its registers. */
 #define KTOKENS(name, TYPE, SUFFIX, N)                                                                           \
-    static __attribute__((noinline)) void KFN(name##_t##SUFFIX)(const uint8_t *base, int nb, const block_q8x *xq,\
-                                                          int nb32, float *y, int ldy, int ycol, int nrows,     \
-                                                          int accumulate, int prefetch) {                       \
+    static __attribute__((noinline)) void KFN(name##_t##SUFFIX)(const uint8_t *base, int nb, const block_q8x *xq, \
+                                                                int nb32, float *y, int ldy, int ycol, int nrows, \
+                                                                int accumulate, int prefetch) {                   \
         KFN(tile)(TYPE, N, base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                      \
     }
 #define KDEFINE(name, TYPE)                                                                                      \
@@ -660,7 +660,7 @@ KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, in
     static void KFN(name##_n)(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y,    \
                               int ldy, int ycol, int nrows, int accumulate, int prefetch) {                      \
         if (ntok == KNT(TYPE)) {                                                                                 \
-            KFN(name##_tall)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                \
+            KFN(name##_tall)(base, nb, xq, nb32, y, ldy, ycol, nrows, accumulate, prefetch);                     \
             return;                                                                                              \
         }                                                                                                        \
         for (int i = 0, n; i < ntok; i += n, xq += (size_t)n * nb32, y += (size_t)n * ldy) {                     \
