@@ -20,7 +20,8 @@ repeats are pooled. The servers (the results file repeats the exact command line
   llama-server -m FILE -t T -tb T -np c -c c*S -fa on -cram 0 -lv 0 --threads-http 2 [-nr]
                with env -u OMP_NUM_THREADS GLIBC_TUNABLES=glibc.malloc.hugetlb=1
   inferd serve --model FILE --threads T --max-running c --num-kv-blocks ceil(c*S/64) --log-level warning
-               --no-log-requests --no-measure-bandwidth
+               --no-log-requests --no-measure-bandwidth --prompt-cache-disk-mib 0
+               (no prefix cache carried over from the last run on disk: each run starts cold, as llama-server does)
 where S, the context per slot, holds the workload's longest prompt and output (both get the same KV capacity).
 -nr only where llama.cpp's repacking dies with SIGILL (probed; the results say so). Measured per server and c:
   throughput  output tokens / wall time of the level (first request sent -> last one finished)
@@ -205,7 +206,8 @@ def inferd_server(path: Path, threads: int, concurrency: int, per_slot: int, ext
     blocks = -(-concurrency * per_slot // 64)
     cmd = [sys.executable, "-m", "inferd.cli", "serve", "--model", str(path), "--port", str(port),
            "--threads", str(threads), "--max-running", str(concurrency), "--num-kv-blocks", str(blocks),
-           "--no-measure-bandwidth", "--no-log-requests", "--log-level", "warning", *extra]
+           "--no-measure-bandwidth", "--no-log-requests", "--prompt-cache-disk-mib", "0", "--log-level", "warning",
+           *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     shown = command_line(["python", *cmd[1:]]).replace(f"--port {port}", "--port PORT")
     return Server("inferd", cmd, port, dict(GREEDY), env, shown)
