@@ -23,20 +23,33 @@ from inferd.model.loader import load_model
 PROMPT = 100
 
 
-def steps(engine: Engine, batch: int, n: int) -> tuple[float, list[list[int]]]:
-    """ms per step of `n` decode steps of `batch` sequences after a PROMPT-token prompt each, and their tokens"""
-    per_seq = blocks_needed(PROMPT + n + 1)
+def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT) -> tuple[list[float], list[list[int]]]:
+    """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (recurrent models:
+    a state slot each), and their tokens"""
+    per_seq = blocks_needed(prompt + n + 1)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
-    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(PROMPT)] for s in range(batch)]
-    last = [engine.step([SeqInput(prompts[s], 0, tables[s], 1)])[0].tokens[0] for s in range(batch)]
+    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)] for s in range(batch)]
+
+    def seq(tokens: list[int], pos: int, s: int) -> SeqInput:
+        return SeqInput(tokens, pos, tables[s], 1, state_slot=s if engine.num_state_slots else -1)
+
+    last = [engine.step([seq(prompts[s], 0, s)])[0].tokens[0] for s in range(batch)]
     out: list[list[int]] = [[] for _ in range(batch)]
-    t0 = time.perf_counter()
+    times = []
     for k in range(n):
-        res = engine.step([SeqInput([last[s]], PROMPT + k, tables[s], 1) for s in range(batch)])
+        t0 = time.perf_counter()
+        res = engine.step([seq([last[s]], prompt + k, s) for s in range(batch)])
+        times.append(time.perf_counter() - t0)
         last = [r.tokens[0] for r in res]
         for s in range(batch):
             out[s].append(last[s])
-    return (time.perf_counter() - t0) / n * 1e3, out
+    return times, out
+
+
+def steps(engine: Engine, batch: int, n: int) -> tuple[float, list[list[int]]]:
+    """ms per step of `n` decode steps of `batch` sequences after a PROMPT-token prompt each, and their tokens"""
+    times, out = step_times(engine, batch, n)
+    return sum(times) / n * 1e3, out
 
 
 def main() -> None:

@@ -406,7 +406,7 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
 /* MXFP4's decode group: tiles_one's work with each block's activation broadcasts shared by the group's tiles (the
  * kernel is bound by its vector instructions, not by memory: nibbles, a byte shuffle per 32 codes, then maddubs) and
  * each tile's codes unpacked four values at a time beside their products. Per tile, block_isum's MXFP4 sums (the
- * same int16 chains) and accumulate()'s float steps: the same bits. */
+ * same int16 chains, offsets_off) and accumulate(): the same bits. */
 KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
                                   const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
     const size_t bb = tile_block_bytes(WT_MXFP4);
@@ -433,13 +433,10 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
                 hi[i] = _mm256_add_epi16(hi[i], _mm256_maddubs_epi16(wh, xh));
             }
         }
-        const __m256 dx = _mm256_set1_ps(xb->d);
-        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
         for (int i = 0; i < ntiles; i++) {
-            __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
-            isum = _mm256_add_epi32(isum, corr);
-            const __m256 dw = KFN(load_e8m0x8)(blk0 + i * tile_bytes);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[i]);
+            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
+            const __m256 dw = KFN(load_d)(WT_MXFP4, blk0 + i * tile_bytes);
+            acc[i] = KFN(accumulate)(WT_MXFP4, acc[i], KFN(offsets_off)(WT_MXFP4, sum, NULL, xb), dw, dw, xb);
         }
     }
     for (int i = 0; i < ntiles; i++)
@@ -522,15 +519,14 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
 
 #if !KVNNI
 /* Two adjacent tiles' prepared blocks against KNT_PAIR tokens at once, for the types whose block sum is a fold of
- * its 8 products maddubs(wv[j], x[j]) (pair_type): each 4 values' weight vectors of both tiles and each token's 4
+ * its 8 products maddubs(wv[j], x[j]) (KPAIR_TYPE): each 4 values' weight vectors of both tiles and each token's 4
  * activation bytes are loaded once for the 2 x KNT_PAIR products they meet (one tile alone reloads its weights every
  * KNT tokens and broadcasts each activation once per tile; bench/results/prefill_pairs_avx2.md counts both). Per tile
  * and token the block sum is block_isum's integer and the float steps are accumulate()'s: the same bits. y: tile a's
- * rows at ycol, tile b's 8 columns further. pair_type: the types that gain from it (the Q5 types, Q3_K and MXFP4,
+ * rows at ycol, tile b's 8 columns further. KPAIR_TYPE: the types that gain from it (the Q5 types, Q3_K and MXFP4,
  * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
 #define KPAIR_TYPE(type) \
     ((type) == WT_Q4_0 || (type) == WT_Q4_1 || (type) == WT_Q4_K || (type) == WT_Q6_K || (type) == WT_Q2_K)
-KINLINE int KFN(pair_type)(const int type) { return KPAIR_TYPE(type); }
 /* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 one by one, times
  * their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
 KINLINE int KFN(pair_int16)(const int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K; }
@@ -605,7 +601,7 @@ KINLINE void KFN(prepared_all)(const int type, const KFN(prepared) *p, int nb32,
                              accumulate, pf);
 }
 
-/* the batch kernel (tile.h's qbatch_fn): on AVX2, pair_type's pairs of tiles KNT_PAIR tokens at a time; everything
+/* the batch kernel (tile.h's qbatch_fn): on AVX2, KPAIR_TYPE's pairs of tiles KNT_PAIR tokens at a time; everything
  * else tile by tile (VNNI's dpbusd takes a product in one instruction: no broadcast to share). Each call prefetches the
  * two tiles after its own (the next call's, where the caller goes on in the segment). */
 KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int nb32,
@@ -619,7 +615,7 @@ KINLINE void KFN(batch)(const int type, const uint8_t *ta, const uint8_t *tb, in
         return;
     }
 #if !KVNNI
-    if (KFN(pair_type)(type)) {
+    if (KPAIR_TYPE(type)) {
         const int n = KFN(pair_ntok)(type);
         KFN(prepared) q[nb32];
         KFN(prepare_tile)(type, tb, nb, q);
