@@ -24,7 +24,9 @@ cpu = Extension(
 )
 # the event loop's wake-up write, apart from the kernels so that the scheduler's side needs no kernel build
 waker = Extension("inferd._waker", sources=["ext/_waker.pyx"])
-extensions = [cpu, waker]
+# a GGUF header's string arrays (the vocabulary), read before anything else of a load can start
+gguf_strings = Extension("inferd._gguf", sources=["ext/_gguf.pyx"])
+extensions = [cpu, waker, gguf_strings]
 
 cuda_build = os.path.join(ROOT, "ext", "cuda", "build.py")
 if os.path.exists(cuda_build):

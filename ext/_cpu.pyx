@@ -173,9 +173,10 @@ cdef size_t layout_bytes(tuple spec) except? 0:
     return (weight_layout_bytes_seg(n, types, rows, spec_parts(spec)[0][2]) + 63) & ~(<size_t>63)
 
 
-cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NULL) except -1:
-    """Builds the weight of `spec` (see spec_parts) in dst: layout_bytes(spec) of memory (NULL: its own), repacking
-    each part's GGUF rows straight from its array (a view over the mapped file) with the pool's threads."""
+cdef list weight_setup(weight_t *w, tuple spec, uint8_t *dst):
+    """Lays out the weight of `spec` (see spec_parts) in dst: layout_bytes(spec) of memory (NULL: its own). Returns
+    its parts' fills, each (source array, rows, first row, group, group stride, what it is), for fill_parts or a
+    Model's list of fill jobs."""
     cdef int types[MAX_SEGMENTS]
     cdef int rows[MAX_SEGMENTS]
     parts = spec_parts(spec)
@@ -191,22 +192,32 @@ cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NU
         raise ValueError(f"bad weight shape {what}")
     if spec[0] == "parts":
         interleave = spec[2]
-    cdef cnp.ndarray arr
-    cdef int prows, group, stride
+    fills = []
+    cdef int prows
     for i, part in enumerate(parts):
         arr = np.ascontiguousarray(part[3])
         prows = part[1]
         if arr.nbytes != gguf_row_bytes(WEIGHT_TYPES[part[0]], cols) * prows:
             weight_free(w)
             raise ValueError(f"bad {part[0]} weight {prows}x{cols} ({arr.nbytes} bytes)")
-        group = interleave if interleave else prows
-        stride = interleave * len(parts) if interleave else prows
+        fills.append((arr, prows, (i * interleave) if interleave else row0, interleave if interleave else prows,
+                      interleave * len(parts) if interleave else prows,
+                      f"part {i} of weight {what} (interleave {interleave})"))
+        row0 += prows
+    return fills
+
+
+cdef int init_weight(weight_t *w, tuple spec, uint8_t *dst=NULL, pool_t *pool=NULL) except -1:
+    """Builds the weight of `spec` in dst (see weight_setup), repacking each part's GGUF rows straight from its
+    array (a view over the mapped file) with the pool's threads."""
+    cdef cnp.ndarray arr
+    cdef int prows, row0, group, stride, rc
+    for arr, prows, row0, group, stride, what in weight_setup(w, spec, dst):
         with nogil:
-            rc = weight_fill(w, arr.data, prows, (i * interleave) if interleave else row0, group, stride, pool)
+            rc = weight_fill(w, arr.data, prows, row0, group, stride, pool)
         if rc:
             weight_free(w)
-            raise ValueError(f"cannot place part {i} of weight {what} (interleave {interleave})")
-        row0 += prows
+            raise ValueError(f"cannot place {what}")
     return 0
 
 
@@ -413,6 +424,8 @@ def rope_frequencies(dict config):
     return out
 
 
+cdef double FILL_PROGRESS_S = 0.25  # how long a fill runs without the GIL before Model's progress callback
+
 cdef class Model:
     """The weights in the engine's layout. `config` is a dict of model_config_t fields; `tensors` maps names to
     (type_name, rows, cols, data): 'tok_embd', 'output' (absent when tied), 'output_norm'. `layers`: per layer its
@@ -429,11 +442,13 @@ cdef class Model:
     cdef size_t arena_bytes, arena_used
     cdef huge_collapser_t *collapser   # turns the arena into huge pages once built, beside whatever runs next
     cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
-    cdef object progress, release
+    cdef object progress, file_pages
+    cdef list _fills              # the weights' fills, laid out as the blocks are built, done together at the end
 
-    def __init__(self, dict config, dict tensors, list layers, int threads=1, progress=None, release=None):
-        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called after each weight,
-        release(spec) after each weight's source arrays are no longer needed."""
+    def __init__(self, dict config, dict tensors, list layers, int threads=1, progress=None, file_pages=None):
+        """threads: repack with this many threads; progress(done_bytes, total_bytes) is called as the weights are
+        filled (about every FILL_PROGRESS_S); file_pages(array) names the whole pages (address, bytes) of a file
+        mapping a source array lies in, or None: they leave the resident set once their weight is built."""
         cdef model_config_t *c = &self.m.cfg
         fill_model_config(c, config)
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
@@ -469,7 +484,8 @@ cdef class Model:
         if self.arena == NULL:
             raise MemoryError(f"out of memory for {self.arena_bytes} bytes of weights")
         self.progress = progress
-        self.release = release
+        self.file_pages = file_pages
+        self._fills = []
         if threads > 1:
             self.load_pool = pool_create(threads)
         try:
@@ -478,7 +494,7 @@ cdef class Model:
             if self.load_pool != NULL:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
-            self.progress = self.release = None
+            self.progress = self.file_pages = self._fills = None
         self.collapser = huge_collapse_start(self.arena, self.arena_bytes)
 
     cdef _build(self, model_config_t *c, dict tensors, list layers):
@@ -502,6 +518,7 @@ cdef class Model:
             if len(sizes) != 1:
                 raise ValueError("recurrent blocks of different shapes in one model are not supported")
             self.m.state_floats = self.m.n_recurrent * sizes.pop()
+        self._fill_weights()
         if model_init_rope(&self.m):
             raise MemoryError()
 
@@ -555,13 +572,34 @@ cdef class Model:
         cdef size_t n = layout_bytes(spec)
         if self.arena_used + n > self.arena_bytes:
             raise ValueError("weights do not fit the arena they were counted for")
-        init_weight(w, spec, self.arena + self.arena_used if n else NULL, self.load_pool)
+        fills = weight_setup(w, spec, self.arena + self.arena_used if n else NULL)
         self.arena_used += n
-        if self.release is not None:
-            self.release(spec)
-        if self.progress is not None:
-            self.progress(self.arena_used, self.arena_bytes)
+        for fill in fills:
+            pages = self.file_pages(fill[0]) if self.file_pages is not None else None
+            self._fills.append((<size_t>w, *fill, pages or (0, 0), self.arena_used))
         return 0
+
+    cdef _fill_weights(self):
+        """Every weight's rows, repacked in calls without the GIL of about FILL_PROGRESS_S each."""
+        cdef size_t n = len(self._fills), done = 0, i
+        cdef int failed = 0
+        cdef weight_fill_job_t *jobs = <weight_fill_job_t *>calloc(n if n else 1, sizeof(weight_fill_job_t))
+        cdef cnp.ndarray arr
+        if jobs == NULL:
+            raise MemoryError()
+        try:
+            for i, (w, arr, prows, row0, group, stride, what, pages, _) in enumerate(self._fills):
+                jobs[i] = weight_fill_job_t(<weight_t *><size_t>w, arr.data, prows, row0, group, stride,
+                                            <void *><size_t>pages[0], <size_t>pages[1])
+            while done < n:
+                with nogil:
+                    done += weight_fill_jobs(jobs + done, n - done, self.load_pool, FILL_PROGRESS_S, &failed)
+                if failed:
+                    raise ValueError(f"cannot place {self._fills[done][6]}")
+                if self.progress is not None and done:
+                    self.progress(self._fills[done - 1][8], self.arena_bytes)
+        finally:
+            free(jobs)
 
     @property
     def weight_buffer(self):

@@ -48,6 +48,13 @@ cdef extern from "inferd.h" nogil:
         pass
     int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
                     pool_t *pool)
+    ctypedef struct weight_fill_job_t:
+        weight_t *w
+        const void *src
+        int src_rows, dst_row0, group, group_stride
+        void *drop
+        size_t drop_bytes
+    size_t weight_fill_jobs(const weight_fill_job_t *jobs, size_t n, pool_t *pool, double seconds, int *failed)
     pool_t *pool_create(int nthreads)
     void pool_destroy(pool_t *p)
     double read_bandwidth(size_t nbytes, int threads, int repeats)

@@ -78,6 +78,21 @@ int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, in
 struct pool;
 int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int group, int group_stride,
                 struct pool *pool);
+/* A model's weights are filled as a list of these in one call without the GIL: between weights filled one call
+ * each, every return to Python waited for the GIL on whatever Python ran beside the load (the tokenizer's build,
+ * the server's imports), with the pool idle. `drop`: whole pages of a file mapping the source lies in, dropped
+ * from the process' resident set once filled (they stay in the page cache), so a load's peak is the weights' size
+ * rather than twice it; NULL for none. */
+typedef struct {
+    weight_t *w;
+    const void *src;
+    int src_rows, dst_row0, group, group_stride;
+    void *drop;
+    size_t drop_bytes;
+} weight_fill_job_t;
+/* Fills jobs in order until all are done or `seconds` have passed since the call (0: no limit; at least one job
+ * is done): returns how many were done, and *failed = 1 when the job after them failed (see weight_fill). */
+size_t weight_fill_jobs(const weight_fill_job_t *jobs, size_t n, struct pool *pool, double seconds, int *failed);
 void weight_free(weight_t *w);
 /* binds the segments' kernels for `path` again (a built weight has those of the path active when it was built; kernel
  * tests that compare paths on one weight rebind it) */

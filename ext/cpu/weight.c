@@ -3,6 +3,8 @@
  * by type lies in the table (type_traits.c) and the files it names (repack.c, the kernels). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include "inferd.h"
 #include "type_traits.h"
 
@@ -81,6 +83,27 @@ int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int gr
     if (pool) pool_run(pool, src_rows, 64, fill_rows, &f);
     else fill_rows(&f, 0, src_rows, 0);
     return 0;
+}
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+size_t weight_fill_jobs(const weight_fill_job_t *jobs, size_t n, struct pool *pool, double seconds, int *failed) {
+    const double start = seconds_now();
+    *failed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const weight_fill_job_t *j = &jobs[i];
+        if (weight_fill(j->w, j->src, j->src_rows, j->dst_row0, j->group, j->group_stride, pool)) {
+            *failed = 1;
+            return i;
+        }
+        if (j->drop) madvise(j->drop, j->drop_bytes, MADV_DONTNEED);
+        if (seconds > 0 && seconds_now() - start >= seconds) return i + 1;
+    }
+    return n;
 }
 
 int weight_init(weight_t *w, int type, int rows, int cols, const void *src, size_t src_bytes, uint8_t *dst) {

@@ -108,27 +108,20 @@ def _vector(t) -> tuple:
     return ("F32", 1, t.rows * t.cols, _to_f32(t).reshape(-1))
 
 
-def release_file_pages(data: np.ndarray) -> None:
-    """Drops the pages of an array viewed from a mapped file from this process's resident set once its weight is
-    built: they stay in the page cache (and fault back in if read again), but the process does not hold the file's
-    bytes beside their repacked copy, so loading peaks at the weights' size rather than twice it."""
+def file_pages(data: np.ndarray) -> tuple[int, int] | None:
+    """(address, bytes) of the whole pages of the mapped file an array is a view of, or None (not a file's view, or
+    within one page). _cpu.Model drops them from this process's resident set once their weight is built: they stay
+    in the page cache (and fault back in if read again), but the process does not hold the file's bytes beside
+    their repacked copy, so loading peaks at the weights' size rather than twice it."""
     base: object = data
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
     if base is None or data.nbytes == 0:
-        return
-    start = np.frombuffer(base, np.uint8, count=1).ctypes.data
-    offset = data.ctypes.data - start
-    lo = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
-    hi = (offset + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if hi > lo:
-        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-
-def _release(spec: tuple) -> None:
-    for part in spec[1] if spec[0] == "parts" else [spec]:
-        if isinstance(part[3], np.ndarray):
-            release_file_pages(part[3])
+        return None
+    address = data.ctypes.data
+    lo = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (address + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    return (lo, hi - lo) if hi > lo else None
 
 
 def engine_config(cfg) -> dict:
@@ -185,7 +178,7 @@ def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
 
 def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
     config, tensors, layers = cpu_model_parts(model)
-    return _cpu.Model(config, tensors, layers, threads, progress, _release)
+    return _cpu.Model(config, tensors, layers, threads, progress, file_pages)
 
 
 def cpu_model_parts(model) -> tuple[dict, dict, list]:

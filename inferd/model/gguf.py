@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from inferd._gguf import STRINGS_NO_LENGTH, STRINGS_NOT_UTF8, STRINGS_SHORT, read_strings
+
 from .layers import check_tensors
 from .model_config import ModelConfig
 from .errors import ModelLoadError
@@ -147,16 +149,17 @@ def load_gguf(path: str | os.PathLike[str]) -> GGUFModel:
 def _check_tokenizer_metadata(path: str, metadata: dict[str, Any]) -> None:
     """The vocabulary's types, before a tokenizer library sees them (and fails with a bare Exception). That a
     byte-level BPE merge "a b" has a, b and the joined "ab" in the vocabulary is checked where the merges are split
-    (Tokenizer.from_gguf), once: 150k merges take a while in Python."""
+    (Tokenizer.from_gguf), once: 150k merges take a while in Python. A GGUF array has one item type, so its first
+    item's is every item's."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     if tokens is None:
         return
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+    if not isinstance(tokens, list) or (tokens and not isinstance(tokens[0], str)):
         raise ModelLoadError(path, "tokenizer.ggml.tokens is not a list of strings")
     merges = metadata.get("tokenizer.ggml.merges")
     if merges is None or metadata.get("tokenizer.ggml.model") != "gpt2":
         return
-    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+    if not isinstance(merges, list) or (merges and not isinstance(merges[0], str)):
         raise ModelLoadError(path, "tokenizer.ggml.merges is not a list of strings")
 
 
@@ -242,24 +245,16 @@ class _Walker:
             raise self.fail(f"{what} is not valid UTF-8") from None
 
     def strings(self, count: int, what: str) -> list[str]:
-        """`count` strings: string() in one tight loop (a vocabulary has 10^5 of them)."""
-        buf, pos, size, out = self.buf, self.pos, self.size, []
-        length = struct.Struct("<Q").unpack_from
-        for i in range(count):
-            if size - pos < 8:
-                self.pos = pos
-                self.need(8, f"length of {what}[{i}]")
-            (n,) = length(buf, pos)
-            pos += 8
-            if n > size - pos:
-                self.pos = pos
-                self.need(n, f"{what}[{i}]")
-            try:
-                out.append(buf[pos : pos + n].decode("utf-8"))
-            except UnicodeDecodeError:
-                raise self.fail(f"{what}[{i}] is not valid UTF-8") from None
-            pos += n
+        """`count` strings (a vocabulary has 10^5 of them: read in C)."""
+        out, pos, stopped = read_strings(self.buf, self.pos, count)
         self.pos = pos
+        if stopped == STRINGS_NO_LENGTH:
+            self.need(8, f"length of {what}[{len(out)}]")
+        elif stopped == STRINGS_SHORT:
+            n = struct.unpack_from("<Q", self.buf, pos - 8)[0]
+            self.need(n, f"{what}[{len(out)}]")
+        elif stopped == STRINGS_NOT_UTF8:
+            raise self.fail(f"{what}[{len(out)}] is not valid UTF-8")
         return out
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:

@@ -6,7 +6,6 @@ import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,42 +28,62 @@ class LoadedModel:
     path: str
     config: ModelConfig
     tensors: dict[str, Tensor]  # GGUF names, engine-native types (see tensor.py for the layout)
-    _tokenizer: Tokenizer | Future[Tokenizer]
+    _tokenizer: Tokenizer | _Deferred
     chat_template: str | None
     model_name: str
     sampling: dict[str, float] = field(default_factory=dict)  # what the file recommends (sampling_defaults.py)
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer; of a model loaded with background_tokenizer, once built (its ModelLoadError if bad)."""
-        if isinstance(self._tokenizer, Future):
-            self._tokenizer = self._tokenizer.result()
+        """The tokenizer; of a model loaded with deferred_tokenizer, built by the first caller (its ModelLoadError
+        if bad, to every caller)."""
+        if isinstance(self._tokenizer, _Deferred):
+            self._tokenizer = self._tokenizer.get()
         return self._tokenizer
 
 
+class _Deferred:
+    """A tokenizer built once, by whichever thread asks for it first; its error is every asker's."""
+
+    def __init__(self, build: Callable[[], Tokenizer]):
+        self._build: Callable[[], Tokenizer] | None = build
+        self._lock = threading.Lock()
+        self._value: Tokenizer | None = None
+        self._error: BaseException | None = None
+
+    def get(self) -> Tokenizer:
+        with self._lock:
+            if self._build is not None:
+                build, self._build = self._build, None
+                try:
+                    self._value = build()
+                except Exception as e:
+                    self._error = e
+            if self._error is not None:
+                raise self._error
+            assert self._value is not None
+            return self._value
+
+
 def load_model(
-    path_or_dir: str | os.PathLike[str], quantize: str | None = None, *, background_tokenizer: bool = False
+    path_or_dir: str | os.PathLike[str], quantize: str | None = None, *, deferred_tokenizer: bool = False
 ) -> LoadedModel:
     """Load a .gguf file, or a folder holding config.json + safetensors (or exactly one .gguf).
 
     quantize: None, "q8_0" or "q4_0" — quantize float weights on load (see quant.py for what goes where).
-    background_tokenizer: build a GGUF file's tokenizer in a thread while the caller builds the engine's weights
-    (Python work beside C work that runs without the GIL: ~0.5 s of a 150k-token vocabulary off the time to a
-    ready server); a bad vocabulary then raises its ModelLoadError from `.tokenizer`, not from here.
+    deferred_tokenizer: a GGUF file's tokenizer is built by the first reader of `.tokenizer` instead of here, so
+    that the caller can start the engine's repack (C without the GIL) first and build the tokenizer (~0.5 s of Python
+    for a 150k-token vocabulary) beside it; a bad vocabulary then raises its ModelLoadError from `.tokenizer`.
+    Built in a thread of its own from here instead, it took the GIL from everything else the start does in Python
+    (imports, the engine's setup): each of their many brief waits for the GIL became a wait of the interpreter's
+    switch interval, and they took several times their CPU time.
     """
     with _gc_paused():
-        return _load_model(path_or_dir, quantize, background_tokenizer)
-
-
-def _run_into(future: Future[Tokenizer], build: Callable[[], Tokenizer]) -> None:
-    try:
-        future.set_result(build())
-    except BaseException as e:  # the waiter re-raises it
-        future.set_exception(e)
+        return _load_model(path_or_dir, quantize, deferred_tokenizer)
 
 
 _gc_lock = threading.Lock()
-_gc_pauses = 0  # loads (and background tokenizers) running now
+_gc_pauses = 0  # loads (and deferred tokenizer builds) running now
 _gc_was_enabled = False
 
 
@@ -72,7 +91,7 @@ _gc_was_enabled = False
 def _gc_paused() -> Iterator[None]:
     """No garbage collection while loading: a vocabulary makes some 10^6 objects (tokens, merges, their tables),
     none of them garbage, and each full collection on the way would walk all of them again (~0.1 s of a start).
-    Counted, so that a background tokenizer outlasting its load keeps collection off until it is done."""
+    Counted, so that loads and deferred tokenizer builds on several threads keep it off until the last is done."""
     global _gc_pauses, _gc_was_enabled
     with _gc_lock:
         if _gc_pauses == 0:
@@ -88,7 +107,7 @@ def _gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
-def _load_model(path_or_dir: str | os.PathLike[str], quantize: str | None, background: bool) -> LoadedModel:
+def _load_model(path_or_dir: str | os.PathLike[str], quantize: str | None, deferred: bool) -> LoadedModel:
     try:
         quantize = check_quantize_arg(quantize)
     except ValueError as e:
@@ -101,7 +120,7 @@ def _load_model(path_or_dir: str | os.PathLike[str], quantize: str | None, backg
             return _load_hf(path, quantize)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], quantize, background)
+            return _load_gguf(ggufs[0], quantize, deferred)
         raise ModelLoadError(path, f"folder has no config.json and not exactly one .gguf file ({len(ggufs)} found)")
     try:
         with open(path, "rb") as f:
@@ -110,10 +129,10 @@ def _load_model(path_or_dir: str | os.PathLike[str], quantize: str | None, backg
         raise ModelLoadError(path, f"cannot read file: {e.strerror or e}") from e
     if magic != MAGIC and path.suffix == ".safetensors":
         raise ModelLoadError(path, "a lone .safetensors file is not a model; pass the folder holding config.json")
-    return _load_gguf(path, quantize, background)
+    return _load_gguf(path, quantize, deferred)
 
 
-def _load_gguf(path: Path, quantize: str | None, background: bool) -> LoadedModel:
+def _load_gguf(path: Path, quantize: str | None, deferred: bool) -> LoadedModel:
     model = load_gguf(path)
 
     def tokenizer_of_model() -> Tokenizer:
@@ -125,12 +144,7 @@ def _load_gguf(path: Path, quantize: str | None, background: bool) -> LoadedMode
             _check_vocab(path, model.config, tokenizer)
             return tokenizer
 
-    tokenizer: Tokenizer | Future[Tokenizer]
-    if background:
-        tokenizer = Future()
-        threading.Thread(target=_run_into, args=(tokenizer, tokenizer_of_model), name="tokenizer", daemon=True).start()
-    else:
-        tokenizer = tokenizer_of_model()
+    tokenizer = _Deferred(tokenizer_of_model) if deferred else tokenizer_of_model()
     tensors = _convert(path, model.tensors.values(), quantize)
     template = model.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str):

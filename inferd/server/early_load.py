@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 
 
 def load_model_from_settings(settings: Settings) -> LoadedModel:
-    """Pull (when named) and load the settings' chat model; its tokenizer builds while the engine repacks the
-    weights (start_chat reads it while the engine builds)."""
+    """Pull (when named) and load the settings' chat model; its tokenizer is built by its first reader (start_chat,
+    while the engine repacks the weights)."""
     from inferd.model.loader import load_model
     from inferd.model.pull import cache_dir, resolve
 
     path = resolve(settings.model, progress=False, cache=cache_dir(settings.model_cache_dir))
-    return load_model(path, quantize=settings.quantize or None, background_tokenizer=True)
+    return load_model(path, quantize=settings.quantize or None, deferred_tokenizer=True)
 
 
 class EarlyStart:
@@ -49,6 +49,9 @@ class EarlyStart:
 
     def _run(self) -> None:
         try:
+            # the engine's modules first, while this is the only thread importing: once the header is read the
+            # main thread imports the server, and both importing at once made each wait on the other's locks
+            from inferd.engine import device, engine, load_progress  # noqa: F401
             from inferd.model.embedding_gguf import is_embedding_gguf
 
             # an encoder is not this code's to load: start_serving sends it to the embedding service

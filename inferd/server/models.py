@@ -283,7 +283,7 @@ class ModelManager:
         from inferd.model.loader import load_model
 
         s = m.entry.settings
-        return load_model(m.entry.path, quantize=s.quantize or None, background_tokenizer=True)
+        return load_model(m.entry.path, quantize=s.quantize or None, deferred_tokenizer=True)
 
     async def _make_room(self, m: Managed) -> None:
         """Unload idle models, least recently used first, until `m` fits the budget; a 4xx if it never can (it is

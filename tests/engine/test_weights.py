@@ -2,6 +2,7 @@
 interleaved Wgate|Wup layout that lets block_ffn.c finish SwiGLU 32 hidden units at a time."""
 from __future__ import annotations
 
+import os
 
 import numpy as np
 import pytest
@@ -149,3 +150,35 @@ def test_experts_are_views_of_their_rows(tmp_path):
         assert np.shares_memory(d, down) and d.ctypes.data == down[e * model.config.dim].ctypes.data
     assert ts["shared_gate"][2] == model.config.dim
     assert ts["shared_gu"][1][0][1] == model.config.shared_expert_hidden_dim
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident KB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_building_drops_the_files_pages_and_reports_progress(tmp_path):
+    """The repack reads each weight's rows from the mapped file once: its whole pages then leave the resident set
+    (the load peaks at the weights' size, not twice it), and progress reaches the arena's size."""
+    from inferd.engine.weights import build_cpu_model, file_pages
+    from inferd.model.loader import load_model
+    from tests.model.make_tiny import TinySpec, write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(dim=256, hidden_dim=1024, n_layers=2, vocab_size=2048))
+    model = load_model(path)
+    weights = sum(t.data.nbytes for t in model.tensors.values() if t.type == "Q8_0")
+    for t in model.tensors.values():  # everything resident, as a read leaves it
+        np.asarray(t.data).sum()
+    assert _mapped_rss_kb(path) * 1024 > weights
+    seen: list[tuple[int, int]] = []
+    built = build_cpu_model(model, threads=2, progress=lambda done, total: seen.append((done, total)))
+    assert _mapped_rss_kb(path) * 1024 < weights / 8  # the header and the small float tensors stay
+    assert seen and seen[-1][0] == seen[-1][1] == built.weight_buffer[1]
+    assert file_pages(np.zeros(8192, np.uint8)) is None  # not a file's: never dropped (that would zero it)

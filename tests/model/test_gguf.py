@@ -229,6 +229,29 @@ def test_absurd_counts_and_lengths_fail_without_allocating(tmp_path):
         assert peak < 4 << 20, f"{path.name}: {peak} bytes allocated for {err}"
 
 
+def _strings_kv(key: str, items: list[bytes], count: int | None = None) -> bytes:
+    """A string array as written (each item a u64 length and its bytes), `count` as its length field."""
+    return _s(key) + struct.pack("<IIQ", 9, 8, len(items) if count is None else count) + b"".join(items)
+
+
+def test_string_arrays_are_read_whole_and_their_faults_named(tmp_path):
+    ok = ["", "a", "Ġthe", "\u4f60\u597d", "x" * 300]
+    header = validate_gguf(str(_raw_gguf(tmp_path / "ok.gguf", [_strings_kv("v", [_s(t) for t in ok])], [])))
+    assert header.metadata["v"] == ok
+    bad_utf8 = struct.pack("<Q", 2) + b"\xc3\x28"
+    cases = [
+        ([_s("a" * 16), _s("b" * 16)], 3, "length of metadata 'v'[2] at byte"),  # the file ends after two
+        ([_s("a"), struct.pack("<Q", 1000) + b"abc"], 2, "metadata 'v'[1] at byte"),
+        ([_s("a"), _s("b"), bad_utf8], 3, "metadata 'v'[2] is not valid UTF-8"),
+    ]
+    for i, (items, count, message) in enumerate(cases):
+        path = tmp_path / f"bad{i}.gguf"
+        path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + _strings_kv("v", items, count))
+        _expect(path, message)
+    numbers = _s("tokenizer.ggml.tokens") + struct.pack("<IIQ3I", 9, 4, 3, 1, 2, 3)  # u32 items
+    _expect(_raw_gguf(tmp_path / "ints.gguf", [numbers], []), "tokenizer.ggml.tokens is not a list of strings")
+
+
 @pytest.mark.parametrize("tensor,message", [
     (_tensor("w", (32, 4), 0, 1 << 20), "tensor w data [1048672, 1049184) lies past the end of the file (608 bytes)"),
     (_tensor("w", (32, 4), 0, 3), "offset 3 is not aligned to 32"),

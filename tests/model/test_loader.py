@@ -41,8 +41,8 @@ def _with_merges(src: Path, dst: Path, merges: list[str]) -> Path:
     return dst
 
 
-def test_background_tokenizer_is_the_same_tokenizer(tiny):
-    now, later = load_model(tiny), load_model(tiny, background_tokenizer=True)
+def test_deferred_tokenizer_is_the_same_tokenizer(tiny):
+    now, later = load_model(tiny), load_model(tiny, deferred_tokenizer=True)
     text = "Hello world, <|im_start|>user\nhi 12345 ünïcödé"
     assert later.tokenizer.encode(text) == now.tokenizer.encode(text) != []
     assert later.tokenizer.vocab_size == now.tokenizer.vocab_size
@@ -50,31 +50,36 @@ def test_background_tokenizer_is_the_same_tokenizer(tiny):
     assert later.tokenizer is later.tokenizer  # built once
 
 
-def test_background_tokenizer_raises_its_load_error_when_read(tiny, tmp_path):
+def test_deferred_tokenizer_is_built_once_for_readers_on_several_threads(tiny):
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = load_model(tiny, deferred_tokenizer=True)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: model.tokenizer, range(8)))
+    assert all(t is got[0] for t in got) and got[0].vocab_size == model.config.vocab_size
+
+
+def test_deferred_tokenizer_raises_its_load_error_to_every_reader(tiny, tmp_path):
     merges = GGUFReader(str(tiny)).fields["tokenizer.ggml.merges"].contents()
     bad = _with_merges(tiny, tmp_path / "bad.gguf", ["zzzq qqqz"] + merges[1:])
     with pytest.raises(ModelLoadError, match=r"tokenizer: tokenizer.ggml.merges entry 'zzzq qqqz' does not join"):
         load_model(bad)
-    model = load_model(bad, background_tokenizer=True)  # the weights load; the tokenizer's error comes when read
+    model = load_model(bad, deferred_tokenizer=True)  # the weights load; the tokenizer's error comes when read
     assert model.tensors["token_embd.weight"].rows == model.config.vocab_size
     with pytest.raises(ModelLoadError, match=r"tokenizer: tokenizer.ggml.merges entry 'zzzq qqqz' does not join") as e:
-        _ = model.tokenizer  # reading it raises the background load's error
+        _ = model.tokenizer  # reading it raises the build's error
     assert str(bad) in str(e.value)
+    with pytest.raises(ModelLoadError, match=r"does not join"):
+        _ = model.tokenizer  # and so does every later read
 
 
 def test_garbage_collection_is_back_on_after_loads(tiny):
     assert gc.isenabled()
     load_model(tiny)
     assert gc.isenabled()
-    model = load_model(tiny, background_tokenizer=True)
-    _ = model.tokenizer  # waits for the background tokenizer
-    # the background thread re-enables collection as it finishes, just after it hands over the tokenizer
-    for _ in range(1000):
-        if gc.isenabled():
-            break
-        import time
-
-        time.sleep(0.01)
+    model = load_model(tiny, deferred_tokenizer=True)
+    assert gc.isenabled()
+    _ = model.tokenizer  # built now, with collection paused while it runs
     assert gc.isenabled()
     gc.disable()
     try:
