@@ -441,14 +441,17 @@ cdef class Model:
     cdef uint8_t *arena           # every weight, one after another, in huge pages where possible (hugemem.c)
     cdef size_t arena_bytes, arena_used
     cdef huge_collapser_t *collapser   # turns the arena into huge pages once built, beside whatever runs next
+    cdef bint collapse_started
     cdef pool_t *load_pool        # repacks the rows of each weight while __init__ runs
     cdef object progress, file_pages
     cdef list _fills              # the weights' fills, laid out as the blocks are built, done together at the end
 
-    def __init__(self, dict config, dict tensors, list layers, int threads=1, progress=None, file_pages=None):
+    def __init__(self, dict config, dict tensors, list layers, int threads=1, progress=None, file_pages=None,
+                 bint huge_pages_now=True):
         """threads: repack with this many threads; progress(done_bytes, total_bytes) is called as the weights are
         filled (about every FILL_PROGRESS_S); file_pages(array) names the whole pages (address, bytes) of a file
-        mapping a source array lies in, or None: they leave the resident set once their weight is built."""
+        mapping a source array lies in, or None: they leave the resident set once their weight is built.
+        huge_pages_now: the weights' move into 2 MB pages starts as the build ends; else at start_huge_pages()."""
         cdef model_config_t *c = &self.m.cfg
         fill_model_config(c, config)
         if c.head_dim % 8 or c.head_dim > 512 or c.n_heads % c.n_kv_heads:
@@ -495,7 +498,16 @@ cdef class Model:
                 pool_destroy(self.load_pool)
                 self.load_pool = NULL
             self.progress = self.file_pages = self._fills = None
-        self.collapser = huge_collapse_start(self.arena, self.arena_bytes)
+        if huge_pages_now:
+            self.start_huge_pages()
+
+    def start_huge_pages(self):
+        """Starts the weights' move into 2 MB pages on a low-priority thread of its own (once). A server starts it
+        once ready: its compaction of memory beside a start's Python (the tokenizer's build, the warm-up) made
+        their page faults wait on it wherever memory was fragmented."""
+        if not self.collapse_started:
+            self.collapse_started = True
+            self.collapser = huge_collapse_start(self.arena, self.arena_bytes)
 
     cdef _build(self, model_config_t *c, dict tensors, list layers):
         self._init_weight(&self.m.tok_embd, tensors["tok_embd"])
@@ -608,14 +620,18 @@ cdef class Model:
 
     @property
     def huge_pages(self):
-        """Where the weights' move into 2 MB pages stands (hugemem.c): "collapsing" (on a low-priority thread
-        since the load; meanwhile the weights work as before, on 4 KB pages), "all", "partly" (the kernel
-        refused some pages: they stay on 4 KB pages, which khugepaged may still collapse) or "none" (a kernel
-        without MADV_COLLAPSE, or THP off)."""
+        """Where the weights' move into 2 MB pages stands (hugemem.c): "waiting" (for start_huge_pages),
+        "collapsing" (on a low-priority thread; meanwhile the weights work as before, on 4 KB pages), "all",
+        "partly" (the kernel refused some pages: they stay on 4 KB pages, which khugepaged may still collapse) or
+        "none" (a kernel without MADV_COLLAPSE, or THP off)."""
+        if not self.collapse_started:
+            return "waiting"
         return HUGE_PAGES_NAMES[huge_collapse_state(self.collapser)]
 
     def wait_huge_pages(self):
-        """Blocks (without the GIL) until the weights' move into huge pages is done; returns `huge_pages`."""
+        """Blocks (without the GIL) until the weights' move into huge pages is done (started now if it was
+        waiting); returns `huge_pages`."""
+        self.start_huge_pages()
         with nogil:
             huge_collapse_wait(self.collapser)
         return self.huge_pages

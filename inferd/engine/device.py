@@ -101,8 +101,10 @@ def build_engine(
     max_seqs: int | None = None,
     max_batch_tokens: int | None = None,
     max_logits_rows: int | None = None,
+    huge_pages_now: bool = True,
 ):
-    """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones."""
+    """The engine `settings` describe for `model`; sizes default to the settings' (serving) ones. huge_pages_now:
+    False leaves the CPU engine's move of its weights into 2 MB pages to its start_huge_pages()."""
     try:  # before the device's own checks: a setting that cannot work anywhere is named first
         kv_format(settings.device, settings.kv_cache_dtype, settings.cuda_kv)
     except ValueError as e:
@@ -138,6 +140,8 @@ def build_engine(
     from inferd.engine.load_progress import LoadProgress
 
     progress = LoadProgress()  # a bar on a terminal and a summary line, for loads over a second
-    engine = engine_cls(model, **sizes, kv_cache_dtype=settings.kv_cache_dtype, progress=progress)
+    engine = engine_cls(
+        model, **sizes, kv_cache_dtype=settings.kv_cache_dtype, progress=progress, huge_pages_now=huge_pages_now
+    )
     progress.finish()
     return engine

@@ -56,8 +56,10 @@ class Engine(EngineShape):
         max_logits_rows: int | None = None,
         kv_cache_dtype: str = "f16",
         progress=None,
+        huge_pages_now: bool = True,
     ):
-        """kv_cache_dtype: "f16", or "q8_0" (int8 K and V with an f16 scale per 32 values: ext/cpu/attention_q8.c)."""
+        """kv_cache_dtype: "f16", or "q8_0" (int8 K and V with an f16 scale per 32 values: ext/cpu/attention_q8.c).
+        huge_pages_now: the weights move into 2 MB pages from the end of the build; else from start_huge_pages()."""
         super().__init__(
             model,
             num_kv_blocks=num_kv_blocks,
@@ -67,7 +69,7 @@ class Engine(EngineShape):
             kv_cache_dtype=kv_format("cpu", kv_cache_dtype),  # checked here, before the weights load
         )
         self.threads = threads or physical_cores()
-        self._model = build_cpu_model(model, self.threads, progress)  # progress: see weights.build_cpu_model
+        self._model = build_cpu_model(model, self.threads, progress, huge_pages_now)
         # a model with recurrent layers keeps a state per running sequence: one slot for each
         self.num_state_slots = max_seqs if model.config.is_recurrent else 0
         self._ctx = _cpu.Context(
@@ -85,9 +87,13 @@ class Engine(EngineShape):
 
     @property
     def huge_pages(self) -> str:
-        """Where the weights' move into 2 MB pages stands: "collapsing", "all", "partly" or "none"
+        """Where the weights' move into 2 MB pages stands: "waiting", "collapsing", "all", "partly" or "none"
         (_cpu.Model.huge_pages)."""
         return self._model.huge_pages
+
+    def start_huge_pages(self) -> None:
+        """Starts the weights' move into 2 MB pages (of an engine built with huge_pages_now=False; once)."""
+        self._model.start_huge_pages()
 
     def wait_huge_pages(self) -> str:
         """Blocks until the weights' move into 2 MB pages is done (without the GIL); returns `huge_pages`."""

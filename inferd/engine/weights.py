@@ -166,19 +166,20 @@ def _yarn_config(yarn: dict | None) -> dict:
     }
 
 
-def build_cpu_model(model, threads: int = 1, progress=None) -> _cpu.Model:
-    """threads: repack with this many threads; progress(done_bytes, total_bytes) after each weight (see
-    inferd.engine.load_progress). The heap's free pages go back to the kernel before (what an earlier model
-    freed would otherwise sit under this one's peak) and after (the repack's temporaries)."""
+def build_cpu_model(model, threads: int = 1, progress=None, huge_pages_now: bool = True) -> _cpu.Model:
+    """threads: repack with this many threads; progress(done_bytes, total_bytes) as the weights fill (see
+    inferd.engine.load_progress); huge_pages_now: see _cpu.Model. The heap's free pages go back to the kernel
+    before (what an earlier model freed would otherwise sit under this one's peak) and after (the repack's
+    temporaries)."""
     _cpu.release_free_memory()
-    built = _build_cpu_model(model, threads, progress)
+    built = _build_cpu_model(model, threads, progress, huge_pages_now)
     _cpu.release_free_memory()
     return built
 
 
-def _build_cpu_model(model, threads: int, progress) -> _cpu.Model:
+def _build_cpu_model(model, threads: int, progress, huge_pages_now: bool) -> _cpu.Model:
     config, tensors, layers = cpu_model_parts(model)
-    return _cpu.Model(config, tensors, layers, threads, progress, file_pages)
+    return _cpu.Model(config, tensors, layers, threads, progress, file_pages, huge_pages_now)
 
 
 def cpu_model_parts(model) -> tuple[dict, dict, list]:

@@ -37,7 +37,7 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
 
     def engine_of_model():
         engine = early.engine_for(model) if early is not None else None
-        return engine if engine is not None else build_engine(model, s)
+        return engine if engine is not None else build_engine(model, s, huge_pages_now=False)
 
     building = loop.run_in_executor(None, engine_of_model)
     building.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error is awaited below, or moot
@@ -81,6 +81,8 @@ async def start_chat(state: ServerState, model: LoadedModel) -> None:
     await open_prompt_cache(state)
     engine_loop.start()
     await warm_up(state)
+    if hasattr(engine, "start_huge_pages"):  # off the path to ready: see _cpu.Model.start_huge_pages
+        engine.start_huge_pages()
     metrics = state.metrics = Metrics(state.served_model_name, disk_cache=state.prompt_cache)
     metrics.bind(engine_loop)
     engine_loop.observer = metrics  # after the warm-up, which is not a user request

@@ -69,7 +69,7 @@ class EarlyStart:
         try:
             from inferd.engine.device import build_engine
 
-            self._engine.set_result(build_engine(model, self.settings))
+            self._engine.set_result(build_engine(model, self.settings, huge_pages_now=False))  # start_chat starts it
         except BaseException as e:
             self._engine.set_exception(e)
 

@@ -69,6 +69,24 @@ def test_weights_are_one_aligned_mapping_moved_into_huge_pages(weight_type):
         assert state == "none"
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc/self/task (Linux)")
+def test_a_deferred_move_waits_for_its_start_with_no_thread():
+    """A server builds its engine with huge_pages_now=False and starts the move once ready: until then there is no
+    collapsing thread; started twice, one; waited for without a start, it starts."""
+    model = random_model(weight_type="Q8_0", dim=256, hidden=512, n_layers=2, n_heads=4, n_kv_heads=2, vocab=1000)
+    before = threads_of_process()
+    cpu = build_cpu_model(model, huge_pages_now=False)
+    assert cpu.huge_pages == "waiting" and threads_of_process() == before
+    cpu.start_huge_pages()
+    cpu.start_huge_pages()
+    assert cpu.huge_pages != "waiting"
+    assert cpu.wait_huge_pages() in ("all", "partly", "none")
+    waited = build_cpu_model(model, huge_pages_now=False)
+    assert waited.wait_huge_pages() in ("all", "partly", "none")
+    del cpu, waited
+    assert threads_of_process() == before
+
+
 def test_logits_are_the_same_bits_while_the_weights_move_and_after():
     model = random_model(weight_type="Q4_0", dim=1024, hidden=2816, n_layers=6, n_heads=8, n_kv_heads=4,
                          vocab=4000, tie=False, seed=3)
