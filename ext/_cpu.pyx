@@ -184,8 +184,7 @@ cdef list weight_setup(weight_t *w, tuple spec, uint8_t *dst):
     what = " + ".join(f"{p[0]} {p[1]}x{p[2]}" for p in parts)
     if n == 0:
         raise ValueError(f"weight {what} is not supported by the engine")
-    with nogil:
-        rc = weight_init_seg(w, n, types, rows, cols, dst)
+    rc = weight_init_seg(w, n, types, rows, cols, dst)  # quick, and with the GIL: see Model._fill_weights
     if rc == -2:
         raise MemoryError(f"out of memory for weight {what}")
     if rc:

@@ -10,6 +10,7 @@ or reranker GGUF is served by other code). Everything else loads as before, once
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from concurrent.futures import Future
@@ -59,10 +60,10 @@ class EarlyStart:
         except BaseException as e:  # the server's start raises it from load() and reports it as it always did
             self._model.set_exception(e)
             self._engine.set_result(None)
-            return
-        finally:
             self._repacking.set()
+            return
         self._model.set_result(model)
+        self._repacking.set()
         if model is None:
             self._engine.set_result(None)
             return
@@ -77,6 +78,18 @@ class EarlyStart:
         """Returns once the header is read (or the load failed): the repack that follows runs beside Python work,
         while the header walk beside the imports would only share the GIL with them and start the repack later."""
         self._repacking.wait()
+
+    def build_tokenizer(self) -> None:
+        """Builds the loaded model's tokenizer on this thread (after wait_repacking, before the server's imports):
+        its Python runs beside the repack's C, and its transient memory comes while the weights' arena is still
+        mostly untouched, not on top of all of it. A bad vocabulary's error is kept by the model and raised where
+        start_chat reads the tokenizer, as before."""
+        if not self._model.done() or self._model.exception() is not None:
+            return
+        model = self._model.result()
+        if model is not None:
+            with contextlib.suppress(Exception):
+                _ = model.tokenizer
 
     def load(self) -> LoadedModel:
         model = self._model.result()

@@ -57,6 +57,7 @@ def serve_main(argv: list[str]) -> int:
     early = start_early_load(settings)  # beside the imports the server's start begins with (app, aiohttp, APIs)
     if early is not None:
         early.wait_repacking()
+        early.build_tokenizer()
     try:
         return asyncio.run(serve(settings, api_keys, early=early))
     except KeyboardInterrupt:

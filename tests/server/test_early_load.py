@@ -92,3 +92,25 @@ def test_a_bad_file_fails_as_it_did(tiny, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "inferd serve: error:" in r.stderr and "file truncated or corrupt" in r.stderr
+
+
+def test_a_bad_vocabulary_fails_the_start_with_its_error(tiny, tmp_path):
+    """serve_main builds the tokenizer itself before the server's imports (EarlyStart.build_tokenizer): its error is
+    kept and reported where the server reads the tokenizer, as a failed start that names it."""
+    from gguf import GGUFReader
+
+    from tests.model.test_loader import _with_merges
+
+    merges = GGUFReader(str(tiny)).fields["tokenizer.ggml.merges"].contents()
+    bad = _with_merges(tiny, tmp_path / "bad.gguf", ["zzzq qqqz"] + merges[1:])
+    early = start_early_load(make_settings(model=str(bad)))
+    early.wait_repacking()
+    early.build_tokenizer()  # the error is kept, not raised here
+    with pytest.raises(ModelLoadError, match="does not join"):
+        _ = early.load().tokenizer
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(tmp_path / "none.toml")}
+    (tmp_path / "none.toml").write_text("")
+    r = subprocess.run([sys.executable, "-m", "inferd.cli", "serve", str(bad), "--port", "0"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "inferd serve: error:" in r.stderr and "does not join two vocabulary tokens" in r.stderr
