@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 #include "inferd.h"
 #include "type_traits.h"
 
@@ -77,7 +78,7 @@ static void populate_rows(const weight_t *w, int seg, int first, int last) {
     if (!weight_is_quantized(type)) row_bytes = gguf_row_bytes(type, w->cols);
     else first -= first % TILE_ROWS, last += TILE_ROWS - 1 - last % TILE_ROWS;
     uintptr_t lo = (uintptr_t)(w->data + w->seg[seg].offset) + (size_t)(first - w->seg[seg].row0) * row_bytes;
-    uintptr_t hi = lo + (size_t)(last - first + 1) * row_bytes, page = 4096;
+    uintptr_t hi = lo + (size_t)(last - first + 1) * row_bytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
     lo &= ~(page - 1);
     madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
 #else
@@ -88,8 +89,8 @@ static void populate_rows(const weight_t *w, int seg, int first, int last) {
 static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
     const repack_t *f = arg;
     (void)thread;
-    /* the destination's pages in one call, before the rows are written: page by page, the faults cost a quarter
-     * more (each a trap into the kernel), most of a repack's time beside the copying itself */
+    /* the destination's pages in one call before the rows are written, rather than a fault (a trap into the
+     * kernel) at each page's first store */
     int first = f->dst_row0 + (int)(begin / f->group) * f->group_stride + (int)(begin % f->group);
     int last = f->dst_row0 + (int)((end - 1) / f->group) * f->group_stride + (int)((end - 1) % f->group);
     populate_rows(f->w, f->seg, first, last);

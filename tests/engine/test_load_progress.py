@@ -39,10 +39,12 @@ def test_log_gets_only_the_summary_and_quick_loads_nothing():
     assert quiet.getvalue() == ""
 
 
-def test_engine_reports_every_weight():
+def test_engine_reports_its_progress_up_to_the_whole():
+    """The weights fill in calls without the GIL of about a quarter second each, each followed by a report: a small
+    model's fill is one call, so one report, of the whole."""
     calls = []
-    Engine(random_model(weight_type="Q4_0"), num_kv_blocks=2, max_seqs=1, threads=2,
-           progress=lambda done, total: calls.append((done, total)))
+    engine = Engine(random_model(weight_type="Q4_0"), num_kv_blocks=2, max_seqs=1, threads=2,
+                    progress=lambda done, total: calls.append((done, total)))
     dones = [d for d, _ in calls]
-    assert len(calls) == 1 + 4 * 2 and dones == sorted(dones)     # embedding, 4 fused weights per layer
-    assert calls[-1][0] == calls[-1][1] > 0
+    assert calls and dones == sorted(dones) and all(total == calls[0][1] for _, total in calls)
+    assert calls[-1][0] == calls[-1][1] >= engine.weight_bytes > 0
