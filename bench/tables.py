@@ -44,7 +44,10 @@ def where(path: Path, data: dict[str, Any], link_base: str) -> str:
     return f"[{data.get('date', '?')}{cpu}]({link_base}{path.name.replace('.json', '.md')})"
 
 
-def decode_rows(link_base: str, headline: bool) -> list[list[str]]:
+Row = tuple[tuple[str, str], str, list[str]]  # (what it measures, when, the cells)
+
+
+def decode_rows(link_base: str, headline: bool) -> list[Row]:
     rows = []
     for path, data in load("vs_llamacpp*.json"):
         for r in data["rows"]:
@@ -53,12 +56,13 @@ def decode_rows(link_base: str, headline: bool) -> list[list[str]]:
             work = f"{r['test']}" + (f" at depth {r['depth']}" if r["depth"] else "")
             if data.get("kv_cache", "f16") != "f16":
                 work += f", KV cache {data['kv_cache']}"
-            rows.append([r["model"], work, f"{r['inferd_tok_s']['median']:.1f}", f"{r['peer_tok_s']['median']:.1f}",
-                         ratio_cell(r["ratio"], r["round_ratios"]), where(path, data, link_base)])
+            rows.append(((r["model"], work), data.get("date", ""),
+                         [r["model"], work, f"{r['inferd_tok_s']['median']:.1f}", f"{r['peer_tok_s']['median']:.1f}",
+                          ratio_cell(r["ratio"], r["round_ratios"]), where(path, data, link_base)]))
     return rows
 
 
-def serve_rows(link_base: str, headline: bool) -> list[list[str]]:
+def serve_rows(link_base: str, headline: bool) -> list[Row]:
     rows = []
     for path, data in load("serve*.json"):
         model = data.get("model") or data["title"].split(", ")[1]
@@ -71,16 +75,27 @@ def serve_rows(link_base: str, headline: bool) -> list[list[str]]:
                 continue
             lat = (f"TTFT p50 {ours['ttft_p50'] / peer['ttft_p50']:.2f}x, "
                    f"ITL p99 {ours['itl_p99'] / peer['itl_p99']:.2f}x")
-            rows.append([model, f"served, {workload}, c={level}: tok/s ({lat})", f"{ours['throughput']:.1f}",
-                         f"{peer['throughput']:.1f}", ratio_cell(ours["throughput"] / peer["throughput"],
-                                                                 ours["repeat_ratios"]),
-                         where(path, data, link_base)])
+            rows.append(((model, f"served, {workload}, c={level}"), data.get("date", ""),
+                         [model, f"served, {workload}, c={level}: tok/s ({lat})", f"{ours['throughput']:.1f}",
+                          f"{peer['throughput']:.1f}", ratio_cell(ours["throughput"] / peer["throughput"],
+                                                                  ours["repeat_ratios"]),
+                          where(path, data, link_base)]))
     return rows
+
+
+def newest(rows: list[Row]) -> list[list[str]]:
+    """One row per model and measurement: the newest run's (an earlier run stays in its results file), in the order
+    the measurements first appear."""
+    best: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for key, date, cells in rows:
+        if key not in best or date >= best[key][0]:
+            best[key] = (date, cells)
+    return [cells for _, cells in best.values()]
 
 
 def table(link_base: str, headline: bool) -> str:
     head = ["model", "work", "inferd tok/s", "llama.cpp tok/s", "ratio [per-round range]", "run"]
-    rows = decode_rows(link_base, headline) + serve_rows(link_base, headline)
+    rows = newest(decode_rows(link_base, headline) + serve_rows(link_base, headline))
     lines = ["| " + " | ".join(head) + " |", "| --- | --- | ---: | ---: | ---: | --- |"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Latency ratios are inferd's over llama-server's (below 1: inferd answers sooner)."]

@@ -55,6 +55,18 @@ def test_the_headline_keeps_depth_0_and_c_8(results):
     assert "c=8" in text and "c=16" not in text
 
 
+def test_a_newer_run_of_the_same_measurement_replaces_the_older_row(results):
+    machine = {"cpu": "Test CPU", "simd": ["avx2"], "cores": 2, "memory_gib": 8.0}
+    _common.write_results(results / "vs_llamacpp_again.md", "# again\n", {
+        "kind": "vs_llamacpp", "date": "2026-01-03 00:00", "machine": machine, "kv_cache": "f16",
+        "rows": [decode_row("pp512", 0, 500.0, 100.0, [4.9, 5.1])]})
+    text = tables.table("r/", headline=True)
+    assert "| m-q4_0 | pp512 | 500.0 | 100.0 | 5.00x [4.90-5.10] |" in text
+    assert "| m-q4_0 | pp512 | 300.0 |" not in text and text.count("| m-q4_0 | pp512 |") == 1
+    assert "tg128" not in text  # the older file's other rows stay where no newer run replaces them (depth 4096 here)
+    assert "| m-q4_0 | tg128 at depth 4096 | 30.0 |" in tables.table("r/", headline=False)
+
+
 def test_write_replaces_only_the_marked_block(results, tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text(f"before\n{tables.BEGIN}\nold table\n{tables.END}\nafter\n")
