@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def load_model_from_settings(settings: Settings) -> LoadedModel:
-    """Pull (when named) and load the settings' chat model; its tokenizer is built by its first reader (start_chat,
-    while the engine repacks the weights)."""
+    """Pull (when named) and load the settings' chat model; its tokenizer is built by its first reader
+    (EarlyStart.build_tokenizer, beside the engine's repack; start_chat where the model loads the usual way)."""
     from inferd.model.loader import load_model
     from inferd.model.pull import cache_dir, resolve
 
