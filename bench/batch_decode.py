@@ -23,6 +23,12 @@ from inferd.model.loader import load_model
 PROMPT = 100
 
 
+def batch_engine(model, most: int, prompt: int, steps: int, threads: int) -> Engine:
+    """An engine with room for `most` sequences of step_times' `prompt` and `steps`"""
+    return Engine(model, num_kv_blocks=most * blocks_needed(prompt + steps + 1), max_batch_tokens=512,
+                  max_seqs=most, threads=threads)
+
+
 def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT) -> tuple[list[float], list[list[int]]]:
     """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (recurrent models:
     a state slot each), and their tokens"""
@@ -61,13 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     model = load_model(bench_model_path(args.model))
-    engine = Engine(
-        model,
-        num_kv_blocks=max(batches) * blocks_needed(PROMPT + args.steps + 1),
-        max_batch_tokens=512,
-        max_seqs=max(batches),
-        threads=args.threads,
-    )
+    engine = batch_engine(model, max(batches), PROMPT, args.steps, args.threads)
     kernels = engine._ctx.kernels  # the context's kernel settings
     default = (kernels.prefill_kernels(), kernels.decode_kernels())
     kinds = {"default": default, "ymm tiles": ("tiles", "tiles")}

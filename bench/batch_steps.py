@@ -17,10 +17,8 @@ import json
 import statistics
 
 from _common import bench_model_path, decode_bench_args
-from batch_decode import step_times
+from batch_decode import batch_engine, step_times
 
-from inferd.engine.engine import Engine
-from inferd.engine.runner import blocks_needed
 from inferd.model.loader import load_model
 
 
@@ -33,9 +31,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=24)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    most = max(batches)
-    engine = Engine(load_model(bench_model_path(args.model)), max_batch_tokens=512, max_seqs=most,
-                    num_kv_blocks=most * blocks_needed(args.prompt + args.steps + 1), threads=args.threads)
+    engine = batch_engine(load_model(bench_model_path(args.model)), max(batches), args.prompt, args.steps, args.threads)
     getattr(engine, "wait_huge_pages", lambda: None)()     # timed once the weights are in 2 MB pages
     medians = {}
     for batch in batches:

@@ -175,7 +175,7 @@ cdef size_t layout_bytes(tuple spec) except? 0:
 
 cdef list weight_setup(weight_t *w, tuple spec, uint8_t *dst):
     """Lays out the weight of `spec` (see spec_parts) in dst: layout_bytes(spec) of memory (NULL: its own). Returns
-    its parts' fills, each (source array, rows, first row, group, group stride, what it is), for fill_parts or a
+    its parts' fills, each (source array, rows, first row, group, group stride, what it is), for init_weight or a
     Model's list of fill jobs."""
     cdef int types[MAX_SEGMENTS]
     cdef int rows[MAX_SEGMENTS]

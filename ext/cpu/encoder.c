@@ -16,7 +16,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "encoder.h"
 
 #define ENC_CHUNK 64             /* tokens per matmul item */
@@ -277,12 +276,6 @@ static void finish_fn(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 /* ---- the pass ---- */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Every stage goes through the pool, even for one short query: on a quiet machine the threads halve its time
  * (MiniLM q8_0 2.5 -> 1.6 ms, EmbeddingGemma F32 55 -> 28 ms), and beside a busy neighbour the pool's gate lets a

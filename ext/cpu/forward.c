@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "forward_stage.h"
 
 /* ---- the stages of the step's own: embedding, the norms that feed a matmul, sampling ---- */
@@ -82,12 +81,6 @@ static void sample_fn(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 /* ---- the step ---- */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void stage_run(context_t *c, int stage, int64_t n, int64_t chunk, pool_fn fn, stage_t *s) {
     if (!c->profile_on) { pool_run(c->pool, n, chunk, fn, s); return; }

@@ -123,6 +123,7 @@ int pool_size(const pool_t *p);
 /* Runs fn over [0, n) in claims from an atomic counter, each 1/nthreads of what is left but at least `chunk` items
  * (the smallest piece worth a call); the caller works too. */
 void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg);
+double now_seconds(void);   /* a monotonic clock (the stage profiles, the weights' fill), in seconds */
 
 double read_bandwidth(size_t nbytes, int threads, int repeats);   /* bytes per second */
 

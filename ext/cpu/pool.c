@@ -157,6 +157,12 @@ void pool_destroy(pool_t *p) {
 
 int pool_size(const pool_t *p) { return p ? p->nthreads : 1; }
 
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 void pool_run(pool_t *p, int64_t n, int64_t chunk, pool_fn fn, void *arg) {
     if (n <= 0) return;
     if (chunk < 1) chunk = 1;

@@ -269,7 +269,7 @@ static inline __attribute__((always_inline)) void repack_typed(const repack_t *f
     const size_t rb = (size_t)nb * gb;
     uint8_t *data = w->data + w->seg[f->seg].offset;
     for (int64_t i = begin; i < end;) {
-        int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group) - w->seg[f->seg].row0;
+        int row = repack_dst_row(f, i) - w->seg[f->seg].row0;
         int t = row / TILE_ROWS, lane = row % TILE_ROWS;
         const uint8_t *src = f->src + (size_t)i * rb;
         uint8_t *dst = data + (size_t)t * nb * bb;
@@ -377,7 +377,7 @@ void repack_rows(const repack_t *f, int64_t begin, int64_t end) {
     weight_t *w = f->w;
     size_t rb = gguf_row_bytes(w->seg[f->seg].type, w->cols);
     for (int64_t i = begin; i < end; i++) {
-        int row = f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group);
+        int row = repack_dst_row(f, i);
         memcpy(w->data + (size_t)row * rb, f->src + (size_t)i * rb, rb);
     }
 }

@@ -16,6 +16,10 @@ typedef struct {
     const uint8_t *src;
     int src_rows, dst_row0, group, group_stride, seg;
 } repack_t;
+/* the weight row source row i goes to */
+static inline int repack_dst_row(const repack_t *f, int64_t i) {
+    return f->dst_row0 + (int)(i / f->group) * f->group_stride + (int)(i % f->group);
+}
 
 /* source rows [begin, end) of the job (repack.c) */
 typedef void (*repack_fn)(const repack_t *job, int64_t begin, int64_t end);

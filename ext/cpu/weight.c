@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 #include "inferd.h"
 #include "type_traits.h"
@@ -73,10 +72,10 @@ int weight_init_seg(weight_t *w, int nseg, const int *types, const int *rows, in
 /* the pages of the segment's rows [first, last] */
 static void populate_rows(const weight_t *w, int seg, int first, int last) {
 #if defined(__linux__)
-    const int type = w->seg[seg].type;
-    size_t row_bytes = (size_t)(w->cols / weight_block_cols(type)) * weight_tile_block_bytes(type) / TILE_ROWS;
-    if (!weight_is_quantized(type)) row_bytes = gguf_row_bytes(type, w->cols);
-    else first -= first % TILE_ROWS, last += TILE_ROWS - 1 - last % TILE_ROWS;
+    const int type = w->seg[seg].type, quantized = weight_is_quantized(type);
+    const size_t row_bytes = quantized ? weight_layout_bytes(type, TILE_ROWS, w->cols) / TILE_ROWS
+                                       : gguf_row_bytes(type, w->cols);
+    if (quantized) first -= first % TILE_ROWS, last += TILE_ROWS - 1 - last % TILE_ROWS;
     uintptr_t lo = (uintptr_t)(w->data + w->seg[seg].offset) + (size_t)(first - w->seg[seg].row0) * row_bytes;
     uintptr_t hi = lo + (size_t)(last - first + 1) * row_bytes, page = (uintptr_t)sysconf(_SC_PAGESIZE);
     lo &= ~(page - 1);
@@ -91,9 +90,7 @@ static void fill_rows(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     /* the destination's pages in one call before the rows are written, rather than a fault (a trap into the
      * kernel) at each page's first store */
-    int first = f->dst_row0 + (int)(begin / f->group) * f->group_stride + (int)(begin % f->group);
-    int last = f->dst_row0 + (int)((end - 1) / f->group) * f->group_stride + (int)((end - 1) % f->group);
-    populate_rows(f->w, f->seg, first, last);
+    populate_rows(f->w, f->seg, repack_dst_row(f, begin), repack_dst_row(f, end - 1));
     type_traits(f->w->seg[f->seg].type)->repack(f, begin, end);
 }
 
@@ -111,14 +108,8 @@ int weight_fill(weight_t *w, const void *src, int src_rows, int dst_row0, int gr
     return 0;
 }
 
-static double seconds_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 size_t weight_fill_jobs(const weight_fill_job_t *jobs, size_t n, struct pool *pool, double seconds, int *failed) {
-    const double start = seconds_now();
+    const double start = now_seconds();
     *failed = 0;
     for (size_t i = 0; i < n; i++) {
         const weight_fill_job_t *j = &jobs[i];
@@ -127,7 +118,7 @@ size_t weight_fill_jobs(const weight_fill_job_t *jobs, size_t n, struct pool *po
             return i;
         }
         if (j->drop) madvise(j->drop, j->drop_bytes, MADV_DONTNEED);
-        if (seconds > 0 && seconds_now() - start >= seconds) return i + 1;
+        if (seconds > 0 && now_seconds() - start >= seconds) return i + 1;
     }
     return n;
 }

@@ -80,16 +80,21 @@ def test_early_start_steps_aside_where_the_usual_path_decides(tiny, tmp_path):
     assert early.engine_for(None) is None
 
 
+def _serve(model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`inferd serve MODEL` in a process of its own, with an empty config file; it is expected to fail its start."""
+    (tmp_path / "none.toml").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(tmp_path / "none.toml")}
+    return subprocess.run([sys.executable, "-m", "inferd.cli", "serve", str(model), "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_a_bad_file_fails_as_it_did(tiny, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(tiny.read_bytes()[:200])
     early = start_early_load(make_settings(model=str(bad)))
     with pytest.raises(ModelLoadError, match="file truncated or corrupt"):
         early.load()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(tmp_path / "none.toml")}
-    (tmp_path / "none.toml").write_text("")
-    r = subprocess.run([sys.executable, "-m", "inferd.cli", "serve", str(bad), "--port", "0"], env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = _serve(bad, tmp_path)
     assert r.returncode == 1
     assert "inferd serve: error:" in r.stderr and "file truncated or corrupt" in r.stderr
 
@@ -108,9 +113,6 @@ def test_a_bad_vocabulary_fails_the_start_with_its_error(tiny, tmp_path):
     early.build_tokenizer()  # the error is kept, not raised here
     with pytest.raises(ModelLoadError, match="does not join"):
         _ = early.load().tokenizer
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "INFERD_CONFIG": str(tmp_path / "none.toml")}
-    (tmp_path / "none.toml").write_text("")
-    r = subprocess.run([sys.executable, "-m", "inferd.cli", "serve", str(bad), "--port", "0"], env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = _serve(bad, tmp_path)
     assert r.returncode == 1
     assert "inferd serve: error:" in r.stderr and "does not join two vocabulary tokens" in r.stderr
