@@ -23,13 +23,13 @@
 
 KINLINE __m256i KFN(bcast4)(const void *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 KINLINE __m256 KFN(load_f16x8)(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-/* MXFP4's 8 E8M0 bytes as mxfp4_scale's floats: (e - 1) << 23, or 0x00200000 << e below 2 (subnormals) */
+/* MXFP4's 8 E8M0 bytes as mxfp4_scale's floats: (e - 1) << 23 from e = 2 on; below, 0x00400000 >> (1 - e), which a
+ * signed max picks over the negative or zero (e - 1) << 23 (and which is 0 from e = 2 on: the count wraps past 31) */
 KINLINE __m256 KFN(load_e8m0x8)(const uint8_t *p) {
-    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
-    __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
-    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+    const __m256i em1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+                                         _mm256_set1_epi32(1));
+    const __m256i sub = _mm256_srlv_epi32(_mm256_set1_epi32(0x00400000), _mm256_sub_epi32(_mm256_setzero_si256(), em1));
+    return _mm256_castsi256_ps(_mm256_max_epi32(_mm256_slli_epi32(em1, 23), sub));
 }
 /* row scales d of a tile block: f16, or MXFP4's exponents */
 KINLINE __m256 KFN(load_d)(const int type, const uint8_t *blk) {
@@ -406,7 +406,7 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
 /* MXFP4's decode group: tiles_one's work with each block's activation broadcasts shared by the group's tiles (the
  * kernel is bound by its vector instructions, not by memory: nibbles, a byte shuffle per 32 codes, then maddubs) and
  * each tile's codes unpacked four values at a time beside their products. Per tile, block_isum's MXFP4 sums (the
- * same int16 chains, offsets_off) and accumulate(): the same bits. */
+ * same int16 chains, offsets_off's correction) and accumulate(): the same bits. */
 KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
                                   const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
     const size_t bb = tile_block_bytes(WT_MXFP4);
@@ -419,24 +419,23 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
         const uint8_t *blk0 = base + (size_t)b * bb;
         const block_q8x *xb = xq + b;
         __m256i lo[QGROUP_TILES], hi[QGROUP_TILES];
-        for (int i = 0; i < ntiles; i++) {
-            decode_prefetch_tile(&pf, b, i, (int)((bb + 63) / 64));
-            lo[i] = hi[i] = _mm256_setzero_si256();
-        }
+        decode_prefetch_step(&pf, b, (int)((ntiles * bb + 63) / 64), (int)((bb + 63) / 64));
         for (int p = 0; p < 4; p++) {   /* values 4p..4p+3 (low nibbles) and 16 + 4p.. (high) of every row */
             const __m256i xl = KFN(bcast4)(xb->qs + 4 * p), xh = KFN(bcast4)(xb->qs + 16 + 4 * p);
             for (int i = 0; i < ntiles; i++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(blk0 + i * tile_bytes + 8 + 32 * p));
                 const __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
                 const __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                lo[i] = _mm256_add_epi16(lo[i], _mm256_maddubs_epi16(wl, xl));
-                hi[i] = _mm256_add_epi16(hi[i], _mm256_maddubs_epi16(wh, xh));
+                const __m256i pl = _mm256_maddubs_epi16(wl, xl), ph = _mm256_maddubs_epi16(wh, xh);
+                lo[i] = p ? _mm256_add_epi16(lo[i], pl) : pl;
+                hi[i] = p ? _mm256_add_epi16(hi[i], ph) : ph;
             }
         }
+        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
         for (int i = 0; i < ntiles; i++) {
             const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
             const __m256 dw = KFN(load_d)(WT_MXFP4, blk0 + i * tile_bytes);
-            acc[i] = KFN(accumulate)(WT_MXFP4, acc[i], KFN(offsets_off)(WT_MXFP4, sum, NULL, xb), dw, dw, xb);
+            acc[i] = KFN(accumulate)(WT_MXFP4, acc[i], _mm256_add_epi32(sum, corr), dw, dw, xb);
         }
     }
     for (int i = 0; i < ntiles; i++)

@@ -192,6 +192,34 @@ def test_mxfp4_every_exponent_and_code_dequantizes_as_gguf():
     assert want[0, 1] == 2.0 ** -128 and want[130, 7] == 12 * 4.0 and want[130, 15] == -12 * 4.0   # 2^(e-128) v
 
 
+@pytest.mark.parametrize("ntok", [1, 9])
+def test_mxfp4_small_exponents_through_the_kernels_as_scalar(ntok):
+    """Exponents 0 and 1 (subnormal scales) beside normal ones in the SIMD kernels' scale decoding, for a decode
+    step's group kernel (1 token) and a prefill's: the scalar path's bits on every path."""
+    rows, cols = 43, 256
+    rng = np.random.default_rng(5)
+    raw = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = rng.choice(np.array([0, 1, 2, 3, 4, 126, 127, 200], np.uint8), (rows, cols // 32))
+    raw[:10, :, 0] = rng.integers(0, 2, (10, cols // 32))              # a tile and more of subnormal scales alone
+    w = _cpu.Weight("MXFP4", rows, cols, np.ascontiguousarray(raw.reshape(rows, -1)))
+    x = rng.standard_normal((ntok, cols)).astype(np.float32)
+    old = _cpu.get_path()
+    try:
+        results = {}
+        for p in ALL_PATHS:
+            if path_available(p):
+                _cpu.set_path(p)
+                results[p] = w.matmul(x).view(np.uint32)
+    finally:
+        _cpu.set_path(old)
+    assert len(results) > 1, "no SIMD path on this CPU"
+    assert np.isfinite(results["scalar"].view(np.float32)).all()
+    tiny = np.abs(results["scalar"].view(np.float32)[:, :10])
+    assert (tiny > 0).all() and tiny.max() < 2.0 ** -100                # their sums: subnormal-scaled, not flushed
+    for p, r in results.items():
+        np.testing.assert_array_equal(r, results["scalar"], err_msg=p)
+
+
 # ---- the codebook types' largest block sums ---------------------------------------------------------------------
 def _largest_blocks(type_name: str, index: int) -> np.ndarray:
     """One block of type_name whose every grid index is `index`, every sign positive and every 4-bit scale 15 (d 1)"""
