@@ -147,13 +147,13 @@ static inline decode_prefetch_t decode_prefetch_plan(const uint8_t *base, size_t
     return p;
 }
 
-/* n lines from a (n a constant where inlined: unrolled, no branches), those past last fetched as last */
+/* n lines from a (n a constant where inlined: unrolled, no branches); a run that would pass last starts earlier, so
+ * that it ends at last: one clamp per run, not one per line */
 static inline __attribute__((always_inline)) void prefetch_run(const uint8_t *a, const int n, const uint8_t *last) {
-#pragma GCC unroll 16
-    for (int k = 0; k < n; k++) {
-        const uint8_t *q = a + 64 * k;
-        __builtin_prefetch(q < last ? q : last, 0, 1);
-    }
+    const uintptr_t latest = (uintptr_t)last - 64u * (uintptr_t)(n - 1);
+    const uint8_t *q = (uintptr_t)a < latest ? a : (const uint8_t *)latest;
+#pragma GCC unroll 32
+    for (int k = 0; k < n; k++) __builtin_prefetch(q + 64 * k, 0, 1);
 }
 
 /* tile i's piece of step in the next group's bytes, in memory order (a step's pieces of the group follow each other) */
