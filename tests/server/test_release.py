@@ -13,7 +13,7 @@ from tests.server.conftest import ServerThread, make_settings
 
 def test_a_stopped_server_frees_its_engine_and_compiler(loaded_model):
     srv = ServerThread(make_settings(), loaded_model).start()
-    body = json.dumps({"prompt": "hello " * 300, "max_tokens": 2}).encode()
+    body = json.dumps({"prompt": "hello " * 300, "max_tokens": 2, "ignore_eos": True}).encode()
     req = urllib.request.Request(srv.url + "/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req) as r:
         assert json.load(r)["usage"]["completion_tokens"] == 2
