@@ -11,7 +11,7 @@
  *   4. each row's quantized (and, for float experts, float) input gathered next to its expert's other rows;
  *   5. gate|up of every (expert, 32 hidden units) over that expert's rows, the activation and the down projection's
  *      input quantization in one item (as the dense FFN does), the shared expert's units over all tokens beside them;
- *   6. the down projection of every (expert, pair of output tiles) over its rows; then per token the weighted sum.
+ *   6. the down projection of every (expert, group of output tiles) over its rows; then per token the weighted sum.
  * An expert's weights are read once per step for all the tokens routed to it: a decode step of 8 sequences streams
  * each chosen expert once, with the batched decode kernels over its 1-8 rows.
  *
@@ -40,6 +40,7 @@ struct moe_scratch {
     float *h;                      /* the same in floats, for float down projections (else NULL) */
     float *y;                      /* routed rows (max_rows, dim), then shared ones (max_tokens, dim) */
     int n_active;
+    int down_tiles;                /* output tiles per item of the down projection (down_tiles_per_item) */
     size_t shared_h_off, shared_y_off;   /* where the shared expert's rows begin in xq_h (blocks), h, y (floats) */
 };
 
@@ -270,16 +271,30 @@ static void experts_gate_up_fn(void *arg, int64_t begin, int64_t end, int thread
     }
 }
 
-/* one item = one expert's pair of output tiles (16 of dim's rows) over its rows */
+/* Output tiles per item of the down projection: a pair while some expert has many rows (a prefill, where a pair is
+ * a long kernel call already), eight when every expert has a few (a decode step: a pair of a 768-wide expert's tiles
+ * is a few KB, about what claiming the item costs, and a decode group streams four tiles at once) */
+#define DOWN_FEW_ROWS 8
+static int down_tiles_per_item(const struct moe_scratch *S, int shared_rows) {
+    int most = shared_rows;
+    for (int i = 0; i < S->n_active; i++) {
+        int e = S->active[i], rows = S->first_row[e + 1] - S->first_row[e];
+        most = rows > most ? rows : most;
+    }
+    return most <= DOWN_FEW_ROWS ? 8 : 2;
+}
+
+/* one item = one expert's down_tiles output tiles (8 of dim's rows each) over its rows */
 static void experts_down_fn(void *arg, int64_t begin, int64_t end, int thread) {
     stage_t *s = arg;
     (void)thread;
     context_t *c = s->c;
-    int dim = c->model->cfg.dim, ntiles = (dim + TILE_ROWS - 1) / TILE_ROWS, pairs = (ntiles + 1) / 2;
+    const int per = c->moe->down_tiles;
+    int dim = c->model->cfg.dim, ntiles = (dim + TILE_ROWS - 1) / TILE_ROWS, items = (ntiles + per - 1) / per;
     for (int64_t j = begin; j < end; j++) {
-        int pair;
-        expert_rows_t E = expert_of_item(s, j, pairs, &pair);
-        int t0 = 2 * pair, t1 = t0 + 2 < ntiles ? t0 + 2 : ntiles;
+        int k;
+        expert_rows_t E = expert_of_item(s, j, items, &k);
+        int t0 = per * k, t1 = t0 + per < ntiles ? t0 + per : ntiles;
         matmul_tiles(&c->kernels, E.down, t0, t1, E.rows, E.h, E.xq_h, E.y + (size_t)t0 * TILE_ROWS, dim, 0);
         if (E.down_b) {                                 /* gpt-oss: the expert's bias of these rows */
             int i0 = t0 * TILE_ROWS, i1 = t1 * TILE_ROWS < dim ? t1 * TILE_ROWS : dim;
@@ -329,7 +344,8 @@ void ffn_moe_block(context_t *c, stage_t *s, const block_t *B) {
     int shared = M->shared_gate != NULL;
     int64_t gu_items = (int64_t)S->n_active * (M->hidden / QK) + (shared ? M->shared_hidden / QK : 0);
     stage_run(c, STAGE_GATE_UP_SWIGLU, gu_items, 1, experts_gate_up_fn, s);     /* h = act(gate) * up */
-    int64_t down_items = ((int64_t)S->n_active + shared) * ((ntiles + 1) / 2);
+    S->down_tiles = down_tiles_per_item(S, shared ? T : 0);
+    int64_t down_items = ((int64_t)S->n_active + shared) * ((ntiles + S->down_tiles - 1) / S->down_tiles);
     stage_run(c, STAGE_DOWN, down_items, 1, experts_down_fn, s);                /* y = Wdown h */
     stage_run(c, STAGE_DOWN, T, 4, combine_fn, s);                              /* x += weighted y */
 }
