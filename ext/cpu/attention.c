@@ -121,28 +121,34 @@ static inline void fetch_v_row(const tile_t *t, int j, int hd) {
 
 ATTN_AVX2_INLINE void score_block(const tile_t *t, int hd, int j, __m256 scale, const int NR, const int NC,
                                   const int F16) {
-    __m256 a[ROW_TILE][2];
+    __m256 a[ROW_TILE][4];
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d++) {
         if (F16 && j < 8) fetch_k_row(t, d);
-        __m256 k0 = load8(t->k, d * KV_BLOCK + j, F16), k1 = k0;
-        if (NC > 1) k1 = load8(t->k, d * KV_BLOCK + j + 8, F16);
+        __m256 k[4];
+        for (int c = 0; c < NC; c++) k[c] = load8(t->k, d * KV_BLOCK + j + 8 * c, F16);
         for (int r = 0; r < NR; r++) {
             __m256 qd = _mm256_broadcast_ss(t->q[r] + d);
-            a[r][0] = _mm256_fmadd_ps(qd, k0, a[r][0]);
-            if (NC > 1) a[r][1] = _mm256_fmadd_ps(qd, k1, a[r][1]);
+            for (int c = 0; c < NC; c++) a[r][c] = _mm256_fmadd_ps(qd, k[c], a[r][c]);
         }
     }
     for (int r = 0; r < NR; r++)
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(t->s[r] + j + 8 * c, _mm256_mul_ps(a[r][c], scale));
 }
 
+/* Vectors of 8 keys (scores) or dimensions (outputs) a pass of NR rows carries: as many as leave the accumulators
+ * (NR x that), the loaded vectors and a broadcast within AVX2's 16 registers. A decode step's rows are its query
+ * heads of one KV head (a few), whose fma chains would otherwise wait on each other's latency. */
+#define AVX2_NC(NR) ((NR) <= 2 ? 4 : (NR) == 3 ? 3 : 2)
+
 /* Keys [j0, j1) rounded out to whole vectors of 8 (16 for AVX-512): the extra scores are never read (max_of and
  * weights stop at each row's own count; the f32 tile holds the keys [j0, j1) rounded out to 16). */
 ATTN_AVX2_INLINE void scores_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
     __m256 vs = _mm256_set1_ps(scale);
+    const int NC = AVX2_NC(NR);
     int j = t->j0 & ~7, end = (t->j1 + 7) & ~7;
+    for (; j + 8 * NC <= end; j += 8 * NC) score_block(t, hd, j, vs, NR, NC, F16);
     for (; j + 16 <= end; j += 16) score_block(t, hd, j, vs, NR, 2, F16);
     if (j < end) score_block(t, hd, j, vs, NR, 1, F16);
 }
@@ -164,28 +170,29 @@ ATTN_AVX2_INLINE void scores_nr(const tile_t *t, int hd, float scale, const int 
 
 ATTN_AVX2 static void scores_avx2(const tile_t *t, int hd, float scale) { BY_ROWS(scores_nr, t, t, hd, scale); }
 
-/* 16 output values of every row at a time, kept in registers across the tile's keys */
-ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
-    for (int d = 0; d < hd; d += 16) {
-        __m256 o[ROW_TILE][2];
-        for (int r = 0; r < NR; r++) {
-            o[r][0] = _mm256_loadu_ps(t->o[r] + d);
-            o[r][1] = _mm256_loadu_ps(t->o[r] + d + 8);
-        }
-        for (int j = t->j0; j < t->j1; j++) {
-            if (F16 && d == 0) fetch_v_row(t, j, hd);
-            __m256 v0 = load8(t->v, (size_t)j * hd + d, F16), v1 = load8(t->v, (size_t)j * hd + d + 8, F16);
-            for (int r = 0; r < NR; r++) {
-                __m256 p = _mm256_broadcast_ss(t->s[r] + j);
-                o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
-                o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
-            }
-        }
-        for (int r = 0; r < NR; r++) {
-            _mm256_storeu_ps(t->o[r] + d, o[r][0]);
-            _mm256_storeu_ps(t->o[r] + d + 8, o[r][1]);
+/* NV x 8 output values of every row at a time, kept in registers across the tile's keys */
+ATTN_AVX2_INLINE void accumulate_v_pass(const tile_t *t, int hd, int d, const int NR, const int NV, const int F16) {
+    __m256 o[ROW_TILE][4];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NV; c++) o[r][c] = _mm256_loadu_ps(t->o[r] + d + 8 * c);
+    for (int j = t->j0; j < t->j1; j++) {
+        if (F16 && d == 0) fetch_v_row(t, j, hd);
+        __m256 p[ROW_TILE];
+        for (int r = 0; r < NR; r++) p[r] = _mm256_broadcast_ss(t->s[r] + j);
+        for (int c = 0; c < NV; c++) {
+            __m256 v = load8(t->v, (size_t)j * hd + d + 8 * c, F16);
+            for (int r = 0; r < NR; r++) o[r][c] = _mm256_fmadd_ps(p[r], v, o[r][c]);
         }
     }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(t->o[r] + d + 8 * c, o[r][c]);
+}
+
+ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
+    const int NV = AVX2_NC(NR) == 2 ? 2 : 4;   /* NR <= 3: 12 accumulators, 3 broadcasts, one value vector */
+    int d = 0;
+    for (; d + 8 * NV <= hd; d += 8 * NV) accumulate_v_pass(t, hd, d, NR, NV, F16);
+    for (; d < hd; d += 16) accumulate_v_pass(t, hd, d, NR, 2, F16);
 }
 
 ATTN_AVX2 static void accumulate_v_avx2(const tile_t *t, int hd) { BY_ROWS(accumulate_v_nr, t, t, hd); }

@@ -1,0 +1,64 @@
+"""Stage profile of decode steps of B sequences at once (one token each) at a given depth, in one process and without
+a server: where a served step of B streams spends its time (`bench/profile.py` does a single sequence).
+
+    python bench/batch_profile.py [-m MODEL] [-b 16] [--depth 100] [--steps 24] [-t 2]
+
+(MODEL: as batch_decode.py's, a name of the REAL_FILES or a path.) Each sequence is primed with a `--depth`-token
+prompt and 4 decode steps (untimed), then `--steps` steps run with the stage profiler on; prints the median step and
+each stage's milliseconds per step with its share of the steps' wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from _common import bench_model_path
+from batch_decode import batch_engine
+
+from inferd.engine.runner import blocks_needed
+from inferd.engine.types import SeqInput
+from inferd.model.loader import load_model
+
+WARM_UP = 4
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    ap.add_argument("-b", "--batch", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=100, help="prompt tokens of each sequence before the timed steps")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    a = ap.parse_args()
+    engine = batch_engine(load_model(bench_model_path(a.model)), a.batch, a.depth, WARM_UP + a.steps, a.threads)
+    engine.wait_huge_pages()
+    per_seq = blocks_needed(a.depth + WARM_UP + a.steps + 1)
+
+    def seq(tokens: list[int], pos: int, s: int) -> SeqInput:
+        return SeqInput(tokens, pos, list(range(s * per_seq, (s + 1) * per_seq)), 1,
+                        state_slot=s if engine.num_state_slots else -1)
+
+    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(a.depth)] for s in range(a.batch)]
+    last = [engine.step([seq(prompts[s], 0, s)])[0].tokens[0] for s in range(a.batch)]
+    times = []
+    for k in range(WARM_UP + a.steps):
+        if k == WARM_UP:
+            engine._ctx.set_profiling(True)
+        t0 = time.perf_counter()
+        last = [r.tokens[0] for r in engine.step([seq([last[s]], a.depth + k, s) for s in range(a.batch)])]
+        if k >= WARM_UP:
+            times.append(time.perf_counter() - t0)
+    stages = engine._ctx.profile()
+    engine._ctx.set_profiling(False)
+    total = sum(times)
+    print(f"{a.batch} sequences at depth {a.depth}, {a.threads} threads: median step "
+          f"{statistics.median(times) * 1e3:.1f} ms over {a.steps} steps")
+    for stage, t in sorted(stages.items(), key=lambda kv: -kv[1]):
+        if t:
+            print(f"  {stage:24s} {t / a.steps * 1e3:8.2f} ms/step {t / total:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
