@@ -272,8 +272,8 @@ static void experts_gate_up_fn(void *arg, int64_t begin, int64_t end, int thread
 }
 
 /* Output tiles per item of the down projection: a pair while some expert has many rows (a prefill, where a pair is
- * a long kernel call already), eight when every expert has a few (a decode step: a pair of a 768-wide expert's tiles
- * is a few KB, about what claiming the item costs, and a decode group streams four tiles at once) */
+ * a long kernel call already), eight when every expert has a few (a decode step, where a pair of a 768-wide expert's
+ * tiles is a few KB of weights per claimed item, and a decode group streams four tiles at once) */
 #define DOWN_FEW_ROWS 8
 static int down_tiles_per_item(const struct moe_scratch *S, int shared_rows) {
     int most = shared_rows;
