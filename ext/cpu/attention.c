@@ -177,7 +177,16 @@ ATTN_AVX2_INLINE void accumulate_v_pass(const tile_t *t, int hd, int d, const in
         for (int c = 0; c < NV; c++) o[r][c] = _mm256_loadu_ps(t->o[r] + d + 8 * c);
     for (int j = t->j0; j < t->j1; j++) {
         if (F16 && d == 0) fetch_v_row(t, j, hd);
-        __m256 p[ROW_TILE];
+        if (NV == 2) {   /* up to 6 rows: both value vectors, then each row's weight (12 + 2 + 1 registers) */
+            __m256 v0 = load8(t->v, (size_t)j * hd + d, F16), v1 = load8(t->v, (size_t)j * hd + d + 8, F16);
+            for (int r = 0; r < NR; r++) {
+                __m256 p = _mm256_broadcast_ss(t->s[r] + j);
+                o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
+                o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
+            }
+            continue;
+        }
+        __m256 p[ROW_TILE];   /* up to 3 rows: their weights, then the value vectors one at a time (12 + 3 + 1) */
         for (int r = 0; r < NR; r++) p[r] = _mm256_broadcast_ss(t->s[r] + j);
         for (int c = 0; c < NV; c++) {
             __m256 v = load8(t->v, (size_t)j * hd + d + 8 * c, F16);
