@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
+    if a.depth < 1 or a.batch < 1 or a.steps < 1:
+        ap.error("--depth, --batch and --steps must be at least 1")
     engine = batch_engine(load_model(bench_model_path(a.model)), a.batch, a.depth, WARM_UP + a.steps, a.threads)
     engine.wait_huge_pages()
     per_seq = blocks_needed(a.depth + WARM_UP + a.steps + 1)
@@ -41,7 +43,11 @@ def main() -> None:
                         state_slot=s if engine.num_state_slots else -1)
 
     prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(a.depth)] for s in range(a.batch)]
-    last = [engine.step([seq(prompts[s], 0, s)])[0].tokens[0] for s in range(a.batch)]
+    last = []
+    for s in range(a.batch):   # each prompt in the engine's largest steps
+        for pos in range(0, a.depth, engine.max_batch_tokens):
+            out = engine.step([seq(prompts[s][pos:pos + engine.max_batch_tokens], pos, s)])[0]
+        last.append(out.tokens[0])
     times = []
     for k in range(WARM_UP + a.steps):
         if k == WARM_UP:

@@ -198,7 +198,7 @@ ATTN_AVX2_INLINE void accumulate_v_pass(const tile_t *t, int hd, int d, const in
 }
 
 ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
-    const int NV = AVX2_NC(NR) == 2 ? 2 : 4;   /* NR <= 3: 12 accumulators, 3 broadcasts, one value vector */
+    const int NV = NR <= 3 ? 4 : 2;   /* NR <= 3: 12 accumulators, 3 broadcasts, one value vector */
     int d = 0;
     for (; d + 8 * NV <= hd; d += 8 * NV) accumulate_v_pass(t, hd, d, NR, NV, F16);
     for (; d < hd; d += 16) accumulate_v_pass(t, hd, d, NR, 2, F16);
