@@ -29,23 +29,32 @@ def batch_engine(model, most: int, prompt: int, steps: int, threads: int) -> Eng
                   max_seqs=most, threads=threads)
 
 
-def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT) -> tuple[list[float], list[list[int]]]:
-    """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (recurrent models:
-    a state slot each), and their tokens"""
-    per_seq = blocks_needed(prompt + n + 1)
+def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT, warm_up: int = 0,
+               profile: bool = False) -> tuple[list[float], list[list[int]]]:
+    """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (in the engine's
+    largest steps; recurrent models: a state slot each) and `warm_up` untimed steps, and their tokens; with
+    `profile`, the stage profiler is on for the timed steps (the engine context's profile() reads it)."""
+    per_seq = blocks_needed(prompt + warm_up + n + 1)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)] for s in range(batch)]
 
     def seq(tokens: list[int], pos: int, s: int) -> SeqInput:
         return SeqInput(tokens, pos, tables[s], 1, state_slot=s if engine.num_state_slots else -1)
 
-    last = [engine.step([seq(prompts[s], 0, s)])[0].tokens[0] for s in range(batch)]
+    last = []
+    for s in range(batch):
+        for pos in range(0, prompt, engine.max_batch_tokens):
+            res = engine.step([seq(prompts[s][pos:pos + engine.max_batch_tokens], pos, s)])
+        last.append(res[0].tokens[0])
     out: list[list[int]] = [[] for _ in range(batch)]
     times = []
-    for k in range(n):
+    for k in range(warm_up + n):
+        if profile and k == warm_up:
+            engine._ctx.set_profiling(True)
         t0 = time.perf_counter()
         res = engine.step([seq([last[s]], prompt + k, s) for s in range(batch)])
-        times.append(time.perf_counter() - t0)
+        if k >= warm_up:
+            times.append(time.perf_counter() - t0)
         last = [r.tokens[0] for r in res]
         for s in range(batch):
             out[s].append(last[s])

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from _common import bench_model_path
-from batch_decode import batch_engine
+from batch_decode import batch_engine, step_times
 
-from inferd.engine.runner import blocks_needed
-from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
 
 WARM_UP = 4
@@ -36,26 +33,7 @@ def main() -> None:
         ap.error("--depth, --batch and --steps must be at least 1")
     engine = batch_engine(load_model(bench_model_path(a.model)), a.batch, a.depth, WARM_UP + a.steps, a.threads)
     engine.wait_huge_pages()
-    per_seq = blocks_needed(a.depth + WARM_UP + a.steps + 1)
-
-    def seq(tokens: list[int], pos: int, s: int) -> SeqInput:
-        return SeqInput(tokens, pos, list(range(s * per_seq, (s + 1) * per_seq)), 1,
-                        state_slot=s if engine.num_state_slots else -1)
-
-    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(a.depth)] for s in range(a.batch)]
-    last = []
-    for s in range(a.batch):   # each prompt in the engine's largest steps
-        for pos in range(0, a.depth, engine.max_batch_tokens):
-            out = engine.step([seq(prompts[s][pos:pos + engine.max_batch_tokens], pos, s)])[0]
-        last.append(out.tokens[0])
-    times = []
-    for k in range(WARM_UP + a.steps):
-        if k == WARM_UP:
-            engine._ctx.set_profiling(True)
-        t0 = time.perf_counter()
-        last = [r.tokens[0] for r in engine.step([seq([last[s]], a.depth + k, s) for s in range(a.batch)])]
-        if k >= WARM_UP:
-            times.append(time.perf_counter() - t0)
+    times, _ = step_times(engine, a.batch, a.steps, a.depth, warm_up=WARM_UP, profile=True)
     stages = engine._ctx.profile()
     engine._ctx.set_profiling(False)
     total = sum(times)

@@ -137,16 +137,18 @@ ATTN_AVX2_INLINE void score_block(const tile_t *t, int hd, int j, __m256 scale, 
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(t->s[r] + j + 8 * c, _mm256_mul_ps(a[r][c], scale));
 }
 
-/* Vectors of 8 keys (scores) or dimensions (outputs) a pass of NR rows carries: as many as leave the accumulators
- * (NR x that), the loaded vectors and a broadcast within AVX2's 16 registers. A decode step's rows are its query
- * heads of one KV head (a few), whose fma chains would otherwise wait on each other's latency. */
-#define AVX2_NC(NR) ((NR) <= 2 ? 4 : (NR) == 3 ? 3 : 2)
+/* Vectors of 8 keys a score block of NR rows carries, and of 8 dimensions a value pass does: as many as leave the
+ * NR x that accumulators and the registers beside them within AVX2's 16. A decode step's rows are its query heads of
+ * one KV head (a few), whose fma chains would otherwise wait on each other's latency. 4-6 rows keep 2 (12 chains):
+ * 24 keys for 4 rows measured no faster, and hoisted broadcasts for them spill (bench/results/attention_gemm.md). */
+#define SCORE_VECTORS(NR) ((NR) <= 2 ? 4 : (NR) == 3 ? 3 : 2)
+#define VALUE_VECTORS(NR) ((NR) <= 3 ? 4 : 2)
 
 /* Keys [j0, j1) rounded out to whole vectors of 8 (16 for AVX-512): the extra scores are never read (max_of and
  * weights stop at each row's own count; the f32 tile holds the keys [j0, j1) rounded out to 16). */
 ATTN_AVX2_INLINE void scores_nr(const tile_t *t, int hd, float scale, const int NR, const int F16) {
     __m256 vs = _mm256_set1_ps(scale);
-    const int NC = AVX2_NC(NR);
+    const int NC = SCORE_VECTORS(NR);
     int j = t->j0 & ~7, end = (t->j1 + 7) & ~7;
     for (; j + 8 * NC <= end; j += 8 * NC) score_block(t, hd, j, vs, NR, NC, F16);
     for (; j + 16 <= end; j += 16) score_block(t, hd, j, vs, NR, 2, F16);
@@ -184,13 +186,13 @@ ATTN_AVX2_INLINE void accumulate_v_pass(const tile_t *t, int hd, int d, const in
                 o[r][0] = _mm256_fmadd_ps(p, v0, o[r][0]);
                 o[r][1] = _mm256_fmadd_ps(p, v1, o[r][1]);
             }
-            continue;
-        }
-        __m256 p[ROW_TILE];   /* up to 3 rows: their weights, then the value vectors one at a time (12 + 3 + 1) */
-        for (int r = 0; r < NR; r++) p[r] = _mm256_broadcast_ss(t->s[r] + j);
-        for (int c = 0; c < NV; c++) {
-            __m256 v = load8(t->v, (size_t)j * hd + d + 8 * c, F16);
-            for (int r = 0; r < NR; r++) o[r][c] = _mm256_fmadd_ps(p[r], v, o[r][c]);
+        } else {         /* up to 3 rows: their weights, then the value vectors one at a time (12 + 3 + 1) */
+            __m256 p[ROW_TILE];
+            for (int r = 0; r < NR; r++) p[r] = _mm256_broadcast_ss(t->s[r] + j);
+            for (int c = 0; c < NV; c++) {
+                __m256 v = load8(t->v, (size_t)j * hd + d + 8 * c, F16);
+                for (int r = 0; r < NR; r++) o[r][c] = _mm256_fmadd_ps(p[r], v, o[r][c]);
+            }
         }
     }
     for (int r = 0; r < NR; r++)
@@ -198,7 +200,7 @@ ATTN_AVX2_INLINE void accumulate_v_pass(const tile_t *t, int hd, int d, const in
 }
 
 ATTN_AVX2_INLINE void accumulate_v_nr(const tile_t *t, int hd, const int NR, const int F16) {
-    const int NV = NR <= 3 ? 4 : 2;   /* NR <= 3: 12 accumulators, 3 broadcasts, one value vector */
+    const int NV = VALUE_VECTORS(NR);
     int d = 0;
     for (; d + 8 * NV <= hd; d += 8 * NV) accumulate_v_pass(t, hd, d, NR, NV, F16);
     for (; d < hd; d += 16) accumulate_v_pass(t, hd, d, NR, 2, F16);
