@@ -226,10 +226,15 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         }
         return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
 #else
+        /* a maddubs pair is at most 2 * 63 * 127, so two of them add in int16 (< 2^15) before the madd */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {   /* maddubs pairs <= 2 * 63 * 127: no int16 overflow before the madd */
-            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[j], x[j]), q6->sc16[0]));
-            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4 + j], x[4 + j]), q6->sc16[1]));
+        for (int j = 0; j < 4; j += 2) {
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wv[j], x[j]),
+                                                                       _mm256_maddubs_epi16(wv[j + 1], x[j + 1])),
+                                                      q6->sc16[0]));
+            b = _mm256_add_epi32(b, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wv[4 + j], x[4 + j]),
+                                                                       _mm256_maddubs_epi16(wv[5 + j], x[5 + j])),
+                                                      q6->sc16[1]));
         }
         /* values are stored as q + 32: 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) comes off */
         return KFN(offsets_off)(type, _mm256_add_epi32(a, b), q6, xb);
@@ -526,13 +531,16 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
  * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
 #define KPAIR_TYPE(type) \
     ((type) == WT_Q4_0 || (type) == WT_Q4_1 || (type) == WT_Q4_K || (type) == WT_Q6_K || (type) == WT_Q2_K)
-/* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 one by one, times
- * their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
+/* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 two at a time (pair_step),
+ * times their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
 KINLINE int KFN(pair_int16)(const int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K; }
 /* tokens a call: KNT_PAIR, or 2 for Q2_K, which keeps two running sums per tile and token */
 KINLINE int KFN(pair_ntok)(const int type) { return type == WT_Q2_K ? 2 : KNT_PAIR; }
 
-/* product j into the running sums (s16: int16, s32: int32) */
+/* products a fold takes: Q6_K's two, added in int16 first (2 * 2 * 63 * 127 < 2^15) */
+KINLINE int KFN(pair_step)(const int type) { return type == WT_Q6_K ? 2 : 1; }
+
+/* product j (Q6_K: products j and j + 1 added) into the running sums (s16: int16, s32: int32) */
 KINLINE void KFN(pair_fold)(const int type, __m256i *s16, __m256i *s32, __m256i p, int j, const KFN(prepared) *w) {
     if (KFN(pair_int16)(type)) {
         *s16 = _mm256_add_epi16(*s16, p);
@@ -560,12 +568,20 @@ KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared
         batch_prefetch_step(pf, b);
         __m256i a16[KNT_PAIR], b16[KNT_PAIR], a32[KNT_PAIR], b32[KNT_PAIR];
         for (int k = 0; k < ntok; k++) a16[k] = b16[k] = a32[k] = b32[k] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 8; j += KFN(pair_step)(type)) {
             const __m256i wa = pa->wv[j], wb = pb->wv[j];
+            const __m256i wa2 = pa->wv[j + KFN(pair_step)(type) - 1], wb2 = pb->wv[j + KFN(pair_step)(type) - 1];
             for (int k = 0; k < ntok; k++) {
-                const __m256i x = KFN(bcast4)(xq[(size_t)k * nb32 + b].qs + 4 * j);
-                KFN(pair_fold)(type, &a16[k], &a32[k], _mm256_maddubs_epi16(wa, x), j, pa);
-                KFN(pair_fold)(type, &b16[k], &b32[k], _mm256_maddubs_epi16(wb, x), j, pb);
+                const int8_t *xk = xq[(size_t)k * nb32 + b].qs + 4 * j;
+                const __m256i x = KFN(bcast4)(xk);
+                __m256i pa_ = _mm256_maddubs_epi16(wa, x), pb_ = _mm256_maddubs_epi16(wb, x);
+                if (KFN(pair_step)(type) == 2) {
+                    const __m256i x2 = KFN(bcast4)(xk + 4);
+                    pa_ = _mm256_add_epi16(pa_, _mm256_maddubs_epi16(wa2, x2));
+                    pb_ = _mm256_add_epi16(pb_, _mm256_maddubs_epi16(wb2, x2));
+                }
+                KFN(pair_fold)(type, &a16[k], &a32[k], pa_, j, pa);
+                KFN(pair_fold)(type, &b16[k], &b32[k], pb_, j, pb);
                 /* keeps the sums in registers, added as they come: left to itself the compiler computes all the
                  * products first and spills them */
                 if (KFN(pair_int16)(type)) __asm__("" : "+x"(a16[k]), "+x"(b16[k]));

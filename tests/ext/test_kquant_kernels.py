@@ -269,3 +269,34 @@ def test_codebook_largest_block_sums_are_exact(type_name):
         for y in ys:
             np.testing.assert_array_equal(y.view(np.uint32), results["scalar"][1][: len(y)].view(np.uint32), p)
             np.testing.assert_allclose(y, np.ones((len(y), cols)) @ W.T, rtol=1e-6)
+
+
+# ---- Q6_K's largest block sums ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("ntok", [1, 2, 12])
+def test_q6_k_largest_block_sums_are_exact(sign, ntok):
+    """Every 6-bit code 63 (value 31, stored as 63 by the tiles), every sub-block scale 127, every activation +-127:
+    the largest products the AVX2 kernels add two at a time in int16 before a scale's madd (2 x 2 x 63 x 127 < 2^15).
+    A decode step (1 token), a few tokens and a prefill's pairs of tiles: the scalar path's bits and float64's sums."""
+    rows, cols = 16, 512
+    block = np.zeros(210, np.uint8)               # ql[128] | qh[64] | scales[16] (int8) | d (f16)
+    block[:192] = 0xFF
+    block[192:208] = 127
+    block[208:210] = np.array([2.0 ** -10], np.float16).view(np.uint8)
+    raw = np.tile(block, (rows, cols // 256))
+    W = gguf_values(raw, "Q6_K", cols).astype(np.float64)
+    assert (W == W[0, 0]).all() and W[0, 0] > 0
+    w = _cpu.Weight("Q6_K", rows, cols, raw)
+    x = np.full((ntok, cols), float(sign), np.float32)
+    old = _cpu.get_path()
+    try:
+        results = {}
+        for p in filter(path_available, ALL_PATHS):
+            _cpu.set_path(p)
+            results[p] = w.matmul(x)
+    finally:
+        _cpu.set_path(old)
+    assert len(results) > 1, "no SIMD path on this CPU"
+    for p, y in results.items():
+        np.testing.assert_array_equal(y.view(np.uint32), results["scalar"].view(np.uint32), p)
+        np.testing.assert_allclose(y, x.astype(np.float64) @ W.T, rtol=1e-6)
