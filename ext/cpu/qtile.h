@@ -531,8 +531,8 @@ KINLINE void KFN(prepared_tokens)(const int type, const int ntok, const KFN(prep
  * in int32 per product or in int16 four at a time, were no faster: bench/results/prefill_pairs_avx2.md). */
 #define KPAIR_TYPE(type) \
     ((type) == WT_Q4_0 || (type) == WT_Q4_1 || (type) == WT_Q4_K || (type) == WT_Q6_K || (type) == WT_Q2_K)
-/* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 two at a time (pair_step),
- * times their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
+/* the 4-bit types' 8 products add up in int16 (8 * 2 * 15 * 127 < 2^15); Q6_K's go into int32 two at a time
+ * (pair_step), times their half's scale; Q2_K's in int16 four at a time, then into int32 times the half's scale */
 KINLINE int KFN(pair_int16)(const int type) { return type == WT_Q4_0 || type == WT_Q4_1 || type == WT_Q4_K; }
 /* tokens a call: KNT_PAIR, or 2 for Q2_K, which keeps two running sums per tile and token */
 KINLINE int KFN(pair_ntok)(const int type) { return type == WT_Q2_K ? 2 : KNT_PAIR; }
@@ -562,26 +562,26 @@ KINLINE __m256i KFN(pair_finish)(const int type, __m256i s16, __m256i sum, const
 KINLINE void KFN(pair_tokens)(const int type, const int ntok, const KFN(prepared) *pa, const KFN(prepared) *pb,
                               int nb32, const block_q8x *xq, float *y, int ldy, int ycol, int nrows_b, int accumulate,
                               const batch_prefetch_t *pf) {
+    const int step = KFN(pair_step)(type);
     __m256 acc_a[KNT_PAIR], acc_b[KNT_PAIR];
     for (int k = 0; k < ntok; k++) acc_a[k] = acc_b[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb32; b++, pa++, pb++) {
         batch_prefetch_step(pf, b);
         __m256i a16[KNT_PAIR], b16[KNT_PAIR], a32[KNT_PAIR], b32[KNT_PAIR];
         for (int k = 0; k < ntok; k++) a16[k] = b16[k] = a32[k] = b32[k] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j += KFN(pair_step)(type)) {
-            const __m256i wa = pa->wv[j], wb = pb->wv[j];
-            const __m256i wa2 = pa->wv[j + KFN(pair_step)(type) - 1], wb2 = pb->wv[j + KFN(pair_step)(type) - 1];
+        for (int j = 0; j < 8; j += step) {
+            const __m256i wa = pa->wv[j], wb = pb->wv[j], wa2 = pa->wv[j + step - 1], wb2 = pb->wv[j + step - 1];
             for (int k = 0; k < ntok; k++) {
                 const int8_t *xk = xq[(size_t)k * nb32 + b].qs + 4 * j;
                 const __m256i x = KFN(bcast4)(xk);
-                __m256i pa_ = _mm256_maddubs_epi16(wa, x), pb_ = _mm256_maddubs_epi16(wb, x);
-                if (KFN(pair_step)(type) == 2) {
+                __m256i sa = _mm256_maddubs_epi16(wa, x), sb = _mm256_maddubs_epi16(wb, x);
+                if (step == 2) {
                     const __m256i x2 = KFN(bcast4)(xk + 4);
-                    pa_ = _mm256_add_epi16(pa_, _mm256_maddubs_epi16(wa2, x2));
-                    pb_ = _mm256_add_epi16(pb_, _mm256_maddubs_epi16(wb2, x2));
+                    sa = _mm256_add_epi16(sa, _mm256_maddubs_epi16(wa2, x2));
+                    sb = _mm256_add_epi16(sb, _mm256_maddubs_epi16(wb2, x2));
                 }
-                KFN(pair_fold)(type, &a16[k], &a32[k], pa_, j, pa);
-                KFN(pair_fold)(type, &b16[k], &b32[k], pb_, j, pb);
+                KFN(pair_fold)(type, &a16[k], &a32[k], sa, j, pa);
+                KFN(pair_fold)(type, &b16[k], &b32[k], sb, j, pb);
                 /* keeps the sums in registers, added as they come: left to itself the compiler computes all the
                  * products first and spills them */
                 if (KFN(pair_int16)(type)) __asm__("" : "+x"(a16[k]), "+x"(b16[k]));
