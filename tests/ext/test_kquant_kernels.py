@@ -43,6 +43,19 @@ def quantized(values: np.ndarray, type_name: str) -> np.ndarray:
     return gguf_quants.quantize(values, GGMLQuantizationType[type_name]).reshape(values.shape[0], -1)
 
 
+def on_every_path(compute):
+    """{path: compute()} for every kernel path this CPU runs"""
+    old = _cpu.get_path()
+    try:
+        results = {}
+        for p in filter(path_available, ALL_PATHS):
+            _cpu.set_path(p)
+            results[p] = compute()
+        return results
+    finally:
+        _cpu.set_path(old)
+
+
 def weights(type_name, rows, cols, seed):
     """(random valid blocks, blocks quantized from N(0, 1/cols) data)"""
     rng = np.random.default_rng(seed)
@@ -203,15 +216,7 @@ def test_mxfp4_small_exponents_through_the_kernels_as_scalar(ntok):
     raw[:10, :, 0] = rng.integers(0, 2, (10, cols // 32))              # a tile and more of subnormal scales alone
     w = _cpu.Weight("MXFP4", rows, cols, np.ascontiguousarray(raw.reshape(rows, -1)))
     x = rng.standard_normal((ntok, cols)).astype(np.float32)
-    old = _cpu.get_path()
-    try:
-        results = {}
-        for p in ALL_PATHS:
-            if path_available(p):
-                _cpu.set_path(p)
-                results[p] = w.matmul(x).view(np.uint32)
-    finally:
-        _cpu.set_path(old)
+    results = on_every_path(lambda: w.matmul(x).view(np.uint32))
     assert len(results) > 1, "no SIMD path on this CPU"
     assert np.isfinite(results["scalar"].view(np.float32)).all()
     tiny = np.abs(results["scalar"].view(np.float32)[:, :10])
@@ -257,14 +262,7 @@ def test_codebook_largest_block_sums_are_exact(type_name):
     assert W.min() > 0   # the grid entry of the largest sum, every value positive
     w = _cpu.Weight(type_name, rows, cols, raw)
     x = np.ones((12, cols), np.float32)
-    old = _cpu.get_path()
-    try:
-        results = {}
-        for p in filter(path_available, ALL_PATHS):
-            _cpu.set_path(p)
-            results[p] = [w.matmul(x[:n]) for n in (1, 12)]
-    finally:
-        _cpu.set_path(old)
+    results = on_every_path(lambda: [w.matmul(x[:n]) for n in (1, 12)])
     for p, ys in results.items():
         for y in ys:
             np.testing.assert_array_equal(y.view(np.uint32), results["scalar"][1][: len(y)].view(np.uint32), p)
@@ -288,14 +286,7 @@ def test_q6_k_largest_block_sums_are_exact(sign, ntok):
     assert (W == W[0, 0]).all() and W[0, 0] > 0
     w = _cpu.Weight("Q6_K", rows, cols, raw)
     x = np.full((ntok, cols), float(sign), np.float32)
-    old = _cpu.get_path()
-    try:
-        results = {}
-        for p in filter(path_available, ALL_PATHS):
-            _cpu.set_path(p)
-            results[p] = w.matmul(x)
-    finally:
-        _cpu.set_path(old)
+    results = on_every_path(lambda: w.matmul(x))
     assert len(results) > 1, "no SIMD path on this CPU"
     for p, y in results.items():
         np.testing.assert_array_equal(y.view(np.uint32), results["scalar"].view(np.uint32), p)
