@@ -4,10 +4,11 @@
 
 MODEL: a name of _common.REAL_FILES (default: the Qwen2.5-Coder-1.5B Q4_K_M file) or a path or name `inferd pull`
 resolves.
+
 Starts `inferd serve` (one sequence at a time, disk prompt cache off, info log), waits for /health, then streams
 --requests greedy completions one after another (a closed loop of one client, as bench/serve.py's c=1 level) and
-prints each request's median and largest gap between tokens, with the seconds since ready at which each ended and at
-which the server logged "weights in 2 MB pages" (the move runs on a thread of its own after the warm-up,
+prints each request's median and largest gap between tokens and when it ran (seconds since ready), then when the
+server logged "weights in 2 MB pages" (the move runs on a thread of its own after the warm-up,
 ext/cpu/hugemem.c). bench/serve.py's lowest levels run right after a server starts, so their tails include whatever
 this shows.
 """
