@@ -3,7 +3,7 @@ a server: where a served step of B streams spends its time (`bench/profile.py` d
 
     python bench/batch_profile.py [-m MODEL] [-b 16] [--depth 100] [--steps 24] [-t 2]
 
-(MODEL: as batch_decode.py's, a name of the REAL_FILES or a path.) Each sequence is primed with a `--depth`-token
+(MODEL: _common.decode_bench_args', a name of the REAL_FILES or a path.) Each sequence is primed with a `--depth`-token
 prompt and 4 decode steps (untimed), then `--steps` steps run with the stage profiler on; prints the median step and
 each stage's milliseconds per step with its share of the steps' wall time.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from _common import bench_model_path
+from _common import bench_model_path, decode_bench_args
 from batch_decode import batch_engine, step_times
 
 from inferd.model.loader import load_model
@@ -23,11 +23,10 @@ WARM_UP = 4
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-q4_k_m")
+    decode_bench_args(ap)
     ap.add_argument("-b", "--batch", type=int, default=16)
     ap.add_argument("--depth", type=int, default=100, help="prompt tokens of each sequence before the timed steps")
     ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
     if a.depth < 1 or a.batch < 1 or a.steps < 1:
         ap.error("--depth, --batch and --steps must be at least 1")

@@ -436,6 +436,7 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
                 hi[i] = p ? _mm256_add_epi16(hi[i], ph) : ph;
             }
         }
+        /* offsets_off's correction, broadcast once for the group's tiles (offsets_off per tile: 2-4% slower) */
         const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
         for (int i = 0; i < ntiles; i++) {
             const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
