@@ -13,8 +13,7 @@
  *      dw and mw being the rows' scale and min of the block (K-quants: d * sc and -(dmin * mn), exact in f32).
  * Integer sums are exact in any order, so the paths may use different instructions and chains; the float steps
  * are the same operations in the same order on every path and for every ntok: bit-identical results.
- * Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 and the types that keep their GGUF blocks (iq_lanes.h) have AVX2 kernels only
- * (KVNNI 0): the VNNI paths' rows of the table bind those. */
+ * Every type has its kernels on every path here; the zmm kernels (qpair512.c, qdecode512.c) cover fewer types. */
 
 #define KCAT_(a, b) a##_##b
 #define KCAT(a, b) KCAT_(a, b)
@@ -81,7 +80,8 @@ KINLINE void KFN(load_wv)(const int type, const uint8_t *blk, int s, __m256i wv[
     }
     if (type_is_iq4(type)) {   /* codes -> their int8 values (MXFP4: plus its offset): one byte shuffle per 32 */
         const int8_t *values = type == WT_MXFP4 ? MXFP4_PLUS_OFFSET : code_values(type);
-        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+        __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+        if (KVNNI && type != WT_MXFP4) book = _mm256_xor_si256(book, _mm256_set1_epi8((char)0x80));   /* v + 128 */
         for (int j = 0; j < 8; j++) wv[j] = _mm256_shuffle_epi8(book, wv[j]);
         return;
     }
@@ -163,6 +163,32 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
+#if KVNNI
+    /* Sub-blocks of 16 (Q2_K, Q3_K, the codebook types): each half's dpbusd sum times its scale. The values are
+     * unsigned as stored (Q3_K's q + 4: -4 * the half's sum of x to start from) or made so (the codebooks' v + 64,
+     * load_lanes: -64 * it, twice q6_corr). Signed 32-value blocks (IQ4_NL, IQ4_XS) hold v + 128 and start from
+     * q8_corr; IQ4_XS's one scale after. MXFP4 goes with the 4-bit types below. */
+    if (type_is_2bit(type) || type_keeps_blocks(type)) {
+        const int keeps = type_keeps_blocks(type), q3 = type == WT_Q3_K;
+        __m256i a = _mm256_set1_epi32(keeps ? 2 * xb->q6_corr[0] : q3 ? -4 * xb->hsum[0] : 0);
+        __m256i b = _mm256_set1_epi32(keeps ? 2 * xb->q6_corr[1] : q3 ? -4 * xb->hsum[1] : 0);
+        for (int j = 0; j < 4; j++) {
+            a = DPBUSD(a, wv[j], x[j]);
+            b = DPBUSD(b, wv[4 + j], x[4 + j]);
+        }
+        (void)ones; (void)chains;
+        return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
+    }
+    if (type == WT_IQ4_NL || type == WT_IQ4_XS) {
+        __m256i a = _mm256_set1_epi32(xb->q8_corr), b = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
+            else a = DPBUSD(a, wv[j], x[j]);
+        }
+        const __m256i sum = _mm256_add_epi32(a, b);
+        return type == WT_IQ4_XS ? _mm256_mullo_epi32(sum, q6->sc32[0]) : sum;
+    }
+#endif
     if (type_keeps_blocks(type)) {
         /* signed values: |v| times x with v's sign; each half of 16 values times its scale in the madd. A maddubs
          * pair is at most 2 * 62 * 127 (IQ3's grids), so two of them add in int16 before the madd; the IQ1 and
@@ -181,7 +207,7 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         }
         return sum;
     }
-    if (type == WT_MXFP4) {
+    if (!KVNNI && type == WT_MXFP4) {
         /* values + 12 (MXFP4_OFFSET) in [0, 24], unsigned: four maddubs pairs stay below 4 * 2 * 24 * 127 < 2^15
          * in int16, and 12 sum(x) comes off after: sum (v + 12) x - 12 sum x = sum v x, exact */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
@@ -192,7 +218,7 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         return KFN(offsets_off)(type, _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones)), q6,
                                 xb);
     }
-    if (type_is_iq4(type)) {
+    if (type == WT_IQ4_NL || type == WT_IQ4_XS) {
         /* signed values (|v| <= 127): |v| times x with v's sign, Q8_0's way; IQ4_XS's scale joins in the madd
          * (|pair sum| * 32 < 2^31) */
         const __m256i sc = type == WT_IQ4_XS ? q6->sc16[0] : ones;
@@ -340,6 +366,8 @@ KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i 
     if (type == WT_TQ1_0) KFN(tq1_lanes)(blk, s, wv, q6);
     else if (type == WT_TQ2_0) KFN(tq2_lanes)(blk, s, wv, q6);
     else KFN(gather_lanes)(type, blk, s, wv, q6);
+    if (KVNNI)   /* v + 64, unsigned for dpbusd (|v| <= 62: IQ3_XXS's grid) */
+        for (int j = 0; j < 8; j++) wv[j] = _mm256_add_epi8(wv[j], _mm256_set1_epi8(64));
 }
 
 /* the rows' d (f16, converted as load_f16x8 converts: exactly) times the type's factor */
@@ -407,11 +435,11 @@ KINLINE void KFN(tile)(const int type, const int ntok, const uint8_t *base, int 
     for (int k = 0; k < ntok; k++) KFN(store)(acc[k], y + (size_t)k * ldy + ycol, nrows, accumulate);
 }
 
-#if !KVNNI
 /* MXFP4's decode group: tiles_one's work with each block's activation broadcasts shared by the group's tiles (the
- * kernel is bound by its vector instructions, not by memory: nibbles, a byte shuffle per 32 codes, then maddubs) and
- * each tile's codes unpacked four values at a time beside their products. Per tile, block_isum's MXFP4 sums (the
- * same int16 chains, offsets_off's correction) and accumulate(): the same bits. */
+ * kernel is bound by its vector instructions, not by memory: nibbles, a byte shuffle per 32 codes, then the products)
+ * and each tile's codes unpacked four values at a time beside their products. Per tile, block_isum's MXFP4 sums (AVX2:
+ * the same int16 chains, then offsets_off's correction; VNNI: dpbusd from the correction) and accumulate(): the same
+ * bits. */
 KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
                                   const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
     const size_t bb = tile_block_bytes(WT_MXFP4);
@@ -423,6 +451,8 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk0 = base + (size_t)b * bb;
         const block_q8x *xb = xq + b;
+        /* offsets_off's correction, broadcast once for the group's tiles (offsets_off per tile: 2-4% slower) */
+        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
         __m256i lo[QGROUP_TILES], hi[QGROUP_TILES];
         decode_prefetch_step(&pf, b, (int)((ntiles * bb + 63) / 64), (int)((bb + 63) / 64));
         for (int p = 0; p < 4; p++) {   /* values 4p..4p+3 (low nibbles) and 16 + 4p.. (high) of every row */
@@ -431,23 +461,31 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(blk0 + i * tile_bytes + 8 + 32 * p));
                 const __m256i wl = _mm256_shuffle_epi8(book, _mm256_and_si256(v, m4));
                 const __m256i wh = _mm256_shuffle_epi8(book, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+#if KVNNI
+                lo[i] = DPBUSD(p ? lo[i] : corr, wl, xl);
+                hi[i] = DPBUSD(p ? hi[i] : _mm256_setzero_si256(), wh, xh);
+#else
                 const __m256i pl = _mm256_maddubs_epi16(wl, xl), ph = _mm256_maddubs_epi16(wh, xh);
                 lo[i] = p ? _mm256_add_epi16(lo[i], pl) : pl;
                 hi[i] = p ? _mm256_add_epi16(hi[i], ph) : ph;
+#endif
             }
         }
-        /* offsets_off's correction, broadcast once for the group's tiles (offsets_off per tile: 2-4% slower) */
-        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
         for (int i = 0; i < ntiles; i++) {
-            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(lo[i], ones), _mm256_madd_epi16(hi[i], ones));
+#if KVNNI
+            const __m256i sum = _mm256_add_epi32(lo[i], hi[i]);
+            (void)ones;
+#else
+            const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(lo[i], ones),
+                                                                  _mm256_madd_epi16(hi[i], ones)), corr);
+#endif
             const __m256 dw = KFN(load_d)(WT_MXFP4, blk0 + i * tile_bytes);
-            acc[i] = KFN(accumulate)(WT_MXFP4, acc[i], _mm256_add_epi32(sum, corr), dw, dw, xb);
+            acc[i] = KFN(accumulate)(WT_MXFP4, acc[i], sum, dw, dw, xb);
         }
     }
     for (int i = 0; i < ntiles; i++)
         KFN(store)(acc[i], y + TILE_ROWS * i, i == ntiles - 1 ? nrows_last : TILE_ROWS, accumulate);
 }
-#endif
 
 /* One token (a decode step) against `ntiles` adjacent tiles of one segment, block by block in lockstep: each
  * thread then streams `ntiles` regions of the weight at once instead of one, which keeps more of them in flight for
@@ -456,12 +494,10 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
  * y: the first tile's row 0; tile i's rows follow at y + 8 i, the last tile's nrows_last of them. */
 KINLINE void KFN(tiles_one)(const int type, const int ntiles, const uint8_t *base, size_t tile_bytes, int nb,
                             const block_q8x *xq, float *y, int nrows_last, int accumulate, int prefetch) {
-#if !KVNNI
     if (type == WT_MXFP4) {
         KFN(mxfp4_tiles_one)(ntiles, base, tile_bytes, nb, xq, y, nrows_last, accumulate, prefetch);
         return;
     }
-#endif
     const int nsub = type_is_k(type) ? 8 : 1;
     const size_t bb = tile_block_bytes(type);
     __m256 acc[4];
@@ -703,7 +739,6 @@ KDEFINE(q8_0, WT_Q8_0)
 KDEFINE(q4_k, WT_Q4_K)
 KDEFINE(q5_k, WT_Q5_K)
 KDEFINE(q6_k, WT_Q6_K)
-#if !KVNNI
 KDEFINE(q3_k, WT_Q3_K)
 KDEFINE(q2_k, WT_Q2_K)
 KDEFINE(iq4_nl, WT_IQ4_NL)
@@ -718,7 +753,6 @@ KDEFINE(iq1_s, WT_IQ1_S)
 KDEFINE(iq1_m, WT_IQ1_M)
 KDEFINE(tq1_0, WT_TQ1_0)
 KDEFINE(tq2_0, WT_TQ2_0)
-#endif
 #undef KDEFINE
 
 /* each type's kernels of this path, for its row of the type-traits table (type_traits.c): qtile_<type>_<path>.
@@ -742,7 +776,6 @@ KENTRY(q8_0, WT_Q8_0)
 KENTRY(q4_k, WT_Q4_K)
 KENTRY(q5_k, WT_Q5_K)
 KENTRY(q6_k, WT_Q6_K)
-#if !KVNNI
 KENTRY(q3_k, WT_Q3_K)
 KENTRY(q2_k, WT_Q2_K)
 KENTRY(iq4_nl, WT_IQ4_NL)
@@ -757,7 +790,6 @@ KENTRY(iq1_s, WT_IQ1_S)
 KENTRY(iq1_m, WT_IQ1_M)
 KENTRY(tq1_0, WT_TQ1_0)
 KENTRY(tq2_0, WT_TQ2_0)
-#endif
 #undef KENTRY
 #undef KTOKENS
 #undef KBATCH_MIN

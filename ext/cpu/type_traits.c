@@ -20,19 +20,13 @@
                         int nb32, int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch);
 #define TILES(name) {[PATH_AVX2] = &qtile_##name##_avx2, [PATH_AVX512VNNI] = &qtile_##name##_avx512vnni,         \
                      [PATH_AVXVNNI] = &qtile_##name##_avxvnni}
-/* the types with AVX2 tile kernels only: the VNNI paths run those (the same bits; no VNNI copy to test) */
-#define AVX2_KERNELS(name) extern const qkernel_t qtile_##name##_avx2;
-#define TILES_AVX2(name) {[PATH_AVX2] = &qtile_##name##_avx2, [PATH_AVX512VNNI] = &qtile_##name##_avx2,              \
-                          [PATH_AVXVNNI] = &qtile_##name##_avx2}
 #define PAIR(name) qpair_##name
 #define DECODE(name) qdecode_##name
 #define FLOAT_ROWS {float_rows_scalar, float_rows_avx2, float_rows_avx2, float_rows_avx2}
 #else
 #define SIMD_KERNELS(name)
 #define DECODE_KERNEL(name)
-#define AVX2_KERNELS(name)
 #define TILES(name) {NULL}
-#define TILES_AVX2(name) {NULL}
 #define PAIR(name) NULL
 #define DECODE(name) NULL
 #define FLOAT_ROWS {float_rows_scalar}
@@ -43,7 +37,6 @@
     void qscalar_##name(const uint8_t *base, int nb, const block_q8x *xq, int nb32, int ntok, float *y, int ldy, \
                         int ycol, int nrows, int accumulate);
 #define QUANT_KERNELS(name) BASE_KERNELS(name) SIMD_KERNELS(name)
-#define QUANT_KERNELS_AVX2(name) BASE_KERNELS(name) AVX2_KERNELS(name)
 
 void repack_rows(const repack_t *f, int64_t begin, int64_t end);
 void quantize_row_q8_0(const float *x, int n, uint8_t *out);
@@ -64,20 +57,20 @@ QUANT_KERNELS(q8_0)
 QUANT_KERNELS(q4_k) DECODE_KERNEL(q4_k)
 QUANT_KERNELS(q5_k) DECODE_KERNEL(q5_k)
 QUANT_KERNELS(q6_k) DECODE_KERNEL(q6_k)
-QUANT_KERNELS_AVX2(q3_k)
-QUANT_KERNELS_AVX2(q2_k)
-QUANT_KERNELS_AVX2(iq4_nl)
-QUANT_KERNELS_AVX2(iq4_xs)
-QUANT_KERNELS_AVX2(mxfp4)
-QUANT_KERNELS_AVX2(iq2_xxs)
-QUANT_KERNELS_AVX2(iq2_xs)
-QUANT_KERNELS_AVX2(iq2_s)
-QUANT_KERNELS_AVX2(iq3_xxs)
-QUANT_KERNELS_AVX2(iq3_s)
-QUANT_KERNELS_AVX2(iq1_s)
-QUANT_KERNELS_AVX2(iq1_m)
-QUANT_KERNELS_AVX2(tq1_0)
-QUANT_KERNELS_AVX2(tq2_0)
+QUANT_KERNELS(q3_k)
+QUANT_KERNELS(q2_k)
+QUANT_KERNELS(iq4_nl)
+QUANT_KERNELS(iq4_xs)
+QUANT_KERNELS(mxfp4)
+QUANT_KERNELS(iq2_xxs)
+QUANT_KERNELS(iq2_xs)
+QUANT_KERNELS(iq2_s)
+QUANT_KERNELS(iq3_xxs)
+QUANT_KERNELS(iq3_s)
+QUANT_KERNELS(iq1_s)
+QUANT_KERNELS(iq1_m)
+QUANT_KERNELS(tq1_0)
+QUANT_KERNELS(tq2_0)
 
 /* ---- the table: one row per type ---- */
 #define FLOAT_ROW(NAME, BYTES, DEQUANT)                                                                            \
@@ -85,10 +78,10 @@ QUANT_KERNELS_AVX2(tq2_0)
 #define QUANT_ROW(NAME, name, COLS, GGUF_BYTES, TILE_BYTES, QUANTIZE_FN, DECODE_FN)                               \
     {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, QUANTIZE_FN, {NULL}, qscalar_##name,    \
      TILES(name), PAIR(name), DECODE_FN}
-/* a type with scalar and AVX2 kernels (every SIMD path runs the AVX2 ones), no AVX-512 pair or decode kernels */
-#define QUANT_ROW_AVX2(NAME, name, COLS, GGUF_BYTES, TILE_BYTES)                                                  \
+/* a type with tile kernels on every path but no zmm pair or decode kernels (qpair512.c, qdecode512.c) */
+#define QUANT_ROW_YMM(NAME, name, COLS, GGUF_BYTES, TILE_BYTES)                                                   \
     {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, NULL, {NULL}, qscalar_##name,           \
-     TILES_AVX2(name), NULL, NULL}
+     TILES(name), NULL, NULL}
 static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     /* FLOAT_ROW(name, bytes per value, dequantize); QUANT_ROW(name, its functions' suffix, values per block, GGUF
      * block bytes, tile block bytes, its quantizer or NULL, its zmm decode kernel or NULL) */
@@ -103,20 +96,20 @@ static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     [WT_Q4_K] = QUANT_ROW("Q4_K", q4_k, QK_K, 144, TB_Q4_K, NULL, DECODE(q4_k)),
     [WT_Q5_K] = QUANT_ROW("Q5_K", q5_k, QK_K, 176, TB_Q5_K, NULL, DECODE(q5_k)),
     [WT_Q6_K] = QUANT_ROW("Q6_K", q6_k, QK_K, 210, TB_Q6_K, NULL, DECODE(q6_k)),
-    [WT_Q2_K] = QUANT_ROW_AVX2("Q2_K", q2_k, QK_K, 84, TB_Q2_K),
-    [WT_Q3_K] = QUANT_ROW_AVX2("Q3_K", q3_k, QK_K, 110, TB_Q3_K),
-    [WT_IQ4_NL] = QUANT_ROW_AVX2("IQ4_NL", iq4_nl, QK, 18, TB_IQ4_NL),
-    [WT_IQ4_XS] = QUANT_ROW_AVX2("IQ4_XS", iq4_xs, QK_K, 136, TB_IQ4_XS),
-    [WT_MXFP4] = QUANT_ROW_AVX2("MXFP4", mxfp4, QK, 17, TB_MXFP4),
-    [WT_IQ2_XXS] = QUANT_ROW_AVX2("IQ2_XXS", iq2_xxs, QK_K, 66, TB_IQ2_XXS),
-    [WT_IQ2_XS] = QUANT_ROW_AVX2("IQ2_XS", iq2_xs, QK_K, 74, TB_IQ2_XS),
-    [WT_IQ2_S] = QUANT_ROW_AVX2("IQ2_S", iq2_s, QK_K, 82, TB_IQ2_S),
-    [WT_IQ3_XXS] = QUANT_ROW_AVX2("IQ3_XXS", iq3_xxs, QK_K, 98, TB_IQ3_XXS),
-    [WT_IQ3_S] = QUANT_ROW_AVX2("IQ3_S", iq3_s, QK_K, 110, TB_IQ3_S),
-    [WT_IQ1_S] = QUANT_ROW_AVX2("IQ1_S", iq1_s, QK_K, 50, TB_IQ1_S),
-    [WT_IQ1_M] = QUANT_ROW_AVX2("IQ1_M", iq1_m, QK_K, 56, TB_IQ1_M),
-    [WT_TQ1_0] = QUANT_ROW_AVX2("TQ1_0", tq1_0, QK_K, 54, TB_TQ1_0),
-    [WT_TQ2_0] = QUANT_ROW_AVX2("TQ2_0", tq2_0, QK_K, 66, TB_TQ2_0),
+    [WT_Q2_K] = QUANT_ROW_YMM("Q2_K", q2_k, QK_K, 84, TB_Q2_K),
+    [WT_Q3_K] = QUANT_ROW_YMM("Q3_K", q3_k, QK_K, 110, TB_Q3_K),
+    [WT_IQ4_NL] = QUANT_ROW_YMM("IQ4_NL", iq4_nl, QK, 18, TB_IQ4_NL),
+    [WT_IQ4_XS] = QUANT_ROW_YMM("IQ4_XS", iq4_xs, QK_K, 136, TB_IQ4_XS),
+    [WT_MXFP4] = QUANT_ROW_YMM("MXFP4", mxfp4, QK, 17, TB_MXFP4),
+    [WT_IQ2_XXS] = QUANT_ROW_YMM("IQ2_XXS", iq2_xxs, QK_K, 66, TB_IQ2_XXS),
+    [WT_IQ2_XS] = QUANT_ROW_YMM("IQ2_XS", iq2_xs, QK_K, 74, TB_IQ2_XS),
+    [WT_IQ2_S] = QUANT_ROW_YMM("IQ2_S", iq2_s, QK_K, 82, TB_IQ2_S),
+    [WT_IQ3_XXS] = QUANT_ROW_YMM("IQ3_XXS", iq3_xxs, QK_K, 98, TB_IQ3_XXS),
+    [WT_IQ3_S] = QUANT_ROW_YMM("IQ3_S", iq3_s, QK_K, 110, TB_IQ3_S),
+    [WT_IQ1_S] = QUANT_ROW_YMM("IQ1_S", iq1_s, QK_K, 50, TB_IQ1_S),
+    [WT_IQ1_M] = QUANT_ROW_YMM("IQ1_M", iq1_m, QK_K, 56, TB_IQ1_M),
+    [WT_TQ1_0] = QUANT_ROW_YMM("TQ1_0", tq1_0, QK_K, 54, TB_TQ1_0),
+    [WT_TQ2_0] = QUANT_ROW_YMM("TQ2_0", tq2_0, QK_K, 66, TB_TQ2_0),
 };
 
 const type_traits_t *type_traits(int type) {
