@@ -1,5 +1,5 @@
-/* Prefill of the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) over pairs of tiles in AVX-512
- * registers.
+/* Prefill of the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) over pairs
+ * of tiles in AVX-512 registers.
  *
  * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
  * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
@@ -12,7 +12,8 @@
  * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
  * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. Q6_K's int32 sum carries its scales of
  * 16 values: two chains (values 0-15 and 16-31, each from the activation's -32 sum x) times the rows' two scales,
- * kept beside the panel; on AMX each half is a tile product of its own (K = 16). */
+ * kept beside the panel; on AMX each half is a tile product of its own (K = 16). IQ4_XS's int32 sum is the block's
+ * times its rows' one scale, likewise kept beside the panel; it, IQ4_NL and MXFP4 run the zmm kernels, not AMX. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -52,12 +53,24 @@ PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of eac
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
 }
 
+/* MXFP4's 16 E8M0 bytes as floats: qtile.h's load_e8m0x8 on 16 lanes */
+PINLINE __m512 join_e8m0(const uint8_t *a, const uint8_t *b) {
+    __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+    const __m512i em1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(1));
+    const __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x00400000), _mm512_sub_epi32(_mm512_setzero_si512(), em1));
+    return _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(em1, 23), sub));
+}
+PINLINE __m512i join_i8(const uint8_t *a, const uint8_t *b) {   /* 8 int8 bytes of each tile as 16 int32 */
+    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                                   _mm_loadl_epi64((const __m128i *)b)));
+}
+
 /* Q6_K: bits 2p..2p+1 of the h2bit bytes become bits 4-5 of the values (16-bit shifts: what crosses bytes is masked) */
 PINLINE __m512i q6_high(__m512i h, int p) {
     return p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 2) : p == 2 ? h : _mm512_srli_epi16(h, 2);
 }
 
-/* sc6 (Q6_K only): per block, the rows' scales of values 0-15 and of 16-31 as int32 (lane 8i + r) */
+/* sc6: per block, the rows' int scales as int32 (lane 8i + r): Q6_K's of values 0-15 and of 16-31, IQ4_XS's one */
 PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
                           pair_block_t *p, __m512i *sc6) {
     const size_t bb = tile_block_bytes(type);
@@ -66,7 +79,7 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
     for (int i = 0; i < nb * nsub; i++, p++) {
         const int b = i / nsub, sub = i % nsub;
         const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
-        p->dw = join_f16(a, c);
+        p->dw = type == WT_MXFP4 ? join_e8m0(a, c) : join_f16(a, c);
         p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
         if (type == WT_Q4_K || type == WT_Q5_K) {   /* dw = d * sc, mw = -(dmin * mn): matmul.c's order */
             const size_t so = tile_scales_off(type, sub);
@@ -115,6 +128,16 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
             p->wv[6] = _mm512_or_si512(p->wv[6], _mm512_and_si512(_mm512_srli_epi16(h, 2), m5));
             p->wv[7] = _mm512_or_si512(p->wv[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), m5));
         }
+        if (type_is_iq4(type)) {   /* codes -> values: signed, or dpbusd's unsigned v + 128 (MXFP4: v + 12) */
+            const int8_t *values = type == WT_MXFP4 && !sign ? MXFP4_PLUS_OFFSET : code_values(type);
+            __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)values));
+            if (!sign && type != WT_MXFP4) book = _mm512_xor_si512(book, _mm512_set1_epi8((char)0x80));
+            for (int j = 0; j < 8; j++) p->wv[j] = _mm512_shuffle_epi8(book, p->wv[j]);
+            if (type == WT_IQ4_XS) {
+                const size_t so = tile_scales_off(type, sub);
+                sc6[2 * i] = join_i8(a + so, c + so);
+            }
+        }
         if (sign && (type == WT_Q4_0 || type == WT_Q5_0)) {
             const __m512i off = _mm512_set1_epi8(type == WT_Q4_0 ? 8 : 16);
             for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], off);
@@ -126,7 +149,9 @@ PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _m
 
 /* the integer sum's starting value: the correction of the types stored unsigned with an offset */
 PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
-    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum : type == WT_Q8_0 ? xb->q8_corr : 0;
+    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum
+           : type == WT_Q8_0 || type == WT_IQ4_NL || type == WT_IQ4_XS ? xb->q8_corr
+           : type == WT_MXFP4 ? -MXFP4_OFFSET * xb->isum : 0;
 }
 
 /* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
@@ -148,6 +173,7 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, con
             } else {
                 s = _mm512_set1_epi32(start_sum(type, xb));
                 for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
+                if (type == WT_IQ4_XS) s = _mm512_mullo_epi32(s, sc6[2 * b]);
             }
             __m512 dx = _mm512_set1_ps(xb->d);
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
@@ -310,10 +336,10 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
                          float *y, int ldy, int nrows, int accumulate, int amx) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
-    __m512i sc6[type == WT_Q6_K ? 2 * nb32 : 1];
+    __m512i sc6[type == WT_Q6_K || type == WT_IQ4_XS ? 2 * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
-    if (ntok >= AMX_MIN_TOKENS && amx) {
+    if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type)) {
         prepare_pair(type, 1, ta, tb, nb, p, sc6);
         if (type == WT_Q6_K) {
             amx_configure_q6();
@@ -350,6 +376,9 @@ PDEFINE(q8_0, WT_Q8_0)
 PDEFINE(q4_k, WT_Q4_K)
 PDEFINE(q5_k, WT_Q5_K)
 PDEFINE(q6_k, WT_Q6_K)
+PDEFINE(iq4_nl, WT_IQ4_NL)
+PDEFINE(iq4_xs, WT_IQ4_XS)
+PDEFINE(mxfp4, WT_MXFP4)
 #undef PDEFINE
 
 #pragma GCC pop_options
