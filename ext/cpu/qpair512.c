@@ -1,5 +1,4 @@
-/* Prefill of the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) over pairs
- * of tiles in AVX-512 registers.
+/* Prefill of the quantized types (all but the codebook and ternary ones) over pairs of tiles in AVX-512 registers.
  *
  * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
  * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
@@ -12,8 +11,10 @@
  * Q5_1, acc = fma(float(sum x), mw * dx, acc), block after block in column order. So the results equal the scalar,
  * AVX2 and ymm-VNNI paths' and do not depend on how many tokens share a call. Q6_K's int32 sum carries its scales of
  * 16 values: two chains (values 0-15 and 16-31, each from the activation's -32 sum x) times the rows' two scales,
- * kept beside the panel; on AMX each half is a tile product of its own (K = 16). IQ4_XS's int32 sum is the block's
- * times its rows' one scale, likewise kept beside the panel; it, IQ4_NL and MXFP4 run the zmm kernels, not AMX. */
+ * kept beside the panel; on AMX each half is a tile product of its own (K = 16). Q3_K and Q2_K go by halves the same
+ * way (Q3_K's from -4 sum x, its values being q + 4), Q2_K then adds its mins' term as qtile.h's isum_acc does;
+ * IQ4_XS's int32 sum is the block's times its rows' one scale. The int scales (and Q2_K's mins) lie beside the panel.
+ * Those four, IQ4_NL and MXFP4 run the zmm kernels, not AMX. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -60,19 +61,26 @@ PINLINE __m512 join_e8m0(const uint8_t *a, const uint8_t *b) {
     const __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x00400000), _mm512_sub_epi32(_mm512_setzero_si512(), em1));
     return _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(em1, 23), sub));
 }
-PINLINE __m512i join_i8(const uint8_t *a, const uint8_t *b) {   /* 8 int8 bytes of each tile as 16 int32 */
-    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
-                                                   _mm_loadl_epi64((const __m128i *)b)));
+PINLINE __m128i join_bytes(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile */
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
 }
+
+/* the int scales kept beside the panel, per 32-value block: Q6_K's, Q3_K's and Q2_K's two (values 0-15, 16-31),
+ * IQ4_XS's one; after Q2_K's, its two mins as int16 in each lane (for one madd with the activation's hsum) */
+PINLINE int int_scales(const int type) {
+    return type == WT_Q2_K ? 3 : type == WT_Q6_K || type == WT_Q3_K ? 2 : type == WT_IQ4_XS ? 1 : 0;
+}
+/* the types whose block sums go by halves of 16 values, each times its own scale */
+PINLINE int by_halves(const int type) { return type == WT_Q6_K || type == WT_Q3_K || type == WT_Q2_K; }
 
 /* Q6_K: bits 2p..2p+1 of the h2bit bytes become bits 4-5 of the values (16-bit shifts: what crosses bytes is masked) */
 PINLINE __m512i q6_high(__m512i h, int p) {
     return p == 0 ? _mm512_slli_epi16(h, 4) : p == 1 ? _mm512_slli_epi16(h, 2) : p == 2 ? h : _mm512_srli_epi16(h, 2);
 }
 
-/* sc6: per block, the rows' int scales as int32 (lane 8i + r): Q6_K's of values 0-15 and of 16-31, IQ4_XS's one */
+/* sc: per block, int_scales(type) vectors of the rows' int scales as int32 (lane 8i + r) */
 PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
-                          pair_block_t *p, __m512i *sc6) {
+                          pair_block_t *p, __m512i *sc) {
     const size_t bb = tile_block_bytes(type);
     const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
@@ -98,11 +106,39 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
                                                          m30, 0xf8);   /* A | (B & C) */
             }
             __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + so)));   /* [sc0 | sc1] */
-            __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + so)));
-            sc6[2 * i] = _mm512_shuffle_i32x4(sa, sc, 0x44);
-            sc6[2 * i + 1] = _mm512_shuffle_i32x4(sa, sc, 0xee);
+            __m512i sb = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + so)));
+            sc[2 * i] = _mm512_shuffle_i32x4(sa, sb, 0x44);
+            sc[2 * i + 1] = _mm512_shuffle_i32x4(sa, sb, 0xee);
             if (sign)   /* q - 32 for dpbssd: each half's sum is then sum (q - 32) x directly */
                 for (int j = 0; j < 8; j++) p->wv[j] = _mm512_sub_epi8(p->wv[j], _mm512_set1_epi8(32));
+            continue;
+        }
+        if (type_is_2bit(type)) {   /* qtile.h's load_wv: a q2group, Q3_K's third bit from its hbit piece */
+            const size_t g = tile_group_off(type, sub), so = tile_scales_off(type, sub);
+            const __m512i m2 = _mm512_set1_epi8(3);
+            for (int v = 0; v < 2; v++) {
+                const __m512i q = join256(a + g + 32 * v, c + g + 32 * v);
+                for (int k = 0; k < 4; k++) p->wv[4 * v + k] = _mm512_and_si512(_mm512_srli_epi16(q, 2 * k), m2);
+            }
+            if (type == WT_Q3_K) {   /* bit j of the hbit bytes -> bit 2 of wv[j]; values q + 4 */
+                const size_t ho = tile_hbits_off(type, sub);
+                const __m512i h = join256(a + ho, c + ho), m = _mm512_set1_epi8(4);
+                p->wv[0] = _mm512_or_si512(p->wv[0], _mm512_and_si512(_mm512_slli_epi16(h, 2), m));
+                p->wv[1] = _mm512_or_si512(p->wv[1], _mm512_and_si512(_mm512_slli_epi16(h, 1), m));
+                for (int j = 2; j < 8; j++)
+                    p->wv[j] = _mm512_or_si512(p->wv[j], _mm512_and_si512(_mm512_srli_epi16(h, j - 2), m));
+                sc[2 * i] = _mm512_cvtepi8_epi32(join_bytes(a + so, c + so));
+                sc[2 * i + 1] = _mm512_cvtepi8_epi32(join_bytes(a + so + 8, c + so + 8));
+            } else {   /* Q2_K: bytes sc | mn << 4; mw = -dmin */
+                const __m512i m4i = _mm512_set1_epi32(15);
+                const __m512i h0 = _mm512_cvtepu8_epi32(join_bytes(a + so, c + so));
+                const __m512i h1 = _mm512_cvtepu8_epi32(join_bytes(a + so + 8, c + so + 8));
+                sc[3 * i] = _mm512_and_si512(h0, m4i);
+                sc[3 * i + 1] = _mm512_and_si512(h1, m4i);
+                sc[3 * i + 2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4), _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
+                p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(join_f16(a + 16, c + 16)),
+                                                             _mm512_set1_epi32(INT32_MIN)));
+            }
             continue;
         }
         if (type == WT_Q8_0) {   /* w + 128: unsigned; the activation's q8_corr takes the 128 sum(x) back */
@@ -135,7 +171,7 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
             for (int j = 0; j < 8; j++) p->wv[j] = _mm512_shuffle_epi8(book, p->wv[j]);
             if (type == WT_IQ4_XS) {
                 const size_t so = tile_scales_off(type, sub);
-                sc6[2 * i] = join_i8(a + so, c + so);
+                sc[i] = _mm512_cvtepi8_epi32(join_bytes(a + so, c + so));
             }
         }
         if (sign && (type == WT_Q4_0 || type == WT_Q5_0)) {
@@ -155,25 +191,28 @@ PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
 }
 
 /* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
-PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc6, int nb32,
+PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc, int nb32,
                          const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate) {
     __m512 acc[PAIR_NT];
     for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
     for (int b = 0; b < nb32; b++, p++) {
         const block_q8x *xb = xq + b;
+        const __m512i *bs = sc + int_scales(type) * b;
         for (int k = 0; k < n; k++, xb += nb32) {
             __m512i s;
-            if (type == WT_Q6_K) {   /* sc0 (sum_0..15 q x - 32 sum x) + sc1 (the same over 16..31) */
-                __m512i lo = _mm512_set1_epi32(xb->q6_corr[0]), hi = _mm512_set1_epi32(xb->q6_corr[1]);
+            if (by_halves(type)) {   /* sc0 (sum_0..15 q x - offset sum x) + sc1 (the same over 16..31) */
+                const int q6 = type == WT_Q6_K, q3 = type == WT_Q3_K;
+                __m512i lo = _mm512_set1_epi32(q6 ? xb->q6_corr[0] : q3 ? -4 * xb->hsum[0] : 0);
+                __m512i hi = _mm512_set1_epi32(q6 ? xb->q6_corr[1] : q3 ? -4 * xb->hsum[1] : 0);
                 for (int j = 0; j < 4; j++) {
                     lo = _mm512_dpbusd_epi32(lo, p->wv[j], bcast4(xb->qs + 4 * j));
                     hi = _mm512_dpbusd_epi32(hi, p->wv[4 + j], bcast4(xb->qs + 16 + 4 * j));
                 }
-                s = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc6[2 * b]), _mm512_mullo_epi32(hi, sc6[2 * b + 1]));
+                s = _mm512_add_epi32(_mm512_mullo_epi32(lo, bs[0]), _mm512_mullo_epi32(hi, bs[1]));
             } else {
                 s = _mm512_set1_epi32(start_sum(type, xb));
                 for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
-                if (type == WT_IQ4_XS) s = _mm512_mullo_epi32(s, sc6[2 * b]);
+                if (type == WT_IQ4_XS) s = _mm512_mullo_epi32(s, bs[0]);
             }
             __m512 dx = _mm512_set1_ps(xb->d);
             acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(p->dw, dx), acc[k]);
@@ -181,6 +220,10 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, con
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_set1_epi32(xb->isum)), _mm512_mul_ps(p->mw, dx), acc[k]);
             else if (type == WT_Q4_K || type == WT_Q5_K)
                 acc[k] = _mm512_fmadd_ps(p->mw, _mm512_set1_ps(xb->dsum), acc[k]);
+            else if (type == WT_Q2_K) {   /* mn0 sum_0..15 x + mn1 sum_16..31 x, times -dmin dx */
+                const __m512i imin = _mm512_madd_epi16(bs[2], bcast4((const int8_t *)xb->hsum));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(p->mw, dx), acc[k]);
+            }
         }
     }
     for (int k = 0; k < n; k++) {
@@ -336,15 +379,15 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
                          float *y, int ldy, int nrows, int accumulate, int amx) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
-    __m512i sc6[type == WT_Q6_K || type == WT_IQ4_XS ? 2 * nb32 : 1];
+    __m512i sc[int_scales(type) ? int_scales(type) * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
     int t = 0;
-    if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type)) {
-        prepare_pair(type, 1, ta, tb, nb, p, sc6);
+    if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type)) {
+        prepare_pair(type, 1, ta, tb, nb, p, sc);
         if (type == WT_Q6_K) {
             amx_configure_q6();
             for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
-                amx_tokens_q6(p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+                amx_tokens_q6(p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
         } else {
             amx_configure();
             for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
@@ -353,13 +396,13 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         amx_release();
         if (t == ntok) return;
     }
-    prepare_pair(type, 0, ta, tb, nb, p, sc6);
+    prepare_pair(type, 0, ta, tb, nb, p, sc);
     for (; t + PAIR_NT <= ntok; t += PAIR_NT)
-        pair_tokens(type, PAIR_NT, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, PAIR_NT, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t + 4 <= ntok; t += 4)
-        pair_tokens(type, 4, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 4, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
     for (; t < ntok; t++)
-        pair_tokens(type, 1, p, sc6, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+        pair_tokens(type, 1, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
 }
 
 /* each type's kernel, for its row of the type-traits table (type_traits.c) */
@@ -376,6 +419,8 @@ PDEFINE(q8_0, WT_Q8_0)
 PDEFINE(q4_k, WT_Q4_K)
 PDEFINE(q5_k, WT_Q5_K)
 PDEFINE(q6_k, WT_Q6_K)
+PDEFINE(q3_k, WT_Q3_K)
+PDEFINE(q2_k, WT_Q2_K)
 PDEFINE(iq4_nl, WT_IQ4_NL)
 PDEFINE(iq4_xs, WT_IQ4_XS)
 PDEFINE(mxfp4, WT_MXFP4)
