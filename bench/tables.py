@@ -39,9 +39,12 @@ def ratio_cell(ratio: float, spread: list[float]) -> str:
 
 
 def where(path: Path, data: dict[str, Any], link_base: str) -> str:
+    """the run's date, CPU and kernel path (rows of one table may come from different machines), linked"""
     machine = data.get("machine") or {}
     cpu = f", {machine['cpu']}" if machine.get("cpu") else ""
-    return f"[{data.get('date', '?')}{cpu}]({link_base}{path.name.replace('.json', '.md')})"
+    kernels = data.get("kernels") or next(iter(re.findall(r"(\w+) kernels", data.get("title", ""))), "")
+    path_cell = f", {kernels}" if kernels else ""
+    return f"[{data.get('date', '?')}{cpu}{path_cell}]({link_base}{path.name.replace('.json', '.md')})"
 
 
 Row = tuple[tuple[str, str], str, list[str]]  # (what it measures, when, the cells)

@@ -49,6 +49,22 @@ def test_every_row_is_computed_from_the_json(results):
     assert "c=16" in text
 
 
+def test_a_row_names_its_kernel_path(results):
+    """rows of one table come from different machines: each names the kernel path its run used (the decode JSON's
+    `kernels`, the served run's title)"""
+    machine = {"cpu": "Test CPU", "simd": ["avx512_vnni"], "cores": 2, "memory_gib": 8.0}
+    _common.write_results(results / "vs_llamacpp_vnni.md", "# vnni\n", {
+        "kind": "vs_llamacpp", "date": "2026-01-03 00:00", "machine": machine, "kv_cache": "f16",
+        "kernels": "avx512vnni", "rows": [decode_row("pp512", 0, 500.0, 100.0, [4.9, 5.1])]})
+    _common.write_results(results / "serve_vnni.md", "# serve\n", {
+        "kind": "serve", "date": "2026-01-03 01:00", "machine": machine, "model": "m-q4_0", "workload": "uniform",
+        "title": "inferd vs llama-server, m.gguf, 2 threads, avx512vnni kernels, 100 prompt + 64 output tokens",
+        "levels": {"8": {"inferd": side(400.0, 0.1, 0.06, [2.5]), "llama-server": side(150.0, 0.5, 0.03, [])}}})
+    text = tables.table("r/", headline=True)
+    assert "| 5.00x [4.90-5.10] | [2026-01-03 00:00, Test CPU, avx512vnni](r/vs_llamacpp_vnni.md) |" in text
+    assert "[2026-01-03 01:00, Test CPU, avx512vnni](r/serve_vnni.md)" in text
+
+
 def test_the_headline_keeps_depth_0_and_c_8(results):
     text = tables.table("r/", headline=True)
     assert "pp512" in text and "depth 4096" not in text
