@@ -42,7 +42,8 @@ def where(path: Path, data: dict[str, Any], link_base: str) -> str:
     """the run's date, CPU and kernel path (rows of one table may come from different machines), linked"""
     machine = data.get("machine") or {}
     cpu = f", {machine['cpu']}" if machine.get("cpu") else ""
-    kernels = data.get("kernels") or next(iter(re.findall(r"(\w+) kernels", data.get("title", ""))), "")
+    titled = re.search(r"(\w+) kernels", data.get("title", ""))
+    kernels = data.get("kernels") or (titled.group(1) if titled else "")
     path_cell = f", {kernels}" if kernels else ""
     return f"[{data.get('date', '?')}{cpu}{path_cell}]({link_base}{path.name.replace('.json', '.md')})"
 

@@ -14,7 +14,7 @@
  * kept beside the panel; on AMX each half is a tile product of its own (K = 16). Q3_K and Q2_K go by halves the same
  * way (Q3_K's from -4 sum x, its values being q + 4), Q2_K then adds its mins' term as qtile.h's isum_acc does;
  * IQ4_XS's int32 sum is the block's times its rows' one scale. The int scales (and Q2_K's mins) lie beside the panel.
- * Those four, IQ4_NL and MXFP4 run the zmm kernels, not AMX. */
+ * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 run these zmm kernels only, not AMX. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -49,29 +49,24 @@ PINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {
 /* tile.h's pieces of the two tiles' blocks put together (the same bit moves as qtile.h's load_wv) */
 /* signed: the values as dpbssd's signed bytes (q - 8 for Q4_0, q - 16 for Q5_0, Q8_0's own), for the AMX kernel;
  * else as dpbusd's unsigned bytes (Q8_0 + 128), the activation's correction taking the offset back */
+PINLINE __m128i join_bytes(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile */
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+}
 PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile as 16 floats */
-    __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(join_bytes(a, b)));
 }
 
 /* MXFP4's 16 E8M0 bytes as floats: qtile.h's load_e8m0x8 on 16 lanes */
 PINLINE __m512 join_e8m0(const uint8_t *a, const uint8_t *b) {
-    __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
-    const __m512i em1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(1));
+    const __m512i em1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(join_bytes(a, b)), _mm512_set1_epi32(1));
     const __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x00400000), _mm512_sub_epi32(_mm512_setzero_si512(), em1));
     return _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(em1, 23), sub));
 }
-PINLINE __m128i join_bytes(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of each tile */
-    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
-}
-
-/* the int scales kept beside the panel, per 32-value block: Q6_K's, Q3_K's and Q2_K's two (values 0-15, 16-31),
- * IQ4_XS's one; after Q2_K's, its two mins as int16 in each lane (for one madd with the activation's hsum) */
+/* the int scales kept beside the panel, per 32-value block: a by-halves type's two (values 0-15, 16-31), IQ4_XS's
+ * one; after Q2_K's, its two mins as int16 in each lane (for one madd with the activation's hsum) */
 PINLINE int int_scales(const int type) {
-    return type == WT_Q2_K ? 3 : type == WT_Q6_K || type == WT_Q3_K ? 2 : type == WT_IQ4_XS ? 1 : 0;
+    return type == WT_Q2_K ? 3 : type_by_halves(type) ? 2 : type == WT_IQ4_XS ? 1 : 0;
 }
-/* the types whose block sums go by halves of 16 values, each times its own scale */
-PINLINE int by_halves(const int type) { return type == WT_Q6_K || type == WT_Q3_K || type == WT_Q2_K; }
 
 /* Q6_K: bits 2p..2p+1 of the h2bit bytes become bits 4-5 of the values (16-bit shifts: what crosses bytes is masked) */
 PINLINE __m512i q6_high(__m512i h, int p) {
@@ -135,7 +130,8 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
                 const __m512i h1 = _mm512_cvtepu8_epi32(join_bytes(a + so + 8, c + so + 8));
                 sc[3 * i] = _mm512_and_si512(h0, m4i);
                 sc[3 * i + 1] = _mm512_and_si512(h1, m4i);
-                sc[3 * i + 2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4), _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
+                sc[3 * i + 2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4),
+                                                _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
                 p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(join_f16(a + 16, c + 16)),
                                                              _mm512_set1_epi32(INT32_MIN)));
             }
@@ -183,13 +179,6 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
 
 PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
-/* the integer sum's starting value: the correction of the types stored unsigned with an offset */
-PINLINE int32_t start_sum(const int type, const block_q8x *xb) {
-    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum
-           : type == WT_Q8_0 || type == WT_IQ4_NL || type == WT_IQ4_XS ? xb->q8_corr
-           : type == WT_MXFP4 ? -MXFP4_OFFSET * xb->isum : 0;
-}
-
 /* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
 PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc, int nb32,
                          const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate) {
@@ -200,17 +189,16 @@ PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, con
         const __m512i *bs = sc + int_scales(type) * b;
         for (int k = 0; k < n; k++, xb += nb32) {
             __m512i s;
-            if (by_halves(type)) {   /* sc0 (sum_0..15 q x - offset sum x) + sc1 (the same over 16..31) */
-                const int q6 = type == WT_Q6_K, q3 = type == WT_Q3_K;
-                __m512i lo = _mm512_set1_epi32(q6 ? xb->q6_corr[0] : q3 ? -4 * xb->hsum[0] : 0);
-                __m512i hi = _mm512_set1_epi32(q6 ? xb->q6_corr[1] : q3 ? -4 * xb->hsum[1] : 0);
+            if (type_by_halves(type)) {   /* sc0 (sum_0..15 q x - offset sum x) + sc1 (the same over 16..31) */
+                __m512i lo = _mm512_set1_epi32(half_offset_corr(type, xb, 0));
+                __m512i hi = _mm512_set1_epi32(half_offset_corr(type, xb, 1));
                 for (int j = 0; j < 4; j++) {
                     lo = _mm512_dpbusd_epi32(lo, p->wv[j], bcast4(xb->qs + 4 * j));
                     hi = _mm512_dpbusd_epi32(hi, p->wv[4 + j], bcast4(xb->qs + 16 + 4 * j));
                 }
                 s = _mm512_add_epi32(_mm512_mullo_epi32(lo, bs[0]), _mm512_mullo_epi32(hi, bs[1]));
             } else {
-                s = _mm512_set1_epi32(start_sum(type, xb));
+                s = _mm512_set1_epi32(offset_corr(type, xb));
                 for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, p->wv[j], bcast4(xb->qs + 4 * j));
                 if (type == WT_IQ4_XS) s = _mm512_mullo_epi32(s, bs[0]);
             }

@@ -140,55 +140,43 @@ KINLINE void KFN(load_q6scales)(const int type, const uint8_t *sc, KFN(q6scales)
                                      _mm256_slli_epi32(o->sc32[i], 16));
 }
 
-/* what the stored values' offsets add to a block sum per unit of sum(x), as an int32 to add: Q4_0's q - 8 (its
- * q4_corr), Q5_0's q - 16, MXFP4's v + MXFP4_OFFSET */
-KINLINE int32_t KFN(x_corr)(const int type, const block_q8x *xb) {
-    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum
-           : type == WT_MXFP4 ? -MXFP4_OFFSET * xb->isum : 0;
-}
-
-/* an AVX2 block sum with its stored values' offsets taken off: x_corr's, and Q6_K's q + 32 and Q3_K's q + 4 (times
- * each half's scaled sum of x) */
+/* an AVX2 block sum with its stored values' offsets taken off (tile.h's offset_corr; Q6_K's q + 32 and Q3_K's q + 4
+ * times each half's scaled sum of x) */
 KINLINE __m256i KFN(offsets_off)(const int type, __m256i sum, const KFN(q6scales) *q6, const block_q8x *xb) {
     if (type == WT_Q6_K || type == WT_Q3_K)
         return _mm256_sub_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(q6->pair, KFN(bcast4)(xb->hsum)),
                                                        type == WT_Q6_K ? 5 : 2));
-    const int32_t corr = KFN(x_corr)(type, xb);
+    const int32_t corr = offset_corr(type, xb);
     return corr ? _mm256_add_epi32(sum, _mm256_set1_epi32(corr)) : sum;
 }
 
 /* the exact int32 block sum of one token (xb) against wv, per lane */
 KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i wv[8], const block_q8x *xb,
                                 const KFN(q6scales) *q6) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256i x[8];
     for (int j = 0; j < 8; j++) x[j] = KFN(bcast4)(xb->qs + 4 * j);
 #if KVNNI
-    /* Sub-blocks of 16 (Q2_K, Q3_K, the codebook types): each half's dpbusd sum times its scale. The values are
-     * unsigned as stored (Q3_K's q + 4: -4 * the half's sum of x to start from) or made so (the codebooks' v + 64,
-     * load_lanes: -64 * it, twice q6_corr). Signed 32-value blocks (IQ4_NL, IQ4_XS) hold v + 128 and start from
-     * q8_corr; IQ4_XS's one scale after. MXFP4 goes with the 4-bit types below. */
-    if (type_is_2bit(type) || type_keeps_blocks(type)) {
-        const int keeps = type_keeps_blocks(type), q3 = type == WT_Q3_K;
-        __m256i a = _mm256_set1_epi32(keeps ? 2 * xb->q6_corr[0] : q3 ? -4 * xb->hsum[0] : 0);
-        __m256i b = _mm256_set1_epi32(keeps ? 2 * xb->q6_corr[1] : q3 ? -4 * xb->hsum[1] : 0);
+    /* every value unsigned (load_wv, load_lanes), each chain started from its offset's correction (tile.h): by halves
+     * of 16 values, each half's sum times its scale; else the block in one chain (two for a single token), IQ4_XS's
+     * one scale after */
+    if (type_by_halves(type)) {
+        __m256i a = _mm256_set1_epi32(half_offset_corr(type, xb, 0));
+        __m256i b = _mm256_set1_epi32(half_offset_corr(type, xb, 1));
         for (int j = 0; j < 4; j++) {
             a = DPBUSD(a, wv[j], x[j]);
             b = DPBUSD(b, wv[4 + j], x[4 + j]);
         }
-        (void)ones; (void)chains;
         return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
     }
-    if (type == WT_IQ4_NL || type == WT_IQ4_XS) {
-        __m256i a = _mm256_set1_epi32(xb->q8_corr), b = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
-            else a = DPBUSD(a, wv[j], x[j]);
-        }
-        const __m256i sum = _mm256_add_epi32(a, b);
-        return type == WT_IQ4_XS ? _mm256_mullo_epi32(sum, q6->sc32[0]) : sum;
+    __m256i a = _mm256_set1_epi32(offset_corr(type, xb)), b = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
+        else a = DPBUSD(a, wv[j], x[j]);
     }
-#endif
+    const __m256i sum = _mm256_add_epi32(a, b);
+    return type == WT_IQ4_XS ? _mm256_mullo_epi32(sum, q6->sc32[0]) : sum;
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
     if (type_keeps_blocks(type)) {
         /* signed values: |v| times x with v's sign; each half of 16 values times its scale in the madd. A maddubs
          * pair is at most 2 * 62 * 127 (IQ3's grids), so two of them add in int16 before the madd; the IQ1 and
@@ -207,7 +195,7 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         }
         return sum;
     }
-    if (!KVNNI && type == WT_MXFP4) {
+    if (type == WT_MXFP4) {
         /* values + 12 (MXFP4_OFFSET) in [0, 24], unsigned: four maddubs pairs stay below 4 * 2 * 24 * 127 < 2^15
          * in int16, and 12 sum(x) comes off after: sum (v + 12) x - 12 sum x = sum v x, exact */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
@@ -243,15 +231,6 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
                                                        _mm256_madd_epi16(b, q6->sc16[1])), q6, xb);
     }
     if (type == WT_Q6_K) {
-#if KVNNI
-        /* each half's sum starts from -32 * its sum of x (values are stored as q + 32) */
-        __m256i a = _mm256_set1_epi32(xb->q6_corr[0]), b = _mm256_set1_epi32(xb->q6_corr[1]);
-        for (int j = 0; j < 4; j++) {
-            a = DPBUSD(a, wv[j], x[j]);
-            b = DPBUSD(b, wv[4 + j], x[4 + j]);
-        }
-        return _mm256_add_epi32(_mm256_mullo_epi32(a, q6->sc32[0]), _mm256_mullo_epi32(b, q6->sc32[1]));
-#else
         /* a maddubs pair is at most 2 * 63 * 127, so two of them add in int16 (< 2^15) before the madd */
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
         for (int j = 0; j < 4; j += 2) {
@@ -264,17 +243,8 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
         }
         /* values are stored as q + 32: 32 * (sc0 * sum(x[0..15]) + sc1 * sum(x[16..31])) comes off */
         return KFN(offsets_off)(type, _mm256_add_epi32(a, b), q6, xb);
-#endif
     }
     if (type == WT_Q8_0) {
-#if KVNNI
-        __m256i a = _mm256_set1_epi32(xb->q8_corr), b = _mm256_setzero_si256();   /* (w + 128) x - 128 sum(x) */
-        for (int j = 0; j < 8; j++) {
-            if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
-            else a = DPBUSD(a, wv[j], x[j]);
-        }
-        return _mm256_add_epi32(a, b);
-#else
         __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {   /* |w| x sign(w): pairs of 128 * 127 would overflow int16 if added */
             __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv[j], wv[j]),
@@ -283,19 +253,9 @@ KINLINE __m256i KFN(block_isum)(const int type, const int chains, const __m256i 
             else a = _mm256_add_epi32(a, p);
         }
         return _mm256_add_epi32(a, b);
-#endif
     }
     /* 4- and 5-bit unsigned values; Q4_0 and Q5_0 subtract 8 or 16 times sum(x) */
-    int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
-#if KVNNI
-    __m256i a = _mm256_set1_epi32(KFN(x_corr)(type, xb)), b = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        if (chains == 2 && (j & 1)) b = DPBUSD(b, wv[j], x[j]);
-        else a = DPBUSD(a, wv[j], x[j]);
-    }
-    (void)ones; (void)five;
-    return _mm256_add_epi32(a, b);
-#else
+    const int five = type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K;
     /* int16 partial sums: 8 maddubs of 4-bit values stay below 8 * 2 * 15 * 127 < 2^15; 5-bit values allow 4 */
     __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
@@ -366,8 +326,8 @@ KINLINE void KFN(load_lanes)(const int type, const uint8_t *blk, int s, __m256i 
     if (type == WT_TQ1_0) KFN(tq1_lanes)(blk, s, wv, q6);
     else if (type == WT_TQ2_0) KFN(tq2_lanes)(blk, s, wv, q6);
     else KFN(gather_lanes)(type, blk, s, wv, q6);
-    if (KVNNI)   /* v + 64, unsigned for dpbusd (|v| <= 62: IQ3_XXS's grid) */
-        for (int j = 0; j < 8; j++) wv[j] = _mm256_add_epi8(wv[j], _mm256_set1_epi8(64));
+    if (KVNNI)   /* unsigned for dpbusd (tile.h's half_offset_corr takes it back) */
+        for (int j = 0; j < 8; j++) wv[j] = _mm256_add_epi8(wv[j], _mm256_set1_epi8(LANES_VNNI_OFFSET));
 }
 
 /* the rows' d (f16, converted as load_f16x8 converts: exactly) times the type's factor */
@@ -452,7 +412,7 @@ KINLINE void KFN(mxfp4_tiles_one)(const int ntiles, const uint8_t *base, size_t 
         const uint8_t *blk0 = base + (size_t)b * bb;
         const block_q8x *xb = xq + b;
         /* offsets_off's correction, broadcast once for the group's tiles (offsets_off per tile: 2-4% slower) */
-        const __m256i corr = _mm256_set1_epi32(KFN(x_corr)(WT_MXFP4, xb));
+        const __m256i corr = _mm256_set1_epi32(offset_corr(WT_MXFP4, xb));
         __m256i lo[QGROUP_TILES], hi[QGROUP_TILES];
         decode_prefetch_step(&pf, b, (int)((ntiles * bb + 63) / 64), (int)((bb + 63) / 64));
         for (int p = 0; p < 4; p++) {   /* values 4p..4p+3 (low nibbles) and 16 + 4p.. (high) of every row */

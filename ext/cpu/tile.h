@@ -99,6 +99,24 @@ static const tile_layout_t TILE_LAYOUT[NUM_WEIGHT_TYPES] = {
 static inline int type_is_iq4(int type) { return type == WT_IQ4_NL || type == WT_IQ4_XS || type == WT_MXFP4; }
 static inline const int8_t *code_values(int type) { return type == WT_MXFP4 ? MXFP4_VALUES : IQ4_VALUES; }
 static inline int type_is_2bit(int type) { return type == WT_Q2_K || type == WT_Q3_K; }   /* values in a q2group */
+/* the types whose block sum goes by halves of 16 values, each half's sum times its own integer scale */
+static inline int type_by_halves(int type) { return type == WT_Q6_K || type_is_2bit(type) || type_keeps_blocks(type); }
+
+/* Unsigned operands (maddubs, dpbusd) take values stored with an offset (Q4_0's q + 8, Q5_0's q + 16, MXFP4's
+ * v + MXFP4_OFFSET, Q6_K's q + 32, Q3_K's q + 4) or shifted by one for the VNNI kernels (Q8_0's and IQ4's v + 128,
+ * the codebook types' v + LANES_VNNI_OFFSET: qtile.h's load_lanes); a block sum then takes off the offset times the
+ * activation's sum. These are the int32 values to add (or to start a dpbusd chain from): of a whole 32-value block
+ * (offset_corr; 0 for the types without an offset), and of half h of a type_by_halves block (half_offset_corr). */
+#define LANES_VNNI_OFFSET 64   /* every codebook grid value has |v| <= 62 */
+static inline int32_t offset_corr(int type, const block_q8x *xb) {
+    return type == WT_Q4_0 ? xb->q4_corr : type == WT_Q5_0 ? -16 * xb->isum
+           : type == WT_Q8_0 || type == WT_IQ4_NL || type == WT_IQ4_XS ? xb->q8_corr
+           : type == WT_MXFP4 ? -MXFP4_OFFSET * xb->isum : 0;
+}
+static inline int32_t half_offset_corr(int type, const block_q8x *xb, int h) {
+    return type == WT_Q6_K ? xb->q6_corr[h] : type == WT_Q3_K ? -4 * xb->hsum[h]
+           : type_keeps_blocks(type) ? -LANES_VNNI_OFFSET * xb->hsum[h] : 0;
+}
 
 static inline int type_is_k(int type) { return TILE_LAYOUT[type].nsub == 8; }
 

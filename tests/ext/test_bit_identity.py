@@ -69,8 +69,8 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
         assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
 
 
-# the types of the pair-of-tiles prefill kernels, AVX-512's (all but Q2_K, Q3_K) and AVX2's (Q4_0, Q4_1, Q4_K, Q6_K,
-# Q2_K), and Q3_K, whose AVX2 prefill goes tile by tile
+# the types of the pair-of-tiles prefill kernels: AVX-512's (all of these) and AVX2's (Q4_0, Q4_1, Q4_K, Q6_K, Q2_K;
+# the others' AVX2 prefill goes tile by tile)
 PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")   # Q6_K: halves of 16 values on AMX
 
