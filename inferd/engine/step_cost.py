@@ -78,18 +78,26 @@ class StepCost:
         a[1][2] -= prior
         a[2][1] -= prior
         coef = _solve(a)
-        if coef is None or coef[2] <= 0 or coef[0] + coef[1] <= 0:
+        if coef is not None and coef[2] > 0 and min(coef[0], coef[1]) < 0:
+            # Noise or steps of nearly one decode size (a closed-loop load: 8 rows, now and then 7 beside a new
+            # prompt) can put the fixed part or the per-row part below zero and the other one far above what any
+            # step took. Clamping the negative one to zero would keep the inflated one (a decode step predicted
+            # at twice what it takes, so prompt chunks twice too long); refit without it instead.
+            drop = 0 if coef[0] < coef[1] else 1
+            kept = [i for i in range(3) if i != drop]
+            sub = _solve([[a[i][j] for j in kept] + [a[i][3]] for i in kept])
+            coef = None if sub is None else tuple(0.0 if i == drop else sub[kept.index(i)] for i in range(3))
+        if coef is None or coef[2] <= 0 or coef[0] < 0 or coef[1] < 0 or coef[0] + coef[1] <= 0:
             return None
         fixed, per_row, per_token = coef
-        # noise may push one part of a decode step below zero: it is none of the cost then
-        return max(fixed, 0.0), max(per_row, 0.0), per_token
+        return fixed, per_row, per_token
 
 
-def _solve(a: list[list[float]]) -> tuple[float, float, float] | None:
-    """The solution of the augmented 3x4 system `a`, None when it is singular."""
+def _solve(a: list[list[float]]) -> tuple[float, ...] | None:
+    """The solution of the augmented n x (n + 1) system `a`, None when it is singular."""
     m = np.array(a)
     try:
-        x = np.linalg.solve(m[:, :3], m[:, 3])
+        x = np.linalg.solve(m[:, :-1], m[:, -1])
     except np.linalg.LinAlgError:
         return None
-    return float(x[0]), float(x[1]), float(x[2])
+    return tuple(float(v) for v in x)

@@ -53,6 +53,21 @@ def test_steps_that_contradict_the_costs_leave_the_last_ones_standing():
     assert (cost.decode_s(4), cost.per_prompt_token_s) == known
 
 
+def test_a_part_fitted_below_zero_is_refitted_without_it_not_clamped():
+    # A closed-loop load of 8 streams: decode steps of 8 rows, and of 7 beside a new request's prompt chunks, the
+    # 7-row ones a little slower (the new request's own work shares the cores). Fitted freely, a decode row costs
+    # less than nothing and the fixed part twice a decode step; clamping the row's cost to zero would keep that
+    # fixed part, predict decode steps twice too slow, and let chunks in that make steps twice too long.
+    cost = StepCost()
+    for _ in range(10):
+        for rows, tokens, ms in [(8, 0, 8.0), (8, 0, 8.0), (7, 0, 9.0), (7, 70, 37.0), (7, 30, 21.0), (8, 0, 8.0)]:
+            cost.observe(ms / 1e3, rows, tokens)
+    assert 8.0e-3 <= cost.decode_s(7) <= 9.0e-3 and 8.0e-3 <= cost.decode_s(8) <= 9.0e-3
+    assert cost.per_prompt_token_s == pytest.approx(0.4e-3, rel=0.05)
+    # beside 7 decodes, a step within three of theirs holds about (3 - 1) x 8.6 / 0.4 = 43 prompt tokens
+    assert 38 <= cost.prompt_tokens_within(3 * cost.decode_s(7), 7, floor=16) <= 48
+
+
 def test_one_shape_seen_over_and_over_is_predicted_for_that_shape():
     step = cost_model(0.010, 0.002, 0.001)
     cost = StepCost()
