@@ -179,13 +179,17 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
 
 PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
-/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows` */
+/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows`; with pf,
+ * block b's pass fetches the pf_chunk bytes at pf + b * pf_chunk into L2 */
 PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc, int nb32,
-                         const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate) {
+                         const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate, const uint8_t *pf,
+                         size_t pf_chunk) {
     __m512 acc[PAIR_NT];
     for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
     for (int b = 0; b < nb32; b++, p++) {
         const block_q8x *xb = xq + b;
+        if (pf)
+            for (size_t o = 0; o < pf_chunk; o += 64) _mm_prefetch((const char *)pf + b * pf_chunk + o, _MM_HINT_T1);
         const __m512i *bs = sc + int_scales(type) * b;
         for (int k = 0; k < n; k++, xb += nb32) {
             __m512i s;
@@ -364,11 +368,14 @@ PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, 
 }
 
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
-                         float *y, int ldy, int nrows, int accumulate, int amx) {
+                         float *y, int ldy, int nrows, int accumulate, int amx, const uint8_t *next) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
     __m512i sc[int_scales(type) ? int_scales(type) * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
+    /* the next pair's two tiles, fetched over the blocks of the first group of tokens: with few tokens (a decode
+     * step of many sequences) a pair's work is too short for the hardware prefetcher to hide the next one's misses */
+    const size_t pf_chunk = ((2 * (size_t)nb * tile_block_bytes(type) + nb32 - 1) / nb32 + 63) & ~(size_t)63;
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type)) {
         prepare_pair(type, 1, ta, tb, nb, p, sc);
@@ -383,21 +390,24 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         }
         amx_release();
         if (t == ntok) return;
+        next = NULL;   /* AMX's groups are long enough for the hardware prefetcher */
     }
     prepare_pair(type, 0, ta, tb, nb, p, sc);
-    for (; t + PAIR_NT <= ntok; t += PAIR_NT)
-        pair_tokens(type, PAIR_NT, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
-    for (; t + 4 <= ntok; t += 4)
-        pair_tokens(type, 4, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
-    for (; t < ntok; t++)
-        pair_tokens(type, 1, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate);
+    for (int n; t < ntok; t += n, next = NULL) {
+        n = ntok - t >= PAIR_NT ? PAIR_NT : ntok - t >= 4 ? 4 : 1;
+        const block_q8x *xt = xq + (size_t)t * nb32;
+        float *yt = y + (size_t)t * ldy;
+        if (n == PAIR_NT) pair_tokens(type, PAIR_NT, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
+        else if (n == 4) pair_tokens(type, 4, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
+        else pair_tokens(type, 1, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
+    }
 }
 
 /* each type's kernel, for its row of the type-traits table (type_traits.c) */
 #define PDEFINE(name, TYPE)                                                                                       \
     void qpair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,      \
-                      int ldy, int nrows, int accumulate, int amx) {                                             \
-        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx);                                 \
+                      int ldy, int nrows, int accumulate, int amx, const uint8_t *next) {                        \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx, next);                           \
     }
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)
