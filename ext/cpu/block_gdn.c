@@ -130,7 +130,82 @@ static void delta_rows_avx2(float *M, int head_v, int head_k, const float *q, co
         o[j] = hsum8_pairs(sb);
     }
 }
+
+/* AVX-512: a row of M (up to 128 floats) stays in registers between its two passes, and q and k for all rows, so a
+ * row costs one load and one store of itself instead of each pass re-reading it and k. Zmm vector i holds the 8-wide
+ * groups 2i and 2i + 1: A accumulates the even vectors (lanes 0-7 are accumulator 0's groups, 8-15 accumulator 1's),
+ * B the odd ones (2 and 3), each in group order; their halves are combined as (a0 + a1) + (a2 + a3). The same
+ * operations in the same order as delta_rows_avx2, so the same bits. */
+#define DELTA512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+DELTA512 static inline __attribute__((always_inline)) float row_sum(__m512 A, __m512 B) {
+    __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(A), _mm512_extractf32x8_ps(A, 1));
+    __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(B), _mm512_extractf32x8_ps(B, 1));
+    return hsum8_pairs(_mm256_add_ps(a01, a23));
+}
+
+DELTA512 static inline __attribute__((always_inline)) void delta_rows_zmm(float *M, int head_v, const float *q,
+                                                                           const float *k, const float *v,
+                                                                           float decay, float beta, float *o,
+                                                                           const int NV) {
+    __m512 g = _mm512_set1_ps(decay), kv[8], qv[8];
+    for (int i = 0; i < NV; i++) { kv[i] = _mm512_loadu_ps(k + 16 * i); qv[i] = _mm512_loadu_ps(q + 16 * i); }
+    for (int j = 0; j < head_v; j++) {
+        float *m = M + (size_t)j * 16 * NV;
+        __m512 mv[8], A = _mm512_setzero_ps(), B = _mm512_setzero_ps();
+        for (int i = 0; i < NV; i++) {
+            mv[i] = _mm512_mul_ps(_mm512_loadu_ps(m + 16 * i), g);
+            if (i & 1) B = _mm512_fmadd_ps(mv[i], kv[i], B);
+            else A = _mm512_fmadd_ps(mv[i], kv[i], A);
+        }
+        __m512 d = _mm512_set1_ps((v[j] - row_sum(A, B)) * beta);
+        A = _mm512_setzero_ps();
+        B = _mm512_setzero_ps();
+        for (int i = 0; i < NV; i++) {
+            mv[i] = _mm512_fmadd_ps(kv[i], d, mv[i]);
+            _mm512_storeu_ps(m + 16 * i, mv[i]);
+            if (i & 1) B = _mm512_fmadd_ps(mv[i], qv[i], B);
+            else A = _mm512_fmadd_ps(mv[i], qv[i], A);
+        }
+        o[j] = row_sum(A, B);
+    }
+}
+
+/* head_k of 32, 64, 96 or 128 (returns 0 for others: the AVX2 rows then) */
+DELTA512 static int delta_rows_avx512(float *M, int head_v, int head_k, const float *q, const float *k,
+                                      const float *v, float decay, float beta, float *o) {
+    switch (head_k) {
+    case 32: delta_rows_zmm(M, head_v, q, k, v, decay, beta, o, 2); return 1;
+    case 64: delta_rows_zmm(M, head_v, q, k, v, decay, beta, o, 4); return 1;
+    case 96: delta_rows_zmm(M, head_v, q, k, v, decay, beta, o, 6); return 1;
+    case 128: delta_rows_zmm(M, head_v, q, k, v, decay, beta, o, 8); return 1;
+    default: return 0;
+    }
+}
 #endif
+
+/* which delta_rows kernel runs: 0 scalar, 1 AVX2, 2 AVX-512 (the VNNI paths' CPUs with AVX-512F, as attention.c) */
+static int delta_path(void) {
+#if defined(__x86_64__)
+    if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
+        return 2;
+    return cpu_path() != PATH_SCALAR;
+#else
+    return 0;
+#endif
+}
+
+static void delta_rows(int path, float *M, int head_v, int head_k, const float *q, const float *k, const float *v,
+                       float decay, float beta, float *o) {
+#if defined(__x86_64__)
+    if (path == 2 && delta_rows_avx512(M, head_v, head_k, q, k, v, decay, beta, o)) return;
+    if (path >= 1) {
+        delta_rows_avx2(M, head_v, head_k, q, k, v, decay, beta, o);
+        return;
+    }
+#endif
+    (void)path;
+    delta_rows_scalar(M, head_v, head_k, q, k, v, decay, beta, o);
+}
 
 static float softplus1(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
 
@@ -144,7 +219,7 @@ static void delta_fn(void *arg, int64_t begin, int64_t end, int thread) {
     int conv_dim = GDN_CONV_DIM(G), vdim = GDN_VALUE_DIM(G), width = conv_dim + vdim;
     float eps = c->model->cfg.norm_eps, scale = 1.0f / sqrtf((float)hk);
     float *qn = c->gdn_scratch + (size_t)thread * (2 * hk + 2 * hv), *kn = qn + hk, *o = kn + hk, *on = o + hv;
-    int simd = cpu_path() != PATH_SCALAR;
+    const int path = delta_path();
     for (int64_t item = begin; item < end; item++) {
         int seq = (int)(item / H), h = (int)(item % H);
         int kh = G->grouped_heads ? h / (H / G->n_k_heads) : h % G->n_k_heads;
@@ -157,18 +232,13 @@ static void delta_fn(void *arg, int64_t begin, int64_t end, int thread) {
             const float *v = in + 2 * kd + (size_t)h * hv, *z = in + conv_dim + (size_t)h * hv;
             float beta = 1.0f / (1.0f + expf(-ba[h]));
             float decay = expf(softplus1(ba[H + h] + G->dt_bias[h]) * G->a_log[h]);
-#if defined(__x86_64__)
-            if (simd) delta_rows_avx2(M, hv, hk, qn, kn, v, decay, beta, o);
-            else
-#endif
-                delta_rows_scalar(M, hv, hk, qn, kn, v, decay, beta, o);
+            delta_rows(path, M, hv, hk, qn, kn, v, decay, beta, o);
             rmsnorm(o, G->norm_out, hv, eps, on);                                   /* gated RMSNorm */
             float *out = c->gdn_out + (size_t)t * vdim + (size_t)h * hv;
             swiglu(z, on, out, hv);                                                 /* * silu(z) */
             quantize_act(out, hv, c->gdn_xq + (size_t)t * (vdim / QK) + (size_t)h * hv / QK);
         }
     }
-    (void)simd;
 }
 
 void gdn_block(context_t *c, stage_t *s, const block_t *B) {
