@@ -8,8 +8,8 @@
  * Every token is one update of the state, in the order of its sequence, whatever the step holds: a prompt
  * chunked any way, or decoded token by token, gives the same bits (the recurrence reads only the state and the
  * token's own inputs; the matmuls give a row the same bits in any batch). The per-row arithmetic is written
- * twice, scalar and AVX2, with the same fused multiply-adds in 8 lanes and the same horizontal sums, so the
- * paths agree to the bit as the other kernels do. */
+ * three times, scalar, AVX2 and AVX-512, with the same fused multiply-adds in 8-lane groups and the same horizontal
+ * sums, so the paths agree to the bit as the other kernels do. */
 #include <math.h>
 #include <string.h>
 #include "forward_stage.h"
