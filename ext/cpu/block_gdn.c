@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 #include "forward_stage.h"
+#include "type_traits.h"
 #include "vecmath.h"
 
 size_t gdn_state_floats(const gdn_block_t *G) {
@@ -136,10 +137,13 @@ static void delta_rows_avx2(float *M, int head_v, int head_k, const float *q, co
  * groups 2i and 2i + 1: A accumulates the even vectors (lanes 0-7 are accumulator 0's groups, 8-15 accumulator 1's),
  * B the odd ones (2 and 3), each in group order; their halves are combined as (a0 + a1) + (a2 + a3). The same
  * operations in the same order as delta_rows_avx2, so the same bits. */
-#define DELTA512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+#define DELTA512 __attribute__((target("avx512f,avx2,fma,f16c")))
+DELTA512 static inline __attribute__((always_inline)) __m256 upper8(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
 DELTA512 static inline __attribute__((always_inline)) float row_sum(__m512 A, __m512 B) {
-    __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(A), _mm512_extractf32x8_ps(A, 1));
-    __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(B), _mm512_extractf32x8_ps(B, 1));
+    __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(A), upper8(A));
+    __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(B), upper8(B));
     return hsum8_pairs(_mm256_add_ps(a01, a23));
 }
 
@@ -183,15 +187,9 @@ DELTA512 static int delta_rows_avx512(float *M, int head_v, int head_k, const fl
 }
 #endif
 
-/* which delta_rows kernel runs: 0 scalar, 1 AVX2, 2 AVX-512 (the VNNI paths' CPUs with AVX-512F, as attention.c) */
+/* which delta_rows kernel runs: 0 scalar, 1 AVX2, 2 AVX-512 (the paths that run the zmm matmul kernels) */
 static int delta_path(void) {
-#if defined(__x86_64__)
-    if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
-        return 2;
-    return cpu_path() != PATH_SCALAR;
-#else
-    return 0;
-#endif
+    return path_has_zmm_vnni(cpu_path()) ? 2 : cpu_path() != PATH_SCALAR;
 }
 
 static void delta_rows(int path, float *M, int head_v, int head_k, const float *q, const float *k, const float *v,

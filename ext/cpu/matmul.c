@@ -310,7 +310,7 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
         for (int t = t0; t < t1; t += 2, base += 2 * tile_bytes) {
             int two = t + 1 < t1, rows = two ? TILE_ROWS + rows_of(w, t + 1) : rows_of(w, t);
             pair(base, two ? base + tile_bytes : base, nb, xq, ntok, y + ycol0 + (t - t0) * TILE_ROWS, ldy, rows,
-                 accumulate, amx, t + 2 < seg_end ? base + 2 * tile_bytes : NULL);
+                 accumulate, amx);
         }
         return;
     }

@@ -56,6 +56,10 @@ PINLINE __m512 join_u8(const uint8_t *a, const uint8_t *b) {   /* 8 bytes of eac
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(join_bytes(a, b)));
 }
 
+PINLINE __m512 negated(__m512 v) {   /* -v exactly: the sign bit flipped */
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
+
 /* MXFP4's 16 E8M0 bytes as floats: qtile.h's load_e8m0x8 on 16 lanes */
 PINLINE __m512 join_e8m0(const uint8_t *a, const uint8_t *b) {
     const __m512i em1 = _mm512_sub_epi32(_mm512_cvtepu8_epi32(join_bytes(a, b)), _mm512_set1_epi32(1));
@@ -88,7 +92,7 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
             const size_t so = tile_scales_off(type, sub);
             p->dw = _mm512_mul_ps(p->dw, join_u8(a + so, c + so));
             __m512 m = _mm512_mul_ps(join_f16(a + 16, c + 16), join_u8(a + so + 8, c + so + 8));
-            p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), _mm512_set1_epi32(INT32_MIN)));
+            p->mw = negated(m);
         }
         if (type == WT_Q6_K) {   /* the decode kernel's unpacking (qdecode512.c): values q + 32, unsigned */
             const size_t g = tile_group_off(type, sub), h = tile_hbits_off(type, sub), so = tile_scales_off(type, sub);
@@ -132,8 +136,7 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
                 sc[3 * i + 1] = _mm512_and_si512(h1, m4i);
                 sc[3 * i + 2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4),
                                                 _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
-                p->mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(join_f16(a + 16, c + 16)),
-                                                             _mm512_set1_epi32(INT32_MIN)));
+                p->mw = negated(join_f16(a + 16, c + 16));
             }
             continue;
         }
@@ -179,17 +182,16 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
 
 PINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
-/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows`; with pf,
- * block b's pass fetches the pf_chunk bytes at pf + b * pf_chunk into L2 */
+/* n tokens (token stride nb32 blocks) against the prepared pair: y[k * ldy + r] for the rows in `rows`; pf: this
+ * pass's prefetch (tile.h), or NULL */
 PINLINE void pair_tokens(const int type, const int n, const pair_block_t *p, const __m512i *sc, int nb32,
-                         const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate, const uint8_t *pf,
-                         size_t pf_chunk) {
+                         const block_q8x *xq, float *y, int ldy, __mmask16 rows, int accumulate,
+                         const batch_prefetch_t *pf) {
     __m512 acc[PAIR_NT];
     for (int k = 0; k < n; k++) acc[k] = _mm512_setzero_ps();
     for (int b = 0; b < nb32; b++, p++) {
         const block_q8x *xb = xq + b;
-        if (pf)
-            for (size_t o = 0; o < pf_chunk; o += 64) _mm_prefetch((const char *)pf + b * pf_chunk + o, _MM_HINT_T1);
+        batch_prefetch_step(pf, b);
         const __m512i *bs = sc + int_scales(type) * b;
         for (int k = 0; k < n; k++, xb += nb32) {
             __m512i s;
@@ -367,15 +369,18 @@ PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, 
     for (int k = 0; k < AMX_TOKENS; k++) store_rows16(acc[k], y + (size_t)k * ldy, rows, accumulate);
 }
 
+/* Like qtile.h's batch kernel, each call prefetches the two tiles after its own over its first pass of tokens: with
+ * few tokens (a decode step of many sequences) a pair's work is too short for the hardware prefetcher to hide the
+ * next pair's misses. */
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
-                         float *y, int ldy, int nrows, int accumulate, int amx, const uint8_t *next) {
+                         float *y, int ldy, int nrows, int accumulate, int amx) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
     __m512i sc[int_scales(type) ? int_scales(type) * nb32 : 1];
     __mmask16 rows = (__mmask16)((1u << nrows) - 1);
-    /* the next pair's two tiles, fetched over the blocks of the first group of tokens: with few tokens (a decode
-     * step of many sequences) a pair's work is too short for the hardware prefetcher to hide the next one's misses */
-    const size_t pf_chunk = ((2 * (size_t)nb * tile_block_bytes(type) + nb32 - 1) / nb32 + 63) & ~(size_t)63;
+    const size_t tile_bytes = (size_t)nb * tile_block_bytes(type);
+    const batch_prefetch_t next = batch_prefetch_plan(tb + tile_bytes, 2 * tile_bytes, nb32);
+    const batch_prefetch_t *pf = &next;
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type)) {
         prepare_pair(type, 1, ta, tb, nb, p, sc);
@@ -390,24 +395,22 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         }
         amx_release();
         if (t == ntok) return;
-        next = NULL;   /* AMX's groups are long enough for the hardware prefetcher */
+        pf = NULL;   /* AMX's groups are long enough for the hardware prefetcher */
     }
     prepare_pair(type, 0, ta, tb, nb, p, sc);
-    for (int n; t < ntok; t += n, next = NULL) {
-        n = ntok - t >= PAIR_NT ? PAIR_NT : ntok - t >= 4 ? 4 : 1;
-        const block_q8x *xt = xq + (size_t)t * nb32;
-        float *yt = y + (size_t)t * ldy;
-        if (n == PAIR_NT) pair_tokens(type, PAIR_NT, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
-        else if (n == 4) pair_tokens(type, 4, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
-        else pair_tokens(type, 1, p, sc, nb32, xt, yt, ldy, rows, accumulate, next, pf_chunk);
-    }
+    for (; t + PAIR_NT <= ntok; t += PAIR_NT, pf = NULL)
+        pair_tokens(type, PAIR_NT, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate, pf);
+    for (; t + 4 <= ntok; t += 4, pf = NULL)
+        pair_tokens(type, 4, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate, pf);
+    for (; t < ntok; t++, pf = NULL)
+        pair_tokens(type, 1, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate, pf);
 }
 
 /* each type's kernel, for its row of the type-traits table (type_traits.c) */
 #define PDEFINE(name, TYPE)                                                                                       \
     void qpair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,      \
-                      int ldy, int nrows, int accumulate, int amx, const uint8_t *next) {                        \
-        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx, next);                           \
+                      int ldy, int nrows, int accumulate, int amx) {                                             \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx);                                 \
     }
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)

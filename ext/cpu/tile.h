@@ -230,9 +230,9 @@ typedef struct { int ntok; qtile_fn tokens; qbatch_fn batch; qgroup_fn group; in
 #define BATCH_MAX_BLOCKS 512   /* batch kernels unpack up to this many 32-value blocks per row (on the stack) */
 /* prefill over a pair of adjacent tiles (ta, tb: 16 rows) in AVX-512 registers (qpair512.c), all quantized types:
  * ntok tokens into y[k * ldy + r], r < nrows (a lone tile: tb = ta, nrows <= 8); amx: groups of 16 tokens may go to
- * the AMX unit (the caller has checked amx_usable); next: the pair after this one, fetched on the way, or NULL */
+ * the AMX unit (the caller has checked amx_usable) */
 typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,
-                         int ldy, int nrows, int accumulate, int amx, const uint8_t *next);
+                         int ldy, int nrows, int accumulate, int amx);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
 /* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0): the group kernel's work for ntok
  * (1..QDECODE_TOKENS) tokens, token t's activation blocks at xq + t * nb32 and its rows at y + t * ldy: the tiles are

@@ -14,7 +14,7 @@
 #define SIMD_KERNELS(name)                                                                                        \
     extern const qkernel_t qtile_##name##_avx2, qtile_##name##_avx512vnni, qtile_##name##_avxvnni;              \
     void qpair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,     \
-                      int ldy, int nrows, int accumulate, int amx, const uint8_t *next);
+                      int ldy, int nrows, int accumulate, int amx);
 #define DECODE_KERNEL(name)                                                                                       \
     void qdecode_##name(const uint8_t *base, size_t tile_bytes, int ntiles, int nb, const block_q8x *xq,         \
                         int nb32, int ntok, float *y, int ldy, int nrows_last, int accumulate, int prefetch);

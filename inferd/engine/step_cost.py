@@ -83,10 +83,9 @@ class StepCost:
             # prompt) can put the fixed part or the per-row part below zero and the other one far above what any
             # step took. Clamping the negative one to zero would keep the inflated one (a decode step predicted
             # at twice what it takes, so prompt chunks twice too long); refit without it instead.
-            drop = 0 if coef[0] < coef[1] else 1
-            kept = [i for i in range(3) if i != drop]
+            kept = (1, 2) if coef[0] < coef[1] else (0, 2)  # the part left beside the prompt tokens' cost
             sub = _solve([[a[i][j] for j in kept] + [a[i][3]] for i in kept])
-            coef = None if sub is None else tuple(0.0 if i == drop else sub[kept.index(i)] for i in range(3))
+            coef = None if sub is None else ((0.0, sub[0]) if kept[0] == 1 else (sub[0], 0.0)) + (sub[1],)
         if coef is None or coef[2] <= 0 or coef[0] < 0 or coef[1] < 0 or coef[0] + coef[1] <= 0:
             return None
         fixed, per_row, per_token = coef
