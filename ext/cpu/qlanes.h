@@ -2,14 +2,16 @@
  * wv[0..7] and the halves' scales exactly as iq_lanes.h's lane_unpack gives them (the scalar definition).
  * IQ3_S, IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S and IQ1_M go lane by lane (gather_lanes): the grid entries of the 8
  * rows' 32-value sub-block are looked up (iq_grids.c) one row at a time (lane r reads row r's GGUF block,
- * lane_bytes(type) further on), 8 values (an IQ2 or IQ1 entry, two IQ3 ones) per 64-bit word, and split into the
- * lanes' low and high 4 values with two shuffles; the rows' sign and scale words are put together lane by lane and
- * their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0, whose 32 values of a row lie in one run of
- * bytes, go row by row: a row's values in one vector, then the 8 rows transposed into the lanes. */
+ * lane_bytes(type) further on): an IQ3 entry (4 values) straight into its lane, an IQ2 or IQ1 entry (8 values, a
+ * 64-bit word) split into the lanes' low and high 4 values with two shuffles; the rows' sign and scale words are put
+ * together lane by lane and their sign bits spread over the bytes they sign. TQ2_0 and TQ1_0, whose 32 values of a
+ * row lie in one run of bytes, go row by row: a row's values in one vector, then the 8 rows transposed into the
+ * lanes. */
 
 /* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts, so the lanes below are
  * filled from scalar loads, and the grid indices come from each row's own bytes with scalar loads rather than from
- * a vector of the 8 lanes' indices stored and read back. */
+ * a vector of the 8 lanes' indices stored and read back; IQ3_S's, whose ninth bit lies in another byte, are put
+ * together a row's 8 at a time (iq3s_indices). */
 KINLINE __m256i KFN(set8)(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6,
                           uint32_t a7) {
     __m128i lo = _mm_cvtsi32_si128((int)a0), hi = _mm_cvtsi32_si128((int)a4);
@@ -98,6 +100,14 @@ KINLINE void KFN(grid_rows64)(const int type, const uint64_t *g, const uint8_t *
                  g[KFN(index8)(type, blk + 6 * lb, s, l)], g[KFN(index8)(type, blk + 7 * lb, s, l)], lo, hi);
 }
 
+/* IQ3_S's 8 grid indices of sub-block s in the GGUF block b: qs byte j | bit j of the qh byte << 8, the 8 of them
+ * at once in a vector (bit j lands on bit 8 as qh * 2^(8 - j)), read back one by one as the lookups' addresses */
+KINLINE void KFN(iq3s_indices)(const uint8_t *b, int s, uint16_t out[8]) {
+    const __m128i q = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * s)));
+    const __m128i h = _mm_mullo_epi16(_mm_set1_epi16(b[66 + s]), _mm_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2));
+    _mm_storeu_si128((__m128i *)out, _mm_or_si128(q, _mm_and_si128(h, _mm_set1_epi16(256))));
+}
+
 KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
     const __m256i one = _mm256_set1_epi32(1), f15 = _mm256_set1_epi32(15);
     if (type == WT_IQ2_XXS || type == WT_IQ3_XXS) {
@@ -110,11 +120,14 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
             __m256i k = _mm256_and_si256(_mm256_srli_epi32(a, 7 * l), _mm256_set1_epi32(127));
             __m256i sb = KFN(spread_byte)(KFN(ksign)(k), 0);
             __m256i lo, hi;
-            if (iq3) {   /* indices 2l, 2l + 1: entries of values 8l..8l+3, 8l+4..8l+7, one 64-bit word */
-#define IQ3XXS_PAIR(r) (IQ3XXS_GRID[q[(r) * lb + 2 * l]] | (uint64_t)IQ3XXS_GRID[q[(r) * lb + 2 * l + 1]] << 32)
-                KFN(split64)(IQ3XXS_PAIR(0), IQ3XXS_PAIR(1), IQ3XXS_PAIR(2), IQ3XXS_PAIR(3), IQ3XXS_PAIR(4),
-                             IQ3XXS_PAIR(5), IQ3XXS_PAIR(6), IQ3XXS_PAIR(7), &lo, &hi);
-#undef IQ3XXS_PAIR
+            if (iq3) {   /* entries 2l, 2l + 1 (values 8l..8l+3, 8l+4..8l+7): each row's straight into its lane */
+#define IQ3XXS_LANES(j) KFN(set8)(IQ3XXS_GRID[q[j]], IQ3XXS_GRID[q[lb + (j)]], IQ3XXS_GRID[q[2 * lb + (j)]],       \
+                                  IQ3XXS_GRID[q[3 * lb + (j)]], IQ3XXS_GRID[q[4 * lb + (j)]],                      \
+                                  IQ3XXS_GRID[q[5 * lb + (j)]], IQ3XXS_GRID[q[6 * lb + (j)]],                      \
+                                  IQ3XXS_GRID[q[7 * lb + (j)]])
+                lo = IQ3XXS_LANES(2 * l);
+                hi = IQ3XXS_LANES(2 * l + 1);
+#undef IQ3XXS_LANES
             } else {
                 KFN(grid_rows64)(type, IQ2XXS_GRID, blk, s, l, &lo, &hi);
             }
@@ -153,19 +166,18 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
     } else if (type == WT_IQ3_S) {   /* row by row: index j = qs byte j | bit j of the qh byte << 8 */
         const size_t lb = lane_bytes(type);
         const __m256i sg = KFN(gather_rows)(type, blk + 74 + 4 * s);
-#define IQ3S_INDEX(r, j) (blk[(r) * lb + 2 + 8 * s + (j)] | ((uint32_t)blk[(r) * lb + 66 + s] << (8 - (j)) & 256))
-#define IQ3S_PAIR(r, j) (IQ3S_GRID[IQ3S_INDEX(r, j)] | (uint64_t)IQ3S_GRID[IQ3S_INDEX(r, (j) + 1)] << 32)
+        uint16_t idx[8][8];   /* row r's 8 indices of the sub-block, put together 8 at a time */
+        for (int r = 0; r < 8; r++) KFN(iq3s_indices)(blk + r * lb, s, idx[r]);
+#define IQ3S_LANES(j) KFN(set8)(IQ3S_GRID[idx[0][j]], IQ3S_GRID[idx[1][j]], IQ3S_GRID[idx[2][j]],                 \
+                                IQ3S_GRID[idx[3][j]], IQ3S_GRID[idx[4][j]], IQ3S_GRID[idx[5][j]],                 \
+                                IQ3S_GRID[idx[6][j]], IQ3S_GRID[idx[7][j]])
 #pragma GCC unroll 4
-        for (int l = 0; l < 4; l++) {   /* entries 2l, 2l + 1: values 8l..8l+7 */
-            __m256i lo, hi;
-            KFN(split64)(IQ3S_PAIR(0, 2 * l), IQ3S_PAIR(1, 2 * l), IQ3S_PAIR(2, 2 * l), IQ3S_PAIR(3, 2 * l),
-                         IQ3S_PAIR(4, 2 * l), IQ3S_PAIR(5, 2 * l), IQ3S_PAIR(6, 2 * l), IQ3S_PAIR(7, 2 * l), &lo, &hi);
+        for (int l = 0; l < 4; l++) {   /* entries 2l, 2l + 1: values 8l..8l+3, 8l+4..8l+7 */
             const __m256i sb = KFN(spread_byte)(sg, l);
-            wv[2 * l] = KFN(apply_signs)(lo, sb, 0);
-            wv[2 * l + 1] = KFN(apply_signs)(hi, sb, 1);
+            wv[2 * l] = KFN(apply_signs)(IQ3S_LANES(2 * l), sb, 0);
+            wv[2 * l + 1] = KFN(apply_signs)(IQ3S_LANES(2 * l + 1), sb, 1);
         }
-#undef IQ3S_PAIR
-#undef IQ3S_INDEX
+#undef IQ3S_LANES
         __m256i sc = _mm256_srli_epi32(KFN(gather_rows)(type, blk + 103 + s / 2), 24);   /* the byte at 106 + s/2 */
         __m256i m = _mm256_and_si256(_mm256_srli_epi32(sc, 4 * (s % 2)), f15);
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);

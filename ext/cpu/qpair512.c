@@ -1,4 +1,4 @@
-/* Prefill of the quantized types (all but the codebook and ternary ones) over pairs of tiles in AVX-512 registers.
+/* Prefill of the quantized types over pairs of tiles in AVX-512 registers.
  *
  * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
  * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
@@ -14,7 +14,10 @@
  * kept beside the panel; on AMX each half is a tile product of its own (K = 16). Q3_K and Q2_K go by halves the same
  * way (Q3_K's from -4 sum x, its values being q + 4), Q2_K then adds its mins' term as qtile.h's isum_acc does;
  * IQ4_XS's int32 sum is the block's times its rows' one scale. The int scales (and Q2_K's mins) lie beside the panel.
- * Q2_K, Q3_K, IQ4_NL, IQ4_XS and MXFP4 run these zmm kernels only, not AMX. */
+ * The codebook and ternary types (iq_lanes.h) are unpacked by the VNNI tile kernels' own code (qlanes.h, through
+ * lanes_block_avx512vnni), the grid lookups paid once per call rather than once per group of tokens, and go by halves
+ * like Q3_K, from -LANES_VNNI_OFFSET sum x. Q2_K, Q3_K, the IQ4 types, MXFP4 and the codebook and ternary types run
+ * these zmm kernels only, not AMX. */
 #include <string.h>
 #include "inferd.h"
 #include "tile.h"
@@ -83,9 +86,22 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
     const size_t bb = tile_block_bytes(type);
     const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
+    lanes_block_t la, lc;   /* a codebook type's two tile blocks, unpacked by the VNNI tile kernels' code */
     for (int i = 0; i < nb * nsub; i++, p++) {
         const int b = i / nsub, sub = i % nsub;
         const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
+        if (type_keeps_blocks(type)) {   /* by halves, no min; the values already + LANES_VNNI_OFFSET */
+            if (sub == 0) {
+                lanes_block_avx512vnni(type, a, &la);
+                lanes_block_avx512vnni(type, c, &lc);
+            }
+            for (int j = 0; j < 8; j++) p->wv[j] = join256(la.wv[sub][j], lc.wv[sub][j]);
+            p->dw = _mm512_castsi512_ps(join256((const uint8_t *)la.dw, (const uint8_t *)lc.dw));
+            p->mw = _mm512_setzero_ps();
+            sc[2 * i] = join256((const uint8_t *)la.m[sub][0], (const uint8_t *)lc.m[sub][0]);
+            sc[2 * i + 1] = join256((const uint8_t *)la.m[sub][1], (const uint8_t *)lc.m[sub][1]);
+            continue;
+        }
         p->dw = type == WT_MXFP4 ? join_e8m0(a, c) : join_f16(a, c);
         p->mw = type == WT_Q4_1 || type == WT_Q5_1 ? join_f16(a + 16, c + 16) : _mm512_setzero_ps();
         if (type == WT_Q4_K || type == WT_Q5_K) {   /* dw = d * sc, mw = -(dmin * mn): matmul.c's order */
@@ -382,7 +398,7 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
     const batch_prefetch_t next = batch_prefetch_plan(tb + tile_bytes, 2 * tile_bytes, nb32);
     const batch_prefetch_t *pf = &next;
     int t = 0;
-    if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type)) {
+    if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type) && !type_keeps_blocks(type)) {
         prepare_pair(type, 1, ta, tb, nb, p, sc);
         if (type == WT_Q6_K) {
             amx_configure_q6();
@@ -425,6 +441,15 @@ PDEFINE(q2_k, WT_Q2_K)
 PDEFINE(iq4_nl, WT_IQ4_NL)
 PDEFINE(iq4_xs, WT_IQ4_XS)
 PDEFINE(mxfp4, WT_MXFP4)
+PDEFINE(iq2_xxs, WT_IQ2_XXS)
+PDEFINE(iq2_xs, WT_IQ2_XS)
+PDEFINE(iq2_s, WT_IQ2_S)
+PDEFINE(iq3_xxs, WT_IQ3_XXS)
+PDEFINE(iq3_s, WT_IQ3_S)
+PDEFINE(iq1_s, WT_IQ1_S)
+PDEFINE(iq1_m, WT_IQ1_M)
+PDEFINE(tq1_0, WT_TQ1_0)
+PDEFINE(tq2_0, WT_TQ2_0)
 #undef PDEFINE
 
 #pragma GCC pop_options

@@ -4,6 +4,8 @@
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
  *   KNT(type)      the most tokens per call of the tile kernel of `type` (its qkernel_t's ntok)
  *   KNT_PAIR       (AVX2) tokens per call of the prefill kernel over two tiles (pair_tokens)
+ *   KLANES_EXPORT  (the AVX-512 VNNI copy) also define lanes_block_<suffix>, the codebook types' unpacking for the
+ *                  zmm pair kernels (tile.h's lanes_block_t)
  *
  * One call: ntok tokens against one tile (8 rows; AVX2's prefill of some types: two, pair_tokens). For every 32-value
  * block, in column order:
@@ -751,6 +753,36 @@ KENTRY(iq1_m, WT_IQ1_M)
 KENTRY(tq1_0, WT_TQ1_0)
 KENTRY(tq2_0, WT_TQ2_0)
 #undef KENTRY
+
+#ifdef KLANES_EXPORT
+/* the tile blocks of the types that keep their GGUF blocks, for the zmm pair kernels (tile.h's lanes_block_t): this
+ * path's own unpacking, so the pair kernels' sums are the tile kernels' */
+KINLINE void KFN(lanes_block_typed)(const int type, const uint8_t *blk, lanes_block_t *o) {
+    _mm256_storeu_ps(o->dw, KFN(lane_dw)(type, blk));
+    for (int s = 0; s < 8; s++) {
+        __m256i wv[8];
+        KFN(q6scales) q6;
+        KFN(load_lanes)(type, blk, s, wv, &q6);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)o->wv[s][j], wv[j]);
+        _mm256_storeu_si256((__m256i *)o->m[s][0], q6.sc32[0]);
+        _mm256_storeu_si256((__m256i *)o->m[s][1], q6.sc32[1]);
+    }
+}
+void KFN(lanes_block)(int type, const uint8_t *blk, lanes_block_t *o) {
+    switch (type) {   /* each type a constant in its own copy */
+    case WT_IQ2_XXS: KFN(lanes_block_typed)(WT_IQ2_XXS, blk, o); break;
+    case WT_IQ2_XS: KFN(lanes_block_typed)(WT_IQ2_XS, blk, o); break;
+    case WT_IQ2_S: KFN(lanes_block_typed)(WT_IQ2_S, blk, o); break;
+    case WT_IQ3_XXS: KFN(lanes_block_typed)(WT_IQ3_XXS, blk, o); break;
+    case WT_IQ3_S: KFN(lanes_block_typed)(WT_IQ3_S, blk, o); break;
+    case WT_IQ1_S: KFN(lanes_block_typed)(WT_IQ1_S, blk, o); break;
+    case WT_IQ1_M: KFN(lanes_block_typed)(WT_IQ1_M, blk, o); break;
+    case WT_TQ1_0: KFN(lanes_block_typed)(WT_TQ1_0, blk, o); break;
+    case WT_TQ2_0: KFN(lanes_block_typed)(WT_TQ2_0, blk, o); break;
+    default: break;
+    }
+}
+#endif
 #undef KTOKENS
 #undef KBATCH_MIN
 #undef KPAIR_TYPE

@@ -78,10 +78,6 @@ QUANT_KERNELS(tq2_0)
 #define QUANT_ROW(NAME, name, COLS, GGUF_BYTES, TILE_BYTES, QUANTIZE_FN, DECODE_FN)                               \
     {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, QUANTIZE_FN, {NULL}, qscalar_##name,    \
      TILES(name), PAIR(name), DECODE_FN}
-/* a type with tile kernels on every path but no zmm pair or decode kernels (qpair512.c, qdecode512.c) */
-#define QUANT_ROW_YMM(NAME, name, COLS, GGUF_BYTES, TILE_BYTES)                                                   \
-    {NAME, 1, COLS, GGUF_BYTES, TILE_BYTES, repack_##name, dequant_##name, NULL, {NULL}, qscalar_##name,           \
-     TILES(name), NULL, NULL}
 static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     /* FLOAT_ROW(name, bytes per value, dequantize); QUANT_ROW(name, its functions' suffix, values per block, GGUF
      * block bytes, tile block bytes, its quantizer or NULL, its zmm decode kernel or NULL) */
@@ -101,15 +97,15 @@ static const type_traits_t TYPE_TRAITS[NUM_WEIGHT_TYPES] = {
     [WT_IQ4_NL] = QUANT_ROW("IQ4_NL", iq4_nl, QK, 18, TB_IQ4_NL, NULL, NULL),
     [WT_IQ4_XS] = QUANT_ROW("IQ4_XS", iq4_xs, QK_K, 136, TB_IQ4_XS, NULL, NULL),
     [WT_MXFP4] = QUANT_ROW("MXFP4", mxfp4, QK, 17, TB_MXFP4, NULL, NULL),
-    [WT_IQ2_XXS] = QUANT_ROW_YMM("IQ2_XXS", iq2_xxs, QK_K, 66, TB_IQ2_XXS),
-    [WT_IQ2_XS] = QUANT_ROW_YMM("IQ2_XS", iq2_xs, QK_K, 74, TB_IQ2_XS),
-    [WT_IQ2_S] = QUANT_ROW_YMM("IQ2_S", iq2_s, QK_K, 82, TB_IQ2_S),
-    [WT_IQ3_XXS] = QUANT_ROW_YMM("IQ3_XXS", iq3_xxs, QK_K, 98, TB_IQ3_XXS),
-    [WT_IQ3_S] = QUANT_ROW_YMM("IQ3_S", iq3_s, QK_K, 110, TB_IQ3_S),
-    [WT_IQ1_S] = QUANT_ROW_YMM("IQ1_S", iq1_s, QK_K, 50, TB_IQ1_S),
-    [WT_IQ1_M] = QUANT_ROW_YMM("IQ1_M", iq1_m, QK_K, 56, TB_IQ1_M),
-    [WT_TQ1_0] = QUANT_ROW_YMM("TQ1_0", tq1_0, QK_K, 54, TB_TQ1_0),
-    [WT_TQ2_0] = QUANT_ROW_YMM("TQ2_0", tq2_0, QK_K, 66, TB_TQ2_0),
+    [WT_IQ2_XXS] = QUANT_ROW("IQ2_XXS", iq2_xxs, QK_K, 66, TB_IQ2_XXS, NULL, NULL),
+    [WT_IQ2_XS] = QUANT_ROW("IQ2_XS", iq2_xs, QK_K, 74, TB_IQ2_XS, NULL, NULL),
+    [WT_IQ2_S] = QUANT_ROW("IQ2_S", iq2_s, QK_K, 82, TB_IQ2_S, NULL, NULL),
+    [WT_IQ3_XXS] = QUANT_ROW("IQ3_XXS", iq3_xxs, QK_K, 98, TB_IQ3_XXS, NULL, NULL),
+    [WT_IQ3_S] = QUANT_ROW("IQ3_S", iq3_s, QK_K, 110, TB_IQ3_S, NULL, NULL),
+    [WT_IQ1_S] = QUANT_ROW("IQ1_S", iq1_s, QK_K, 50, TB_IQ1_S, NULL, NULL),
+    [WT_IQ1_M] = QUANT_ROW("IQ1_M", iq1_m, QK_K, 56, TB_IQ1_M, NULL, NULL),
+    [WT_TQ1_0] = QUANT_ROW("TQ1_0", tq1_0, QK_K, 54, TB_TQ1_0, NULL, NULL),
+    [WT_TQ2_0] = QUANT_ROW("TQ2_0", tq2_0, QK_K, 66, TB_TQ2_0, NULL, NULL),
 };
 
 const type_traits_t *type_traits(int type) {

@@ -13,7 +13,8 @@ from inferd import _cpu
 from inferd.engine.engine import Engine
 from inferd.engine.types import SamplingParams, SeqInput
 from tests.ext.paths import PATHS
-from tests.reference import make_tensor, random_model
+from tests.model.kquant_ref import random_blocks
+from tests.reference import LANE_TYPES, make_tensor, random_model
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS",
@@ -42,8 +43,10 @@ def assert_bitwise(a, b, msg=""):
 
 # ---- kernels ---------------------------------------------------------------------------------------------------
 def weight_of(type_name, rows, cols, seed):
-    x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    t = make_tensor("w", x, type_name)
+    rng = np.random.default_rng(seed)
+    if type_name in LANE_TYPES:   # random blocks with a scale of their own each (make_tensor's share one)
+        return _cpu.Weight(type_name, rows, cols, random_blocks(type_name, rows, cols, rng, scale=1.0))
+    t = make_tensor("w", rng.standard_normal((rows, cols)).astype(np.float32), type_name)
     return _cpu.Weight(type_name, rows, cols, t.data)
 
 
@@ -69,14 +72,10 @@ def test_matmul_identical_on_every_path(type_name, rows, cols):
         assert_bitwise(results[p], results[PATHS[0]], f"{type_name} {p} vs {PATHS[0]}")
 
 
-# the types of the pair-of-tiles prefill kernels: AVX-512's (all of these) and AVX2's (Q4_0, Q4_1, Q4_K, Q6_K, Q2_K;
-# the others' AVX2 prefill goes tile by tile)
-PAIR_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4")
-PAIR_K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")   # Q6_K: halves of 16 values on AMX
-
-
-PAIR_SHAPES = [(t, r, c) for t in PAIR_TYPES for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
-              [(t, r, c) for t in PAIR_K_TYPES for r, c in [(37, 256), (203, 512), (24, 1536)]]
+# the pair-of-tiles prefill kernels: AVX-512's take every quantized type (Q6_K by halves of 16 values on AMX), AVX2's
+# Q4_0, Q4_1, Q4_K, Q6_K and Q2_K (the others' AVX2 prefill goes tile by tile)
+PAIR_SHAPES = [(t, r, c) for t in TYPES[3:] for r, c in [(37, 96), (1003, 160), (64, 1024)]] + \
+              [(t, r, c) for t in K_TYPES for r, c in [(37, 256), (203, 512), (24, 1536)]]
 
 
 @pytest.mark.parametrize("type_name,rows,cols", PAIR_SHAPES)
@@ -125,8 +124,7 @@ def test_decode_tile_groups_identical_to_batch_and_scalar(rows):
     parts = [(t, r, cols, make_tensor("w", rng.standard_normal((r, cols)).astype(np.float32), t).data)
              for t, r in specs]
     fused = _cpu.Weight("parts", 0, 0, None, parts=parts)
-    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4", "IQ3_S", "IQ2_XXS", "IQ1_M",
-                   "TQ1_0") + PAIR_TYPES
+    plain_types = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ1_M", "TQ1_0") + TYPES[3:]
     plain_specs = [(t, cols) for t in plain_types]
     plain_specs += [("Q4_K", 1536)]
     plain = [weight_of(t, rows, c, rows + c) for t, c in plain_specs]
