@@ -12,7 +12,8 @@ static int can_run(int path) {
     case PATH_SCALAR: return 1;
     case PATH_AVX2: return avx2;
     case PATH_AVX512VNNI:
-        return avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+        return avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw");
     case PATH_AVXVNNI: return avx2 && __builtin_cpu_supports("avxvnni");
     }
     return 0;

@@ -28,7 +28,7 @@
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512vl,avx512bw,avx512vnni")
 #define KSUFFIX avx512vnni
 #define KVNNI 1
 #define DPBUSD(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)

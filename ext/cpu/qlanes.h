@@ -59,8 +59,12 @@ KINLINE __m256i KFN(spread_byte)(__m256i v, int b) {
  * in sb (all 4 bytes of the lane hold it) */
 KINLINE __m256i KFN(apply_signs)(__m256i mag, __m256i sb, int hi) {
     const __m256i bit = _mm256_set1_epi32(hi ? (int)0x80402010 : 0x08040201);
+#ifdef __AVX512BW__   /* the AVX-512 VNNI path: the sign bits as a mask, one masked subtraction */
+    return _mm256_mask_sub_epi8(mag, _mm256_test_epi8_mask(sb, bit), _mm256_setzero_si256(), mag);
+#else
     __m256i m = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bit), bit);
     return _mm256_sub_epi8(_mm256_xor_si256(mag, m), m);
+#endif
 }
 
 /* 7 stored sign bits (low bits of k) and the eighth that makes their count even */
