@@ -33,7 +33,7 @@
 #define KVNNI 1
 #define DPBUSD(acc, w, x) _mm256_dpbusd_epi32(acc, w, x)
 #define KNT(type) 8
-#define KLANES_EXPORT   /* lanes_block_avx512vnni, for the pair kernels of the same CPUs */
+#define KLANES_EXPORT   /* lanes_<type>_avx512vnni, for the pair kernels of the same CPUs */
 #include "qtile.h"
 #undef KLANES_EXPORT
 #undef KSUFFIX

@@ -15,7 +15,7 @@
  * way (Q3_K's from -4 sum x, its values being q + 4), Q2_K then adds its mins' term as qtile.h's isum_acc does;
  * IQ4_XS's int32 sum is the block's times its rows' one scale. The int scales (and Q2_K's mins) lie beside the panel.
  * The codebook and ternary types (iq_lanes.h) are unpacked by the VNNI tile kernels' own code (qlanes.h, through
- * lanes_block_avx512vnni), the grid lookups paid once per call rather than once per group of tokens, and go by halves
+ * lanes_<type>_avx512vnni), the grid lookups paid once per call rather than once per group of tokens, and go by halves
  * like Q3_K, from -LANES_VNNI_OFFSET sum x. Q2_K, Q3_K, the IQ4 types, MXFP4 and the codebook and ternary types run
  * these zmm kernels only, not AMX. */
 #include <string.h>
@@ -82,18 +82,18 @@ PINLINE __m512i q6_high(__m512i h, int p) {
 
 /* sc: per block, int_scales(type) vectors of the rows' int scales as int32 (lane 8i + r) */
 PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, const uint8_t *tb, int nb,
-                          pair_block_t *p, __m512i *sc) {
+                          pair_block_t *p, __m512i *sc, const lanes_block_fn lanes) {
     const size_t bb = tile_block_bytes(type);
     const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
-    lanes_block_t la, lc;   /* a codebook type's two tile blocks, unpacked by the VNNI tile kernels' code */
+    lanes_block_t la, lc;   /* a codebook type's two tile blocks, unpacked by `lanes` (the VNNI tile kernels' code) */
     for (int i = 0; i < nb * nsub; i++, p++) {
         const int b = i / nsub, sub = i % nsub;
         const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
         if (type_keeps_blocks(type)) {   /* by halves, no min; the values already + LANES_VNNI_OFFSET */
             if (sub == 0) {
-                lanes_block_avx512vnni(type, a, &la);
-                lanes_block_avx512vnni(type, c, &lc);
+                lanes(a, &la);
+                lanes(c, &lc);
             }
             for (int j = 0; j < 8; j++) p->wv[j] = join256(la.wv[sub][j], lc.wv[sub][j]);
             p->dw = _mm512_castsi512_ps(join256((const uint8_t *)la.dw, (const uint8_t *)lc.dw));
@@ -389,7 +389,7 @@ PINLINE void amx_tokens_q6(const pair_block_t *p, const __m512i *sc6, int nb32, 
  * few tokens (a decode step of many sequences) a pair's work is too short for the hardware prefetcher to hide the
  * next pair's misses. */
 PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok,
-                         float *y, int ldy, int nrows, int accumulate, int amx) {
+                         float *y, int ldy, int nrows, int accumulate, int amx, const lanes_block_fn lanes) {
     const int nb32 = nb * (type_is_k(type) ? 8 : 1);
     pair_block_t p[nb32];   /* nb32 <= PAIR_MAX_BLOCKS: 320 KB at most */
     __m512i sc[int_scales(type) ? int_scales(type) * nb32 : 1];
@@ -399,7 +399,7 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
     const batch_prefetch_t *pf = &next;
     int t = 0;
     if (ntok >= AMX_MIN_TOKENS && amx && !type_is_iq4(type) && !type_is_2bit(type) && !type_keeps_blocks(type)) {
-        prepare_pair(type, 1, ta, tb, nb, p, sc);
+        prepare_pair(type, 1, ta, tb, nb, p, sc, lanes);
         if (type == WT_Q6_K) {
             amx_configure_q6();
             for (; t + AMX_TOKENS <= ntok; t += AMX_TOKENS)
@@ -413,7 +413,7 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         if (t == ntok) return;
         pf = NULL;   /* AMX's groups are long enough for the hardware prefetcher */
     }
-    prepare_pair(type, 0, ta, tb, nb, p, sc);
+    prepare_pair(type, 0, ta, tb, nb, p, sc, lanes);
     for (; t + PAIR_NT <= ntok; t += PAIR_NT, pf = NULL)
         pair_tokens(type, PAIR_NT, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate, pf);
     for (; t + 4 <= ntok; t += 4, pf = NULL)
@@ -422,12 +422,15 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         pair_tokens(type, 1, p, sc, nb32, xq + (size_t)t * nb32, y + (size_t)t * ldy, ldy, rows, accumulate, pf);
 }
 
-/* each type's kernel, for its row of the type-traits table (type_traits.c) */
-#define PDEFINE(name, TYPE)                                                                                       \
+/* each type's kernel, for its row of the type-traits table (type_traits.c); the codebook and ternary types' with
+ * their unpacking */
+#define PDEFINE_WITH(name, TYPE, LANES)                                                                           \
     void qpair_##name(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,      \
                       int ldy, int nrows, int accumulate, int amx) {                                             \
-        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx);                                 \
+        pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx, LANES);                          \
     }
+#define PDEFINE(name, TYPE) PDEFINE_WITH(name, TYPE, NULL)
+#define PDEFINE_LANES(name, TYPE) PDEFINE_WITH(name, TYPE, lanes_##name##_avx512vnni)
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)
 PDEFINE(q5_0, WT_Q5_0)
@@ -441,16 +444,18 @@ PDEFINE(q2_k, WT_Q2_K)
 PDEFINE(iq4_nl, WT_IQ4_NL)
 PDEFINE(iq4_xs, WT_IQ4_XS)
 PDEFINE(mxfp4, WT_MXFP4)
-PDEFINE(iq2_xxs, WT_IQ2_XXS)
-PDEFINE(iq2_xs, WT_IQ2_XS)
-PDEFINE(iq2_s, WT_IQ2_S)
-PDEFINE(iq3_xxs, WT_IQ3_XXS)
-PDEFINE(iq3_s, WT_IQ3_S)
-PDEFINE(iq1_s, WT_IQ1_S)
-PDEFINE(iq1_m, WT_IQ1_M)
-PDEFINE(tq1_0, WT_TQ1_0)
-PDEFINE(tq2_0, WT_TQ2_0)
+PDEFINE_LANES(iq2_xxs, WT_IQ2_XXS)
+PDEFINE_LANES(iq2_xs, WT_IQ2_XS)
+PDEFINE_LANES(iq2_s, WT_IQ2_S)
+PDEFINE_LANES(iq3_xxs, WT_IQ3_XXS)
+PDEFINE_LANES(iq3_s, WT_IQ3_S)
+PDEFINE_LANES(iq1_s, WT_IQ1_S)
+PDEFINE_LANES(iq1_m, WT_IQ1_M)
+PDEFINE_LANES(tq1_0, WT_TQ1_0)
+PDEFINE_LANES(tq2_0, WT_TQ2_0)
+#undef PDEFINE_LANES
 #undef PDEFINE
+#undef PDEFINE_WITH
 
 #pragma GCC pop_options
 #endif

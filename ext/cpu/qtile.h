@@ -4,8 +4,8 @@
  *   KVNNI          1 where DPBUSD(acc, w, x) (u8 x s8 -> s32, accumulating) exists, 0 for AVX2
  *   KNT(type)      the most tokens per call of the tile kernel of `type` (its qkernel_t's ntok)
  *   KNT_PAIR       (AVX2) tokens per call of the prefill kernel over two tiles (pair_tokens)
- *   KLANES_EXPORT  (the AVX-512 VNNI copy) also define lanes_block_<suffix>, the codebook types' unpacking for the
- *                  zmm pair kernels (tile.h's lanes_block_t)
+ *   KLANES_EXPORT  (the AVX-512 VNNI copy) also define lanes_<type>_<suffix>, the codebook types' unpacking for the
+ *                  zmm pair kernels (tile.h's lanes_block_fn)
  *
  * One call: ntok tokens against one tile (8 rows; AVX2's prefill of some types: two, pair_tokens). For every 32-value
  * block, in column order:
@@ -768,20 +768,18 @@ KINLINE void KFN(lanes_block_typed)(const int type, const uint8_t *blk, lanes_bl
         _mm256_storeu_si256((__m256i *)o->m[s][1], q6.sc32[1]);
     }
 }
-void KFN(lanes_block)(int type, const uint8_t *blk, lanes_block_t *o) {
-    switch (type) {   /* each type a constant in its own copy */
-    case WT_IQ2_XXS: KFN(lanes_block_typed)(WT_IQ2_XXS, blk, o); break;
-    case WT_IQ2_XS: KFN(lanes_block_typed)(WT_IQ2_XS, blk, o); break;
-    case WT_IQ2_S: KFN(lanes_block_typed)(WT_IQ2_S, blk, o); break;
-    case WT_IQ3_XXS: KFN(lanes_block_typed)(WT_IQ3_XXS, blk, o); break;
-    case WT_IQ3_S: KFN(lanes_block_typed)(WT_IQ3_S, blk, o); break;
-    case WT_IQ1_S: KFN(lanes_block_typed)(WT_IQ1_S, blk, o); break;
-    case WT_IQ1_M: KFN(lanes_block_typed)(WT_IQ1_M, blk, o); break;
-    case WT_TQ1_0: KFN(lanes_block_typed)(WT_TQ1_0, blk, o); break;
-    case WT_TQ2_0: KFN(lanes_block_typed)(WT_TQ2_0, blk, o); break;
-    default: break;
-    }
-}
+#define KLANES(name, TYPE) \
+    void KCAT(lanes_##name, KSUFFIX)(const uint8_t *blk, lanes_block_t *o) { KFN(lanes_block_typed)(TYPE, blk, o); }
+KLANES(iq2_xxs, WT_IQ2_XXS)
+KLANES(iq2_xs, WT_IQ2_XS)
+KLANES(iq2_s, WT_IQ2_S)
+KLANES(iq3_xxs, WT_IQ3_XXS)
+KLANES(iq3_s, WT_IQ3_S)
+KLANES(iq1_s, WT_IQ1_S)
+KLANES(iq1_m, WT_IQ1_M)
+KLANES(tq1_0, WT_TQ1_0)
+KLANES(tq2_0, WT_TQ2_0)
+#undef KLANES
 #endif
 #undef KTOKENS
 #undef KBATCH_MIN

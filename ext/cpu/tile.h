@@ -234,12 +234,21 @@ typedef struct { int ntok; qtile_fn tokens; qbatch_fn batch; qgroup_fn group; in
 typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const block_q8x *xq, int ntok, float *y,
                          int ldy, int nrows, int accumulate, int amx);
 #define PAIR_MAX_BLOCKS 512    /* the pair kernels unpack up to this many blocks on the stack (640 bytes, Q6_K 768) */
-/* A tile block of a type that keeps its GGUF blocks (iq_lanes.h), unpacked as the VNNI tile kernels unpack it
- * (matmul_simd.c, qtile.h's load_lanes), for the pair kernels: wv[s][j] lane r (4 bytes) holds values 4j..4j+3 of
- * row r's sub-block s plus LANES_VNNI_OFFSET, m[s][h][r] the integer scale of its half h, dw[r] the row's d times
- * the type's factor */
+/* A tile block of a type that keeps its GGUF blocks (iq_lanes.h), unpacked for the pair kernels as the VNNI tile
+ * kernels unpack it (lanes_<type>_avx512vnni: matmul_simd.c, qtile.h's load_lanes): wv[s][j] lane r (4 bytes) holds
+ * values 4j..4j+3 of row r's sub-block s plus LANES_VNNI_OFFSET, m[s][h][r] the integer scale of its half h, dw[r]
+ * the row's d times the type's factor */
 typedef struct { uint8_t wv[8][8][32]; int32_t m[8][2][8]; float dw[8]; } lanes_block_t;
-void lanes_block_avx512vnni(int type, const uint8_t *blk, lanes_block_t *out);
+typedef void (*lanes_block_fn)(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq2_xxs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq2_xs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq2_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq3_xxs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq3_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq1_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_iq1_m_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_tq1_0_avx512vnni(const uint8_t *blk, lanes_block_t *out);
+void lanes_tq2_0_avx512vnni(const uint8_t *blk, lanes_block_t *out);
 /* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0): the group kernel's work for ntok
  * (1..QDECODE_TOKENS) tokens, token t's activation blocks at xq + t * nb32 and its rows at y + t * ldy: the tiles are
  * unpacked once for all of them (a decode step of a few sequences, speculative drafts) */
