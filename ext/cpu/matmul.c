@@ -230,8 +230,12 @@ SIMD_ATTR_AVX2 void float_rows_avx2(const weight_t *w, int row0, int nrows, int 
 /* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
  * the CPU has AVX-512 VNNI (the bits are the same) from PAIR_MIN_TOKENS tokens up; up to QDECODE_TOKENS (a decode
  * step of a few sequences) the zmm decode kernels come first where the type has one, as they unpack each block once
- * for all the tokens where the pair kernels' panel pays only for more (bench/results/batch_decode.md). */
+ * for all the tokens where the pair kernels' panel pays only for more (bench/results/batch_decode.md). The types whose
+ * tiles unpack (those with a batch kernel) go to the pair kernels from 4 tokens: their ymm tile kernels take up to 3
+ * tokens a call below their full KNT, so 4 tokens unpack each tile twice, which costs the codebook types most
+ * (bench/results/lowbit_codebook_pair_vnni.md); Q8_0's tiles are a load away and stay faster at 4. */
 #define PAIR_MIN_TOKENS 5
+#define PAIR_MIN_TOKENS_UNPACKING 4
 
 /* Software prefetch in a decode step's kernels helps every tile on Intel, while on AMD Zen 4 the L2 stream
  * prefetcher does better alone on long tiles (an 8960-wide Q4_K tile is 40 KB, past the reach of a group's four
@@ -303,8 +307,8 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
     /* two tiles: rows 8t .. 8t + 15, the second tile's possibly fewer; a lone tile (the end of a thread's claim or of
      * a segment) goes through the same kernel as the pair (t, t) with the copy's rows left unstored: half its work is
      * wasted, and still it beats the ymm kernel */
-    const qpair_fn pair = kc->prefill != PREFILL_TILES && ntok >= PAIR_MIN_TOKENS && nb32 <= PAIR_MAX_BLOCKS
-                              ? k->pair : NULL;
+    const int pair_min = k->tiles->batch ? PAIR_MIN_TOKENS_UNPACKING : PAIR_MIN_TOKENS;
+    const qpair_fn pair = kc->prefill != PREFILL_TILES && ntok >= pair_min && nb32 <= PAIR_MAX_BLOCKS ? k->pair : NULL;
     if (pair) {
         const int amx = amx_on(kc);
         for (int t = t0; t < t1; t += 2, base += 2 * tile_bytes) {

@@ -94,7 +94,7 @@ def test_prefill_pair_kernels_identical_to_tiles_and_scalar(type_name, rows, col
             w.kernels.set_prefill_kernels(kind)
             assert_bitwise(w.matmul(x), ref, f"{type_name} {p} {kind}")
             assert_bitwise(w.matmul(x, y0.copy()), ref_acc, f"{type_name} {p} {kind}, accumulating")
-            for n in (2, 3, 4, 5, 6, 7, 19):   # the tile kernel's 1-3 and 4, the pairs' threshold (5), past 16
+            for n in (2, 3, 4, 5, 6, 7, 19):   # the tile kernel's 1-3, the pairs' thresholds (4, 5), past 16
                 assert_bitwise(w.matmul(x[:n]), ref[:n], f"{type_name} {p} {kind}, {n} tokens")
 
 
