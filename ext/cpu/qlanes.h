@@ -8,10 +8,10 @@
  * row lie in one run of bytes, go row by row: a row's values in one vector, then the 8 rows transposed into the
  * lanes. */
 
-/* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts, so the lanes below are
- * filled from scalar loads, and the grid indices come from each row's own bytes with scalar loads rather than from
- * a vector of the 8 lanes' indices stored and read back; IQ3_S's, whose ninth bit lies in another byte, are put
- * together a row's 8 at a time (iq3s_indices). */
+/* AMD's cores run an 8-lane vpgatherdd slower than 8 scalar loads put together with inserts (bench/grid_lookup.c),
+ * so the lanes below are filled from scalar loads, and the grid indices come from each row's own bytes with scalar
+ * loads rather than from a vector of the 8 lanes' indices stored and read back (IQ3_S's too, whose ninth bit lies in
+ * another byte: put together in a vector, a row's 8 at a time, they were slower). */
 KINLINE __m256i KFN(set8)(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6,
                           uint32_t a7) {
     __m128i lo = _mm_cvtsi32_si128((int)a0), hi = _mm_cvtsi32_si128((int)a4);
@@ -104,14 +104,6 @@ KINLINE void KFN(grid_rows64)(const int type, const uint64_t *g, const uint8_t *
                  g[KFN(index8)(type, blk + 6 * lb, s, l)], g[KFN(index8)(type, blk + 7 * lb, s, l)], lo, hi);
 }
 
-/* IQ3_S's 8 grid indices of sub-block s in the GGUF block b: qs byte j | bit j of the qh byte << 8, the 8 of them
- * at once in a vector (bit j lands on bit 8 as qh * 2^(8 - j)), read back one by one as the lookups' addresses */
-KINLINE void KFN(iq3s_indices)(const uint8_t *b, int s, uint16_t out[8]) {
-    const __m128i q = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * s)));
-    const __m128i h = _mm_mullo_epi16(_mm_set1_epi16(b[66 + s]), _mm_setr_epi16(256, 128, 64, 32, 16, 8, 4, 2));
-    _mm_storeu_si128((__m128i *)out, _mm_or_si128(q, _mm_and_si128(h, _mm_set1_epi16(256))));
-}
-
 KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256i wv[8], KFN(q6scales) *q6) {
     const __m256i one = _mm256_set1_epi32(1), f15 = _mm256_set1_epi32(15);
     if (type == WT_IQ2_XXS || type == WT_IQ3_XXS) {
@@ -170,11 +162,11 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
     } else if (type == WT_IQ3_S) {   /* row by row: index j = qs byte j | bit j of the qh byte << 8 */
         const size_t lb = lane_bytes(type);
         const __m256i sg = KFN(gather_rows)(type, blk + 74 + 4 * s);
-        uint16_t idx[8][8];   /* row r's 8 indices of the sub-block, put together 8 at a time */
-        for (int r = 0; r < 8; r++) KFN(iq3s_indices)(blk + r * lb, s, idx[r]);
-#define IQ3S_LANES(j) KFN(set8)(IQ3S_GRID[idx[0][j]], IQ3S_GRID[idx[1][j]], IQ3S_GRID[idx[2][j]],                 \
-                                IQ3S_GRID[idx[3][j]], IQ3S_GRID[idx[4][j]], IQ3S_GRID[idx[5][j]],                 \
-                                IQ3S_GRID[idx[6][j]], IQ3S_GRID[idx[7][j]])
+#define IQ3S_INDEX(r, j) (blk[(r) * lb + 2 + 8 * s + (j)] | ((uint32_t)blk[(r) * lb + 66 + s] << (8 - (j)) & 256))
+#define IQ3S_LANES(j) KFN(set8)(IQ3S_GRID[IQ3S_INDEX(0, j)], IQ3S_GRID[IQ3S_INDEX(1, j)],                         \
+                                IQ3S_GRID[IQ3S_INDEX(2, j)], IQ3S_GRID[IQ3S_INDEX(3, j)],                         \
+                                IQ3S_GRID[IQ3S_INDEX(4, j)], IQ3S_GRID[IQ3S_INDEX(5, j)],                         \
+                                IQ3S_GRID[IQ3S_INDEX(6, j)], IQ3S_GRID[IQ3S_INDEX(7, j)])
 #pragma GCC unroll 4
         for (int l = 0; l < 4; l++) {   /* entries 2l, 2l + 1: values 8l..8l+3, 8l+4..8l+7 */
             const __m256i sb = KFN(spread_byte)(sg, l);
@@ -182,6 +174,7 @@ KINLINE void KFN(gather_lanes)(const int type, const uint8_t *blk, int s, __m256
             wv[2 * l + 1] = KFN(apply_signs)(IQ3S_LANES(2 * l + 1), sb, 1);
         }
 #undef IQ3S_LANES
+#undef IQ3S_INDEX
         __m256i sc = _mm256_srli_epi32(KFN(gather_rows)(type, blk + 103 + s / 2), 24);   /* the byte at 106 + s/2 */
         __m256i m = _mm256_and_si256(_mm256_srli_epi32(sc, 4 * (s % 2)), f15);
         m = _mm256_or_si256(_mm256_slli_epi32(m, 1), one);
