@@ -86,20 +86,22 @@ PINLINE void prepare_pair(const int type, const int sign, const uint8_t *ta, con
     const size_t bb = tile_block_bytes(type);
     const int nsub = type_is_k(type) ? 8 : 1;
     const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
-    lanes_block_t la, lc;   /* a codebook type's two tile blocks, unpacked by `lanes` (the VNNI tile kernels' code) */
+    /* a codebook type's two tile blocks, unpacked by `lanes` (the VNNI tile kernels' code): a lone tile once */
+    lanes_block_t la, lc;
+    const lanes_block_t *lt = tb == ta ? &la : &lc;
     for (int i = 0; i < nb * nsub; i++, p++) {
         const int b = i / nsub, sub = i % nsub;
         const uint8_t *a = ta + (size_t)b * bb, *c = tb + (size_t)b * bb;
         if (type_keeps_blocks(type)) {   /* by halves, no min; the values already + LANES_VNNI_OFFSET */
             if (sub == 0) {
                 lanes(a, &la);
-                lanes(c, &lc);
+                if (lt == &lc) lanes(c, &lc);
             }
-            for (int j = 0; j < 8; j++) p->wv[j] = join256(la.wv[sub][j], lc.wv[sub][j]);
-            p->dw = _mm512_castsi512_ps(join256((const uint8_t *)la.dw, (const uint8_t *)lc.dw));
+            for (int j = 0; j < 8; j++) p->wv[j] = join256(la.wv[sub][j], lt->wv[sub][j]);
+            p->dw = _mm512_castsi512_ps(join256((const uint8_t *)la.dw, (const uint8_t *)lt->dw));
             p->mw = _mm512_setzero_ps();
-            sc[2 * i] = join256((const uint8_t *)la.m[sub][0], (const uint8_t *)lc.m[sub][0]);
-            sc[2 * i + 1] = join256((const uint8_t *)la.m[sub][1], (const uint8_t *)lc.m[sub][1]);
+            sc[2 * i] = join256((const uint8_t *)la.m[sub][0], (const uint8_t *)lt->m[sub][0]);
+            sc[2 * i + 1] = join256((const uint8_t *)la.m[sub][1], (const uint8_t *)lt->m[sub][1]);
             continue;
         }
         p->dw = type == WT_MXFP4 ? join_e8m0(a, c) : join_f16(a, c);
@@ -430,7 +432,9 @@ PINLINE void pair_kernel(const int type, const uint8_t *ta, const uint8_t *tb, i
         pair_kernel(TYPE, ta, tb, nb, xq, ntok, y, ldy, nrows, accumulate, amx, LANES);                          \
     }
 #define PDEFINE(name, TYPE) PDEFINE_WITH(name, TYPE, NULL)
-#define PDEFINE_LANES(name, TYPE) PDEFINE_WITH(name, TYPE, lanes_##name##_avx512vnni)
+#define PDEFINE_LANES(name, TYPE)                                                                                 \
+    void lanes_##name##_avx512vnni(const uint8_t *blk, lanes_block_t *out);   /* matmul_simd.c */                 \
+    PDEFINE_WITH(name, TYPE, lanes_##name##_avx512vnni)
 PDEFINE(q4_0, WT_Q4_0)
 PDEFINE(q4_1, WT_Q4_1)
 PDEFINE(q5_0, WT_Q5_0)

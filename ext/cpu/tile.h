@@ -240,15 +240,6 @@ typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const blo
  * the row's d times the type's factor */
 typedef struct { uint8_t wv[8][8][32]; int32_t m[8][2][8]; float dw[8]; } lanes_block_t;
 typedef void (*lanes_block_fn)(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq2_xxs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq2_xs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq2_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq3_xxs_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq3_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq1_s_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_iq1_m_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_tq1_0_avx512vnni(const uint8_t *blk, lanes_block_t *out);
-void lanes_tq2_0_avx512vnni(const uint8_t *blk, lanes_block_t *out);
 /* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0): the group kernel's work for ntok
  * (1..QDECODE_TOKENS) tokens, token t's activation blocks at xq + t * nb32 and its rows at y + t * ldy: the tiles are
  * unpacked once for all of them (a decode step of a few sequences, speculative drafts) */
