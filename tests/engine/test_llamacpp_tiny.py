@@ -38,11 +38,17 @@ GENERATE = 24
 VARIANTS = ["gemma3-gguf-f32", "qwen3-gguf-f32", "llama32-gguf-f16"]
 
 
-def llama_server_path() -> Path | None:
+def llama_cpp_tool(name: str) -> Path | None:
+    """llama.cpp's tool `name` (llama-server, llama-perplexity) as ../shared/peers/llama-cpp.sh builds it, or in
+    $INFERD_LLAMA_CPP_BIN; None when it is not built"""
     env = os.environ.get("INFERD_LLAMA_CPP_BIN")
-    pattern = os.path.expanduser("~/.cache/inferd-peers/llama.cpp-*/build/bin/llama-server")
-    found = [Path(env) / "llama-server"] if env else [Path(p) for p in sorted(glob.glob(pattern))]
+    pattern = os.path.expanduser(f"~/.cache/inferd-peers/llama.cpp-*/build/bin/{name}")
+    found = [Path(env) / name] if env else [Path(p) for p in sorted(glob.glob(pattern))]
     return next((p for p in found if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+def llama_server_path() -> Path | None:
+    return llama_cpp_tool("llama-server")
 
 
 @pytest.fixture(scope="module")
