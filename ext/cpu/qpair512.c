@@ -1,4 +1,5 @@
-/* Prefill of the quantized types over pairs of tiles in AVX-512 registers.
+/* Prefill of the quantized types over pairs of tiles in AVX-512 registers (and, with the same pieces, the decode of
+ * Q2_K, Q3_K and the IQ4 types: unpacked_decode below).
  *
  * Why: the ymm tile kernels (qtile.h) give each dpbusd 8 rows x 1 token, and pay the nibble unpacking once per
  * group of 4 tokens. Here a zmm holds the 16 rows of two adjacent tiles: one dpbusd does twice the work, the
@@ -133,8 +134,7 @@ PINLINE void prepare_one(const int type, const int sign, const uint8_t *a, const
             const __m512i h1 = _mm512_cvtepu8_epi32(join_bytes(a + so + 8, c + so + 8));
             sc[0] = _mm512_and_si512(h0, m4i);
             sc[1] = _mm512_and_si512(h1, m4i);
-            sc[2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4),
-                                            _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
+            sc[2] = _mm512_or_si512(_mm512_srli_epi32(h0, 4), _mm512_slli_epi32(_mm512_srli_epi32(h1, 4), 16));
             p->mw = negated(join_f16(a + 16, c + 16));
         }
         return;
@@ -150,7 +150,7 @@ PINLINE void prepare_one(const int type, const int sign, const uint8_t *a, const
         p->wv[q] = _mm512_and_si512(v, m4);
         p->wv[4 + q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
     }
-    if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) {   /* hbit bit p -> value 4p+e's bit 4, 4+p -> 16+4p+e's */
+    if (type == WT_Q5_0 || type == WT_Q5_1 || type == WT_Q5_K) {   /* hbit bit p -> 4p+e's bit 4, 4+p -> 16+4p+e's */
         const size_t ho = tile_hbits_off(type, sub);
         __m512i h = join256(a + ho, c + ho);
         p->wv[0] = _mm512_or_si512(p->wv[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), m5));
