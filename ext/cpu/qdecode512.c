@@ -1,6 +1,8 @@
 /* Decode (one token, or up to QDECODE_TOKENS) of the quantized types over pairs of tiles in AVX-512 registers: the
- * K-quants Q4_K, Q5_K and Q6_K (what the Q4_K_M files people download are made of), and Q4_0, Q4_1, Q5_0, Q5_1 (Q8_0
- * stays on the ymm tiles).
+ * K-quants Q4_K, Q5_K and Q6_K (what the Q4_K_M files people download are made of), Q4_0, Q4_1, Q5_0, Q5_1, and Q2_K,
+ * Q3_K, IQ4_NL and IQ4_XS, whose blocks are unpacked and summed by the prefill pair kernels' own pieces (qpair512.h:
+ * prepare_one, block_token). Q8_0 stays on the ymm tiles, and so do MXFP4 (its ymm group kernel shares each block's
+ * activation broadcasts across four tiles: faster at one token) and the codebook types (bound by their lookups).
  *
  * Why: a decode step reads every weight byte once, and with the matrix in cache one thread of the ymm tile kernel
  * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
@@ -36,32 +38,21 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 
-#define DINLINE static inline __attribute__((always_inline))
-
-DINLINE __m512i join256(const uint8_t *a, const uint8_t *b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-                              _mm256_loadu_si256((const __m256i *)b), 1);
-}
-DINLINE __m512 join_f16(const uint8_t *a, const uint8_t *b) {   /* 8 f16 of each tile as 16 floats */
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
-                                        _mm_loadu_si128((const __m128i *)b), 1);
-    return _mm512_cvtph_ps(h);
-}
-DINLINE __m512i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+#include "qpair512.h"   /* join256, join_f16, bcast4, store_rows16; prepare_one and block_token */
 /* lanes 0-7 of a and 0-7 of b; lanes 8-15 of a and 8-15 of b */
-DINLINE __m512 low_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0x44); }
-DINLINE __m512 high_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0xee); }
+PINLINE __m512 low_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0x44); }
+PINLINE __m512 high_halves(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0xee); }
 /* v's 16-bit lanes shifted left by n (right by -n); n is a constant of an unrolled loop */
-DINLINE __m512i shift16(__m512i v, int n) {
+PINLINE __m512i shift16(__m512i v, int n) {
     return n > 0 ? _mm512_slli_epi16(v, (unsigned)n) : n < 0 ? _mm512_srli_epi16(v, (unsigned)-n) : v;
 }
-DINLINE __m512i low_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0x44); }
-DINLINE __m512i high_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0xee); }
+PINLINE __m512i low_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0x44); }
+PINLINE __m512i high_halves_i(__m512i a, __m512i b) { return _mm512_shuffle_i32x4(a, b, 0xee); }
 
 /* ---- Q4_K, Q5_K: d | dmin | 8 x (sc[8] | mn[8]) | 8 x group or 8 x (hbit | group) (tile.h) ---- */
 
 /* [d | -dmin] of one tile's super-block: its first 32 bytes, converted at once */
-DINLINE __m512 q45k_dmins(const uint8_t *blk) {
+PINLINE __m512 q45k_dmins(const uint8_t *blk) {
     const __m512i sign_high = _mm512_set_epi32(INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
                                                INT32_MIN, INT32_MIN, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
@@ -71,7 +62,7 @@ DINLINE __m512 q45k_dmins(const uint8_t *blk) {
 /* A pair's 32 values stored as a group of nibbles (tile.h) as 8 vectors of bytes, w[p] values 4p..4p+3 and w[4 + p]
  * values 16+4p..: 4-bit values, or 5-bit ones whose fifth bits are the hbit piece h (byte 4r + e: bit p -> value
  * 4p+e, bit 4+p -> value 16+4p+e). Unpacked once for all the tokens of a call. */
-DINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb, __m512i h, __m512i w[8]) {
+PINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb, __m512i h, __m512i w[8]) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m10 = _mm512_set1_epi8(0x10);
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
@@ -89,7 +80,7 @@ DINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb
 }
 
 /* 8 unpacked vectors times one token's 32 activation bytes x: values 0-15 added to *lo, 16-31 to *hi */
-DINLINE void dot_halves(const __m512i w[8], const int8_t *x, __m512i *lo, __m512i *hi) {
+PINLINE void dot_halves(const __m512i w[8], const int8_t *x, __m512i *lo, __m512i *hi) {
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
         *lo = _mm512_dpbusd_epi32(*lo, w[p], bcast4(x + 4 * p));
@@ -98,7 +89,7 @@ DINLINE void dot_halves(const __m512i w[8], const int8_t *x, __m512i *lo, __m512
 }
 
 /* the int32 sum of nibble_vectors' values times one token's 32 activation bytes x, starting from lo */
-DINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
+PINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
     __m512i hi = _mm512_setzero_si512();
     dot_halves(w, x, &lo, &hi);
     return _mm512_add_epi32(lo, five ? hi : _mm512_srai_epi32(hi, 4));
@@ -106,7 +97,7 @@ DINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, 
 
 /* sub-block s of a pair (Q4_K, or Q5_K) for nt tokens (token t's activation blocks xb + t * nb32):
  * acc[t] = fma(float(isum), dw * dx, acc[t]), acc[t] = fma(mw, dsum, acc[t]) */
-DINLINE void q45k_sub(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 dmA,
+PINLINE void q45k_sub(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 dmA,
                       __m512 dmB, int s, const block_q8x *xb, int nb32, __m512 *acc) {
     const size_t g = tile_group_off(type, s), so = tile_scales_off(type, s), ho = tile_hbits_off(type, s);
     const int five = type == WT_Q5_K;
@@ -131,7 +122,7 @@ DINLINE void q45k_sub(const int type, const int ntmax, int nt, const uint8_t *a,
  * (tile.h; not Q8_0, whose ymm kernel only loads its vectors: the pair's inserts made it no faster). One block of a
  * pair: acc = fma(float(isum), d * dx, acc) (+ fma(float(sum x), m * dx, acc) for Q4_1 and Q5_1), the sum starting
  * from the activation's correction of the types stored with an offset ---- */
-DINLINE void small_block(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b,
+PINLINE void small_block(const int type, const int ntmax, int nt, const uint8_t *a, const uint8_t *b,
                          const block_q8x *xb, int nb32, __m512 *acc) {
     const int five = type == WT_Q5_0 || type == WT_Q5_1;
     const size_t g = tile_group_off(type, 0), ho = tile_hbits_off(type, 0);
@@ -154,7 +145,7 @@ DINLINE void small_block(const int type, const int ntmax, int nt, const uint8_t 
 
 /* sub-block s of a pair for nt tokens: acc[t] = fma(float(isum), d * dx, acc[t]) with isum = sc0 (sum_0..15 q x -
  * 32 hsum0) + sc1 (sum_16..31 q x - 32 hsum1), the values unpacked once */
-DINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 d, int s,
+PINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b, __m512 d, int s,
                      const block_q8x *xb, int nb32, __m512 *acc) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const size_t g = tile_group_off(WT_Q6_K, s), h = tile_hbits_off(WT_Q6_K, s), so = tile_scales_off(WT_Q6_K, s);
@@ -184,7 +175,7 @@ DINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b
 /* ---- the group: np pairs (the last possibly a lone tile paired with itself) in lockstep, for nt <= ntmax tokens
  * (token t's activation blocks at xq + t * nb32, its rows at y + t * ldy; ntmax a constant, the per-token loops'
  * unroll bound, so that the accumulators stay in registers) ---- */
-DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt, const uint8_t *base,
+PINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt, const uint8_t *base,
                           size_t tile_bytes, int ntiles, int nb, const block_q8x *xq, int nb32, float *y, int ldy,
                           int nrows_last, int accumulate, int prefetch) {
     const size_t bb = tile_block_bytes(type);
@@ -197,11 +188,28 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
     }
     /* a step per block, or per K-quant sub-block: its lines of the pairs' tiles (linear; a group of 3 fetches a 4th
      * tile's share more, within the limit), of one tile (near) */
-    const size_t step_bytes = bb / (type_is_k(type) ? 8 : 1);
+    const int nsub = type_is_k(type) ? 8 : 1;
+    const size_t step_bytes = bb / (size_t)nsub;
     const int lines_group = (int)((2 * np * step_bytes + 63) / 64), lines_tile = (int)((step_bytes + 63) / 64);
     const decode_prefetch_t pf = decode_prefetch_plan(base, tile_bytes, ntiles, step_bytes, prefetch);
     for (int bk = 0; bk < nb; bk++) {
         const size_t off = (size_t)bk * bb;
+        if (type_is_2bit(type) || type_is_iq4(type)) {   /* the prefill pair kernels' unpacking and sums */
+#pragma GCC unroll 8   /* the sub-blocks' offsets as immediates */
+            for (int s = 0; s < nsub; s++) {
+                decode_prefetch_step(&pf, bk * nsub + s, lines_group, lines_tile);
+                const block_q8x *xb = xq + (size_t)bk * nsub + s;
+                for (int i = 0; i < np; i++) {
+                    pair_block_t p;
+                    __m512i sc[3];
+                    prepare_one(type, 0, ta[i] + off, tb[i] + off, s, &p, sc);
+#pragma GCC unroll 8
+                    for (int t = 0; t < ntmax && t < nt; t++)
+                        acc[i][t] = block_token(type, &p, sc, xb + (size_t)t * nb32, acc[i][t]);
+                }
+            }
+            continue;
+        }
         if (!type_is_k(type)) {
             decode_prefetch_step(&pf, bk, lines_group, lines_tile);
             for (int i = 0; i < np; i++)
@@ -232,12 +240,8 @@ DINLINE void decode_pairs(const int type, const int np, const int ntmax, int nt,
     for (int i = 0; i < np; i++) {
         int rows = 2 * i + 1 < ntiles ? TILE_ROWS + (2 * i + 2 == ntiles ? nrows_last : TILE_ROWS)
                                       : nrows_last;
-        __mmask16 m = (__mmask16)((1u << rows) - 1);
-        for (int t = 0; t < ntmax && t < nt; t++) {
-            float *o = y + (size_t)t * ldy + (size_t)16 * i;
-            _mm512_mask_storeu_ps(o, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[i][t])
-                                                   : acc[i][t]);
-        }
+        for (int t = 0; t < ntmax && t < nt; t++)
+            store_rows16(acc[i][t], y + (size_t)t * ldy + (size_t)16 * i, (__mmask16)((1u << rows) - 1), accumulate);
     }
 }
 
@@ -260,6 +264,10 @@ DDEFINE(q5_1, WT_Q5_1)
 DDEFINE(q4_k, WT_Q4_K)
 DDEFINE(q5_k, WT_Q5_K)
 DDEFINE(q6_k, WT_Q6_K)
+DDEFINE(q2_k, WT_Q2_K)
+DDEFINE(q3_k, WT_Q3_K)
+DDEFINE(iq4_nl, WT_IQ4_NL)
+DDEFINE(iq4_xs, WT_IQ4_XS)
 #undef DDEFINE
 #undef DTOKENS
 

@@ -240,8 +240,8 @@ typedef void (*qpair_fn)(const uint8_t *ta, const uint8_t *tb, int nb, const blo
  * the row's d times the type's factor */
 typedef struct { uint8_t wv[8][8][32]; int32_t m[8][2][8]; float dw[8]; } lanes_block_t;
 typedef void (*lanes_block_fn)(const uint8_t *blk, lanes_block_t *out);
-/* decode over pairs of tiles in AVX-512 registers (qdecode512.c; qpair512.c for Q2_K, Q3_K and the IQ4 types; NULL
- * for the others): the group kernel's work for ntok (1..QDECODE_TOKENS) tokens, token t's activation blocks at
+/* decode over pairs of tiles in AVX-512 registers (qdecode512.c; NULL for Q8_0, MXFP4 and the codebook and ternary
+ * types): the group kernel's work for ntok (1..QDECODE_TOKENS) tokens, token t's activation blocks at
  * xq + t * nb32 and its rows at y + t * ldy: the tiles are unpacked once for all of them (a decode step of a few
  * sequences, speculative drafts) */
 #define QDECODE_TOKENS 8

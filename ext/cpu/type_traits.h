@@ -50,7 +50,7 @@ typedef struct {
     qscalar_fn scalar;
     const qkernel_t *tiles[NUM_PATHS];
     qpair_fn pair;               /* prefill over pairs of tiles (qpair512.c) */
-    qdecode_fn decode;           /* decode over pairs of tiles (qdecode512.c, qpair512.c) */
+    qdecode_fn decode;           /* decode over pairs of tiles (qdecode512.c) */
 } type_traits_t;
 
 const type_traits_t *type_traits(int type);   /* NULL for a type outside the table */

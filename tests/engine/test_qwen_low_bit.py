@@ -20,8 +20,7 @@ the Q4_K_M file's margin (it quantizes activations per 32 values, llama.cpp per 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,11 @@ import pytest
 from inferd.engine.engine import Engine
 from inferd.model.loader import load_model
 from tests.engine.test_llamacpp_tiny import llama_cpp_tool
-from tests.engine.test_qwen_q4_k_m import QWEN_CASES, QWEN_HEAD, QWEN_NEAR_TIE, QWEN_TAIL, TEXT, qwen_perplexity
+from tests.engine.test_qwen_q4_k_m import QWEN_CASES, QWEN_HEAD, QWEN_NEAR_TIE, QWEN_TAIL, qwen_perplexity
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import perplexity as bench_perplexity  # noqa: E402  (bench/perplexity.py: llama-perplexity's command and reading)
+from _common import peer_env  # noqa: E402
 
 FOLDER = Path(os.environ.get("INFERD_TEST_MODELS", Path.home() / ".cache" / "inferd-test-models"))
 PROMPTS = {name: ids for name, (_, ids, _) in zip(["prime", "france", "hash-map"], QWEN_CASES)}
@@ -130,23 +133,14 @@ def test_perplexity_of_the_first_chunk_is_close_to_llama_cpp(low_bit):
     assert abs(r.ppl - want) / want < 0.015
 
 
-def llama_perplexity(tool: Path, path: Path) -> float:
-    """llama-perplexity's final estimate over the whole text for the file at `path`"""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
-    out = subprocess.run([str(tool), "-m", str(path), "-f", str(TEXT), "-c", "512", "-t", "2"], env=env,
-                         capture_output=True, text=True, check=True)
-    found = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
-    assert found, f"no final estimate in llama-perplexity's output: {out.stderr[-500:]}"
-    return float(found.group(1))
-
-
 @pytest.mark.slow  # a few minutes a file: the 0.5% bar on llama-perplexity's final estimate over the whole text
 def test_perplexity_is_close_to_llama_cpp(low_bit):
     kind, model = low_bit
     tool = llama_cpp_tool("llama-perplexity")
     if tool is None:
         pytest.skip("llama.cpp's llama-perplexity is not built (../shared/peers/llama-cpp.sh builds it)")
-    want = llama_perplexity(tool, file_of(kind))
+    command = bench_perplexity.commands(tool.parent, file_of(kind), 512, None, 2)["llama.cpp"]
+    want = bench_perplexity.run_one(command, peer_env(), bench_perplexity.LLAMA_PPL)[1]   # its final estimate
     r = qwen_perplexity(model, 14)
     assert r.chunks == 14
     assert abs(r.ppl - want) / want < 0.005, f"inferd {r.ppl:.4f}, llama-perplexity {want:.4f}"
