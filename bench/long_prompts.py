@@ -1,6 +1,7 @@
 """Prefill at depth: one chunk's speed and the attention stage's share of it, after a context of d tokens.
 
-    python bench/long_prompts.py [-m MODEL] [--depths 0,4096,8192,16384] [--chunk 512] [--repeats 1] [-t 2]
+    python bench/long_prompts.py [-m MODEL] [--depths 0,4096,8192,16384] [--chunk 512] [--repeats 1] [-t 2] \
+        [--kv-cache f16|bf16|q8_0]
 
 The context is not prefilled token by token (16k tokens take minutes): the first chunk runs for real, then its KV
 blocks' images are copied into the cache's later blocks until it holds d positions (real keys and values, their
@@ -36,12 +37,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--kv-cache", default="f16", help="the KV cache's format (kv_cache_dtype)")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
     model = load_model(resolve(args.model))
     positions = max(depths) + args.chunk * args.repeats + 1
     eng = Engine(model, num_kv_blocks=blocks_needed(max(positions, 2 * args.chunk)), max_batch_tokens=args.chunk,
-                 max_seqs=1, threads=args.threads)
+                 max_seqs=1, threads=args.threads, kv_cache_dtype=args.kv_cache)
     ctx = eng._ctx
     table = list(range(eng.num_kv_blocks))
     prompt = [(i * 7919 + 13) % (eng.vocab_size - 100) + 50 for i in range(args.chunk)]
@@ -49,7 +51,8 @@ def main() -> None:
     images = [ctx.read_kv_block(b) for b in range(args.chunk // BLOCK)]
     for b in range(args.chunk // BLOCK, eng.num_kv_blocks):   # every block, so no page of the cache is untouched
         ctx.write_kv_block(b, images[b % len(images)])
-    print(f"{model.model_name}: {eng.threads} threads, {eng.kernel_path} kernels, chunk {args.chunk}")
+    print(f"{model.model_name}: {eng.threads} threads, {eng.kernel_path} kernels, chunk {args.chunk}, "
+          f"KV cache {args.kv_cache}")
     print("| depth | tok/s (wall) | tok/s (CPU time / threads) | attention share | attention ms/chunk |")
     print("|---:|---:|---:|---:|---:|")
     for d in depths:

@@ -20,14 +20,14 @@ PATHS = {"scalar": PATH_SCALAR, "avx2": PATH_AVX2, "avx512vnni": PATH_AVX512VNNI
 BLOCK_SIZE = KV_BLOCK
 MAX_RUN_TOKENS = ATTN_MAX_TOKENS
 SEGMENT_BLOCKS = ATTN_SEGMENT_BLOCKS
-KV_DTYPES = {"f16": KV_F16, "q8_0": KV_Q8_0}   # the KV cache's formats (kv_cache_dtype)
+KV_DTYPES = {"f16": KV_F16, "bf16": KV_BF16, "q8_0": KV_Q8_0}   # the KV cache's formats (kv_cache_dtype)
 
 
 def kv_bytes_per_value(str kv_dtype):
-    """Bytes the cache spends per K or V value: 2 (f16), 34/32 (q8_0: an int8 and a share of an f16 scale)."""
+    """Bytes the cache spends per K or V value: 2 (f16, bf16), 34/32 (q8_0: an int8 and a share of an f16 scale)."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-    return 2.0 if kv_dtype == "f16" else 34 / 32
+    return 34 / 32 if kv_dtype == "q8_0" else 2.0
 MAX_LOGPROBS = MAX_TOP_LOGPROBS
 
 
@@ -308,22 +308,67 @@ def glu(cnp.ndarray g, cnp.ndarray u, str kind):
     return out
 
 
+def kv_bf16_roundtrip(cnp.ndarray x, bint is_k):
+    """Rows of x (n, head_dim) stored into slots i % 64 of a bf16 cache's K (is_k) or V slice and read back (tests):
+    each value rounded to bf16 as the cache keeps it."""
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef int n = xv.shape[0], hd = xv.shape[1], i
+    if hd % 2 or hd == 0:
+        raise ValueError("head_dim must be even")
+    slice_ = np.zeros(KV_BLOCK * hd, np.uint16)
+    out = np.empty((n, hd), np.float32)
+    cdef uint16_t[::1] sv = slice_
+    cdef float[:, ::1] ov = out
+    for i in range(n):
+        if is_k:
+            kv_store_key_bf16(&xv[i, 0], &sv[0], i % KV_BLOCK, hd)
+        else:
+            kv_store_value_bf16(&xv[i, 0], &sv[0], i % KV_BLOCK, hd)
+        kv_load_bf16(&sv[0], hd, i % KV_BLOCK, is_k, &ov[i, 0])
+    return out
+
+
+cdef object pack_bf16_cache(cnp.ndarray cache, bint is_k):
+    """(num_blocks, n_kv_heads, 64, head_dim) floats as the bf16 cache's slices, in the f16 cache's shape for K
+    (num_blocks, n_kv_heads, head_dim, 64) or V (num_blocks, n_kv_heads, 64, head_dim), as uint16"""
+    cdef const float[:, :, :, ::1] cv = np.ascontiguousarray(cache, dtype=np.float32)
+    cdef int nb = cv.shape[0], nkv = cv.shape[1], hd = cv.shape[3], b, h, j
+    out = np.zeros((nb, nkv, KV_BLOCK * hd), np.uint16)
+    cdef uint16_t[:, :, ::1] ov = out
+    for b in range(nb):
+        for h in range(nkv):
+            for j in range(KV_BLOCK):
+                if is_k:
+                    kv_store_key_bf16(&cv[b, h, j, 0], &ov[b, h, 0], j, hd)
+                else:
+                    kv_store_value_bf16(&cv[b, h, j, 0], &ov[b, h, 0], j, hd)
+    if is_k:
+        return out.reshape(nb, nkv, hd, KV_BLOCK)
+    return out.reshape(nb, nkv, KV_BLOCK, hd)
+
+
 def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarray block_table, int pos0,
               int seq_len=0, bint causal=True, int window=0, float scale=0.0, int run=ATTN_MAX_TOKENS,
-              bint split=False, sinks=None):
+              bint split=False, sinks=None, str kv_dtype="f16"):
     """The attention kernel on its own (tests): q (ntok, n_heads, head_dim) float32 of tokens at positions pos0,
-    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float16 (the keys are stored transposed
-    for the kernel, as the engine's cache holds them); block_table int32. Runs of up to `run` tokens (at most
-    ATTN_MAX_TOKENS), all KV heads at once, the active path; split: each run as key segments computed apart
-    (attention_segment) and merged (attention_merge), as a decode step split across threads does; sinks: (n_heads)
-    attention sinks, or None. Returns (ntok, n_heads, head_dim)."""
+    pos0 + 1, ...; k_cache/v_cache (num_blocks, n_kv_heads, 64, head_dim) float values, stored as the engine's cache
+    holds them (kv_dtype "f16": keys transposed; "bf16": rounded into attention_bf16.c's pair layouts); block_table
+    int32. Runs of up to `run` tokens (at most ATTN_MAX_TOKENS), all KV heads at once, the active path; split: each
+    run as key segments computed apart (attention_segment) and merged (attention_merge), as a decode step split
+    across threads does; sinks: (n_heads) attention sinks, or None. Returns (ntok, n_heads, head_dim)."""
     cdef const float[:, :, ::1] qv = np.ascontiguousarray(q, dtype=np.float32)
     if k_cache.ndim != 4 or v_cache.ndim != 4:
         raise ValueError("shapes: q (ntok, n_heads, hd), caches (blocks, n_kv_heads, 64, hd), hd % 64 == 0")
-    kc = np.ascontiguousarray(np.swapaxes(k_cache, 2, 3), dtype=np.float16)
-    vc = np.ascontiguousarray(v_cache, dtype=np.float16)
-    cdef const uint16_t[:, :, :, ::1] kv = kc.view(np.uint16)
-    cdef const uint16_t[:, :, :, ::1] vv = vc.view(np.uint16)
+    if kv_dtype not in ("f16", "bf16"):
+        raise ValueError(f"kv_dtype must be f16 or bf16, got {kv_dtype!r}")
+    if kv_dtype == "bf16":
+        kc = pack_bf16_cache(k_cache, True)
+        vc = pack_bf16_cache(v_cache, False)
+    else:
+        kc = np.ascontiguousarray(np.swapaxes(k_cache, 2, 3), dtype=np.float16).view(np.uint16)
+        vc = np.ascontiguousarray(v_cache, dtype=np.float16).view(np.uint16)
+    cdef const uint16_t[:, :, :, ::1] kv = kc
+    cdef const uint16_t[:, :, :, ::1] vv = vc
     cdef const int32_t[::1] bt = np.ascontiguousarray(block_table, dtype=np.int32)
     cdef int ntok = qv.shape[0], n_heads = qv.shape[1], hd = qv.shape[2]
     cdef int n_kv = kv.shape[1], nblocks = kv.shape[0], t, n, seg, nseg
@@ -337,7 +382,7 @@ def attention(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.ndarr
             or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
         raise ValueError("the block table does not cover the keys, or names a block that does not exist")
     cdef attn_span_t span
-    span.seq_len = seq_len; span.causal = causal; span.window = window
+    span.seq_len = seq_len; span.causal = causal; span.window = window; span.bf16 = kv_dtype == "bf16"
     span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
     sink_arr = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
     if sink_arr is not None and sink_arr.shape[0] != n_heads:
@@ -809,7 +854,7 @@ def attention_q8(cnp.ndarray q, cnp.ndarray k_cache, cnp.ndarray v_cache, cnp.nd
             or any(not 0 <= b < nblocks for b in np.asarray(bt)[:(last + KV_BLOCK - 1) // KV_BLOCK]):
         raise ValueError("the block table does not cover the keys, or names a block that does not exist")
     cdef attn_span_t span
-    span.seq_len = seq_len; span.causal = causal; span.window = window
+    span.seq_len = seq_len; span.causal = causal; span.window = window; span.bf16 = 0
     span.scale = scale if scale > 0 else 1.0 / np.sqrt(hd)
     sink_arr = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32).reshape(-1)
     if sink_arr is not None and sink_arr.shape[0] != n_heads:
@@ -1089,10 +1134,23 @@ cdef class Context:
         return {name: self.c.profile[i] for i, name in enumerate(STAGE_NAMES)}
 
     def kv_block(self, int layer, int block):
-        """Copies of one KV block (k, v), each (n_kv_heads, 64, head_dim) float16, for tests; with a q8_0 cache the
-        values it holds, float32."""
+        """Copies of one KV block (k, v), each (n_kv_heads, 64, head_dim) float16, for tests; with a q8_0 or bf16 cache
+        the values it holds, float32."""
         cfg = self.model.m.cfg
         cdef size_t sl, n, at
+        cdef int h, j
+        cdef size_t per_block = cfg.n_kv_heads * KV_BLOCK * cfg.head_dim
+        cdef size_t off = (<size_t>layer * self.num_kv_blocks + block) * per_block
+        if self.c.kv_dtype == KV_BF16:
+            k = np.empty((cfg.n_kv_heads, KV_BLOCK, cfg.head_dim), np.float32)
+            v = np.empty_like(k)
+            kf = k; vf = v
+            for h in range(cfg.n_kv_heads):
+                for j in range(KV_BLOCK):
+                    sl = off + <size_t>h * KV_BLOCK * cfg.head_dim
+                    kv_load_bf16(self.c.k_cache + sl, cfg.head_dim, j, 1, <float *>cnp.PyArray_DATA(kf[h, j]))
+                    kv_load_bf16(self.c.v_cache + sl, cfg.head_dim, j, 0, <float *>cnp.PyArray_DATA(vf[h, j]))
+            return k, v
         if self.c.kv_dtype == KV_Q8_0:
             sl = kvq8_slice_bytes(cfg.head_dim)
             n = cfg.n_kv_heads * sl
@@ -1101,8 +1159,6 @@ cdef class Context:
             k = np.asarray(<uint8_t[:n]>(self.c.k_q8 + at)).copy().reshape(shape)
             v = np.asarray(<uint8_t[:n]>(self.c.v_q8 + at)).copy().reshape(shape)
             return kvq8_unpack(k, cfg.head_dim, True)[0], kvq8_unpack(v, cfg.head_dim, False)[0]
-        cdef size_t per_block = cfg.n_kv_heads * KV_BLOCK * cfg.head_dim
-        cdef size_t off = (<size_t>layer * self.num_kv_blocks + block) * per_block
         k = np.empty(per_block, np.uint16); v = np.empty(per_block, np.uint16)
         cdef uint16_t[::1] kv_ = k
         cdef uint16_t[::1] vv = v

@@ -94,8 +94,12 @@ cdef extern from "inferd.h" nogil:
         int pos0, seq_len, causal, window
         float scale
         const float *sinks
+        int bf16
     size_t attention_scratch_floats(int n_heads, int head_dim)
     void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
+    void kv_store_key_bf16(const float *k, uint16_t *slice, int slot, int head_dim)
+    void kv_store_value_bf16(const float *v, uint16_t *slice, int slot, int head_dim)
+    void kv_load_bf16(const uint16_t *slice, int head_dim, int slot, int is_k, float *out)
     int attention_num_segments(const attn_span_t *span, int ntok)
     size_t attention_part_floats(int rows, int head_dim)
     int attention_segment(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,
@@ -104,7 +108,7 @@ cdef extern from "inferd.h" nogil:
     void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
                          int head_dim, float *out, int out_stride, const float *sinks)
     enum:
-        KV_F16, KV_Q8_0
+        KV_F16, KV_Q8_0, KV_BF16
     size_t kvq8_slice_bytes(int head_dim)
     void kvq8_store(const float *x, int head_dim, uint8_t *slice, int pos, int is_k)
     void kvq8_load(const uint8_t *slice, int head_dim, int pos, int is_k, float *out)

@@ -22,22 +22,7 @@
 #include "inferd.h"
 #include "vecmath.h"
 #include "softmax.h"
-
-#define ROW_TILE 6                /* query rows per register tile */
-
-/* A tile: up to ROW_TILE rows of one KV head, each with its query, its scores row (KV_BLOCK floats, indexed by the
- * key's place in the block) and its segment output. Keys [j0, j1) of the block are computed for all of them, from
- * k (hd, KV_BLOCK) and v (KV_BLOCK, hd): the f32 tiles, or, when f16 is set (a head with a single tile in the block,
- * as in decode), the cache's f16 slices themselves, converted as they are loaded (the same values: f16 -> f32 is
- * exact). pf_k/pf_v: the next block's slices, fetched on the way (f16 tiles only), or NULL. */
-typedef struct {
-    int nr, j0, j1, f16;
-    const float *q[ROW_TILE];
-    float *s[ROW_TILE];
-    float *o[ROW_TILE];
-    const void *k, *v;
-    const uint16_t *pf_k, *pf_v;
-} tile_t;
+#include "attention_tile.h"
 
 static inline float kv_at(const tile_t *t, const void *p, size_t i) {
     return t->f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -297,17 +282,6 @@ ATTN_AVX2 static void merge_cols_avx2(float *O, const float *o, float a, float b
 
 /* ---------------- the kernels of the active path ---------------- */
 
-typedef struct {
-    void (*convert_k)(const uint16_t *, float *, int, int, int, const uint16_t *);
-    void (*convert_v)(const uint16_t *, float *, int, int, int, const uint16_t *);
-    void (*scores)(const tile_t *, int, float);
-    void (*accumulate_v)(const tile_t *, int);
-    float (*max_of)(const float *, int);
-    float (*weights)(float *, int, float);
-    void (*merge_cols)(float *, const float *, float, float, int);
-    int direct;                       /* the tile kernels read f16 (scalar: always the f32 tiles) */
-} kernels_t;
-
 static void convert_k_plain(const uint16_t *k, float *kt, int hd, int c0, int c1, const uint16_t *next) {
     (void)next;
     convert_k_scalar(k, kt, hd, c0, c1);
@@ -318,7 +292,7 @@ static void convert_v_plain(const uint16_t *v, float *vf, int hd, int r0, int r1
     convert_v_scalar(v, vf, hd, r0, r1);
 }
 
-static kernels_t active_kernels(void) {
+static kernels_t active_kernels(int bf16) {
     kernels_t k = {convert_k_plain, convert_v_plain, scores_scalar, accumulate_v_scalar, max_scalar,
                    weights_scalar, merge_cols_scalar, 0};
 #if defined(__x86_64__)
@@ -332,6 +306,7 @@ static kernels_t active_kernels(void) {
         k.weights = weights_avx512;
     }
 #endif
+    if (bf16) attention_bf16_kernels(&k);
     return k;
 }
 
@@ -344,10 +319,11 @@ void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
 /* ---------------- the run ---------------- */
 
 /* rows of a run: at most ATTN_MAX_TOKENS * n_heads; per row a scores row, a segment's max and sum, the running
- * total's max and sum, and a segment output; then one KV head's f32 K and V tiles */
+ * total's max and sum, and a segment output; then one KV head's f32 K and V tiles; then (bf16 cache) each row's
+ * query in bf16 pairs */
 size_t attention_scratch_floats(int n_heads, int head_dim) {
     size_t rows = (size_t)ATTN_MAX_TOKENS * n_heads;
-    return rows * (KV_BLOCK + 4 + head_dim) + 2 * (size_t)KV_BLOCK * head_dim;
+    return rows * (KV_BLOCK + 4 + head_dim + head_dim / 2) + 2 * (size_t)KV_BLOCK * head_dim;
 }
 
 int attention_num_segments(const attn_span_t *span, int ntok) {
@@ -364,6 +340,7 @@ typedef struct {
     const attn_span_t *span;
     size_t block_stride;
     float *s, *kt, *vf;                     /* scratch: scores (rows, KV_BLOCK); K and V f32 tiles of one head */
+    uint32_t *qp;                           /* bf16 cache: the rows' queries in pairs (rows, head_dim / 2) */
     int lo[ATTN_MAX_TOKENS], hi[ATTN_MAX_TOKENS];
     kernels_t kern;
 } run_t;
@@ -381,7 +358,15 @@ static void run_init(run_t *a, const float *q, int q_stride, int ntok, int group
     a->kt = scratch + rows_max * (KV_BLOCK + 4 + head_dim);
     a->vf = a->kt + (size_t)KV_BLOCK * head_dim;
     for (int t = 0; t < ntok; t++) { a->lo[t] = span_lo(span, t); a->hi[t] = span_hi(span, t); }
-    a->kern = active_kernels();
+    a->kern = active_kernels(span->bf16);
+    if (span->bf16) {
+        a->qp = (uint32_t *)(a->vf + (size_t)KV_BLOCK * head_dim);
+        for (int r = 0; r < a->rows; r++) {
+            int t = (r % a->per_head) / group, qh = r / a->per_head * group + r % group;
+            attention_bf16_pairs(q + (size_t)t * q_stride + (size_t)qh * head_dim, a->qp + (size_t)r * (head_dim / 2),
+                                 head_dim);
+        }
+    }
 }
 
 /* One segment's softmax state for every row, from scratch: over the blocks [b0, b1) (those of the segment that
@@ -410,24 +395,27 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
         if (t0 == t1) continue;
         int j_lo = a->lo[t0] > base ? a->lo[t0] - base : 0;
         int j_hi = a->hi[t1 - 1] - base < KV_BLOCK ? a->hi[t1 - 1] - base : KV_BLOCK;
-        /* a head of one tile (decode) reads the cache directly; several convert K and V once for all tiles */
-        int direct = (t1 - t0) * a->group <= ROW_TILE && a->kern.direct;
+        /* a head of one tile (decode) reads the cache directly; several convert K and V once for all tiles (the
+         * bf16 cache's tiles are its slices as they lie) */
+        int direct = a->qp || ((t1 - t0) * a->group <= ROW_TILE && a->kern.direct);
         for (int h = 0; h < a->kv_heads; h++) {
             const uint16_t *kh = kb + h * slice, *vh = vb + h * slice;
             if (!direct) {
                 a->kern.convert_k(kh, a->kt, hd, j_lo & ~15, (j_hi + 15) & ~15, nk ? nk + h * slice : NULL);
                 a->kern.convert_v(vh, a->vf, hd, j_lo, j_hi, nv ? nv + h * slice : NULL);
             }
-            int r_end = h * a->per_head + t1 * a->group;
-            for (int r0 = h * a->per_head + t0 * a->group; r0 < r_end; r0 += ROW_TILE) {
+            int r_first = h * a->per_head + t0 * a->group, r_end = h * a->per_head + t1 * a->group;
+            for (int r0 = r_first; r0 < r_end; r0 += ROW_TILE) {
+                int fetch = direct && r0 == r_first;   /* the next block, by the head's first tile */
                 tile_t tile = {.nr = r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE, .f16 = direct,
                                .k = direct ? (const void *)kh : a->kt, .v = direct ? (const void *)vh : a->vf,
-                               .pf_k = direct && nk ? nk + h * slice : NULL,
-                               .pf_v = direct && nv ? nv + h * slice : NULL};
+                               .pf_k = fetch && nk ? nk + h * slice : NULL,
+                               .pf_v = fetch && nv ? nv + h * slice : NULL};
                 int first[ROW_TILE], n[ROW_TILE];
                 for (int i = 0; i < tile.nr; i++) {
                     int r = r0 + i, t = (r - h * a->per_head) / a->group, qh = h * a->group + r % a->group;
                     tile.q[i] = a->q + (size_t)t * a->q_stride + (size_t)qh * hd;
+                    tile.qp[i] = a->qp ? a->qp + (size_t)r * (hd / 2) : NULL;
                     tile.s[i] = a->s + (size_t)r * KV_BLOCK;
                     tile.o[i] = o + (size_t)r * hd;
                     n[i] = a->hi[t] - base < KV_BLOCK ? a->hi[t] - base : KV_BLOCK;
@@ -445,6 +433,7 @@ static void attend_segment(run_t *a, int b0, int b1, float *o, float *mx, float 
                         float corr = mx[r] == -INFINITY ? 0.0f : softmax_weight(mx[r] - m);
                         sm[r] *= corr;
                         for (int d = 0; d < hd; d++) tile.o[i][d] *= corr;
+                        if (a->qp) attention_bf16_flush(tile.o[i], hd);
                         mx[r] = m;
                     }
                     sm[r] += a->kern.weights(si, n[i], mx[r]);
@@ -536,7 +525,7 @@ int attention_segment(const float *q, int q_stride, int ntok, int group, int n_k
 void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok, int group, int kv_heads,
                      int head_dim, float *out, int out_stride, const float *sinks) {
     int per_head = ntok * group, rows = per_head * kv_heads;
-    kernels_t kern = active_kernels();
+    kernels_t kern = active_kernels(0);   /* the merge is the same over either cache */
     for (int r = 0; r < rows; r++) {
         float M = -INFINITY, S = 0.0f, *dst = out_row(out, out_stride, per_head, group, head_dim, r);
         for (int seg = 0; seg < nseg; seg++) {

@@ -45,9 +45,14 @@ static void rope_kv_token(context_t *c, const stage_t *s, int64_t t, int h0, int
     }
     size_t slot = ((size_t)s->kv_layer * c->num_kv_blocks + bt[pos / KV_BLOCK]) * KV_DIM(cfg) * KV_BLOCK;
     for (int h = 0; h < heads; h++) {
-        size_t off = slot + ((size_t)(h0 + h) * KV_BLOCK + pos % KV_BLOCK) * hd;
-        kv_store_key(k + h * hd, c->k_cache + off - pos % KV_BLOCK * hd, pos % KV_BLOCK, hd);
-        store_f16(v + h * hd, c->v_cache + off, hd);
+        size_t head = slot + (size_t)(h0 + h) * KV_BLOCK * hd;
+        if (c->kv_dtype == KV_BF16) {                    /* bf16 pairs: attention_bf16.c's slices */
+            kv_store_key_bf16(k + h * hd, c->k_cache + head, pos % KV_BLOCK, hd);
+            kv_store_value_bf16(v + h * hd, c->v_cache + head, pos % KV_BLOCK, hd);
+            continue;
+        }
+        kv_store_key(k + h * hd, c->k_cache + head, pos % KV_BLOCK, hd);
+        store_f16(v + h * hd, c->v_cache + head + (size_t)(pos % KV_BLOCK) * hd, hd);
     }
 }
 
@@ -128,7 +133,8 @@ static void attention_fn(void *arg, int64_t begin, int64_t end, int thread) {
             for (int i = 0; i < ntok; i++) rope_kv_token(c, s, t + i, h0, heads);
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + ntok, .causal = 1,
                             .window = A->window, .scale = A->scale,
-                            .sinks = A->sinks ? A->sinks + (size_t)h0 * group : NULL};
+                            .sinks = A->sinks ? A->sinks + (size_t)h0 * group : NULL,
+                            .bf16 = c->kv_dtype == KV_BF16};
         if (q8)
             attention_tokens_q8(c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd, qkv_dim, ntok, group,
                                 cfg->n_kv_heads, heads, hd, c->k_q8 + (q8_layer + h0) * q8_slice,
@@ -172,7 +178,7 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
         const int32_t *bt = s->b->block_tables + (size_t)s->b->seq_of_token[t] * s->b->max_blocks_per_seq;
         size_t head_off = layer_off + (size_t)h0 * KV_BLOCK * hd;
         attn_span_t span = {.pos0 = s->b->positions[t], .seq_len = s->b->positions[t] + 1, .causal = 1,
-                            .window = A->window, .scale = A->scale};
+                            .window = A->window, .scale = A->scale, .bf16 = c->kv_dtype == KV_BF16};
         const float *q = c->qkv + (size_t)t * qkv_dim + (size_t)h0 * group * hd;
         float *parts = c->attn_parts + (size_t)pair * s->segments * part;
         attention_segment(q, qkv_dim, 1, group, cfg->n_kv_heads, heads, hd, c->k_cache + head_off,
@@ -212,9 +218,9 @@ void attention_plan(context_t *c, const batch_t *b, stage_t *s) {
     s->items_per_run = (cfg->n_kv_heads + s->heads_per_item - 1) / s->heads_per_item;
     s->attn_items = (int64_t)n_runs * s->items_per_run;
     /* a decode step of few sequences, one of them long: its items split by key segment as well (the f16 kernels'
-     * segments; an int8 cache is read by attention_q8.c, whole) */
+     * and bf16 kernels' segments; an int8 cache is read by attention_q8.c, whole) */
     s->segments = 1;
-    if (c->kv_dtype == KV_F16 && n_runs == b->num_tokens && n_runs < 2 * threads)
+    if (c->kv_dtype != KV_Q8_0 && n_runs == b->num_tokens && n_runs < 2 * threads)
         for (int r = 0; r < n_runs; r++) {
             attn_span_t span = {.pos0 = b->positions[r], .causal = 1};
             int n = attention_num_segments(&span, 1);

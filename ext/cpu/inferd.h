@@ -185,6 +185,11 @@ size_t attention_scratch_floats(int n_heads, int head_dim);
 /* A key of head_dim values into the slot (0..KV_BLOCK-1) of one KV head's block slice: the cache keeps each
  * block's keys transposed, (head_dim, KV_BLOCK) per KV head; values stay (KV_BLOCK, head_dim). */
 void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim);
+/* The same over the bf16 cache (kv_cache_dtype = "bf16"; attention_bf16.c): a key or a value rounded to bf16 into its
+ * slice's pair layout (the f16 slice's size), and one read back as floats (tests, and the float64 references). */
+void kv_store_key_bf16(const float *k, uint16_t *slice, int slot, int head_dim);
+void kv_store_value_bf16(const float *v, uint16_t *slice, int slot, int head_dim);
+void kv_load_bf16(const uint16_t *slice, int head_dim, int slot, int is_k, float *out);
 /* Which keys the tokens of a run see, and the scores' scale. The query at position p sees, when causal, the keys
  * [p - window + 1, p] (all of [0, p] when window is 0); when not causal (an encoder), [p - window + 1, p + window - 1]
  * cut to [0, seq_len) (all of [0, seq_len) when window is 0). */
@@ -196,6 +201,7 @@ typedef struct {
     float scale;       /* of q.k: 1/sqrt(head_dim), or the model's own */
     const float *sinks;   /* per query head of the call (its first KV head's first): a logit in every softmax's
                            * denominator that weighs no value (gpt-oss's attention sinks), or NULL for none */
+    int bf16;          /* the cache holds bf16 pairs (attention_bf16.c), not f16 */
 } attn_span_t;
 void attention_tokens(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads, int head_dim,
                       const uint16_t *k_head, const uint16_t *v_head, const int32_t *block_table,
@@ -215,7 +221,7 @@ void attention_merge(const float *parts, size_t part_stride, int nseg, int ntok,
                      int head_dim, float *out, int out_stride, const float *sinks);
 
 /* ---- the int8 KV cache (kv_cache_dtype = "q8_0"; attention_q8.c) ---- */
-enum { KV_F16 = 0, KV_Q8_0 = 1 };
+enum { KV_F16 = 0, KV_Q8_0 = 1, KV_BF16 = 2 };
 /* A (block, KV head) slice of the q8_0 cache, of K or of V: KV_BLOCK positions of head_dim int8 values q and one f16
  * scale d per 32 values of a position (value = d * q, GGUF's Q8_0), kvq8_slice_bytes(hd) = KV_BLOCK * hd * 17 / 16.
  * K keeps keys in lanes, like the int8 weight tiles: values 4c..4c+3 of position p lie at byte
@@ -467,7 +473,7 @@ typedef struct {
     int num_kv_blocks;
     uint16_t *k_cache, *v_cache;       /* (model_kv_layers, num_kv_blocks, n_kv_heads, KV_BLOCK, head_dim) f16; K's last two
                                         * axes transposed (kv_store_key) */
-    int kv_dtype;                      /* KV_F16: k_cache/v_cache; KV_Q8_0: k_q8/v_q8 (the others are NULL) */
+    int kv_dtype;                      /* KV_F16, KV_BF16: k_cache/v_cache; KV_Q8_0: k_q8/v_q8 (the others NULL) */
     uint8_t *k_q8, *v_q8;              /* (model_kv_layers, num_kv_blocks, n_kv_heads, kvq8_slice_bytes(head_dim)) */
     /* scratch, allocated once */
     float *x;                          /* (max_tokens, dim) residual stream */
@@ -505,7 +511,7 @@ typedef struct {
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
-/* the same with the KV cache in kv_dtype (KV_F16 or KV_Q8_0); NULL also for a q8_0 cache of head_dim % 32 != 0 */
+/* the same with the KV cache in kv_dtype (KV_F16, KV_BF16 or KV_Q8_0); NULL also for a q8_0 cache of head_dim % 32 != 0 */
 context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                              int kv_dtype);
 /* the same with num_state_slots recurrent-state slots (a model with recurrent blocks needs at least one) */

@@ -98,11 +98,11 @@ def flatten(
 
 
 def kv_bytes_per_token(config, kv_cache_dtype: str = "f16") -> int:
-    """K and V of every attention layer (a hybrid's recurrent layers keep none): 16 bits a value (f16), or Q8_0's
-    34 bytes per 32 values (q8_0)."""
+    """K and V of every attention layer (a hybrid's recurrent layers keep none): 16 bits a value (f16, bf16), or
+    Q8_0's 34 bytes per 32 values (q8_0)."""
     layers = config.n_layers - len(getattr(config, "recurrent_layers", ()))
     values = 2 * layers * config.n_kv_heads * config.head_dim
-    if kv_cache_dtype == "f16":
+    if kv_cache_dtype in ("f16", "bf16"):
         return 2 * values
     if kv_cache_dtype == "q8_0":
         return values * 34 // 32

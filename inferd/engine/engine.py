@@ -58,7 +58,8 @@ class Engine(EngineShape):
         progress=None,
         huge_pages_now: bool = True,
     ):
-        """kv_cache_dtype: "f16", or "q8_0" (int8 K and V with an f16 scale per 32 values: ext/cpu/attention_q8.c).
+        """kv_cache_dtype: "f16"; "bf16" (K and V rounded to bf16, attention in bf16 products with float sums:
+        ext/cpu/attention_bf16.c); or "q8_0" (int8 K and V with an f16 scale per 32 values: ext/cpu/attention_q8.c).
         huge_pages_now: the weights move into 2 MB pages from the end of the build; else from start_huge_pages()."""
         super().__init__(
             model,

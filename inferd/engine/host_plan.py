@@ -15,7 +15,7 @@ from inferd.engine.types import GREEDY, SamplingParams, SeqInput, SeqOutput
 
 
 def kv_format(device: str, kv_cache_dtype: str = "f16", cuda_kv: str = "f16") -> str:
-    """The KV cache format of an engine on `device`: kv_cache_dtype on the CPU (f16 or q8_0), cuda_kv on the GPU
+    """The KV cache format of an engine on `device`: kv_cache_dtype on the CPU (f16, bf16 or q8_0), cuda_kv on the GPU
     (f16 or bf16; kv_cache_dtype must then be f16). Raises ValueError naming the setting."""
     if device == "cuda":
         if kv_cache_dtype != "f16":
