@@ -99,6 +99,8 @@ def parse_llama_bench(text: str) -> dict[tuple[str, int], dict[str, list[float]]
         fa = row["flash_attn"]
         fa = int(fa) if isinstance(fa, (bool, int)) else {"enabled": 1, "disabled": 0}.get(str(fa), str(fa))
         config = f"fa{fa} ub{row['n_ubatch']}"
+        if row.get("type_k", "f16") != "f16":           # a KV cache other than llama.cpp's default
+            config += f" kv {row['type_k']}"
         samples = [float(v) for v in row.get("samples_ts") or [row["avg_ts"]]]
         out.setdefault((test, int(row.get("n_depth", 0))), {})[config] = samples
     return out

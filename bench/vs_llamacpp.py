@@ -33,8 +33,9 @@ and writes it into the results, with the data as JSON beside them (bench/tables.
 llama.cpp's side, per model, round and depth, one invocation per flash-attention setting (so the depth fill is
 done once and restored for the other tests, as llama-bench does within one invocation):
     env -u OMP_NUM_THREADS GLIBC_TUNABLES=glibc.malloc.hugetlb=1 llama-bench -m FILE -t 2 -p 128,512 -n 128 -d D
-        -fa F -ub 256,512 -lm none -r R -o json [--repack 0] [-ctk q8_0 -ctv q8_0]
-with F in 0, 1 (1 only with a q8_0 KV cache, which needs flash attention). For each test the (fa, ub) setting with
+        -fa F -ub 256,512 -lm none -r R -o json [--repack 0] [-ctk T -ctv T]
+with F in 0, 1 (1 only with a KV cache of type T other than f16: q8_0 needs flash attention), and T each of
+--peer-kv-cache (default: --kv-cache, both engines' cache alike). For each test the (fa, ub) setting with
 the highest median over all rounds is kept and named in the table. -lm none reads the weights into malloc, and
 the tunable puts malloc in huge pages as inferd's loader does. On a CPU with AMX the tools are built with every SIMD
 extension but AMX (whose path in this llama.cpp release faults), so llama.cpp keeps its repacked kernels;
@@ -113,22 +114,21 @@ class Peer:
     bin_dir: Path
     env: dict[str, str]
     threads: int
-    kv_cache: str
+    kv_caches: tuple[str, ...]   # swept like the other settings: each test keeps its best
     repack: bool = True
     ubatch: str = "256,512"      # swept: each test keeps its best
-    flash_attn: tuple[str, ...] = ("0", "1")   # one invocation each (a q8_0 cache: 1 only)
+    flash_attn: tuple[str, ...] = ("0", "1")   # one invocation each (a cache other than f16: 1 only)
 
     def commands(self, path: Path, tests: list[str], depth: int, repeats: int) -> list[list[str]]:
-        """One llama-bench invocation per flash-attention setting at this depth."""
+        """One llama-bench invocation per KV cache type and flash-attention setting at this depth."""
         sizes = [test_sizes(t) for t in tests]
         prompts = ",".join(str(p) for p, _ in sizes if p) or "0"
         gens = ",".join(str(g) for _, g in sizes if g) or "0"
-        kv = ["-ctk", self.kv_cache, "-ctv", self.kv_cache] if self.kv_cache != "f16" else []
         repack = [] if self.repack else ["--repack", "0"]
         return [[str(self.bin_dir / "llama-bench"), "-m", str(path), "-t", str(self.threads), "-p", prompts,
                  "-n", gens, "-d", str(depth), "-fa", fa, "-ub", self.ubatch, "-lm", "none", "-r", str(repeats),
-                 "-o", "json", *repack, *kv]
-                for fa in (("1",) if self.kv_cache != "f16" else self.flash_attn)]
+                 "-o", "json", *repack, *(["-ctk", kv, "-ctv", kv] if kv != "f16" else [])]
+                for kv in self.kv_caches for fa in (("1",) if kv != "f16" else self.flash_attn)]
 
     def run(self, cmd: list[str]) -> dict[tuple[str, int], dict[str, list[float]]]:
         r = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
@@ -309,8 +309,10 @@ def main() -> None:
                     "pp512,pp2048,tg128 (default: per model)")
     ap.add_argument("--depths", help="comma-separated context depths, e.g. 0,2048,4096 (default: per model)")
     ap.add_argument("--models", default=",".join(PLANS))
-    ap.add_argument("--kv-cache", choices=("f16", "q8_0"), default="f16",
-                    help="KV cache type of both engines (q8_0: llama.cpp -ctk/-ctv q8_0 with -fa 1)")
+    ap.add_argument("--kv-cache", choices=("f16", "bf16", "q8_0"), default="f16",
+                    help="KV cache type of both engines (q8_0, bf16: llama.cpp -ctk/-ctv T with -fa 1)")
+    ap.add_argument("--peer-kv-cache", help="llama.cpp's KV cache types swept, comma-separated, each test keeping "
+                    "its best (default: --kv-cache); e.g. f16,bf16 against inferd's bf16")
     ap.add_argument("--peer-fa", choices=("0,1", "0", "1"), default="0,1",
                     help="llama.cpp's flash-attention settings swept (each fills the depth again: at depth 8192 "
                     "and more, 1 alone halves llama.cpp's time; it is the faster one at depth)")
@@ -335,7 +337,8 @@ def main() -> None:
     suffix = ("" if args.kv_cache == "f16" else f"_kv{args.kv_cache}") + ("-quick" if args.quick else "")
     out = args.out or HERE / "results" / f"vs_llamacpp{suffix}.md"
 
-    peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads, args.kv_cache, ubatch=args.peer_ub,
+    peer = Peer(llama_bin(args.bin), peer_env(args.peer_lib), args.threads,
+                tuple((args.peer_kv_cache or args.kv_cache).split(",")), ubatch=args.peer_ub,
                 flash_attn=tuple(args.peer_fa.split(",")))
     started = time.monotonic()
     stamp, host = time.strftime("%Y-%m-%d %H:%M"), machine()
@@ -374,7 +377,9 @@ def main() -> None:
         for row in model_rows:
             print("  | " + " | ".join(row.cells()) + " |", flush=True)
         header = [f"# inferd vs llama.cpp ({stamp}, {args.threads} threads, "
-                  f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}, medians of all samples over ABBA rounds)",
+                  f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}"
+                  + (f" (llama.cpp's best of {', '.join(peer.kv_caches)})" if peer.kv_caches != (args.kv_cache,) else "")
+                  + ", medians of all samples over ABBA rounds)",
                   "", f"Run took {(time.monotonic() - started) / 60:.1f} min" + (" so far." if name != names[-1]
                                                                                  else ".")]
         header += ["", machine_line(host) + f" llama.cpp: {peer_build(peer.bin_dir)}.", "", MEDIANS]

@@ -11,12 +11,13 @@ from inferd.engine.types import SamplingParams, SeqInput
 
 
 def test_kv_format_per_device():
-    assert kv_format("cpu", "q8_0") == "q8_0" and kv_format("cpu") == "f16"
+    assert kv_format("cpu", "q8_0") == "q8_0" and kv_format("cpu", "bf16") == "bf16" and kv_format("cpu") == "f16"
     assert kv_format("cuda", "f16", "BF16") == "bf16"
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, q8_0, got 'bf16'"):
-        kv_format("cpu", "bf16")
-    with pytest.raises(ValueError, match="kv_cache_dtype q8_0 runs on the CPU engine only"):
-        kv_format("cuda", "q8_0")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, bf16, q8_0, got 'BF16'"):
+        kv_format("cpu", "BF16")
+    for dtype in ("q8_0", "bf16"):
+        with pytest.raises(ValueError, match=f"kv_cache_dtype {dtype} runs on the CPU engine only"):
+            kv_format("cuda", dtype)
     with pytest.raises(ValueError, match="cuda_kv must be one of f16, bf16, got 'q8_0'"):
         kv_format("cuda", "f16", "q8_0")
 

@@ -33,7 +33,7 @@ def test_setting_from_file_env_and_flag(tmp_path):
     cfg = tmp_path / "inferd.toml"
     cfg.write_text('kv_cache_dtype = "q8_0"\n')
     assert load_settings(parse(["--config", str(cfg)]), {}).kv_cache_dtype == "q8_0"
-    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of f16, q8_0; got 'int8'"):
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of f16, bf16, q8_0; got 'int8'"):
         load_settings(parse(["--kv-cache-dtype", "int8"]), {})
 
 
@@ -45,7 +45,7 @@ def test_q8_0_holds_32_17ths_the_blocks_in_the_same_memory():
     f16, q8 = EngineShape.kv_blocks_for_bytes(cfg, mib), EngineShape.kv_blocks_for_bytes(cfg, mib, "q8_0")
     assert f16 == mib // (512 * 64) and q8 == mib // (272 * 64)
     assert 1.87 < q8 / f16 < 1.89
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, q8_0"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, bf16, q8_0"):
         kv_bytes_per_token(cfg, "q4_0")
 
 
@@ -61,8 +61,8 @@ def test_build_engine_sizes_the_pool_by_the_dtype():
 
 
 def test_engine_rejects_what_it_cannot_hold():
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, q8_0, got 'bf16'"):
-        Engine(random_model(), num_kv_blocks=2, threads=1, kv_cache_dtype="bf16")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of f16, bf16, q8_0, got 'q4_0'"):
+        Engine(random_model(), num_kv_blocks=2, threads=1, kv_cache_dtype="q4_0")
     with pytest.raises(DeviceError, match="kv_cache_dtype q8_0 runs on the CPU engine only"):
         build_engine(random_model(), Settings(device="cuda", kv_cache_dtype="q8_0"))
 
