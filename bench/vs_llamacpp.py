@@ -378,7 +378,8 @@ def main() -> None:
             print("  | " + " | ".join(row.cells()) + " |", flush=True)
         swept = f" (llama.cpp's best of {', '.join(peer.kv_caches)})" if peer.kv_caches != (args.kv_cache,) else ""
         header = [f"# inferd vs llama.cpp ({stamp}, {args.threads} threads, "
-                  f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}{swept}, medians of all samples over ABBA rounds)",
+                  f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}{swept}, medians of all samples over ABBA "
+                  f"rounds)",
                   "", f"Run took {(time.monotonic() - started) / 60:.1f} min" + (" so far." if name != names[-1]
                                                                                  else ".")]
         header += ["", machine_line(host) + f" llama.cpp: {peer_build(peer.bin_dir)}.", "", MEDIANS]
