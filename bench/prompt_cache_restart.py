@@ -51,7 +51,8 @@ class Server:
         self.port = free_port()
         cmd = [sys.executable, "-m", "inferd.cli", "serve", args.model, "--port", str(self.port),
                "-t", str(args.threads), "--prompt-cache-dir", str(folder), "--prompt-cache-disk-mib", "512",
-               "--num-kv-blocks", "128", "--no-measure-bandwidth", "--drain-timeout-s", "10"]
+               "--num-kv-blocks", str(getattr(args, "num_kv_blocks", 128)), "--no-measure-bandwidth",
+               "--drain-timeout-s", "10", "--kv-cache-dtype", getattr(args, "kv_cache", "f16")]
         env = {k: v for k, v in os.environ.items() if k != "INFERD_PROMPT_CACHE_DISK_MIB"}
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent)
@@ -79,7 +80,7 @@ class Server:
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
         first, cached = None, -1
-        with urllib.request.urlopen(req, timeout=300) as r:
+        with urllib.request.urlopen(req, timeout=900) as r:
             for line in r:
                 if not line.startswith(b"data: {"):
                     continue

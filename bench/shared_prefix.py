@@ -2,6 +2,7 @@
 `inferd serve` as a real process: the figure a chat UI or an agent sees on its second turn.
 
     python bench/shared_prefix.py [--model smollm2-135m-instruct | FILE.gguf] [--tokens 1000] [-t 2] [--rounds 4]
+                                  [--kv-cache f16|bf16|q8_0] [--num-kv-blocks 128]
                                   [--out bench/results/shared_prefix.md]
 
 Each round makes a system prompt of about --tokens tokens that no earlier request used (its first sentence names
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1000, help="about this many tokens of system prompt")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--kv-cache", default="f16", help="the server's kv_cache_dtype")
+    ap.add_argument("--num-kv-blocks", type=int, default=128, help="the server's KV blocks of 64 positions")
     ap.add_argument("--out", type=Path, help="write the results file here (and its JSON beside it)")
     args = ap.parse_args()
     warning = busy_warning()
@@ -64,7 +67,8 @@ def main() -> None:
             srv.stop()
     report(args, samples, hits, ("warm", "cold"),
            "A shared system prompt: TTFT of a prefix-cache hit against a cold request",
-           f"model {args.model}, ~{args.tokens} tokens of system prompt, {args.threads} threads", warning)
+           f"model {args.model}, ~{args.tokens} tokens of system prompt, {args.threads} threads, KV cache "
+           f"{args.kv_cache}", warning)
 
 
 if __name__ == "__main__":

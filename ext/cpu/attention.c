@@ -16,7 +16,9 @@
  *     merged into the total in segment order (attention_merge_rows). A decode step can thus split one long
  *     sequence's keys across threads (attention_segment, then attention_merge) and get the very bits a prefill of
  *     the same tokens gets.
- * The scalar, AVX2 and AVX-512 variants do exactly those operations, so all give the same bits. */
+ * The scalar, AVX2 and AVX-512 variants do exactly those operations, so all give the same bits.
+ * Over the bf16 cache (span->bf16) the run, its blocks, segments and softmax are these, and the tiles' scores and
+ * weighted sums attention_bf16.c's, on its slices as they lie. */
 #include <math.h>
 #include <string.h>
 #include "inferd.h"
