@@ -376,7 +376,8 @@ def main() -> None:
         notes.append(f"{name}: {(time.monotonic() - t0) / 60:.1f} min")
         for row in model_rows:
             print("  | " + " | ".join(row.cells()) + " |", flush=True)
-        swept = f" (llama.cpp's best of {', '.join(peer.kv_caches)})" if peer.kv_caches != (args.kv_cache,) else ""
+        swept = "" if peer.kv_caches == (args.kv_cache,) else f" (llama.cpp's {', '.join(peer.kv_caches)}" + (
+            ", the best per test)" if len(peer.kv_caches) > 1 else ")")
         header = [f"# inferd vs llama.cpp ({stamp}, {args.threads} threads, "
                   f"{_cpu.get_path()} kernels, KV cache {args.kv_cache}{swept}, medians of all samples over ABBA "
                   f"rounds)",
