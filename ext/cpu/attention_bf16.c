@@ -51,7 +51,8 @@ void kv_store_value_bf16(const float *v, uint16_t *slice, int slot, int head_dim
 
 void kv_load_bf16(const uint16_t *slice, int head_dim, int slot, int is_k, float *out) {
     for (int d = 0; d < head_dim; d++) {
-        size_t at = is_k ? ((size_t)(d / 2) * KV_BLOCK + slot) * 2 + d % 2 : ((size_t)(slot / 2) * head_dim + d) * 2 + slot % 2;
+        size_t at = is_k ? ((size_t)(d / 2) * KV_BLOCK + slot) * 2 + d % 2
+                         : ((size_t)(slot / 2) * head_dim + d) * 2 + slot % 2;
         out[d] = float_of((uint32_t)slice[at] << 16);
     }
 }
@@ -212,7 +213,8 @@ BF_512_INLINE void score_block16(const tile_t *t, int hd, int j, float scale, co
     const uint32_t *pf = (const uint32_t *)t->pf_k;
     for (int i = 0; i < hd / 2; i++) {
         if (pf)
-            for (int l = 0; l < KV_BLOCK; l += 16) _mm_prefetch((const char *)(pf + (size_t)i * KV_BLOCK + l), _MM_HINT_T1);
+            for (int l = 0; l < KV_BLOCK; l += 16)
+                _mm_prefetch((const char *)(pf + (size_t)i * KV_BLOCK + l), _MM_HINT_T1);
         __m512i kv[4];
         for (int c = 0; c < NC; c++) kv[c] = _mm512_loadu_si512(k + (size_t)i * KV_BLOCK + 16 * c);
         for (int r = 0; r < NR; r++) {
