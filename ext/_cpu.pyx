@@ -308,6 +308,12 @@ def glu(cnp.ndarray g, cnp.ndarray u, str kind):
     return out
 
 
+def bf16_attention_native():
+    """Whether the active path runs the bf16 KV cache's attention on AVX-512 BF16 (VDPBF16PS); elsewhere it runs as
+    float fmas, slower than the f16 cache's."""
+    return attention_bf16_native() != 0
+
+
 def kv_bf16_roundtrip(cnp.ndarray x, bint is_k):
     """Rows of x (n, head_dim) stored into slots i % 64 of a bf16 cache's K (is_k) or V slice and read back (tests):
     each value rounded to bf16 as the cache keeps it."""

@@ -100,6 +100,7 @@ cdef extern from "inferd.h" nogil:
     void kv_store_key_bf16(const float *k, uint16_t *slice, int slot, int head_dim)
     void kv_store_value_bf16(const float *v, uint16_t *slice, int slot, int head_dim)
     void kv_load_bf16(const uint16_t *slice, int head_dim, int slot, int is_k, float *out)
+    int attention_bf16_native()
     int attention_num_segments(const attn_span_t *span, int ntok)
     size_t attention_part_floats(int rows, int head_dim)
     int attention_segment(const float *q, int q_stride, int ntok, int group, int n_kv_heads, int kv_heads,

@@ -285,6 +285,14 @@ BF_512_INLINE void accumulate512_nr(const tile_t *t, int hd, const int NR) {
 BF_512 static void accumulate_v_avx512(const tile_t *t, int hd) { BY_ROW_COUNT(accumulate512_nr, t, t, hd); }
 #endif
 
+int attention_bf16_native(void) {
+#if defined(__x86_64__)
+    return cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 void attention_bf16_kernels(kernels_t *k) {
     k->scores = scores_scalar;
     k->accumulate_v = accumulate_v_scalar;
@@ -293,7 +301,7 @@ void attention_bf16_kernels(kernels_t *k) {
         k->scores = scores_avx2;
         k->accumulate_v = accumulate_v_avx2;
     }
-    if (cpu_path() >= PATH_AVX512VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) {
+    if (attention_bf16_native()) {
         k->scores = scores_avx512;
         k->accumulate_v = accumulate_v_avx512;
     }

@@ -190,6 +190,8 @@ void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim)
 void kv_store_key_bf16(const float *k, uint16_t *slice, int slot, int head_dim);
 void kv_store_value_bf16(const float *v, uint16_t *slice, int slot, int head_dim);
 void kv_load_bf16(const uint16_t *slice, int head_dim, int slot, int is_k, float *out);
+/* 1 when the active path runs them with VDPBF16PS (AVX-512 BF16); else two fmas per pair, slower than over f16 */
+int attention_bf16_native(void);
 /* Which keys the tokens of a run see, and the scores' scale. The query at position p sees, when causal, the keys
  * [p - window + 1, p] (all of [0, p] when window is 0); when not causal (an encoder), [p - window + 1, p + window - 1]
  * cut to [0, seq_len) (all of [0, seq_len) when window is 0). */

@@ -3,6 +3,7 @@ takes, runs it (one nogil call: every layer, logits, sampling) and hands back sa
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -12,6 +13,8 @@ from inferd.engine.batch import EngineShape
 from inferd.engine.host_plan import kv_format, penalty_history, sampled_rows, sampling_records, seq_output, step_masks
 from inferd.engine.types import BLOCK_SIZE, MAX_LOGPROBS, SeqInput
 from inferd.engine.weights import build_cpu_model
+
+log = logging.getLogger("inferd.engine")
 
 # the native-free types promise the C header's sizes
 assert BLOCK_SIZE == _cpu.BLOCK_SIZE and MAX_LOGPROBS == _cpu.MAX_LOGPROBS
@@ -84,6 +87,12 @@ class Engine(EngineShape):
         )
         self.weight_bytes = self._model.weight_bytes
         self.kernel_path = _cpu.get_path()
+        if kv_cache_dtype == "bf16" and not _cpu.bf16_attention_native():
+            log.warning(
+                "kv_cache_dtype bf16: this CPU's %s path has no AVX-512 BF16, so attention runs as float fmas on "
+                "bf16 values, slower than with the f16 cache and less precise; f16 is the better choice here",
+                self.kernel_path,
+            )
         self._loras: list[_cpu.LoraAdapter] = []  # each adapter's A and B once, whatever uses it
 
     @property

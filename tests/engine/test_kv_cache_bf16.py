@@ -5,9 +5,12 @@ decoded token by token; prefix caching and preemption run unchanged; and on the 
 within 0.5% of the f16 cache's."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
+from inferd import _cpu
 from inferd.config import Settings, load_settings
 from inferd.engine.batch import EngineShape, kv_bytes_per_token
 from inferd.engine.device import DeviceError, build_engine
@@ -30,6 +33,27 @@ def test_setting_and_pool():
     assert engine.kv_layout()["kv_cache_dtype"] == "bf16"      # a prompt cache file of f16 blocks does not match
     with pytest.raises(DeviceError, match="kv_cache_dtype bf16 runs on the CPU engine only"):
         build_engine(random_model(), Settings(device="cuda", kv_cache_dtype="bf16"))
+
+
+def test_a_cpu_without_avx512_bf16_is_told_f16_is_better(caplog):
+    """Without VDPBF16PS the bf16 cache's attention runs as float fmas on bf16 values: slower than over f16, and less
+    precise. The engine says so when it is built that way, and only then."""
+    model = random_model()
+    old = _cpu.get_path()
+    try:
+        _cpu.set_path("scalar")
+        assert not _cpu.bf16_attention_native()
+        with caplog.at_level(logging.WARNING, logger="inferd.engine"):
+            Engine(model, num_kv_blocks=2, threads=1, kv_cache_dtype="bf16")
+        assert "has no AVX-512 BF16" in caplog.text and "f16 is the better choice" in caplog.text
+    finally:
+        _cpu.set_path(old)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="inferd.engine"):
+        Engine(model, num_kv_blocks=2, threads=1)
+        if _cpu.bf16_attention_native():
+            Engine(model, num_kv_blocks=2, threads=1, kv_cache_dtype="bf16")
+    assert "AVX-512 BF16" not in caplog.text
 
 
 def test_each_token_k_and_v_land_in_their_bf16_block():
