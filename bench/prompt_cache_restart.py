@@ -47,12 +47,13 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, args: argparse.Namespace, folder: Path, log: Path):
+    def __init__(self, args: argparse.Namespace, folder: Path, log: Path, kv_cache: str = "f16",
+                 num_kv_blocks: int = 128):
         self.port = free_port()
         cmd = [sys.executable, "-m", "inferd.cli", "serve", args.model, "--port", str(self.port),
                "-t", str(args.threads), "--prompt-cache-dir", str(folder), "--prompt-cache-disk-mib", "512",
-               "--num-kv-blocks", str(getattr(args, "num_kv_blocks", 128)), "--no-measure-bandwidth",
-               "--drain-timeout-s", "10", "--kv-cache-dtype", getattr(args, "kv_cache", "f16")]
+               "--num-kv-blocks", str(num_kv_blocks), "--no-measure-bandwidth", "--drain-timeout-s", "10",
+               "--kv-cache-dtype", kv_cache]
         env = {k: v for k, v in os.environ.items() if k != "INFERD_PROMPT_CACHE_DISK_MIB"}
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=HERE.parent)

@@ -47,7 +47,7 @@ def main() -> None:
     hits: dict[str, list[int]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="inferd-shared-prefix-") as tmp:
         log = Path(tmp) / "server.log"
-        srv = Server(args, Path(tmp) / "cache", log)
+        srv = Server(args, Path(tmp) / "cache", log, args.kv_cache, args.num_kv_blocks)
         try:
             srv.ttft([{"role": "user", "content": "Warm up."}])
             for r in range(args.rounds):

@@ -1150,12 +1150,11 @@ cdef class Context:
         if self.c.kv_dtype == KV_BF16:
             k = np.empty((cfg.n_kv_heads, KV_BLOCK, cfg.head_dim), np.float32)
             v = np.empty_like(k)
-            kf = k; vf = v
             for h in range(cfg.n_kv_heads):
+                sl = off + <size_t>h * KV_BLOCK * cfg.head_dim
                 for j in range(KV_BLOCK):
-                    sl = off + <size_t>h * KV_BLOCK * cfg.head_dim
-                    kv_load_bf16(self.c.k_cache + sl, cfg.head_dim, j, 1, <float *>cnp.PyArray_DATA(kf[h, j]))
-                    kv_load_bf16(self.c.v_cache + sl, cfg.head_dim, j, 0, <float *>cnp.PyArray_DATA(vf[h, j]))
+                    kv_load_bf16(self.c.k_cache + sl, cfg.head_dim, j, 1, <float *>cnp.PyArray_DATA(k[h, j]))
+                    kv_load_bf16(self.c.v_cache + sl, cfg.head_dim, j, 0, <float *>cnp.PyArray_DATA(v[h, j]))
             return k, v
         if self.c.kv_dtype == KV_Q8_0:
             sl = kvq8_slice_bytes(cfg.head_dim)

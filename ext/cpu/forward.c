@@ -306,8 +306,8 @@ static int state_create(context_t *c, int num_state_slots) {
 context_t *context_create_state(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                                 int kv_dtype, int num_state_slots) {
     const model_config_t *cfg = &m->cfg;
-    if ((kv_dtype != KV_F16 && kv_dtype != KV_Q8_0 && kv_dtype != KV_BF16) || (kv_dtype == KV_Q8_0 && cfg->head_dim % QK))
-        return NULL;
+    int known = kv_dtype == KV_F16 || kv_dtype == KV_BF16 || kv_dtype == KV_Q8_0;
+    if (!known || (kv_dtype == KV_Q8_0 && cfg->head_dim % QK)) return NULL;
     context_t *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->kv_dtype = kv_dtype;

@@ -513,7 +513,8 @@ typedef struct {
 } context_t;
 
 context_t *context_create(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads);
-/* the same with the KV cache in kv_dtype (KV_F16, KV_BF16 or KV_Q8_0); NULL also for a q8_0 cache of head_dim % 32 != 0 */
+/* the same with the KV cache in kv_dtype (KV_F16, KV_BF16 or KV_Q8_0); NULL also for a q8_0 cache of
+ * head_dim % 32 != 0 */
 context_t *context_create_kv(const model_t *m, int max_tokens, int max_out, int num_kv_blocks, int threads,
                              int kv_dtype);
 /* the same with num_state_slots recurrent-state slots (a model with recurrent blocks needs at least one) */

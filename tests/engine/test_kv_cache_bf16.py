@@ -17,7 +17,7 @@ from inferd.engine.device import DeviceError, build_engine
 from inferd.engine.engine import Engine
 from inferd.engine.runner import blocks_needed, perplexity
 from inferd.engine.types import SeqInput
-from tests.engine.test_kv_cache_q8 import parse, run_requests
+from tests.engine.test_kv_cache_q8 import check_prefix_cache_and_preemption, parse
 from tests.engine.test_kv_cache_q8_real import TEXT
 from tests.reference import random_model
 
@@ -103,22 +103,7 @@ def test_prefill_and_token_by_token_decode_give_the_same_bits():
 def test_prefix_cache_hits_and_preemption_on_bf16_blocks():
     """Shared prefixes hit the bf16 cache and give the same greedy tokens as without it; a pool too small for all
     requests preempts and recomputes, again with the same tokens as when each runs alone."""
-    model = random_model(weight_type="Q4_0", context_length=512)
-    rng = np.random.default_rng(5)
-    shared = rng.integers(0, model.config.vocab_size, 140).tolist()
-    prompts = [shared + rng.integers(0, model.config.vocab_size, 9).tolist() for _ in range(4)]
-
-    def engine(blocks):
-        return Engine(model, num_kv_blocks=blocks, max_batch_tokens=96, max_seqs=8, threads=1,
-                      kv_cache_dtype="bf16")
-
-    alone = [run_requests(engine(16), [p], 40, prefix_caching=False)[0][0] for p in prompts]
-    cached, sched = run_requests(engine(32), prompts, 40)
-    assert cached == alone
-    assert sched.kv.stats().prefix_hits >= 128
-    tight, sched = run_requests(engine(8), prompts, 40, prefix_caching=False)
-    assert sched.num_preemptions > 0
-    assert tight == alone
+    check_prefix_cache_and_preemption("bf16")
 
 
 def test_bf16_perplexity_within_half_a_percent_of_f16(smollm2_model):

@@ -110,6 +110,13 @@ def run_requests(engine, prompts, max_tokens, *, prefix_caching=True, max_runnin
 def test_prefix_cache_hits_and_preemption_on_q8_0_blocks():
     """Shared prefixes hit the q8_0 cache and give the same greedy tokens as without it; a pool too small for all
     requests preempts and recomputes, again with the same tokens as when each runs alone."""
+    check_prefix_cache_and_preemption("q8_0")
+
+
+def check_prefix_cache_and_preemption(kv_cache_dtype: str) -> None:
+    """Four requests sharing a 140-token prefix, greedy, over a kv_cache_dtype pool: alone, together with prefix
+    caching (at least two shared blocks hit), and in a pool too small for all (preempted and recomputed): the same
+    tokens each time."""
     model = random_model(weight_type="Q4_0", context_length=512)
     rng = np.random.default_rng(5)
     shared = rng.integers(0, model.config.vocab_size, 140).tolist()
@@ -117,7 +124,7 @@ def test_prefix_cache_hits_and_preemption_on_q8_0_blocks():
 
     def engine(blocks):
         return Engine(model, num_kv_blocks=blocks, max_batch_tokens=96, max_seqs=8, threads=1,
-                      kv_cache_dtype="q8_0")
+                      kv_cache_dtype=kv_cache_dtype)
 
     alone = [run_requests(engine(16), [p], 40, prefix_caching=False)[0][0] for p in prompts]
     cached, sched = run_requests(engine(32), prompts, 40)

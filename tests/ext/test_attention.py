@@ -140,10 +140,15 @@ def test_long_runs_identical_on_every_path_any_run_and_split(pos0, ntok, causal,
     total = pos0 + ntok if causal else seq_len
     k, v, table, _, _ = make_cache(total, n_kv, hd, seed=3)
     q = np.random.default_rng(4).standard_normal((ntok, n_heads, hd)).astype(np.float32)
+    assert_same_bits_every_path_run_and_split(q, k, v, table, pos0, seq_len=seq_len, causal=causal, window=window)
+
+
+def assert_same_bits_every_path_run_and_split(q, k, v, table, pos0, **kw):
+    """_cpu.attention(q, k, v, table, pos0, **kw) the same bits on every path, in runs of 16, 5 and 1 tokens, and
+    split into key segments merged in order"""
     first = None
     for p in PATHS:
         _cpu.set_path(p)
-        kw = dict(seq_len=seq_len, causal=causal, window=window)
         want = _cpu.attention(q, k, v, table, pos0, **kw)
         for what, got in {"runs of 5": _cpu.attention(q, k, v, table, pos0, run=5, **kw),
                           "alone": _cpu.attention(q, k, v, table, pos0, run=1, **kw),

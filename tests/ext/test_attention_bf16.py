@@ -15,7 +15,9 @@ import pytest
 
 from inferd import _cpu
 from tests.ext.paths import PATHS
-from tests.ext.test_attention import CASES, LONG_CASES, SHAPES, make_cache, reference
+from tests.ext.test_attention import (
+    CASES, LONG_CASES, SHAPES, assert_same_bits_every_path_run_and_split, make_cache, reference,
+)
 
 BLOCK = _cpu.BLOCK_SIZE
 FLOOR = 2.0 ** -40          # magnitudes below it round to 0 (attention_bf16.c: BF16_FLOOR)
@@ -92,19 +94,8 @@ def test_bf16_identical_on_every_path_any_run_and_split(pos0, ntok, causal, wind
     total = pos0 + ntok if causal else seq_len
     k, v, table, _, _ = bf16_inputs(total, n_kv, hd, seed=3)
     q = np.random.default_rng(4).standard_normal((ntok, n_heads, hd)).astype(np.float32)
-    first = None
-    for p in PATHS:
-        _cpu.set_path(p)
-        kw = dict(seq_len=seq_len, causal=causal, window=window, kv_dtype="bf16")
-        want = _cpu.attention(q, k, v, table, pos0, **kw)
-        for what, got in {"runs of 5": _cpu.attention(q, k, v, table, pos0, run=5, **kw),
-                          "alone": _cpu.attention(q, k, v, table, pos0, run=1, **kw),
-                          "alone, split": _cpu.attention(q, k, v, table, pos0, run=1, split=True, **kw),
-                          "runs of 16, split": _cpu.attention(q, k, v, table, pos0, split=True, **kw)}.items():
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"{p}: {what}")
-        if first is None:
-            first = want
-        np.testing.assert_array_equal(want.view(np.uint32), first.view(np.uint32), err_msg=f"{p} vs {PATHS[0]}")
+    assert_same_bits_every_path_run_and_split(q, k, v, table, pos0, seq_len=seq_len, causal=causal, window=window,
+                                              kv_dtype="bf16")
 
 
 @pytest.mark.parametrize("path", PATHS)
