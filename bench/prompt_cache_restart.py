@@ -27,6 +27,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -38,6 +39,13 @@ from _common import (abba, busy_warning, fmt_median, fmt_ratio, machine, ratio_o
 SIDES = ("warm", "restart")
 SENTENCE = ("The harbour office keeps the tide tables, the berth list and the pilot roster for every ship that "
             "calls, and answers in one short sentence with the berth number and the time. ")
+
+
+class Turn(NamedTuple):
+    ttft: float  # seconds to the first streamed token
+    cached: int  # usage's cached_tokens
+    prompt: int  # usage's prompt_tokens
+    text: str  # the answer
 
 
 def free_port() -> int:
@@ -73,14 +81,14 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as r:
             self.model = json.loads(r.read())["data"][0]["id"]
 
-    def ttft(self, messages: list[dict[str, str]]) -> tuple[float, int]:
-        """(seconds to the first streamed token, cached_tokens of the request)."""
-        body = {"model": self.model, "messages": messages, "max_tokens": 1, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+    def ttft(self, messages: list[dict[str, str]], max_tokens: int = 1) -> Turn:
+        """One chat request, streamed, greedy: its time to the first token, usage and answer."""
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
-        first, cached = None, -1
+        first, cached, prompt, text = None, -1, -1, ""
         with urllib.request.urlopen(req, timeout=900) as r:
             for line in r:
                 if not line.startswith(b"data: {"):
@@ -91,11 +99,14 @@ class Server:
                 # text or the one that ends the choice (a token can decode to no text yet)
                 if first is None and choice and (choice["delta"].get("content") or choice.get("finish_reason")):
                     first = time.perf_counter() - t0
+                if choice:
+                    text += choice["delta"].get("content") or ""
                 if event.get("usage"):
                     cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    prompt = event["usage"]["prompt_tokens"]
         if first is None:
             raise SystemExit("the stream had no token")
-        return first, cached
+        return Turn(first, cached, prompt, text)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -120,7 +131,7 @@ def main() -> None:
         folder, log = Path(tmp) / "cache", Path(tmp) / "server.log"
         srv = Server(args, folder, log)
         try:
-            _, cached = srv.ttft([{"role": "system", "content": system}, {"role": "user", "content": next(question)}])
+            srv.ttft([{"role": "system", "content": system}, {"role": "user", "content": next(question)}])
             expect = None
             for r in range(args.rounds):
                 for side in abba(r, SIDES):
@@ -128,7 +139,7 @@ def main() -> None:
                         srv.stop()
                         srv = Server(args, folder, log)
                     msgs = [{"role": "system", "content": system}, {"role": "user", "content": next(question)}]
-                    t, cached = srv.ttft(msgs)
+                    t, cached, _, _ = srv.ttft(msgs)
                     expect = expect or cached
                     if cached <= 0 or cached < expect:
                         raise SystemExit(f"{side} round {r}: cached_tokens {cached} (expected {expect}); see {log}")
@@ -142,13 +153,14 @@ def main() -> None:
 
 
 def report(args: argparse.Namespace, samples: dict[str, list[list[float]]], hits: dict[str, list[int]],
-           sides: tuple[str, str], title: str, about: str, warning: str | None = None) -> None:
-    """Print each side's TTFT and cached tokens and the ratio sides[0] / sides[1]; with args.out, write them as a
-    results file (its JSON beside it) with the command line."""
+           sides: tuple[str, str], title: str, about: str, warning: str | None = None,
+           computed: dict[str, list[int]] | None = None) -> None:
+    """Print each side's TTFT, cached tokens (and prompt tokens computed) and the ratio sides[0] / sides[1]; with
+    args.out, write them as a results file (its JSON beside it) with the command line."""
     ratio, per_round = ratio_of_medians(samples[sides[0]], samples[sides[1]])
     flat = {side: [x for rnd in samples[side] for x in rnd] for side in samples}
     lines = [f"{side}: TTFT {fmt_median([x * 1000 for x in flat[side]])} ms, cached tokens {hits[side]}"
-             for side in samples]
+             + (f", computed {computed[side]}" if computed else "") for side in samples]
     lines.append(f"{sides[0]} / {sides[1]}: {fmt_ratio(ratio, per_round)}")
     print("\n".join(lines))
     if args.out:
@@ -157,7 +169,8 @@ def report(args: argparse.Namespace, samples: dict[str, list[list[float]]], hits
                           "", "Command:", "", "```", "python " + " ".join(sys.argv), "```", ""])
         write_results(args.out, md, {"model": args.model, "tokens": args.tokens, "threads": args.threads,
                                      "sides": {side: stats(flat[side]) for side in samples},
-                                     "cached_tokens": hits, "ratio": ratio, "per_round": per_round})
+                                     "cached_tokens": hits, "computed_tokens": computed, "ratio": ratio,
+                                     "per_round": per_round})
         print(f"wrote {args.out}")
 
 

@@ -6,13 +6,17 @@
                                   [--out bench/results/shared_prefix.md]
 
 Each round makes a system prompt of about --tokens tokens that no earlier request used (its first sentence names
-the round), then sends, streamed, greedy, one token each:
-  cold  that system prompt and a question: nothing of it is cached
-  warm  the same system prompt and another question: the system prompt's whole blocks are a prefix-cache hit
-The two are sent back to back, so each round's ratio compares requests in the same phase of a noisy machine.
+the round), then sends, streamed, greedy:
+  cold  that system prompt and a question (one token): nothing of it is cached
+  warm  the same system prompt and another question (an answer of up to 24 tokens): the system prompt is a
+        prefix-cache hit, up to the block it ends in, or past it where hits within a block copy that block
+  next  the warm conversation's next turn (its answer, a third question; one token): all of the warm request's
+        computed tokens are a hit, whole blocks or within one
+The three are sent back to back, so each round's ratio compares requests in the same phase of a noisy machine; each
+line also says how many prompt tokens were computed (prompt tokens - cached).
 A hybrid model (recurrent layers) hits only up to a block whose end has a state snapshot: every request's
-`cached_tokens` is checked (cold 0, warm at least the system prompt's whole blocks but one), and a round whose hit
-is smaller fails the run instead of reporting a number that measures something else.
+`cached_tokens` is checked (cold 0, the others at least the whole blocks before their new tokens but one), and a
+round whose hit is smaller fails the run instead of reporting a number that measures something else.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ sys.path.insert(0, str(HERE))
 from _common import busy_warning  # noqa: E402
 from prompt_cache_restart import SENTENCE, Server, report  # noqa: E402
 
-SIDES = ("cold", "warm")
+SIDES = ("cold", "warm", "next")
 BLOCK = 64  # tokens per KV block: a hit is whole blocks
 
 
@@ -45,6 +49,7 @@ def main() -> None:
     warning = busy_warning()
     samples: dict[str, list[list[float]]] = {side: [] for side in SIDES}
     hits: dict[str, list[int]] = {side: [] for side in SIDES}
+    computed: dict[str, list[int]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="inferd-shared-prefix-") as tmp:
         log = Path(tmp) / "server.log"
         srv = Server(args, Path(tmp) / "cache", log, args.kv_cache, args.num_kv_blocks)
@@ -52,23 +57,34 @@ def main() -> None:
             srv.ttft([{"role": "user", "content": "Warm up."}])
             for r in range(args.rounds):
                 opening = f"Harbour office number {r} opens at {6 + r % 4} o'clock. "
-                system = opening + SENTENCE * max(1, args.tokens // 30)
-                for k, side in enumerate(SIDES):
-                    question = f"Which berth does ship number {2 * r + k} take tomorrow?"
-                    t, cached = srv.ttft([{"role": "system", "content": system}, {"role": "user", "content": question}])
-                    floor = 0 if side == "cold" else (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK
-                    if (side == "cold" and cached != 0) or (side == "warm" and cached < floor):
-                        raise SystemExit(f"round {r} {side}: cached_tokens {cached} (expected "
-                                         f"{'0' if side == 'cold' else f'>= {floor}'}); see {log}")
-                    samples[side].append([t])
-                    hits[side].append(cached)
-                    print(f"round {r} {side} TTFT {t * 1000:8.1f} ms  cached {cached}", flush=True)
+                system = [{"role": "system", "content": opening + SENTENCE * max(1, args.tokens // 30)}]
+                questions = [f"Which berth does ship number {3 * r} take tomorrow?",
+                             f"When does the pilot for the tanker {3 * r + 1} come aboard, and at which gate?",
+                             f"Thanks. Is berth {3 * r + 2} deep enough for her at low tide?"]
+                conversation = system + [{"role": "user", "content": questions[1]}]
+                turns = {"cold": (system + [{"role": "user", "content": questions[0]}], 1), "warm": (conversation, 24)}
+                # cached_tokens at least: the system prompt's whole blocks but one; the warm prompt's for its next turn
+                floors = {"cold": 0, "warm": (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK}
+                for side in SIDES:
+                    turn = srv.ttft(*turns[side])
+                    if turn.cached < floors[side] or (side == "cold" and turn.cached):
+                        raise SystemExit(f"round {r} {side}: cached_tokens {turn.cached} (expected "
+                                         f"{'0' if side == 'cold' else f'>= {floors[side]}'}); see {log}")
+                    if side == "warm":  # its next turn: this answer, then a third question
+                        turns["next"] = (conversation + [{"role": "assistant", "content": turn.text},
+                                                         {"role": "user", "content": questions[2]}], 1)
+                        floors["next"] = turn.prompt // BLOCK * BLOCK - BLOCK
+                    samples[side].append([turn.ttft])
+                    hits[side].append(turn.cached)
+                    computed[side].append(turn.prompt - turn.cached)
+                    print(f"round {r} {side} TTFT {turn.ttft * 1000:8.1f} ms  prompt {turn.prompt}  "
+                          f"cached {turn.cached}  computed {turn.prompt - turn.cached}", flush=True)
         finally:
             srv.stop()
     report(args, samples, hits, ("warm", "cold"),
            "A shared system prompt: TTFT of a prefix-cache hit against a cold request",
            f"model {args.model}, ~{args.tokens} tokens of system prompt, {args.threads} threads, KV cache "
-           f"{args.kv_cache}", warning)
+           f"{args.kv_cache}", warning, computed)
 
 
 if __name__ == "__main__":

@@ -1114,6 +1114,14 @@ cdef class Context:
         if rc != KV_IO_OK:
             raise ValueError(f"cannot write KV block {block} (code {rc})")
 
+    def copy_kv_block(self, int src, int dst):
+        """KV block `src`'s contents into block `dst`; ValueError for a block outside the cache."""
+        cdef int rc
+        with nogil:
+            rc = kv_block_copy(self.c, src, dst)
+        if rc != KV_IO_OK:
+            raise ValueError(f"cannot copy KV block {src} to {dst}: the cache has {self.num_kv_blocks} blocks")
+
     cdef _read_samples(self, sample_out_t *so, int n, dict samples):
         cdef int32_t[::1] tok = samples["token"]
         cdef float[::1] lp = samples["logprob"]

@@ -316,3 +316,4 @@ cdef extern from "inferd.h" nogil:
     size_t kv_block_bytes(const context_t *c)
     int kv_block_read(const context_t *c, int block, uint8_t *out, size_t out_len)
     int kv_block_write(context_t *c, int block, const uint8_t *in_, size_t in_len)
+    int kv_block_copy(context_t *c, int src, int dst)

@@ -282,7 +282,10 @@ DOCS: dict[str, str] = {
     "max_running": "Most sequences generating at once.",
     "max_waiting": "Most requests queued before new ones get 503 with Retry-After.",
     "max_model_len": "Context length to serve; 0 means the model's own (capped by the KV cache size).",
-    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes between requests.",
+    "enable_prefix_caching": (
+        "Reuse the KV cache of shared prompt prefixes between requests, to the token (device = cpu; whole blocks "
+        "of 64 positions on cuda and for models with recurrent layers)."
+    ),
     "prompt_cache_disk_mib": "Most MiB of prefix-cache blocks written to disk at shutdown and read back as cache "
     "hits by the next run (most recently hit first); also the cap of one named save. 0 turns the disk cache off. "
     "device = cpu only (off on cuda).",

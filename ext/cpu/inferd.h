@@ -552,5 +552,6 @@ enum { KV_IO_OK = 0, KV_IO_BAD_BLOCK = -1, KV_IO_BAD_LENGTH = -2 };
 size_t kv_block_bytes(const context_t *c);
 int kv_block_read(const context_t *c, int block, uint8_t *out, size_t out_len);
 int kv_block_write(context_t *c, int block, const uint8_t *in, size_t in_len);
+int kv_block_copy(context_t *c, int src, int dst);
 
 #endif

@@ -1,5 +1,5 @@
 /* One KV block's bytes out of the cache and back in: the prompt cache on disk (inferd/engine/prompt_cache_disk.py)
- * saves prefix blocks across restarts. A block's image is, for each layer in order, its K slab then its V slab,
+ * saves prefix blocks across restarts; and one block into another: a prefix hit within a block (kv_cache.py). A block's image is, for each layer in order, its K slab then its V slab,
  * each (n_kv_heads, slice) in the pool's own format (f16 with K transposed, or q8_0 with its scales), so a copy in
  * and out is a plain memcpy and the image is only meaningful to a context of the same model and kv_dtype. */
 #include <string.h>
@@ -42,6 +42,17 @@ int kv_block_write(context_t *c, int block, const uint8_t *in, size_t in_len) {
         memcpy(kv_slab(c, l, block, 1), in, slab);
         memcpy(kv_slab(c, l, block, 0), in + slab, slab);
         in += 2 * slab;
+    }
+    return KV_IO_OK;
+}
+
+int kv_block_copy(context_t *c, int src, int dst) {
+    if (src < 0 || src >= c->num_kv_blocks || dst < 0 || dst >= c->num_kv_blocks) return KV_IO_BAD_BLOCK;
+    if (src == dst) return KV_IO_OK;
+    size_t slab = kv_slab_bytes(c);
+    for (int l = 0; l < model_kv_layers(c->model); l++) {
+        memcpy(kv_slab(c, l, dst, 1), kv_slab(c, l, src, 1), slab);
+        memcpy(kv_slab(c, l, dst, 0), kv_slab(c, l, src, 0), slab);
     }
     return KV_IO_OK;
 }

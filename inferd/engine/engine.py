@@ -199,6 +199,9 @@ class Engine(EngineShape):
     def write_kv_block(self, block_id: int, image: bytes) -> None:
         self._ctx.write_kv_block(block_id, image)
 
+    def copy_kv_block(self, src: int, dst: int) -> None:
+        self._ctx.copy_kv_block(src, dst)
+
     def _sampling_arrays(self, seqs: list[SeqInput], rows_of_seq: list[tuple[int, int, int]], n_out: int):
         """The sampler's records (one per logits row, _cpu.SAMPLE_PARAMS_DTYPE = the C sample_params_t), the flat
         history and logit-bias arrays they point into, and the grammars' mask rows (None when no row has one)."""

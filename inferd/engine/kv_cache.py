@@ -13,6 +13,14 @@ queue, so it can still be hit until the space is needed for something else (evic
 Each cached block also keeps its parent's hash, its token ids and when it was last hit, so that the blocks worth
 keeping can be written to disk (inferd/engine/prompt_cache_disk.py); a `block_source` (the file written by an
 earlier run) is asked for a hash the cache lacks, and the block it fills counts as a hit like any other.
+
+Within a block: given a `copy_block` (an engine that can copy one KV block to another), a prompt whose chain of whole
+blocks ends where it differs from every cached one mid-block takes the cached child of its last hit block that
+starts with the most of its next tokens (child_blocks.py), copied into a block of its own, and those tokens count as
+computed. A finished sequence's last, partly filled block is kept as such a child too (a "tail": cached, unreferenced,
+evicted like the others, never hashed or written to disk), so the next turn of a conversation recomputes only what
+is new. Positions past the shared ones hold the other sequence's K/V until overwritten: attention never reads a
+position past a sequence's length.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from inferd.engine.child_blocks import ChildBlocks
 
 
 BROKEN = -2  # cached_blocks' depth of a block whose chain has lost a link
@@ -59,6 +69,8 @@ class _SeqBlocks:
     root: bytes | None = None  # the parent of the first block's hash (a LoRA adapter's K/V hash apart)
     state_slot: int = -1  # its recurrent-state slot, taken at its first step (a model with recurrent layers)
     restore: object = None  # the state snapshot a prefix hit starts it from, until the engine takes it
+    token_ids: Sequence[int] = ()  # the sequence's tokens, of which the first num_computed have their K/V written
+    num_computed: int = 0
 
 
 class BlockSource(Protocol):
@@ -127,6 +139,11 @@ class KVCacheManager:
         self._free_slots: deque[int] = deque(range(num_state_slots))
         self.snapshots: OrderedDict[bytes, object] = OrderedDict()  # block hash -> the state at the block's end
         self.max_snapshots = num_state_slots
+        # copy_block(src, dst): one KV block's contents into another; set by an engine that can, it turns on hits
+        # within a block (never for a model with recurrent layers: its state exists only at snapshot boundaries)
+        self.copy_block: Callable[[int, int], None] | None = None
+        self.children = ChildBlocks()  # every cached block, and every tail, under its parent's hash
+        self.tails: set[int] = set()  # cached blocks that are a finished sequence's partly filled last block
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -203,23 +220,24 @@ class KVCacheManager:
     ) -> int:
         """Start `seq_id`'s block table with the cached blocks of the longest cached prefix of `token_ids`.
 
-        Returns the number of positions already computed (a multiple of block_size, at most
-        max_cached_tokens). Callers pass len(prompt) - 1 as the cap so that at least one token is run and
-        its logits sampled. The hit blocks are referenced by the sequence from now on. `root`: the parent of
-        the first block's hash, for sequences whose K/V differ for the same tokens (a LoRA adapter's); None for
-        the base model's.
+        Returns the number of positions already computed (at most max_cached_tokens; a multiple of block_size
+        unless a hit within a block follows the whole ones). Callers pass len(prompt) - 1 as the cap so that at
+        least one token is run and its logits sampled. The hit blocks are referenced by the sequence from now on.
+        `root`: the parent of the first block's hash, for sequences whose K/V differ for the same tokens (a LoRA
+        adapter's); None for the base model's.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already has blocks")
-        seq = _SeqBlocks(root=root)
+        seq = _SeqBlocks(root=root, token_ids=token_ids)
         self._seqs[seq_id] = seq
         self.prefix_queries += len(token_ids)
         if not self.enable_prefix_caching:
             return 0
         parent = root
         bs = self.block_size
+        limit = min(len(token_ids), max_cached_tokens)
         self._tick += 1
-        for i in range(min(len(token_ids), max_cached_tokens) // bs):
+        for i in range(limit // bs):
             chunk = token_ids[i * bs : (i + 1) * bs]
             h = hash_block(parent, chunk)
             block_id = self.hash_to_block.get(h)
@@ -243,8 +261,29 @@ class KVCacheManager:
                 seq.restore = self.snapshots[seq.block_hashes[-1]]
                 self.snapshots.move_to_end(seq.block_hashes[-1])
         num_cached = len(seq.block_table) * bs
+        if self.copy_block is not None and not self.num_state_slots:
+            num_cached += self._copy_within_block(seq, parent, token_ids[num_cached : min(limit, num_cached + bs)])
+        seq.num_computed = num_cached
         self.prefix_hits += num_cached
         return num_cached
+
+    def _copy_within_block(self, seq: _SeqBlocks, parent: bytes | None, token_ids: Sequence[int]) -> int:
+        """Append to `seq` a copy of the cached child of `parent` that starts with the most of `token_ids` (its
+        next block's worth at most); returns how many of them it shares (0: nothing copied)."""
+        src, n = self.children.longest(parent, token_ids)
+        if not n:
+            return 0
+        self._ref(src)  # the block taken next must not be src itself, evicted
+        if not self.num_free_blocks:
+            self._unref(src)
+            return 0
+        dst = self._take_free_block()
+        assert self.copy_block is not None
+        self.copy_block(src, dst)
+        self.block_last_hit[src] = self._tick
+        self._unref(src)
+        seq.block_table.append(dst)
+        return n
 
     def allocate(self, seq_id: object, num_positions: int) -> None:
         """Grow `seq_id`'s block table to cover positions [0, num_positions).
@@ -276,6 +315,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         seq = self._seqs[seq_id]
+        seq.token_ids, seq.num_computed = token_ids, num_computed
         bs = self.block_size
         num_full = min(num_computed, len(token_ids)) // bs
         parent = seq.block_hashes[-1] if seq.block_hashes else seq.root
@@ -296,15 +336,34 @@ class KVCacheManager:
             return
         if seq.state_slot >= 0:
             self._free_slots.append(seq.state_slot)
+        self._keep_tail(seq)
         # Reverse order: a sequence's tail blocks are the least likely to be shared, so they should be the
         # first cached blocks to be evicted.
         for block_id in reversed(seq.block_table):
             self._unref(block_id)
 
+    def _keep_tail(self, seq: _SeqBlocks) -> None:
+        """Make `seq`'s partly computed last block a tail (see the module's docstring), unless a cached block
+        already starts with all of its tokens or nothing could copy it."""
+        i = len(seq.block_hashes)
+        tail = tuple(seq.token_ids[i * self.block_size : seq.num_computed])
+        if self.copy_block is None or self.num_state_slots or not tail or i >= len(seq.block_table):
+            return
+        block_id = seq.block_table[i]
+        parent = seq.block_hashes[-1] if seq.block_hashes else seq.root
+        if self.ref_counts[block_id] != 1 or self.children.longest(parent, tail)[1] == len(tail):
+            return
+        self.children.add(parent, tail, block_id)
+        self.tails.add(block_id)
+        self.block_parent[block_id] = parent
+        self.block_tokens[block_id] = tail
+        self._tick += 1
+        self.block_last_hit[block_id] = self._tick
+
     def _unref(self, block_id: int) -> None:
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
-            if self.block_hash[block_id] is not None:
+            if self.block_hash[block_id] is not None or block_id in self.tails:
                 self._free_cached[block_id] = None
             else:
                 self._free_plain.append(block_id)
@@ -398,6 +457,7 @@ class KVCacheManager:
         self.block_hash[block_id] = h
         self.block_parent[block_id] = parent
         self.block_tokens[block_id] = tuple(token_ids)
+        self.children.add(parent, self.block_tokens[block_id], block_id)
         self.block_last_hit[block_id] = self._tick
 
     def _fill_from_source(self, h: bytes, parent: bytes | None, token_ids: Sequence[int]) -> int | None:
@@ -425,10 +485,14 @@ class KVCacheManager:
 
     def _evict(self, block_id: int) -> None:
         h = self.block_hash[block_id]
+        if h is None and block_id not in self.tails:
+            return
+        self.children.remove(self.block_parent[block_id], self.block_tokens[block_id], block_id)
+        self.tails.discard(block_id)
         if h is not None:
             self.snapshots.pop(h, None)
             self.block_hash[block_id] = None
-            self.block_parent[block_id] = None
-            self.block_tokens[block_id] = ()
             if self.hash_to_block.get(h) == block_id:
                 del self.hash_to_block[h]
+        self.block_parent[block_id] = None
+        self.block_tokens[block_id] = ()

@@ -43,7 +43,7 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import FinishReason, RequestOutput, RequestState
 from inferd.engine.sequences import Sequences
 from inferd.engine.step_cost import StepCost
-from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats, num_state_slots
+from inferd.engine.step import EngineSizes, ScheduledBatch, ScheduledSeq, StepStats, kv_block_copier, num_state_slots
 from inferd.engine.types import RequestStatus, SeqOutput
 
 __all__ = ["EngineSizes", "ScheduledBatch", "ScheduledSeq", "Scheduler", "StepStats"]
@@ -80,6 +80,7 @@ class Scheduler(Sequences):
         # a recurrent model's draft tokens would enter its state before they are verified: it never drafts
         self.allow_drafts = not slots
         kv = KVCacheManager(engine.num_kv_blocks, engine.block_size, enable_prefix_caching, slots)
+        kv.copy_block = kv_block_copier(engine)  # prefix hits within a block (kv_cache.py)
         super().__init__(kv, clock)
         self.block_size = engine.block_size
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)

@@ -3,6 +3,7 @@ is given per sequence, and what the step did (for metrics)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +24,11 @@ class EngineSizes(Protocol):
 def num_state_slots(engine: object) -> int:
     """Recurrent-state slots the engine keeps (0: a model without recurrent layers)."""
     return int(getattr(engine, "num_state_slots", 0) or 0)
+
+
+def kv_block_copier(engine: object) -> Callable[[int, int], None] | None:
+    """The engine's copy of one KV block into another (prefix hits within a block), None if it has none."""
+    return getattr(engine, "copy_kv_block", None)
 
 
 @dataclass

@@ -16,8 +16,10 @@ from inferd.engine.engine import Engine
 from inferd.engine.request import Request, RequestState
 from inferd.engine.scheduler import Scheduler
 from inferd.engine.loop import run_batch
-from inferd.engine.types import GREEDY, SeqInput
+from inferd.engine.types import SamplingParams, SeqInput
 from tests.reference import random_model
+
+GREEDY_TOP5 = SamplingParams(temperature=0.0, logprobs=5)
 
 
 def parse(argv):
@@ -93,18 +95,24 @@ def test_each_token_k_and_v_land_in_their_q8_0_block():
 
 
 def run_requests(engine, prompts, max_tokens, *, prefix_caching=True, max_running=8):
-    """Greedy requests through the server's scheduler, driven here; returns their tokens and the scheduler."""
+    """Greedy requests through the server's scheduler, driven here; returns the scheduler and, per request, its
+    tokens, top-5 logprobs (a random model's greedy tokens repeat one id whatever the context; the runners-up's
+    logprobs show every bit of it) and cached_tokens."""
     scheduler = Scheduler(engine, max_model_len=engine.context_length, max_running=max_running,
                           enable_prefix_caching=prefix_caching)
     for i, p in enumerate(prompts):
-        scheduler.add(RequestState(Request(f"r{i}", p, GREEDY, max_tokens, detokenize=False), arrival_time=float(i)))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        req = Request(f"r{i}", p, GREEDY_TOP5, max_tokens, detokenize=False)
+        scheduler.add(RequestState(req, arrival_time=float(i)))
+    results: dict[str, tuple[list, list, list]] = {f"r{i}": ([], [], []) for i in range(len(prompts))}
     while scheduler.has_work:
         batch = scheduler.schedule()
         scheduler.postprocess(batch, run_batch(engine, batch))
         for st, out in scheduler.take_outputs():
-            tokens[st.request.request_id] += out.token_ids
-    return [tokens[f"r{i}"] for i in range(len(prompts))], scheduler
+            tokens, top, cached = results[st.request.request_id]
+            tokens += out.token_ids
+            top += out.top_logprobs or []
+            cached[:] = [out.usage.cached_tokens] if out.usage else cached
+    return [results[f"r{i}"] for i in range(len(prompts))], scheduler
 
 
 def test_prefix_cache_hits_and_preemption_on_q8_0_blocks():
@@ -126,10 +134,13 @@ def check_prefix_cache_and_preemption(kv_cache_dtype: str) -> None:
         return Engine(model, num_kv_blocks=blocks, max_batch_tokens=96, max_seqs=8, threads=1,
                       kv_cache_dtype=kv_cache_dtype)
 
-    alone = [run_requests(engine(16), [p], 40, prefix_caching=False)[0][0] for p in prompts]
+    def outputs(results):  # tokens and top logprobs, not cached_tokens
+        return [(tokens, top) for tokens, top, _ in results]
+
+    alone = [outputs(run_requests(engine(16), [p], 40, prefix_caching=False)[0])[0] for p in prompts]
     cached, sched = run_requests(engine(32), prompts, 40)
-    assert cached == alone
+    assert outputs(cached) == alone
     assert sched.kv.stats().prefix_hits >= 128          # at least one request reused both shared blocks
     tight, sched = run_requests(engine(8), prompts, 40, prefix_caching=False)   # 4 x 3 blocks wanted
     assert sched.num_preemptions > 0
-    assert tight == alone
+    assert outputs(tight) == alone
