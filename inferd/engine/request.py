@@ -35,7 +35,7 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()  # EOS ids (unless ignore_eos) and any extra stop ids
     detokenize: bool = True
     prompt_logprobs: int | None = None  # echo + logprobs: top-k of every prompt position (0: chosen only)
-    warm: bool = False  # prefill the prompt's full blocks into the prefix cache, no output
+    warm: bool = False  # prefill the prompt into the prefix cache (up to its cache granule), no output
     timeout_s: float | None = None
     speculative: bool | None = None  # prompt-lookup speculative decoding; None: the server's setting
     constraint: Any = None  # engine.constraints.Constraint: a grammar every choice must follow
@@ -124,8 +124,9 @@ class RequestState:
         """Echo logprobs: every prompt position's logits are needed, until the prompt is done."""
         return self.request.prompt_logprobs is not None and not self.status.prompt_done
 
-    def start(self, block_size: int, speculative: bool) -> None:
-        """Set up what the scheduler tracks, at arrival; `speculative` is the server's default."""
+    def start(self, cache_granule: int, speculative: bool) -> None:
+        """Set up what the scheduler tracks, at arrival; `speculative` is the server's default, `cache_granule` the
+        prefix cache's (a warm computes the prompt's positions up to a multiple of it)."""
         req = self.request
         # Unseeded sampling still gets a seed: the C sampler's random numbers are a function of
         # (seed, position), and a fixed default would make every unseeded request identical.
@@ -142,7 +143,7 @@ class RequestState:
             self.speculative = False
             self.matcher = req.constraint.new_matcher()
             self.mask = req.constraint.new_mask()
-        self.warm_target = len(req.prompt_ids) // block_size * block_size
+        self.warm_target = len(req.prompt_ids) // cache_granule * cache_granule
 
     def propose_draft(self, room: int) -> list[int]:
         """Prompt-lookup draft tokens (at most `room`) to verify after this decode step's token, maybe none."""

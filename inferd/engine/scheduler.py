@@ -83,6 +83,8 @@ class Scheduler(Sequences):
         kv.copy_block = kv_block_copier(engine)  # prefix hits within a block (kv_cache.py)
         super().__init__(kv, clock)
         self.block_size = engine.block_size
+        # what a prefix-cache hit is a multiple of: a position where hits within a block are possible, else a block
+        self.cache_granule = 1 if kv.copy_block and enable_prefix_caching and not slots else self.block_size
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
         if slots:
             self.max_running = min(self.max_running, slots)
@@ -107,7 +109,7 @@ class Scheduler(Sequences):
     def add(self, st: RequestState) -> None:
         """Queue a new request; one that can never run is failed at once (its output says why)."""
         req = st.request
-        st.start(self.block_size, self.speculative)
+        st.start(self.cache_granule, self.speculative)
         st.speculative = st.speculative and self.allow_drafts
         self.requests[req.request_id] = st
         error = req.length_error(self.max_model_len)

@@ -65,7 +65,7 @@ class CacheWarmRequest(Struct, kw_only=True):
 
 class CacheWarmResponse(Struct):
     prompt_tokens: int  # tokens of the warmed text that were sent for prefill
-    cached_tokens: int  # of those, now in the prefix cache (whole blocks of 64)
+    cached_tokens: int  # of those, now in the prefix cache (all; whole blocks of 64 on cuda and for recurrent models)
     computed_tokens: int  # computed by this call (the rest was cached already)
 
 
@@ -179,7 +179,8 @@ async def cache_warm(request: web.Request) -> web.Response:
 async def warm_with(state: ServerState, req: CacheWarmRequest) -> web.Response:
     check_model(state, req.model)
     ids = await warm_prompt_ids(state, req.prompt, req.messages)
-    target = len(ids) // state.ready_loop.scheduler.block_size * state.ready_loop.scheduler.block_size
+    granule = state.ready_loop.scheduler.cache_granule
+    target = len(ids) // granule * granule
     if target == 0:
         return json_response(CacheWarmResponse(len(ids), 0, 0))
     hit = await warm_ids(state, ids)
@@ -209,7 +210,7 @@ async def warm_prompt_ids(state: ServerState, prompt: str | None, messages: list
 
 
 async def warm_ids(state: ServerState, ids: list[int]) -> int:
-    """Compute the whole blocks of `ids` into the prefix cache; returns how many tokens were cached already."""
+    """Compute `ids` into the prefix cache (up to the cache granule); returns how many tokens were cached already."""
     (handle,) = submit_all(
         state,
         [

@@ -98,6 +98,14 @@ class FakeEngine:
         return fake_next_token(history, seed)
 
 
+class CopyingFakeEngine(FakeEngine):
+    """A FakeEngine that can copy one KV block to another, as the CPU engine can: the scheduler then hits cached
+    prefixes within a block, and step()'s stale-K/V check sees what the copies brought."""
+
+    def copy_kv_block(self, src: int, dst: int) -> None:
+        self.kv[dst] = self.kv[src]
+
+
 def run_alone(prompt, max_tokens, seed=None):
     """The tokens a request must produce, computed without any scheduler."""
     hist = list(prompt)

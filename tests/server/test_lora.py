@@ -102,12 +102,13 @@ def test_prefix_cache_keeps_adapters_apart(client, lora_server):
     first, usage = chat(client, base, LONG)
     cached, usage2 = chat(client, base, LONG)
     assert cached == first and usage2.prompt_tokens_details.cached_tokens >= 64
+    # an adapter's own K/V only: at most the chat template's opening its earlier requests (other tests') shared
     shout, usage3 = chat(client, f"{base}:shout", LONG)
-    assert usage3.prompt_tokens_details.cached_tokens == 0, "an adapter must not reuse the base model's K/V"
+    assert usage3.prompt_tokens_details.cached_tokens < 64, "an adapter must not reuse the base model's K/V"
     shout2, usage4 = chat(client, f"{base}:shout", LONG)
-    assert shout2 == shout and usage4.prompt_tokens_details.cached_tokens >= 64
+    assert shout2 == shout and usage4.prompt_tokens_details.cached_tokens == usage4.prompt_tokens - 1
     half, usage5 = chat(client, base, LONG, lora=[{"name": "shout", "scale": 0.5}])
-    assert usage5.prompt_tokens_details.cached_tokens == 0, "another scale is another model"
+    assert usage5.prompt_tokens_details.cached_tokens < 64, "another scale is another model"
     assert chat(client, base, LONG)[0] == first
 
 

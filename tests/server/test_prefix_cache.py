@@ -34,15 +34,15 @@ def test_shared_system_prompt_and_multi_turn_hit_the_cache(make_server):
     assert r1.usage.prompt_tokens_details.cached_tokens == 0
 
     r2 = client.chat.completions.create(model=model, messages=m2, max_tokens=8, temperature=0)
-    expected = common_prefix(ids1, ids2) // 64 * 64
-    assert expected >= 128
+    expected = common_prefix(ids1, ids2)  # to the token: whole blocks, then within the block where they part
+    assert expected > 128 and expected % 64
     assert r2.usage.prompt_tokens_details.cached_tokens == expected
 
-    # the next turn of the first conversation reuses its whole prompt (and the reply's full blocks)
+    # the next turn of the first conversation reuses its whole prompt (and the reply as far as it is the same)
     m3 = m1 + [{"role": "assistant", "content": r1.choices[0].message.content},
                {"role": "user", "content": "And parcel 456?"}]
     r3 = client.chat.completions.create(model=model, messages=m3, max_tokens=8, temperature=0)
-    assert r3.usage.prompt_tokens_details.cached_tokens >= len(ids1) // 64 * 64
+    assert r3.usage.prompt_tokens_details.cached_tokens >= len(ids1)
 
     # the counters agree with what the responses reported
     srv.wait_idle()
