@@ -42,14 +42,16 @@ def main() -> None:
     depths = [int(d) for d in args.depths.split(",")]
     model = load_model(resolve(args.model))
     positions = max(depths) + args.chunk * args.repeats + 1
-    eng = Engine(model, num_kv_blocks=blocks_needed(max(positions, 2 * args.chunk)), max_batch_tokens=args.chunk,
+    first = max(args.chunk, BLOCK)  # the real first chunk fills at least one block
+    eng = Engine(model, num_kv_blocks=blocks_needed(max(positions, 2 * first)), max_batch_tokens=first,
                  max_seqs=1, threads=args.threads, kv_cache_dtype=args.kv_cache)
     ctx = eng._ctx
     table = list(range(eng.num_kv_blocks))
-    prompt = [(i * 7919 + 13) % (eng.vocab_size - 100) + 50 for i in range(args.chunk)]
+    prompt = [(i * 7919 + 13) % (eng.vocab_size - 100) + 50 for i in range(first)]
     eng.step([SeqInput(prompt, 0, table, 0)])                  # the real first chunk (and the warm-up)
-    images = [ctx.read_kv_block(b) for b in range(args.chunk // BLOCK)]
-    for b in range(args.chunk // BLOCK, eng.num_kv_blocks):   # every block, so no page of the cache is untouched
+    prompt = prompt[: args.chunk]
+    images = [ctx.read_kv_block(b) for b in range(first // BLOCK)]
+    for b in range(first // BLOCK, eng.num_kv_blocks):        # every block, so no page of the cache is untouched
         ctx.write_kv_block(b, images[b % len(images)])
     print(f"{model.model_name}: {eng.threads} threads, {eng.kernel_path} kernels, chunk {args.chunk}, "
           f"KV cache {args.kv_cache}")

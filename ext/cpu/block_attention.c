@@ -192,14 +192,20 @@ static void attention_split_fn(void *arg, int64_t begin, int64_t end, int thread
     }
 }
 
-/* splits the batch into runs of consecutive positions of one sequence, at most ATTN_MAX_TOKENS long */
+/* splits the batch into runs of consecutive positions of one sequence, at most ATTN_MAX_TOKENS long: a stretch of
+ * L such tokens into ceil(L / ATTN_MAX_TOKENS) runs of as equal lengths as can be, so that a chunk of 22 tokens makes
+ * two items of 11 per KV head, which the pool's claims share evenly, not one of 16 and one of 6 (a run's bits do not
+ * depend on which tokens share it) */
 static int attention_runs(context_t *c, const batch_t *b) {
     int n = 0;
-    for (int t = 0; t < b->num_tokens; t++) {
-        int start = c->runs[n > 0 ? n - 1 : 0];
-        if (n == 0 || t - start == ATTN_MAX_TOKENS || b->seq_of_token[t] != b->seq_of_token[t - 1] ||
-            b->positions[t] != b->positions[t - 1] + 1)
-            c->runs[n++] = t;
+    for (int t = 0; t < b->num_tokens;) {
+        int end = t + 1;
+        while (end < b->num_tokens && b->seq_of_token[end] == b->seq_of_token[t] &&
+               b->positions[end] == b->positions[end - 1] + 1)
+            end++;
+        int len = end - t, k = (len + ATTN_MAX_TOKENS - 1) / ATTN_MAX_TOKENS;
+        for (int i = 0; i < k; i++) c->runs[n++] = t + (int)((int64_t)len * i / k);
+        t = end;
     }
     c->runs[n] = b->num_tokens;
     return n;
