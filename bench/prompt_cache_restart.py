@@ -48,6 +48,35 @@ class Turn(NamedTuple):
     text: str  # the answer
 
 
+def chat_turn(url: str, model: str, messages: list[dict[str, str]], max_tokens: int = 1,
+              extra: dict | None = None) -> Turn:
+    """One chat request to a server at `url`, streamed, greedy: its time to the first token, usage and answer."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **(extra or {})}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first, cached, prompt, text = None, -1, -1, ""
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for line in r:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            choice = event["choices"][0] if event.get("choices") else None
+            # the first chunk, the role's, leaves before any computing: the first token is the first chunk with
+            # text or the one that ends the choice (a token can decode to no text yet)
+            if first is None and choice and (choice["delta"].get("content") or choice.get("finish_reason")):
+                first = time.perf_counter() - t0
+            if choice:
+                text += choice["delta"].get("content") or ""
+            if event.get("usage"):
+                cached = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", -1)
+                prompt = event["usage"]["prompt_tokens"]
+    if first is None:
+        raise SystemExit("the stream had no token")
+    return Turn(first, cached, prompt, text)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,31 +111,7 @@ class Server:
             self.model = json.loads(r.read())["data"][0]["id"]
 
     def ttft(self, messages: list[dict[str, str]], max_tokens: int = 1) -> Turn:
-        """One chat request, streamed, greedy: its time to the first token, usage and answer."""
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        t0 = time.perf_counter()
-        first, cached, prompt, text = None, -1, -1, ""
-        with urllib.request.urlopen(req, timeout=900) as r:
-            for line in r:
-                if not line.startswith(b"data: {"):
-                    continue
-                event = json.loads(line[6:])
-                choice = event["choices"][0] if event.get("choices") else None
-                # the first chunk, the role's, leaves before any computing: the first token is the first chunk with
-                # text or the one that ends the choice (a token can decode to no text yet)
-                if first is None and choice and (choice["delta"].get("content") or choice.get("finish_reason")):
-                    first = time.perf_counter() - t0
-                if choice:
-                    text += choice["delta"].get("content") or ""
-                if event.get("usage"):
-                    cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
-                    prompt = event["usage"]["prompt_tokens"]
-        if first is None:
-            raise SystemExit("the stream had no token")
-        return Turn(first, cached, prompt, text)
+        return chat_turn(f"http://127.0.0.1:{self.port}", self.model, messages, max_tokens)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

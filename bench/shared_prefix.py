@@ -24,16 +24,35 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import busy_warning  # noqa: E402
-from prompt_cache_restart import SENTENCE, Server, report  # noqa: E402
+from prompt_cache_restart import SENTENCE, Server, Turn, report  # noqa: E402
 
 SIDES = ("cold", "warm", "next")
 BLOCK = 64  # tokens per KV block: a hit is whole blocks
+
+
+def three_turns(ask: Callable[[list[dict[str, str]], int], Turn], r: int, tokens: int) -> dict[str, Turn]:
+    """Round r's cold, warm and next requests (the module's docstring), each sent with ask(messages, max_tokens)
+    when the one before has finished; printed as they come."""
+    opening = f"Harbour office number {r} opens at {6 + r % 4} o'clock. "
+    system = [{"role": "system", "content": opening + SENTENCE * max(1, tokens // 30)}]
+    questions = [f"Which berth does ship number {3 * r} take tomorrow?",
+                 f"When does the pilot for the tanker {3 * r + 1} come aboard, and at which gate?",
+                 f"Thanks. Is berth {3 * r + 2} deep enough for her at low tide?"]
+    warm = system + [{"role": "user", "content": questions[1]}]
+    turns = {"cold": ask(system + [{"role": "user", "content": questions[0]}], 1), "warm": ask(warm, 24)}
+    turns["next"] = ask(warm + [{"role": "assistant", "content": turns["warm"].text},
+                                {"role": "user", "content": questions[2]}], 1)
+    for side, turn in turns.items():
+        print(f"round {r} {side} TTFT {turn.ttft * 1000:8.1f} ms  prompt {turn.prompt}  cached {turn.cached}  "
+              f"computed {turn.prompt - turn.cached}", flush=True)
+    return turns
 
 
 def main() -> None:
@@ -56,30 +75,18 @@ def main() -> None:
         try:
             srv.ttft([{"role": "user", "content": "Warm up."}])
             for r in range(args.rounds):
-                opening = f"Harbour office number {r} opens at {6 + r % 4} o'clock. "
-                system = [{"role": "system", "content": opening + SENTENCE * max(1, args.tokens // 30)}]
-                questions = [f"Which berth does ship number {3 * r} take tomorrow?",
-                             f"When does the pilot for the tanker {3 * r + 1} come aboard, and at which gate?",
-                             f"Thanks. Is berth {3 * r + 2} deep enough for her at low tide?"]
-                conversation = system + [{"role": "user", "content": questions[1]}]
-                turns = {"cold": (system + [{"role": "user", "content": questions[0]}], 1), "warm": (conversation, 24)}
-                # cached_tokens at least: the system prompt's whole blocks but one; the warm prompt's for its next turn
-                floors = {"cold": 0, "warm": (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK}
-                for side in SIDES:
-                    turn = srv.ttft(*turns[side])
-                    # cold: at most the chat template's opening, shared with every earlier request
+                turns = three_turns(srv.ttft, r, args.tokens)
+                # cached_tokens: cold at most the chat template's opening, shared with every earlier request; warm at
+                # least the system prompt's whole blocks but one; next the warm prompt's
+                floors = {"cold": 0, "warm": (args.tokens * 9 // 10) // BLOCK * BLOCK - BLOCK,
+                          "next": turns["warm"].prompt // BLOCK * BLOCK - BLOCK}
+                for side, turn in turns.items():
                     if turn.cached < floors[side] or (side == "cold" and turn.cached >= BLOCK):
                         raise SystemExit(f"round {r} {side}: cached_tokens {turn.cached} (expected "
                                          f"{f'< {BLOCK}' if side == 'cold' else f'>= {floors[side]}'}); see {log}")
-                    if side == "warm":  # its next turn: this answer, then a third question
-                        turns["next"] = (conversation + [{"role": "assistant", "content": turn.text},
-                                                         {"role": "user", "content": questions[2]}], 1)
-                        floors["next"] = turn.prompt // BLOCK * BLOCK - BLOCK
                     samples[side].append([turn.ttft])
                     hits[side].append(turn.cached)
                     computed[side].append(turn.prompt - turn.cached)
-                    print(f"round {r} {side} TTFT {turn.ttft * 1000:8.1f} ms  prompt {turn.prompt}  "
-                          f"cached {turn.cached}  computed {turn.prompt - turn.cached}", flush=True)
         finally:
             srv.stop()
     report(args, samples, hits, ("warm", "cold"),
