@@ -1,7 +1,8 @@
 /* One KV block's bytes out of the cache and back in: the prompt cache on disk (inferd/engine/prompt_cache_disk.py)
- * saves prefix blocks across restarts; and one block into another: a prefix hit within a block (kv_cache.py). A block's image is, for each layer in order, its K slab then its V slab,
- * each (n_kv_heads, slice) in the pool's own format (f16 with K transposed, or q8_0 with its scales), so a copy in
- * and out is a plain memcpy and the image is only meaningful to a context of the same model and kv_dtype. */
+ * saves prefix blocks across restarts; and one block into another: a prefix hit within a block (kv_cache.py). A
+ * block's image is, for each layer in order, its K slab then its V slab, each (n_kv_heads, slice) in the pool's own
+ * format (f16 with K transposed, bf16 pairs, or q8_0 with its scales), so a copy in and out is a plain memcpy and the
+ * image is only meaningful to a context of the same model and kv_dtype. */
 #include <string.h>
 
 #include "inferd.h"

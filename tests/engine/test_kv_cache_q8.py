@@ -103,16 +103,20 @@ def run_requests(engine, prompts, max_tokens, *, prefix_caching=True, max_runnin
     for i, p in enumerate(prompts):
         req = Request(f"r{i}", p, GREEDY_TOP5, max_tokens, detokenize=False)
         scheduler.add(RequestState(req, arrival_time=float(i)))
-    results: dict[str, tuple[list, list, list]] = {f"r{i}": ([], [], []) for i in range(len(prompts))}
+    ids = [f"r{i}" for i in range(len(prompts))]
+    tokens: dict[str, list] = {rid: [] for rid in ids}
+    top: dict[str, list] = {rid: [] for rid in ids}
+    cached: dict[str, int | None] = dict.fromkeys(ids)
     while scheduler.has_work:
         batch = scheduler.schedule()
         scheduler.postprocess(batch, run_batch(engine, batch))
         for st, out in scheduler.take_outputs():
-            tokens, top, cached = results[st.request.request_id]
-            tokens += out.token_ids
-            top += out.top_logprobs or []
-            cached[:] = [out.usage.cached_tokens] if out.usage else cached
-    return [results[f"r{i}"] for i in range(len(prompts))], scheduler
+            rid = st.request.request_id
+            tokens[rid] += out.token_ids
+            top[rid] += out.top_logprobs or []
+            if out.usage:
+                cached[rid] = out.usage.cached_tokens
+    return [(tokens[rid], top[rid], cached[rid]) for rid in ids], scheduler
 
 
 def test_prefix_cache_hits_and_preemption_on_q8_0_blocks():

@@ -36,7 +36,7 @@ def test_hits_within_a_block_give_the_bits_of_a_cold_run(model, kv_cache_dtype):
     # the next turn of a conversation: the third prompt, its answer's computed tokens, a new question
     prompts.append(shared[:70] + alone(prompts[2])[0][:9] + rng.integers(0, vocab, 30).tolist())
     served, scheduler = run_requests(engine(), prompts, 10, max_running=1)  # one after another
-    assert [cached for _, _, cached in served] == [[0], [100], [69], [79]]
+    assert [cached for _, _, cached in served] == [0, 100, 69, 79]
     for (tokens, top, _), prompt in zip(served, prompts):
         tokens_alone, top_alone, _ = alone(prompt)
         assert tokens == tokens_alone
