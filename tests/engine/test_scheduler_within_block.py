@@ -4,6 +4,8 @@ its step() fails on any position whose K/V is not the sequence's own token, so e
 from inferd.engine.request import FinishReason, Request
 from tests.engine.fake_engine import CopyingFakeEngine, FakeEngine, run_alone
 from tests.engine.test_scheduler import Harness, req
+from tests.engine.test_scheduler_speculative import LoopyEngine
+from tests.engine.test_scheduler_speculative import prompt as spec_prompt
 
 
 def test_the_cache_granule_is_a_position_only_where_blocks_can_be_copied():
@@ -59,3 +61,34 @@ def test_requests_sharing_prefixes_under_preemption_give_their_own_tokens():
         assert h.tokens(f"r{i}") == run_alone(p, 60)
     assert h.sched.num_preemptions > 0
     assert h.sched.kv.stats().prefix_hits > 0
+
+
+
+class LoopyCopyingEngine(CopyingFakeEngine):
+    """test_scheduler_speculative's LoopyEngine (its generations cycle: drafts accepted and rejected), copying."""
+
+    next_token = LoopyEngine.next_token
+
+
+def test_a_conversation_with_speculative_decoding_over_tails_gives_plain_decodings_tokens():
+    def conversation(speculative):
+        h = Harness(LoopyCopyingEngine(max_batch_tokens=512), speculative=speculative)
+        history, answers, cached, lengths = spec_prompt(70), [], [], []
+        drafted = accepted = 0
+        for i in range(4):  # each turn: the one before, its answer and a new question
+            h.add(req(f"t{i}", history, max_tokens=40))
+            while h.sched.has_work:
+                stats = h.step()
+                drafted, accepted = drafted + stats.num_draft_tokens, accepted + stats.num_accepted_tokens
+            answers.append(h.tokens(f"t{i}"))
+            cached.append(h.last(f"t{i}").usage.cached_tokens)
+            lengths.append(len(history))
+            history = history + answers[-1] + spec_prompt(9, seed=i + 1)
+        return answers, cached, lengths, (drafted, accepted)
+
+    plain, cached, lengths, _ = conversation(False)
+    drafted, cached_drafted, _, (n_draft, n_accepted) = conversation(True)
+    assert drafted == plain
+    assert 0 < n_accepted < n_draft  # drafts were both accepted and rejected
+    # every turn after the first: the turn before's prompt and all of its answer but the last token
+    assert cached == cached_drafted == [0] + [n + 39 for n in lengths[:-1]]
