@@ -2,7 +2,7 @@
 default), cold, then another question on it and that conversation's next turn, `inferd serve` against llama-server
 on the same file, in one run.
 
-    python bench/long_chat.py [--model FILE] [--tokens 16000] [-t 2] [--kv-cache f16,bf16] [--rounds 1]
+    python bench/long_chat.py [--model FILE] [--tokens 16000] [-t 2] [--kv-cache f16,bf16] [--rounds 2]
                               [--bin LLAMA_BIN] [--out bench/results/long_chat.md]
 
 Per round each server starts fresh (llama-server, then inferd with each KV cache format; odd rounds the other way
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16000, help="about this many words of system prompt")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kv-cache", default="f16,bf16", help="inferd's KV cache formats, one server each")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--bin", type=Path, help="llama.cpp's build/bin (default: the shared peer build)")
     ap.add_argument("--out", type=Path, help="write the results file here (and its JSON beside it)")
     args = ap.parse_args()

@@ -148,6 +148,11 @@ class KVCacheManager:
     # ---- queries -------------------------------------------------------------------------------------
 
     @property
+    def hits_within_block(self) -> bool:
+        """Whether a prefix hit may end inside a block (see the module's docstring)."""
+        return self.enable_prefix_caching and self.copy_block is not None and not self.num_state_slots
+
+    @property
     def num_free_blocks(self) -> int:
         return len(self._free_plain) + len(self._free_cached)
 
@@ -261,7 +266,7 @@ class KVCacheManager:
                 seq.restore = self.snapshots[seq.block_hashes[-1]]
                 self.snapshots.move_to_end(seq.block_hashes[-1])
         num_cached = len(seq.block_table) * bs
-        if self.copy_block is not None and not self.num_state_slots:
+        if self.hits_within_block:
             num_cached += self._copy_within_block(seq, parent, token_ids[num_cached : min(limit, num_cached + bs)])
         seq.num_computed = num_cached
         self.prefix_hits += num_cached
@@ -345,9 +350,11 @@ class KVCacheManager:
     def _keep_tail(self, seq: _SeqBlocks) -> None:
         """Make `seq`'s partly computed last block a tail (see the module's docstring), unless a cached block
         already starts with all of its tokens or nothing could copy it."""
+        if not self.hits_within_block:
+            return
         i = len(seq.block_hashes)
         tail = tuple(seq.token_ids[i * self.block_size : seq.num_computed])
-        if self.copy_block is None or self.num_state_slots or not tail or i >= len(seq.block_table):
+        if not tail or i >= len(seq.block_table):
             return
         block_id = seq.block_table[i]
         parent = seq.block_hashes[-1] if seq.block_hashes else seq.root

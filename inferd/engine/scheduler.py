@@ -84,7 +84,7 @@ class Scheduler(Sequences):
         super().__init__(kv, clock)
         self.block_size = engine.block_size
         # what a prefix-cache hit is a multiple of: a position where hits within a block are possible, else a block
-        self.cache_granule = 1 if kv.copy_block and enable_prefix_caching and not slots else self.block_size
+        self.cache_granule = 1 if kv.hits_within_block else self.block_size
         self.max_running = min(max_running or engine.max_seqs, engine.max_seqs)
         if slots:
             self.max_running = min(self.max_running, slots)
