@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -72,8 +73,7 @@ def main() -> None:
                                                                ["--kv-cache-dtype", kv]))
     ttft: dict[str, dict[str, list[float]]] = {name: {side: [] for side in SIDES} for name in servers}
     shown: dict[str, str] = {}
-    log_dir = Path("/tmp") / f"inferd-long-chat-{int(time.time())}"
-    log_dir.mkdir(parents=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="inferd-long-chat-"))  # the servers' logs, kept for a failed run
     for r in range(args.rounds):
         for name in (list(servers) if r % 2 == 0 else list(reversed(servers))):
             server = servers[name]()

@@ -34,7 +34,7 @@ from _common import busy_warning  # noqa: E402
 from prompt_cache_restart import SENTENCE, Server, Turn, report  # noqa: E402
 
 SIDES = ("cold", "warm", "next")
-BLOCK = 64  # tokens per KV block: a hit is whole blocks
+BLOCK = 64  # tokens per KV block: what a disk or hybrid hit is made of, and the floors below
 
 
 def three_turns(ask: Callable[[list[dict[str, str]], int], Turn], r: int, tokens: int) -> dict[str, Turn]:

@@ -69,7 +69,9 @@ class _SeqBlocks:
     root: bytes | None = None  # the parent of the first block's hash (a LoRA adapter's K/V hash apart)
     state_slot: int = -1  # its recurrent-state slot, taken at its first step (a model with recurrent layers)
     restore: object = None  # the state snapshot a prefix hit starts it from, until the engine takes it
-    token_ids: Sequence[int] = ()  # the sequence's tokens, of which the first num_computed have their K/V written
+    # the sequence's tokens, of which the first num_computed have their K/V written, as the last match_prefix or
+    # cache_blocks was told: what free() keeps of its last, partly filled block (a tail)
+    token_ids: Sequence[int] = ()
     num_computed: int = 0
 
 

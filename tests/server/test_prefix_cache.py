@@ -2,6 +2,8 @@
 
 import openai
 
+from inferd.engine.child_blocks import common_prefix
+
 SYSTEM = ("You are a meticulous assistant for a shipping company. Always answer in one short sentence, "
           "quote tracking numbers exactly, never invent dates, and when unsure say that you will check. "
           "Customers may ask about parcels, pallets, customs forms, delivery windows, refunds and damaged "
@@ -11,13 +13,6 @@ SYSTEM = ("You are a meticulous assistant for a shipping company. Always answer 
 def rendered_ids(srv, messages):
     text = srv.state.chat_template.render(messages, add_generation_prompt=True)
     return srv.state.tokenizer.encode(text, add_special=False)
-
-
-def common_prefix(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def test_shared_system_prompt_and_multi_turn_hit_the_cache(make_server):
