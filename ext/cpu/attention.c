@@ -314,8 +314,11 @@ static kernels_t active_kernels(int bf16) {
 
 /* ---------------- the cache's key layout ---------------- */
 
+/* converted in one go (store_f16's SIMD conversion, the same bits), then scattered down the slot's column */
 void kv_store_key(const float *k, uint16_t *block_slice, int slot, int head_dim) {
-    for (int d = 0; d < head_dim; d++) block_slice[(size_t)d * KV_BLOCK + slot] = f32_to_f16(k[d]);
+    uint16_t h[512];   /* head_dim <= 512 (model_init_rope checks it) */
+    store_f16(k, h, head_dim);
+    for (int d = 0; d < head_dim; d++) block_slice[(size_t)d * KV_BLOCK + slot] = h[d];
 }
 
 /* ---------------- the run ---------------- */
