@@ -8,7 +8,7 @@ The shared prompt is a system prompt of about --tokens tokens; each measured req
 question no earlier request asked (so only the question's tokens and the blocks the prompt does not fill are
 computed), streamed, greedy, one token. Each round measures both sides in ABBA order (round 0: warm first):
   warm     the server already answered the shared prompt once since it started: its blocks are in memory (hit to
-           the token; the disk keeps whole blocks only, so a restart recomputes the shared prompt's last partial one)
+           the token; so is a restart's, the disk keeping each sequence's last, partly filled block too)
   restart  the server answered the shared prompt, was stopped with SIGTERM (the drain writes the prompt cache),
            and a new server on the same model and folder was started; the first request after /health says 200
 Every request's `cached_tokens` is checked: a side whose hit is smaller than the shared prompt's whole blocks fails
@@ -146,7 +146,7 @@ def main() -> None:
                         srv = Server(args, folder, log)
                     msgs = [{"role": "system", "content": system}, {"role": "user", "content": next(question)}]
                     t, cached, _, _ = srv.ttft(msgs)
-                    expect = expect or cached // 64 * 64  # the shared prompt's whole blocks, all a restart reads
+                    expect = expect or cached // 64 * 64  # the shared prompt's whole blocks, at least
                     if cached <= 0 or cached < expect:
                         raise SystemExit(f"{side} round {r}: cached_tokens {cached} (expected {expect}); see {log}")
                     samples[side].append([t])

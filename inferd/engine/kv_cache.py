@@ -18,9 +18,11 @@ Within a block: given a `copy_block` (an engine that can copy one KV block to an
 blocks ends where it differs from every cached one mid-block takes the cached child of its last hit block that
 starts with the most of its next tokens (child_blocks.py), copied into a block of its own, and those tokens count as
 computed. A finished sequence's last, partly filled block is kept as such a child too (a "tail": cached, unreferenced,
-evicted like the others, never hashed or written to disk), so the next turn of a conversation recomputes only what
-is new. Positions past the shared ones hold the other sequence's K/V until overwritten: attention never reads a
-position past a sequence's length.
+evicted like the others, not in the hash chain), so the next turn of a conversation recomputes only what is new.
+Positions past the shared ones hold the other sequence's K/V until overwritten: attention never reads a position past
+a sequence's length. Tails are saved to disk beside the blocks, keyed by hash_block(parent, their tokens), and a block
+source offers the tail of a parent that starts with the most of a prompt's next tokens (longest_tail) to the same
+lookup.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from inferd.engine.child_blocks import ChildBlocks
+from inferd.engine.child_blocks import ChildBlocks, common_prefix
 
 
 BROKEN = -2  # cached_blocks' depth of a block whose chain has lost a link
@@ -76,9 +78,14 @@ class _SeqBlocks:
 
 
 class BlockSource(Protocol):
-    """Prefix blocks computed elsewhere (an earlier run's file), by hash."""
+    """Prefix blocks computed elsewhere (an earlier run's file), by hash; and tails, by their parent's hash."""
 
     def __contains__(self, block_hash: bytes) -> bool: ...
+
+    def longest_tail(self, parent: bytes | None, token_ids: Sequence[int]) -> tuple[tuple[int, ...], bytes] | None:
+        """(its token ids, its key) of the tail of `parent` the source holds that starts with the most of
+        `token_ids` (None if none shares the first); fill(key, ...) writes it."""
+        ...
 
     def fill(self, block_hash: bytes, block_id: int) -> bool:
         """Write the block's K/V into KV block `block_id`; False (nothing usable written) if it cannot."""
@@ -87,7 +94,7 @@ class BlockSource(Protocol):
 
 @dataclass(frozen=True)
 class CachedBlock:
-    block_hash: bytes
+    block_hash: bytes  # a tail's (fewer token ids than a block holds): hash_block(parent, its token ids)
     parent: bytes | None
     token_ids: tuple[int, ...]
     block_id: int
@@ -269,10 +276,45 @@ class KVCacheManager:
                 self.snapshots.move_to_end(seq.block_hashes[-1])
         num_cached = len(seq.block_table) * bs
         if self.hits_within_block:
-            num_cached += self._copy_within_block(seq, parent, token_ids[num_cached : min(limit, num_cached + bs)])
+            rest = token_ids[num_cached : min(limit, num_cached + bs)]
+            from_source = self._fill_tail_from_source(parent, rest)
+            n = self._copy_within_block(seq, parent, rest)
+            num_cached += n
+            self.source_hits += n if from_source else 0
         seq.num_computed = num_cached
         self.prefix_hits += num_cached
         return num_cached
+
+    def _fill_tail_from_source(self, parent: bytes | None, token_ids: Sequence[int]) -> bool:
+        """Cache the block source's tail of `parent` that starts with the most of `token_ids`, when it starts with
+        more of them than every cached child does; True if one was filled."""
+        source = self.block_source
+        if source is None or not token_ids or not self.num_free_blocks:
+            return False
+        found = source.longest_tail(parent, token_ids)
+        if found is None or common_prefix(found[0], token_ids) <= self.children.longest(parent, token_ids)[1]:
+            return False
+        tail, key = found
+        return self._insert_tail(parent, tail, lambda block_id: source.fill(key, block_id))
+
+    def _insert_tail(self, parent: bytes | None, token_ids: Sequence[int], fill: Callable[[int], bool]) -> bool:
+        """A tail of `parent` computed elsewhere, filled into a free block, cached unreferenced."""
+        block_id = self._take_free_block()
+        self.ref_counts[block_id] = 0
+        if not fill(block_id):
+            self._free_plain.append(block_id)
+            return False
+        self._add_tail(parent, tuple(token_ids), block_id)
+        self._free_cached[block_id] = None
+        return True
+
+    def _add_tail(self, parent: bytes | None, tail: tuple[int, ...], block_id: int) -> None:
+        self.children.add(parent, tail, block_id)
+        self.tails.add(block_id)
+        self.block_parent[block_id] = parent
+        self.block_tokens[block_id] = tail
+        self._tick += 1
+        self.block_last_hit[block_id] = self._tick
 
     def _copy_within_block(self, seq: _SeqBlocks, parent: bytes | None, token_ids: Sequence[int]) -> int:
         """Append to `seq` a copy of the cached child of `parent` that starts with the most of `token_ids` (its
@@ -362,12 +404,7 @@ class KVCacheManager:
         parent = seq.block_hashes[-1] if seq.block_hashes else seq.root
         if self.ref_counts[block_id] != 1 or self.children.longest(parent, tail)[1] == len(tail):
             return
-        self.children.add(parent, tail, block_id)
-        self.tails.add(block_id)
-        self.block_parent[block_id] = parent
-        self.block_tokens[block_id] = tail
-        self._tick += 1
-        self.block_last_hit[block_id] = self._tick
+        self._add_tail(parent, tail, block_id)
 
     def _unref(self, block_id: int) -> None:
         self.ref_counts[block_id] -= 1
@@ -378,19 +415,20 @@ class KVCacheManager:
                 self._free_plain.append(block_id)
 
     def cached_blocks(self) -> list[CachedBlock]:
-        """Every cached block whose whole chain back to the first block is cached, most recently hit first and
-        each block after its parent (so any prefix of the list is a set of usable chains)."""
+        """Every cached block and tail whose whole chain back to the first block is cached, most recently hit first
+        and each after its parent (so any prefix of the list is a set of usable chains)."""
         tick: dict[bytes, int] = {}
         depth: dict[bytes, int] = {}
-        for h, block_id in self.hash_to_block.items():
+        nodes = list(self.hash_to_block.items())
+        tails = {hash_block(self.block_parent[b], self.block_tokens[b]): b for b in self.tails}
+        for h, block_id in nodes + list(tails.items()):
             # a parent is worth at least what its most recently hit descendant is worth
-            t, node = self.block_last_hit[block_id], h
-            while node in self.hash_to_block and tick.get(node, -1) < t:
+            t = self.block_last_hit[block_id]
+            tick[h] = max(tick.get(h, -1), t)
+            node = self.block_parent[block_id]
+            while node is not None and node in self.hash_to_block and tick.get(node, -1) < t:
                 tick[node] = t
-                up = self.block_parent[self.hash_to_block[node]]
-                if up is None:
-                    break
-                node = up
+                node = self.block_parent[self.hash_to_block[node]]
 
         def depth_of(h: bytes) -> int:  # BROKEN: an ancestor is no longer cached, so the chain cannot be hit
             path: list[bytes] = []
@@ -415,10 +453,15 @@ class KVCacheManager:
             return depth[h]
 
         out = []
-        for h, block_id in self.hash_to_block.items():
+        for h, block_id in nodes:
             d = depth_of(h)
             if d >= 0:
                 out.append((-tick[h], d, h, block_id))
+        for h, block_id in tails.items():  # a tail: one deeper than its parent, whose chain must be whole
+            up = self.block_parent[block_id]
+            d = -1 if up is None else depth_of(up) if up in self.hash_to_block else BROKEN
+            if d != BROKEN:
+                out.append((-tick[h], d + 1, h, block_id))
         out.sort(key=lambda r: (r[0], r[1]))
         return [CachedBlock(h, self.block_parent[b], self.block_tokens[b], b, -t) for t, _d, h, b in out]
 
@@ -426,9 +469,16 @@ class KVCacheManager:
         self, block_hash: bytes, parent: bytes | None, token_ids: Sequence[int], fill: Callable[[int], bool]
     ) -> bool:
         """Add a block computed elsewhere (a saved conversation) to the cache, unreferenced, as the most recently
-        freed. `fill(block_id)` writes its K/V and says whether it could. True if the block is cached now."""
+        freed. `fill(block_id)` writes its K/V and says whether it could. True if the block is cached now. Fewer
+        token ids than block_size make a tail, cached only where hits within a block are."""
         if not self.enable_prefix_caching:
             return False
+        if len(token_ids) < self.block_size:
+            if self.children.longest(parent, token_ids)[1] == len(token_ids):
+                return True
+            if not self.hits_within_block or (parent is not None and parent not in self.hash_to_block):
+                return False
+            return bool(self.num_free_blocks) and self._insert_tail(parent, token_ids, fill)
         if block_hash in self.hash_to_block:
             return True
         if (parent is not None and parent not in self.hash_to_block) or not self.num_free_blocks:

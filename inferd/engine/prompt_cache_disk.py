@@ -4,7 +4,10 @@ File format (little-endian), one file per model:
     header  "INFERDKV" | u32 version | u32 meta length | meta (JSON) | u32 crc32 of all before it
     records (meta["records"] of them, each of the same size)
             16 bytes block hash | 16 bytes parent hash | u8 has parent | 3 pad | u32 tokens
-            | tokens x i32 | the block's KV image (Engine.read_kv_block) | u32 crc32 of the record before it
+            | block_size x i32 (the tokens, then zeros) | the block's KV image (Engine.read_kv_block)
+            | u32 crc32 of the record before it
+A record of fewer tokens than a block holds is a tail (kv_cache.py: a sequence's last, partly filled block), its
+hash that of its parent and its tokens as for a whole block; a tail is found by its parent and tokens, not in a chain.
 The meta holds the model file's fingerprint (size, mtime, a hash of its header and of a few samples of its bytes:
 cheap, not the whole file) and the KV layout (format, shapes, block size and image bytes). A file whose header
 does not check out, whose fingerprint or layout differs from this run's, or whose size is not exactly header +
@@ -33,12 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from inferd.engine.child_blocks import ChildBlocks
 from inferd.engine.kv_cache import KVCacheManager, hash_block
 
 log = logging.getLogger("inferd.prompt_cache")
 
 MAGIC = b"INFERDKV"
-VERSION = 1
+VERSION = 2  # 1: whole blocks only; its files are read as they are
 HEAD = struct.Struct("<8sII")
 RECORD_HEAD = struct.Struct("<16s16sB3xI")
 CRC = struct.Struct("<I")
@@ -103,9 +107,10 @@ def record_size(layout: dict[str, Any]) -> int:
     return RECORD_HEAD.size + 4 * int(layout["block_size"]) + int(layout["block_bytes"]) + CRC.size
 
 
-def encode_record(r: Record) -> bytes:
+def encode_record(r: Record, block_size: int) -> bytes:
     head = RECORD_HEAD.pack(r.block_hash, r.parent or bytes(16), r.parent is not None, len(r.token_ids))
-    body = head + struct.pack(f"<{len(r.token_ids)}i", *r.token_ids) + r.image
+    tokens = struct.pack(f"<{len(r.token_ids)}i", *r.token_ids) + bytes(4 * (block_size - len(r.token_ids)))
+    body = head + tokens + r.image
     return body + CRC.pack(zlib.crc32(body))
 
 
@@ -117,13 +122,14 @@ def decode_record(raw: bytes, layout: dict[str, Any]) -> Record:
     if zlib.crc32(body) != crc:
         raise CacheFileError("a record's checksum does not match")
     h, parent, has_parent, n = RECORD_HEAD.unpack_from(body)
-    if n != layout["block_size"]:
-        raise CacheFileError(f"a record of {n} tokens in blocks of {layout['block_size']}")
+    bs = layout["block_size"]
+    if not 0 < n <= bs:
+        raise CacheFileError(f"a record of {n} tokens in blocks of {bs}")
     tokens = struct.unpack_from(f"<{n}i", body, RECORD_HEAD.size)
     up = parent if has_parent else None
     if hash_block(up, tokens) != h:
         raise CacheFileError("a record's hash is not that of its parent and tokens")
-    return Record(h, up, tokens, body[RECORD_HEAD.size + 4 * n :])
+    return Record(h, up, tokens, body[RECORD_HEAD.size + 4 * bs :])
 
 
 def write_cache_file(
@@ -146,7 +152,7 @@ def write_cache_file(
             for r in records:
                 if written == count:
                     break
-                f.write(encode_record(r))
+                f.write(encode_record(r, int(layout["block_size"])))
                 written += 1
             if written != count:
                 raise ValueError(f"{written} records where {count} were announced")
@@ -167,6 +173,8 @@ class CacheFile:
         self.path = path
         self.layout = layout
         self.parents: dict[bytes, bytes | None] = {}
+        self.tails = ChildBlocks()  # the tail records by parent, each under its index in tail_records
+        self.tail_records: list[tuple[tuple[int, ...], bytes]] = []  # (tokens, hash)
         self._f = open(path, "rb")
         try:
             self.index = self._read_index(fingerprint)
@@ -180,7 +188,7 @@ class CacheFile:
         if len(raw) < HEAD.size:
             raise CacheFileError(f"{size} bytes: shorter than a header")
         magic, version, meta_len = HEAD.unpack(raw)
-        if magic != MAGIC or version != VERSION:
+        if magic != MAGIC or version not in (1, VERSION):
             raise CacheFileError("not an inferd prompt cache file of this version")
         if meta_len > MAX_META_BYTES or HEAD.size + meta_len + CRC.size > size:
             raise CacheFileError("a header longer than the file")
@@ -194,16 +202,23 @@ class CacheFile:
         if meta.get("layout") != self.layout:
             raise CacheFileError(f"written for another KV layout ({meta.get('layout')})")
         start, step, count = HEAD.size + meta_len + CRC.size, record_size(self.layout), int(meta["records"])
+        bs = int(self.layout["block_size"])
         if count < 0 or start + count * step != size:
             raise CacheFileError(f"{size} bytes where its header promises {start + count * step}: torn or truncated")
         index: dict[bytes, int] = {}
         for i in range(count):
             head = os.pread(self._f.fileno(), RECORD_HEAD.size, start + i * step)
-            h, parent, has_parent, _ = RECORD_HEAD.unpack(head)
+            h, parent, has_parent, n = RECORD_HEAD.unpack(head)
             if h not in index:
                 index[h] = start + i * step
                 # unchecked until the record is read (its checksum covers it): only used to choose what to keep
-                self.parents[h] = parent if has_parent else None
+                # and, for a tail, which one to read
+                up = self.parents[h] = parent if has_parent else None
+                if 0 < n < bs:
+                    raw = os.pread(self._f.fileno(), 4 * n, start + i * step + RECORD_HEAD.size)
+                    tokens = struct.unpack(f"<{n}i", raw)
+                    self.tails.add(up, tokens, len(self.tail_records))
+                    self.tail_records.append((tokens, h))
         return index
 
     def __contains__(self, block_hash: bytes) -> bool:
@@ -278,6 +293,12 @@ class DiskPromptCache:
 
     def __contains__(self, block_hash: bytes) -> bool:
         return self.file is not None and block_hash in self.file
+
+    def longest_tail(self, parent: bytes | None, token_ids: Sequence[int]) -> tuple[tuple[int, ...], bytes] | None:
+        if self.file is None:
+            return None
+        i, n = self.file.tails.longest(parent, token_ids)
+        return self.file.tail_records[i] if n else None
 
     def fill(self, block_hash: bytes, block_id: int) -> bool:
         f = self.file
@@ -355,20 +376,29 @@ class DiskPromptCache:
             )
         return self.folder / NAMED_FOLDER / f"{name}{SUFFIX}"
 
-    def chain_records(self, token_ids: Sequence[int]) -> list[Record]:
-        """The cached blocks of `token_ids`' prefix, in order, as records (scheduler thread)."""
+    def chain_records(self, token_ids: Sequence[int]) -> tuple[list[Record], int]:
+        """The cached blocks of `token_ids`' prefix, in order, as records, then, where hits within a block are, the
+        tokens after them that the last one's cached children start with most (a tail record of that child's KV);
+        and how many of `token_ids` they hold (scheduler thread)."""
         out: list[Record] = []
         parent: bytes | None = None
-        bs = self.kv.block_size
+        bs, kv = self.kv.block_size, self.kv
         for i in range(min(len(token_ids) // bs, self.max_records)):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             h = hash_block(parent, chunk)
-            block_id = self.kv.hash_to_block.get(h)
+            block_id = kv.hash_to_block.get(h)
             if block_id is None:
                 break
             out.append(Record(h, parent, chunk, self.engine.read_kv_block(block_id)))
             parent = h
-        return out
+        num_tokens = len(out) * bs
+        if kv.hits_within_block and len(out) < self.max_records:
+            block_id, n = kv.children.longest(parent, token_ids[num_tokens : num_tokens + bs])
+            if n:  # the child's first n positions hold these tokens' K/V, whatever it holds past them
+                shared = tuple(token_ids[num_tokens : num_tokens + n])
+                out.append(Record(hash_block(parent, shared), parent, shared, self.engine.read_kv_block(block_id)))
+                num_tokens += n
+        return out, num_tokens
 
     def write_named(self, name: str, records: Sequence[Record]) -> int:
         """Writes a named save (any thread); ValueError when the folder already holds MAX_NAMED others."""
@@ -401,12 +431,13 @@ class DiskPromptCache:
         return records
 
     def insert(self, records: Iterable[Record]) -> int:
-        """Put records in the prefix cache as if computed (scheduler thread); returns how many are cached."""
+        """Put records in the prefix cache as if computed, until one cannot be (scheduler thread); returns how many
+        tokens they hold."""
         n = 0
         for r in records:
             if not self.kv.insert_cached(r.block_hash, r.parent, r.token_ids, self._writer(r.image)):
                 break
-            n += 1
+            n += len(r.token_ids)
         return n
 
     def _writer(self, image: bytes) -> Callable[[int], bool]:

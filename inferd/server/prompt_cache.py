@@ -46,7 +46,7 @@ class CacheRestoreRequest(Struct, kw_only=True):
 
 class CacheSaveResponse(Struct):
     name: str
-    cached_tokens: int  # tokens whose KV the save holds (whole blocks of 64)
+    cached_tokens: int  # prompt tokens whose KV the save holds (whole blocks of 64 on cuda and for recurrent models)
     bytes: int
 
 
@@ -81,13 +81,12 @@ async def save_with(state: ServerState, req: CacheSaveRequest) -> web.Response:
     if len(ids) < state.ready_loop.scheduler.block_size:
         raise ProtocolError("the prompt is shorter than one KV block of 64 tokens: nothing to save", "prompt")
     await warm_ids(state, ids)
-    records = await tasks.run(lambda: disk.chain_records(ids))
+    records, num_tokens = await tasks.run(lambda: disk.chain_records(ids))
     try:
         size = await asyncio.get_running_loop().run_in_executor(None, disk.write_named, req.name, records)
     except ValueError as e:
         raise ProtocolError(str(e), "name", status=409, code="too_many_caches") from None
-    bs = state.ready_loop.scheduler.block_size
-    return json_response(CacheSaveResponse(req.name, len(records) * bs, size))
+    return json_response(CacheSaveResponse(req.name, num_tokens, size))
 
 
 async def cache_restore(request: web.Request) -> web.Response:
@@ -108,7 +107,7 @@ async def restore_with(state: ServerState, req: CacheRestoreRequest) -> web.Resp
             f"the saved cache {req.name!r} cannot be loaded: {e}", "name", code="cache_unusable"
         ) from None
     n = await tasks.run(lambda: disk.insert(records))
-    return json_response(CacheRestoreResponse(req.name, n * state.ready_loop.scheduler.block_size))
+    return json_response(CacheRestoreResponse(req.name, n))
 
 
 def add_routes(app: web.Application) -> None:

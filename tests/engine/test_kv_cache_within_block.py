@@ -3,7 +3,8 @@ cached block that starts with the most of its next tokens. The copies here move 
 engine's KV memory, so each test can say which block's contents a sequence ended up with; the engine's own copy is
 tested with real K/V in test_prefix_within_block.py."""
 
-from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.child_blocks import common_prefix
+from inferd.engine.kv_cache import KVCacheManager, hash_block
 
 BS = 4
 
@@ -137,10 +138,87 @@ def test_a_preempted_sequence_hits_its_own_tail():
     assert len(mem.copies) == 1
 
 
-def test_tails_are_not_written_to_disk():
+def test_tails_are_listed_for_the_disk_after_their_blocks_under_their_own_hash():
     kv = KVCacheManager(num_blocks=8, block_size=BS)
     Memory(kv)
     run(kv, "a", toks(10))
     kv.free("a")
-    assert [b.token_ids for b in kv.cached_blocks()] == [tuple(toks(4)), tuple(toks(4, 4))]
-    assert kv.reset_prefix_cache() == 3 and not kv.tails and len(kv.children) == 0
+    listed = kv.cached_blocks()
+    assert [b.token_ids for b in listed] == [tuple(toks(4)), tuple(toks(4, 4)), (8, 9)]
+    assert listed[2].parent == listed[1].block_hash == hash_block(listed[0].block_hash, toks(4, 4))
+    assert listed[2].block_hash == hash_block(listed[1].block_hash, (8, 9))
+    run(kv, "b", [99] * 6)  # a tail of its own first block: parent None
+    kv.free("b")
+    assert [b.token_ids for b in kv.cached_blocks()][:2] == [(99,) * 4, (99, 99)]  # the most recent chain first
+    assert kv.reset_prefix_cache() == 5 and not kv.tails and len(kv.children) == 0
+
+
+def test_a_tail_whose_chain_lost_a_block_is_not_listed():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    Memory(kv)
+    run(kv, "a", toks(10))
+    kv.free("a")
+    kv._evict(kv.hash_to_block[kv.cached_blocks()[0].block_hash])  # the chain's first block goes
+    assert kv.cached_blocks() == []
+
+
+class TailSource:
+    """A block source holding tails only (an earlier run's file), filling a block with the tail's label."""
+
+    def __init__(self, mem, tails):
+        self.mem, self.tails, self.filled = mem, tails, []  # tails: {parent: [(tokens, key)]}
+
+    def __contains__(self, h):
+        return False
+
+    def longest_tail(self, parent, token_ids):
+        shared = [(common_prefix(t, token_ids), t, k) for t, k in self.tails.get(parent, [])]
+        n, t, k = max(shared, default=(0, (), b""))
+        return (t, k) if n else None
+
+    def fill(self, key, block_id):
+        self.filled.append(key)
+        self.mem.contents[block_id] = f"disk {key.decode()}"
+        return key != b"bad"
+
+
+def test_a_tail_on_disk_is_hit_when_it_shares_more_than_the_cached_children():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    mem = Memory(kv)
+    run(kv, "a", toks(5))  # block 0 hashed; tail (4,) kept
+    kv.free("a")
+    parent = kv.cached_blocks()[0].block_hash
+    kv.block_source = TailSource(mem, {parent: [((4, 5, 6), b"k1"), ((4, 9), b"k2")]})
+    q = toks(7) + [60]
+    assert kv.match_prefix("b", q, len(q) - 1) == 7  # 4 + the disk tail's 3 (memory's tail had 1)
+    assert kv.block_source.filled == [b"k1"] and mem.contents[kv.block_table("b")[1]] == "disk k1"
+    assert kv.source_hits == 3 and len(kv.tails) == 2  # the filled tail stays cached
+    kv.free("b")
+    kv.block_source.filled.clear()
+    assert kv.match_prefix("c", toks(6) + [61], 6) == 6  # memory now shares as much: no read
+    assert kv.block_source.filled == []
+
+
+def test_a_tail_that_fails_to_read_is_not_used():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    mem = Memory(kv)
+    run(kv, "a", toks(4))
+    kv.free("a")
+    parent = kv.cached_blocks()[0].block_hash
+    kv.block_source = TailSource(mem, {parent: [((4, 5), b"bad")]})
+    assert kv.match_prefix("b", toks(7), 6) == 4 and kv.source_hits == 0 and not kv.tails
+    assert kv.stats().num_free == 7  # only b's hit block is taken
+
+
+def test_insert_cached_takes_a_tail_after_its_parent_and_only_where_blocks_can_be_copied():
+    toks8 = toks(8)
+    for copies in (True, False):
+        kv = KVCacheManager(num_blocks=4, block_size=BS)
+        if copies:
+            Memory(kv)
+        h0 = hash_block(None, toks8[:4])
+        tail = hash_block(h0, (4, 5))
+        assert not kv.insert_cached(tail, h0, (4, 5), lambda b: True)  # its parent is not cached
+        assert kv.insert_cached(h0, None, toks8[:4], lambda b: True)
+        assert kv.insert_cached(tail, h0, (4, 5), lambda b: True) == copies
+        assert kv.match_prefix("s", toks8, 7) == (6 if copies else 4)

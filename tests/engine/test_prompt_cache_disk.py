@@ -2,6 +2,7 @@
 and named inserts, and the file format's checks (torn, truncated, bit-flipped, foreign files are never loaded)."""
 
 import logging
+import zlib
 
 import numpy as np
 import pytest
@@ -275,3 +276,99 @@ def test_save_drops_the_last_runs_blocks_when_one_went_bad(tmp_path, caplog):
     assert "not kept" in caplog.records[0].getMessage()
     assert [r.token_ids for r in CacheFile(tmp_path / "fp.kvc", "fp", LAYOUT).records()] == [tuple(toks)]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+# ---- tails: a sequence's last, partly filled block ---------------------------------------------------------------
+
+
+def tail_record(parent, tokens, fill=7):
+    return Record(hash_block(parent, tokens), parent, tuple(tokens), bytes([fill]) * 32)
+
+
+def test_a_tail_record_reads_back_and_a_bad_token_count_is_refused(tmp_path):
+    path = tmp_path / "m.kvc"
+    rs = records(2)
+    rs.append(tail_record(rs[-1].block_hash, (5, 6, 7)))
+    write_cache_file(path, "fp", LAYOUT, rs)
+    f = CacheFile(path, "fp", LAYOUT)
+    assert list(f.records()) == rs and f.read(rs[2].block_hash).token_ids == (5, 6, 7)
+    i, n = f.tails.longest(rs[1].block_hash, (5, 6, 9))
+    assert n == 2 and f.tail_records[i] == ((5, 6, 7), rs[2].block_hash)
+    for n in (0, BS + 1):  # a token count no record can have, its checksum made right
+        raw = bytearray(path.read_bytes())
+        at = len(raw) - record_size(LAYOUT)
+        raw[at + 36 : at + 40] = n.to_bytes(4, "little")
+        body = bytes(raw[at : len(raw) - 4])
+        raw[len(raw) - 4 :] = zlib.crc32(body).to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+        with pytest.raises(CacheFileError, match=f"a record of {n} tokens"):
+            CacheFile(path, "fp", LAYOUT).read(rs[2].block_hash)
+
+
+def test_a_version_1_file_of_whole_blocks_is_still_read(tmp_path):
+    path = tmp_path / "m.kvc"
+    rs = records(2)
+    write_cache_file(path, "fp", LAYOUT, rs)
+    raw = bytearray(path.read_bytes())
+    meta_len = int.from_bytes(raw[12:16], "little")
+    raw[8:12] = (1).to_bytes(4, "little")
+    end = 16 + meta_len
+    raw[end : end + 4] = zlib.crc32(bytes(raw[:end])).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    assert list(CacheFile(path, "fp", LAYOUT).records()) == rs
+
+
+class CopyingEngine(FakeEngine):
+    """A fake engine whose KV blocks can be copied: the KV manager's hits within a block."""
+
+    def copy(self, src, dst):
+        self.blocks[dst] = self.blocks[src]
+
+
+def served(tmp_path, engine=None):
+    engine = engine or CopyingEngine()
+    kv = KVCacheManager(8, BS)
+    kv.copy_block = engine.copy
+    disk = DiskPromptCache(tmp_path, 1 << 20, "fp", engine, kv)
+    disk.open()
+    return engine, kv, disk
+
+
+def test_a_tail_saved_at_shutdown_is_hit_to_the_token_after_a_restart(tmp_path):
+    engine, kv, disk = served(tmp_path)
+    conversation = list(range(100, 100 + BS + 10))
+    kv.match_prefix("s", conversation, 0)
+    kv.allocate("s", len(conversation))
+    for i, b in enumerate(kv.block_table("s")):
+        engine.blocks[b] = bytes([i + 1]) * 32
+    kv.cache_blocks("s", conversation, len(conversation))
+    kv.free("s")  # its last 10 tokens: a tail
+    assert disk.save() == 2
+    saved = list(CacheFile(tmp_path / "fp.kvc", "fp", LAYOUT).records())
+    assert [r.token_ids for r in saved] == [tuple(conversation[:BS]), tuple(conversation[BS:])]
+
+    engine, kv, disk = served(tmp_path)  # a new process
+    follow_up = conversation + [7, 8]
+    assert kv.match_prefix("t", follow_up, len(follow_up) - 1) == BS + 10
+    assert kv.source_hits == BS + 10 and disk.bytes_read == 2 * record_size(LAYOUT)
+    assert engine.blocks[kv.block_table("t")[1]] == bytes([2]) * 32  # the tail's K/V, copied into t's own block
+    assert disk.save() == 2  # the tail, now cached again, is kept once
+
+
+def test_a_named_save_takes_the_tail_and_a_restore_puts_it_back(tmp_path):
+    engine, kv, disk = served(tmp_path)
+    prompt = list(range(300, 300 + BS + 5))
+    kv.match_prefix("s", prompt, 0)
+    kv.allocate("s", len(prompt))
+    for i, b in enumerate(kv.block_table("s")):
+        engine.blocks[b] = bytes([i + 1]) * 32
+    kv.cache_blocks("s", prompt + [1, 2], len(prompt) + 1)  # two generated tokens, one of them computed
+    kv.free("s")
+    records_, n = disk.chain_records(prompt)
+    assert n == BS + 5 and [r.token_ids for r in records_] == [tuple(prompt[:BS]), tuple(prompt[BS:])]
+    disk.write_named("chat", records_)
+
+    engine, kv, disk = served(tmp_path)
+    assert disk.insert(disk.read_named("chat")) == BS + 5
+    assert kv.match_prefix("t", prompt + [9], BS + 5) == BS + 5 and kv.source_hits == 0
+    assert engine.blocks[kv.block_table("t")[1]] == bytes([2]) * 32

@@ -323,8 +323,8 @@ def test_the_prefix_cache_survives_an_unload(listed):
     assert saved  # written on unload, in the model's own folder
     status, again = listed.post("/v1/completions", request)
     assert status == 200 and again["choices"][0]["text"] == body["choices"][0]["text"]
-    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= 64 and cached % 64 == 0, again["usage"]
+    usage = again["usage"]  # every prompt token but the one sampled from: whole blocks and the tail, from disk
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1, usage
 
 
 def test_a_request_that_waits_longer_than_the_load_timeout_gets_503_and_the_load_goes_on(folder):

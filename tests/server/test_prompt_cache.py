@@ -62,10 +62,10 @@ def test_a_restarted_server_answers_from_the_disk_cache(first_run, make_server):
     assert path.exists() and path.parent == folder
     srv = make_server(prompt_cache_dir=str(folder), prompt_cache_disk_mib=64)
     text2, lps2, cached2, _ = ask(srv)
-    assert cached2 == (prompt_tokens - 1) // 64 * 64  # every whole block of the prompt, as a warm hit would be
+    assert cached2 == prompt_tokens - 1  # every whole block of the prompt, then the rest out of the first run's tail
     assert (text2, lps2) == (text, lps)
     assert srv.metric("inferd:prompt_cache_disk_hits_total") == cached2
-    assert srv.metric("inferd:prompt_cache_disk_read_bytes_total") == cached2 // 64 * record_size(layout)
+    assert srv.metric("inferd:prompt_cache_disk_read_bytes_total") == (cached2 // 64 + 1) * record_size(layout)
     assert srv.metric("vllm:prefix_cache_hits_total") == cached2
     # another question after the same system prompt hits the blocks read from disk, now in memory
     _, _, cached3, _ = ask(srv, "And one to the station at 6?")
@@ -112,7 +112,7 @@ def test_named_save_and_restore(make_server, tmp_path):
     a = make_server(prompt_cache_dir=str(tmp_path), prompt_cache_disk_mib=64)
     status, saved = post(a, "/v1/cache/save", {"name": "taxi-1", "messages": messages()})
     assert status == 200 and saved["name"] == "taxi-1"
-    assert saved["cached_tokens"] >= 320 and saved["cached_tokens"] % 64 == 0
+    assert saved["cached_tokens"] >= 320 and saved["cached_tokens"] % 64  # whole blocks and the prompt's tail
     assert (tmp_path / "named" / "taxi-1.kvc").stat().st_size == saved["bytes"]
     a.stop()
     for f in tmp_path.glob("*.kvc"):  # the shutdown save: the next server must owe its hit to the restore
@@ -121,7 +121,7 @@ def test_named_save_and_restore(make_server, tmp_path):
     status, restored = post(b, "/v1/cache/restore", {"name": "taxi-1"})
     assert status == 200 and restored == {"name": "taxi-1", "cached_tokens": saved["cached_tokens"]}
     _, _, cached, _ = ask(b)
-    assert cached >= saved["cached_tokens"]
+    assert cached == saved["cached_tokens"]  # to the token
     assert b.metric("inferd:prompt_cache_disk_hits_total") == 0  # hits on restored blocks are memory hits
 
 
