@@ -46,7 +46,7 @@ class CacheRestoreRequest(Struct, kw_only=True):
 
 class CacheSaveResponse(Struct):
     name: str
-    cached_tokens: int  # prompt tokens whose KV the save holds (whole blocks of 64 on cuda and for recurrent models)
+    cached_tokens: int  # prompt tokens whose KV the save holds (whole blocks of 64 for a model with recurrent layers)
     bytes: int
 
 
