@@ -325,9 +325,9 @@ class CopyingEngine(FakeEngine):
         self.blocks[dst] = self.blocks[src]
 
 
-def served(tmp_path, engine=None):
-    engine = engine or CopyingEngine()
-    kv = KVCacheManager(8, BS)
+def served(tmp_path):
+    """A process's engine, KV manager and disk cache over the folder (a new one per restart)."""
+    engine, kv = CopyingEngine(), KVCacheManager(8, BS)
     kv.copy_block = engine.copy
     disk = DiskPromptCache(tmp_path, 1 << 20, "fp", engine, kv)
     disk.open()
