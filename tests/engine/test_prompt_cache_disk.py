@@ -334,15 +334,21 @@ def served(tmp_path):
     return engine, kv, disk
 
 
+def run_and_free(engine, kv, tokens, num_computed):
+    """A sequence over `tokens` with its first num_computed computed (block i's K/V the bytes i + 1), then freed:
+    its last, partly filled block becomes a tail."""
+    kv.match_prefix("s", tokens, 0)
+    kv.allocate("s", len(tokens))
+    for i, b in enumerate(kv.block_table("s")):
+        engine.blocks[b] = bytes([i + 1]) * 32
+    kv.cache_blocks("s", tokens, num_computed)
+    kv.free("s")
+
+
 def test_a_tail_saved_at_shutdown_is_hit_to_the_token_after_a_restart(tmp_path):
     engine, kv, disk = served(tmp_path)
     conversation = list(range(100, 100 + BS + 10))
-    kv.match_prefix("s", conversation, 0)
-    kv.allocate("s", len(conversation))
-    for i, b in enumerate(kv.block_table("s")):
-        engine.blocks[b] = bytes([i + 1]) * 32
-    kv.cache_blocks("s", conversation, len(conversation))
-    kv.free("s")  # its last 10 tokens: a tail
+    run_and_free(engine, kv, conversation, len(conversation))  # its last 10 tokens: a tail
     assert disk.save() == 2
     saved = list(CacheFile(tmp_path / "fp.kvc", "fp", LAYOUT).records())
     assert [r.token_ids for r in saved] == [tuple(conversation[:BS]), tuple(conversation[BS:])]
@@ -358,12 +364,7 @@ def test_a_tail_saved_at_shutdown_is_hit_to_the_token_after_a_restart(tmp_path):
 def test_a_named_save_takes_the_tail_and_a_restore_puts_it_back(tmp_path):
     engine, kv, disk = served(tmp_path)
     prompt = list(range(300, 300 + BS + 5))
-    kv.match_prefix("s", prompt, 0)
-    kv.allocate("s", len(prompt))
-    for i, b in enumerate(kv.block_table("s")):
-        engine.blocks[b] = bytes([i + 1]) * 32
-    kv.cache_blocks("s", prompt + [1, 2], len(prompt) + 1)  # two generated tokens, one of them computed
-    kv.free("s")
+    run_and_free(engine, kv, prompt + [1, 2], len(prompt) + 1)  # two generated tokens, one of them computed
     records_, n = disk.chain_records(prompt)
     assert n == BS + 5 and [r.token_ids for r in records_] == [tuple(prompt[:BS]), tuple(prompt[BS:])]
     disk.write_named("chat", records_)
