@@ -295,18 +295,7 @@ class KVCacheManager:
         if found is None or common_prefix(found[0], token_ids) <= self.children.longest(parent, token_ids)[1]:
             return False
         tail, key = found
-        return self._insert_tail(parent, tail, lambda block_id: source.fill(key, block_id))
-
-    def _insert_tail(self, parent: bytes | None, token_ids: Sequence[int], fill: Callable[[int], bool]) -> bool:
-        """A tail of `parent` computed elsewhere, filled into a free block, cached unreferenced."""
-        block_id = self._take_free_block()
-        self.ref_counts[block_id] = 0
-        if not fill(block_id):
-            self._free_plain.append(block_id)
-            return False
-        self._add_tail(parent, tuple(token_ids), block_id)
-        self._free_cached[block_id] = None
-        return True
+        return self.insert_cached(key, parent, tail, lambda block_id: source.fill(key, block_id))
 
     def _add_tail(self, parent: bytes | None, tail: tuple[int, ...], block_id: int) -> None:
         self.children.add(parent, tail, block_id)
@@ -473,24 +462,25 @@ class KVCacheManager:
         token ids than block_size make a tail, cached only where hits within a block are."""
         if not self.enable_prefix_caching:
             return False
-        if len(token_ids) < self.block_size:
-            if self.children.longest(parent, token_ids)[1] == len(token_ids):
-                return True
-            if not self.hits_within_block or (parent is not None and parent not in self.hash_to_block):
-                return False
-            return bool(self.num_free_blocks) and self._insert_tail(parent, token_ids, fill)
-        if block_hash in self.hash_to_block:
+        tail = len(token_ids) < self.block_size
+        if self.children.longest(parent, token_ids)[1] == len(token_ids) if tail else block_hash in self.hash_to_block:
             return True
-        if (parent is not None and parent not in self.hash_to_block) or not self.num_free_blocks:
+        if (
+            (tail and not self.hits_within_block)
+            or (parent is not None and parent not in self.hash_to_block)
+            or not self.num_free_blocks
+        ):
             return False
-        block_id = self._take_free_block()
+        block_id = self._filled_block(fill)
+        if block_id is None:
+            return False
+        if tail:
+            self._add_tail(parent, tuple(token_ids), block_id)
+        else:
+            self._register(block_id, block_hash, parent, token_ids)
+            self._tick += 1
+            self.block_last_hit[block_id] = self._tick
         self.ref_counts[block_id] = 0
-        if not fill(block_id):
-            self._free_plain.append(block_id)
-            return False
-        self._register(block_id, block_hash, parent, token_ids)
-        self._tick += 1
-        self.block_last_hit[block_id] = self._tick
         self._free_cached[block_id] = None
         return True
 
@@ -525,13 +515,19 @@ class KVCacheManager:
         source = self.block_source
         if source is None or not self.num_free_blocks or h not in source:
             return None
-        block_id = self._take_free_block()
-        if not source.fill(h, block_id):
-            self.ref_counts[block_id] = 0
-            self._free_plain.append(block_id)
-            return None
-        self._register(block_id, h, parent, token_ids)
+        block_id = self._filled_block(lambda b: source.fill(h, b))
+        if block_id is not None:
+            self._register(block_id, h, parent, token_ids)
         return block_id
+
+    def _filled_block(self, fill: Callable[[int], bool]) -> int | None:
+        """A free block written by `fill`, referenced once; None, the block free again, when `fill` fails."""
+        block_id = self._take_free_block()
+        if fill(block_id):
+            return block_id
+        self.ref_counts[block_id] = 0
+        self._free_plain.append(block_id)
+        return None
 
     def _take_free_block(self) -> int:
         if self._free_plain:
