@@ -302,8 +302,16 @@ class KVCacheManager:
         self.tails.add(block_id)
         self.block_parent[block_id] = parent
         self.block_tokens[block_id] = tail
+        self._touch(block_id)
+
+    def _touch(self, block_id: int) -> None:
+        """Make `block_id` the most recently hit block."""
         self._tick += 1
         self.block_last_hit[block_id] = self._tick
+
+    def _tail_cached(self, parent: bytes | None, tail: Sequence[int]) -> bool:
+        """Whether a cached child of `parent` already starts with all of `tail`."""
+        return self.children.longest(parent, tail)[1] == len(tail)
 
     def _copy_within_block(self, seq: _SeqBlocks, parent: bytes | None, token_ids: Sequence[int]) -> int:
         """Append to `seq` a copy of the cached child of `parent` that starts with the most of `token_ids` (its
@@ -391,7 +399,7 @@ class KVCacheManager:
             return
         block_id = seq.block_table[i]
         parent = seq.block_hashes[-1] if seq.block_hashes else seq.root
-        if self.ref_counts[block_id] != 1 or self.children.longest(parent, tail)[1] == len(tail):
+        if self.ref_counts[block_id] != 1 or self._tail_cached(parent, tail):
             return
         self._add_tail(parent, tail, block_id)
 
@@ -463,7 +471,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return False
         tail = len(token_ids) < self.block_size
-        if self.children.longest(parent, token_ids)[1] == len(token_ids) if tail else block_hash in self.hash_to_block:
+        if self._tail_cached(parent, token_ids) if tail else block_hash in self.hash_to_block:
             return True
         if (
             (tail and not self.hits_within_block)
@@ -478,8 +486,7 @@ class KVCacheManager:
             self._add_tail(parent, tuple(token_ids), block_id)
         else:
             self._register(block_id, block_hash, parent, token_ids)
-            self._tick += 1
-            self.block_last_hit[block_id] = self._tick
+            self._touch(block_id)
         self.ref_counts[block_id] = 0
         self._free_cached[block_id] = None
         return True
