@@ -228,14 +228,17 @@ SIMD_ATTR_AVX2 void float_rows_avx2(const weight_t *w, int row0, int nrows, int 
 #define SMALL_MATRIX_BYTES (2u << 20)
 
 /* The pair kernels (qpair512.c: zmm, and AMX for groups of 16 tokens) serve the prefills of the VNNI paths wherever
- * the CPU has AVX-512 VNNI (the bits are the same) from PAIR_MIN_TOKENS tokens up; up to QDECODE_TOKENS (a decode
- * step of a few sequences) the zmm decode kernels come first where the type has one, as they unpack each block once
- * for all the tokens where the pair kernels' panel pays only for more (bench/results/batch_decode.md). The types whose
+ * the CPU has AVX-512 VNNI (the bits are the same) from PAIR_MIN_TOKENS tokens up; up to DECODE_PASS_TOKENS (a
+ * decode step of a few sequences) the zmm decode kernels come first where the type has one, as they unpack each block
+ * once for all the tokens where the pair kernels' panel pays only for more (bench/results/batch_decode.md). They take
+ * QDECODE_TOKENS a call: 9 to 16 tokens go in two passes over each group of tiles, the second finding the tiles in
+ * cache, which costs less than the pair kernels up to there (bench/results/decode_passes.md). The types whose
  * tiles unpack (those with a batch kernel) go to the pair kernels from 4 tokens: their ymm tile kernels take up to 3
  * tokens a call below their full KNT, so 4 tokens unpack each tile twice, which costs the codebook types most
  * (bench/results/lowbit_codebook_pair_vnni.md); Q8_0's tiles are a load away and stay faster at 4. */
 #define PAIR_MIN_TOKENS 5
 #define PAIR_MIN_TOKENS_UNPACKING 4
+#define DECODE_PASS_TOKENS 16
 
 /* Software prefetch in a decode step's kernels helps every tile on Intel, while on AMD Zen 4 the L2 stream
  * prefetcher does better alone on long tiles (an 8960-wide Q4_K tile is 40 KB, past the reach of a group's four
@@ -288,8 +291,8 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
             k->scalar(base, nb, xq, nb32, ntok, y, ldy, ycol0 + (t - t0) * TILE_ROWS, rows_of(w, t), accumulate);
         return;
     }
-    const qdecode_fn zmm = kc->decode_zmm && ntok <= QDECODE_TOKENS ? k->decode : NULL;
-    if (zmm || (ntok == 1 && kc->decode_group > 1)) {   /* a decode step (1 to 8 tokens): tiles in lockstep */
+    const qdecode_fn zmm = kc->decode_zmm && ntok <= DECODE_PASS_TOKENS ? k->decode : NULL;
+    if (zmm || (ntok == 1 && kc->decode_group > 1)) {   /* a decode step: tiles in lockstep */
         const int group = kc->decode_group < 1 ? 1 : kc->decode_group > QGROUP_TILES ? QGROUP_TILES : kc->decode_group;
         const int prefetch_on = tile_bytes <= kc->decode_prefetch_bytes;
         for (int t = t0, n; t < t1; t += n, base += (size_t)n * tile_bytes) {
@@ -299,8 +302,14 @@ static void segment_tiles(const kernel_config_t *kc, const weight_t *w, int seg,
              * (bench/results/decode_claims.md) */
             int prefetch = prefetch_on ? seg_end - t : 0, last = rows_of(w, t + n - 1);
             float *yt = y + ycol0 + (t - t0) * TILE_ROWS;
-            if (zmm) zmm(base, tile_bytes, n, nb, xq, nb32, ntok, yt, ldy, last, accumulate, prefetch);
-            else k->tiles->group(base, tile_bytes, n, nb, xq, yt, last, accumulate, prefetch);
+            if (zmm) {   /* passes of nearly equal sizes (13 tokens: 7 + 6) while the group's tiles are in cache */
+                const int passes = (ntok + QDECODE_TOKENS - 1) / QDECODE_TOKENS;
+                for (int i = 0, done = 0, m; i < passes; i++, done += m) {
+                    m = (ntok - done) / (passes - i);
+                    zmm(base, tile_bytes, n, nb, xq + (size_t)done * nb32, nb32, m, yt + (size_t)done * ldy, ldy, last,
+                        accumulate, i ? 0 : prefetch);
+                }
+            } else k->tiles->group(base, tile_bytes, n, nb, xq, yt, last, accumulate, prefetch);
         }
         return;
     }

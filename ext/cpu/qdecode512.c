@@ -21,7 +21,8 @@
  *
  * A decode step of a few sequences (or a speculative draft) has 2 to 8 tokens: each sub-block's weights are unpacked
  * once into 8 vectors and every token's dpbusd and float steps read them, so a step of 4 sequences costs about what
- * 1.2 of one do while the weights stream (bench/results/batch_decode.md); the pair kernels take over from 9 tokens.
+ * 1.2 of one do while the weights stream (bench/results/batch_decode.md). 9 to 16 tokens go in two calls (matmul.c),
+ * and the pair kernels take over from 17.
  *
  * Bits: per row the operations are the scalar kernel's (matmul.c): each 32-value block's int32 sum exactly (any order
  * of exact integer additions gives the same int32), then acc = fma(float(isum), dw * dx, acc) and, with a min,
