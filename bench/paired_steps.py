@@ -1,14 +1,17 @@
-"""Two builds' decode steps, paired: each build's engine in its own process, one step each in turn, so that the
+"""Two builds' engine steps, paired: each build's engine in its own process, one step each in turn, so that the
 machine's drift (other tenants, memory-bandwidth phases: +-10% between runs a minute apart) hits both alike and the
 per-step ratio shows what a whole-run comparison cannot.
 
     python bench/paired_steps.py --tree A=/tmp/before --tree B=/tmp/after [-m MODEL] [-b 8,9,12,16] [--steps 200]
+    python bench/paired_steps.py --tree A=/tmp/before --tree B=/tmp/after [-m MODEL] --prefill 512 [--steps 10]
 
 (a tree: a checkout with its built extension; MODEL: _common.decode_bench_args', a name of the REAL_FILES or a path.)
-For each batch size B, both processes load the model and prefill B sequences of a 100-token prompt; then round k
-runs one decode step of all B sequences in A then B (B then A in odd rounds), 5 ms apart so that the other engine's
-pool has gone to sleep (pool.c's workers spin about 1 ms), and the first 4 rounds are not counted. Prints each side's
-median and lower-quartile step and the median and quartiles of the per-round ratio A / B (above 1: B is faster).
+Decode: for each batch size B, both processes load the model and prefill B sequences of a 100-token prompt; then
+round k runs one decode step of all B sequences in A then B (B then A in odd rounds). Prefill: round k runs one step
+of an N-token prompt at position 0 of one sequence in each. Steps are 5 ms apart so that the other engine's pool has
+gone to sleep (pool.c's workers spin about 1 ms), and the first 4 rounds (prefill: 1) are not counted. Prints each
+side's median and lower-quartile step and the median and quartiles of the per-round ratio A / B (above 1: B is
+faster).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from _common import decode_bench_args
 WARM_UP = 4
 PROMPT = 100
 
-# what each side runs in its tree: prefill, then one decode step per line read, its seconds written back
+# what each side runs in its tree: its prompts, then one step (decode or prompt) per line read, its seconds written back
 CHILD = r"""
 import sys, time
 sys.path.insert(0, "bench")
@@ -35,7 +38,9 @@ from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
 
-model, (batch, steps, prompt, threads) = sys.argv[1], map(int, sys.argv[2:6])
+model, (batch, steps, prompt, threads, prefill) = sys.argv[1], map(int, sys.argv[2:7])
+if prefill:
+    batch, prompt, steps = 1, prefill, 0
 engine = batch_engine(load_model(bench_model_path(model)), batch, prompt, steps, threads)
 engine.wait_huge_pages()
 per_seq = blocks_needed(prompt + steps + 1)
@@ -44,22 +49,23 @@ tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
 def seq(tokens, pos, s):
     return SeqInput(tokens, pos, tables[s], 1, state_slot=s if engine.num_state_slots else -1)
 
-last = []
-for s in range(batch):
-    prompt_ids = [(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)]
-    last.append(engine.step([seq(prompt_ids, 0, s)])[0].tokens[0])
+def prompt_of(s):
+    return [(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)]
+
+last = [engine.step([seq(prompt_of(s), 0, s)])[0].tokens[0] for s in range(batch)]
 print("ready", flush=True)
-for k in range(steps):
+for k in range(int(sys.argv[7])):
     sys.stdin.readline()
     t0 = time.perf_counter()
-    res = engine.step([seq([last[s]], prompt + k, s) for s in range(batch)])
+    res = engine.step([seq(prompt_of(0), 0, 0)] if prefill else [seq([last[s]], prompt + k, s) for s in range(batch)])
     print(time.perf_counter() - t0, flush=True)
     last = [r.tokens[0] for r in res]
 """
 
 
-def side(tree: Path, model: str, batch: int, steps: int, threads: int) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", CHILD, model, str(batch), str(steps), str(PROMPT), str(threads)],
+def side(tree: Path, model: str, batch: int, rounds: int, threads: int, prefill: int) -> subprocess.Popen[str]:
+    args = [model, batch, rounds, PROMPT, threads, prefill, rounds]
+    p = subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)],
                          cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert p.stdout is not None
@@ -81,20 +87,21 @@ def main() -> None:
     decode_bench_args(ap)
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH, twice")
     ap.add_argument("-b", "--batches", default="8,9,12,16")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=200, help="rounds counted")
+    ap.add_argument("--prefill", type=int, default=0, help="time N-token prompt steps instead of decode steps")
     a = ap.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
     if len(trees) != 2 or any(len(t) != 2 for t in trees):
         ap.error("--tree NAME=PATH, exactly twice")
     (na, ta), (nb, tb) = trees
-    for b in (int(x) for x in a.batches.split(",")):
-        procs = [side(Path(ta), a.model, b, a.steps + WARM_UP, a.threads),
-                 side(Path(tb), a.model, b, a.steps + WARM_UP, a.threads)]
+    warm_up = 1 if a.prefill else WARM_UP
+    for b in [1] if a.prefill else [int(x) for x in a.batches.split(",")]:
+        procs = [side(Path(t), a.model, b, a.steps + warm_up, a.threads, a.prefill) for t in (ta, tb)]
         times: list[list[float]] = [[], []]
-        for k in range(a.steps + WARM_UP):
+        for k in range(a.steps + warm_up):
             for i in ((0, 1) if k % 2 == 0 else (1, 0)):
                 ms = one_step(procs[i])
-                if k >= WARM_UP:
+                if k >= warm_up:
                     times[i].append(ms)
         for p in procs:
             assert p.stdin is not None
@@ -102,7 +109,8 @@ def main() -> None:
             p.wait()
         ratios = [x / y for x, y in zip(*times)]
         q = [statistics.quantiles(v, n=4) for v in (*times, ratios)]
-        print(f"{b} sequences: {na} median {statistics.median(times[0]):.2f} ms (p25 {q[0][0]:.2f}), {nb} median "
+        what = f"{a.prefill}-token prompt" if a.prefill else f"{b} sequences"
+        print(f"{what}: {na} median {statistics.median(times[0]):.2f} ms (p25 {q[0][0]:.2f}), {nb} median "
               f"{statistics.median(times[1]):.2f} ms (p25 {q[1][0]:.2f}); {na} / {nb} per round: median "
               f"{statistics.median(ratios):.3f}, quartiles {q[2][0]:.3f}-{q[2][2]:.3f}", flush=True)
 

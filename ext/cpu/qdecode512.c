@@ -8,8 +8,9 @@
  * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
  * (bench/results/decode_q4k.md). Here a zmm holds the 16 rows of two adjacent tiles (lane 8i + r: tile i of the
  * pair, row r), as the prefill pair kernels do (qpair512.c): each nibble mask, dpbusd, conversion and fma does the
- * work of two ymm ones, the activation's 4 bytes come as dpbusd's embedded broadcast, and the sub-block scales of
- * both tiles become one vector of scales and one of mins with a single multiply each. Other instructions per byte:
+ * work of two ymm ones, the activation's 4 bytes are one broadcast load (dpbusd's embedded broadcast, which the pair
+ * kernels use, measured no faster here: bench/results/dpbusd_broadcast.md), and the sub-block scales of both tiles
+ * become one vector of scales and one of mins with a single multiply each. Other instructions per byte:
  *   - 4-bit high nibbles are not shifted down: dpbusd multiplies (v & 0xf0) = 16 q and the chain's sum is shifted
  *     right by 4 once per sub-block (the exact int32 sum, as 16 * sum is a multiple of 16);
  *   - mw = -(dmin * mn) is computed as (-dmin) * mn (IEEE multiplication is sign-symmetric: the same bits), the
