@@ -8,9 +8,9 @@
  * (qtile.h's tiles_one) computed 14-23 GB/s of Q4_K/Q6_K, barely above its share of the read bandwidth
  * (bench/results/decode_q4k.md). Here a zmm holds the 16 rows of two adjacent tiles (lane 8i + r: tile i of the
  * pair, row r), as the prefill pair kernels do (qpair512.c): each nibble mask, dpbusd, conversion and fma does the
- * work of two ymm ones, the activation's 4 bytes are one broadcast load (dpbusd's embedded broadcast, which the pair
- * kernels use, measured no faster here: bench/results/dpbusd_broadcast.md), and the sub-block scales of both tiles
- * become one vector of scales and one of mins with a single multiply each. Other instructions per byte:
+ * work of two ymm ones, the activation's 4 bytes come as dpbusd's embedded broadcast (32-value types) or one
+ * broadcast load (K-quants: dot_halves says why), and the sub-block scales of both tiles become one vector of scales
+ * and one of mins with a single multiply each. Other instructions per byte:
  *   - 4-bit high nibbles are not shifted down: dpbusd multiplies (v & 0xf0) = 16 q and the chain's sum is shifted
  *     right by 4 once per sub-block (the exact int32 sum, as 16 * sum is a multiple of 16);
  *   - mw = -(dmin * mn) is computed as (-dmin) * mn (IEEE multiplication is sign-symmetric: the same bits), the
@@ -81,19 +81,26 @@ PINLINE void nibble_vectors(const int five, const uint8_t *ga, const uint8_t *gb
     }
 }
 
-/* 8 unpacked vectors times one token's 32 activation bytes x: values 0-15 added to *lo, 16-31 to *hi */
-PINLINE void dot_halves(const __m512i w[8], const int8_t *x, __m512i *lo, __m512i *hi) {
+/* 8 unpacked vectors times one token's 32 activation bytes x: values 0-15 added to *lo, 16-31 to *hi; embedded:
+ * the bytes read by dpbusd's embedded broadcast, else by a broadcast load each (the first is faster for the 32-value
+ * types, the second for the K-quants: bench/results/dpbusd_broadcast.md) */
+PINLINE void dot_halves(const int embedded, const __m512i w[8], const int8_t *x, __m512i *lo, __m512i *hi) {
 #pragma GCC unroll 4
     for (int p = 0; p < 4; p++) {
-        *lo = _mm512_dpbusd_epi32(*lo, w[p], bcast4(x + 4 * p));
-        *hi = _mm512_dpbusd_epi32(*hi, w[4 + p], bcast4(x + 16 + 4 * p));
+        if (embedded) {
+            *lo = dpbusd_bcast(*lo, w[p], x + 4 * p);
+            *hi = dpbusd_bcast(*hi, w[4 + p], x + 16 + 4 * p);
+        } else {
+            *lo = _mm512_dpbusd_epi32(*lo, w[p], bcast4(x + 4 * p));
+            *hi = _mm512_dpbusd_epi32(*hi, w[4 + p], bcast4(x + 16 + 4 * p));
+        }
     }
 }
 
 /* the int32 sum of nibble_vectors' values times one token's 32 activation bytes x, starting from lo */
-PINLINE __m512i nibble_dot(const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
+PINLINE __m512i nibble_dot(const int embedded, const int five, const __m512i w[8], const int8_t *x, __m512i lo) {
     __m512i hi = _mm512_setzero_si512();
-    dot_halves(w, x, &lo, &hi);
+    dot_halves(embedded, w, x, &lo, &hi);
     return _mm512_add_epi32(lo, five ? hi : _mm512_srai_epi32(hi, 4));
 }
 
@@ -114,7 +121,7 @@ PINLINE void q45k_sub(const int type, const int ntmax, int nt, const uint8_t *a,
 #pragma GCC unroll 8
     for (int t = 0; t < ntmax && t < nt; t++) {
         const block_q8x *x = xb + (size_t)t * nb32;
-        __m512i isum = nibble_dot(five, w, x->qs, _mm512_setzero_si512());
+        __m512i isum = nibble_dot(0, five, w, x->qs, _mm512_setzero_si512());
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(x->d)), acc[t]);
         acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->dsum), acc[t]);
     }
@@ -135,7 +142,7 @@ PINLINE void small_block(const int type, const int ntmax, int nt, const uint8_t 
     for (int t = 0; t < ntmax && t < nt; t++) {
         const block_q8x *x = xb + (size_t)t * nb32;
         const int32_t start = type == WT_Q4_0 ? x->q4_corr : type == WT_Q5_0 ? -16 * x->isum : 0;
-        __m512i isum = nibble_dot(five, w, x->qs, _mm512_set1_epi32(start));
+        __m512i isum = nibble_dot(1, five, w, x->qs, _mm512_set1_epi32(start));
         __m512 dx = _mm512_set1_ps(x->d);
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc[t]);
         if (type == WT_Q4_1 || type == WT_Q5_1)
@@ -168,7 +175,7 @@ PINLINE void q6k_sub(const int ntmax, int nt, const uint8_t *a, const uint8_t *b
     for (int t = 0; t < ntmax && t < nt; t++) {
         const block_q8x *x = xb + (size_t)t * nb32;
         __m512i lo = _mm512_set1_epi32(x->q6_corr[0]), hi = _mm512_set1_epi32(x->q6_corr[1]);
-        dot_halves(w, x->qs, &lo, &hi);
+        dot_halves(0, w, x->qs, &lo, &hi);
         __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc0), _mm512_mullo_epi32(hi, sc1));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[t]);
     }
