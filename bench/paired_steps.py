@@ -9,14 +9,15 @@ per-step ratio shows what a whole-run comparison cannot.
 Decode: for each batch size B, both processes load the model and prefill B sequences of a 100-token prompt; then
 round k runs one decode step of all B sequences in A then B (B then A in odd rounds). Prefill: round k runs one step
 of an N-token prompt at position 0 of one sequence in each. Steps are 5 ms apart so that the other engine's pool has
-gone to sleep (pool.c's workers spin about 1 ms), and the first 4 rounds (prefill: 1) are not counted. Prints each
-side's median and lower-quartile step and the median and quartiles of the per-round ratio A / B (above 1: B is
-faster).
+gone to sleep (pool.c's workers spin about 1 ms), and the first 4 rounds (prefill: 1) are not counted; an odd
+--steps is rounded up, so that each build goes first as often as second. Prints each side's median and lower-quartile
+step and the median and quartiles of the per-round ratio A / B (above 1: B is faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -38,12 +39,13 @@ from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
 
-model, (batch, steps, prompt, threads, prefill) = sys.argv[1], map(int, sys.argv[2:7])
+model, (batch, rounds, prompt, threads, prefill) = sys.argv[1], map(int, sys.argv[2:7])
 if prefill:
-    batch, prompt, steps = 1, prefill, 0
-engine = batch_engine(load_model(bench_model_path(model)), batch, prompt, steps, threads)
+    batch, prompt = 1, prefill
+decodes = 0 if prefill else rounds
+engine = batch_engine(load_model(bench_model_path(model)), batch, prompt, decodes, threads)
 engine.wait_huge_pages()
-per_seq = blocks_needed(prompt + steps + 1)
+per_seq = blocks_needed(prompt + decodes + 1)
 tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
 
 def seq(tokens, pos, s):
@@ -54,7 +56,7 @@ def prompt_of(s):
 
 last = [engine.step([seq(prompt_of(s), 0, s)])[0].tokens[0] for s in range(batch)]
 print("ready", flush=True)
-for k in range(int(sys.argv[7])):
+for k in range(rounds):
     sys.stdin.readline()
     t0 = time.perf_counter()
     res = engine.step([seq(prompt_of(0), 0, 0)] if prefill else [seq([last[s]], prompt + k, s) for s in range(batch)])
@@ -64,10 +66,10 @@ for k in range(int(sys.argv[7])):
 
 
 def side(tree: Path, model: str, batch: int, rounds: int, threads: int, prefill: int) -> subprocess.Popen[str]:
-    args = [model, batch, rounds, PROMPT, threads, prefill, rounds]
-    p = subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)],
-                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    args = [model, batch, rounds, PROMPT, threads, prefill]
+    p = subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)], cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)}, text=True, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
     assert p.stdout is not None
     if p.stdout.readline().strip() != "ready":
         raise SystemExit(f"{tree}: the engine did not start (its output is above)")
@@ -95,11 +97,12 @@ def main() -> None:
         ap.error("--tree NAME=PATH, exactly twice")
     (na, ta), (nb, tb) = trees
     warm_up = 1 if a.prefill else WARM_UP
+    counted = a.steps + a.steps % 2
     for b in [1] if a.prefill else [int(x) for x in a.batches.split(",")]:
-        procs = [side(Path(t), a.model, b, a.steps + warm_up, a.threads, a.prefill) for t in (ta, tb)]
+        procs = [side(Path(t), a.model, b, counted + warm_up, a.threads, a.prefill) for t in (ta, tb)]
         times: list[list[float]] = [[], []]
-        for k in range(a.steps + warm_up):
-            for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+        for k in range(counted + warm_up):
+            for i in ((0, 1) if (k - warm_up) % 2 == 0 else (1, 0)):
                 ms = one_step(procs[i])
                 if k >= warm_up:
                     times[i].append(ms)
