@@ -1,8 +1,8 @@
 """Batched decode steps (B sequences, one token each) on the default kernels vs the ymm tile kernels, alternating in
-one process (ABAB ...). By default up to QDECODE_TOKENS (8) tokens run the zmm decode kernels (qdecode512.c, tiles
-unpacked once for all of them; Q8_0 has none) and more the pair kernels; "ymm tiles" turns both off (the engine
-context's KernelConfig: set_prefill_kernels, set_decode_kernels), which is what every batch under 16 tokens ran
-before. Both give the same bits: the generated tokens are checked equal.
+one process (ABAB ...). By default up to 16 tokens run the zmm decode kernels (qdecode512.c, tiles unpacked once
+for up to QDECODE_TOKENS (8) of them, 9 to 16 in two passes; Q8_0 has none) and more the pair kernels; "ymm
+tiles" turns both off (the engine context's KernelConfig: set_prefill_kernels, set_decode_kernels), which is what
+every batch under 16 tokens ran before. Both give the same bits: the generated tokens are checked equal.
 
     python bench/batch_decode.py [-m MODEL] [-t 2] [--batches 1,2,3,4,5,6,8,12] [--steps 24] [--rounds 3]
 (MODEL: qwen2.5-coder-1.5b-q4_k_m (the default) or gemma-3-270m-q4_k_m of ../shared/models/fetch.sh, or a path)
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 from _common import bench_model_path, decode_bench_args
 from inferd.engine.engine import Engine
@@ -29,33 +30,52 @@ def batch_engine(model, most: int, prompt: int, steps: int, threads: int) -> Eng
                   max_seqs=most, threads=threads)
 
 
-def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT, warm_up: int = 0,
-               profile: bool = False) -> tuple[list[float], list[list[int]]]:
-    """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (in the engine's
-    largest steps; recurrent models: a state slot each) and `warm_up` untimed steps, and their tokens; with
-    `profile`, the stage profiler is on for the timed steps (the engine context's profile() reads it)."""
-    per_seq = blocks_needed(prompt + warm_up + n + 1)
+def prompt_ids(engine: Engine, s: int, prompt: int) -> list[int]:
+    """Sequence `s`'s `prompt` token ids: distinct per sequence, within the vocabulary"""
+    return [(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)]
+
+
+def decoder(engine: Engine, batch: int, n: int, prompt: int = PROMPT) -> Callable[[], list[int]]:
+    """Prefills `batch` sequences of a `prompt`-token prompt each (in the engine's largest steps; recurrent models: a
+    state slot each) and returns what runs the next of `n` decode steps of all of them, returning their tokens."""
+    per_seq = blocks_needed(prompt + n + 1)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
-    prompts = [[(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)] for s in range(batch)]
 
     def seq(tokens: list[int], pos: int, s: int) -> SeqInput:
         return SeqInput(tokens, pos, tables[s], 1, state_slot=s if engine.num_state_slots else -1)
 
     last = []
     for s in range(batch):
+        ids = prompt_ids(engine, s, prompt)
         for pos in range(0, prompt, engine.max_batch_tokens):
-            res = engine.step([seq(prompts[s][pos:pos + engine.max_batch_tokens], pos, s)])
+            res = engine.step([seq(ids[pos:pos + engine.max_batch_tokens], pos, s)])
         last.append(res[0].tokens[0])
+    pos = prompt
+
+    def step() -> list[int]:
+        nonlocal last, pos
+        res = engine.step([seq([last[s]], pos, s) for s in range(batch)])
+        last, pos = [r.tokens[0] for r in res], pos + 1
+        return last
+
+    return step
+
+
+def step_times(engine: Engine, batch: int, n: int, prompt: int = PROMPT, warm_up: int = 0,
+               profile: bool = False) -> tuple[list[float], list[list[int]]]:
+    """Seconds of each of `n` decode steps of `batch` sequences after a `prompt`-token prompt each (decoder) and
+    `warm_up` untimed steps, and their tokens; with `profile`, the stage profiler is on for the timed steps (the
+    engine context's profile() reads it)."""
+    step = decoder(engine, batch, warm_up + n, prompt)
     out: list[list[int]] = [[] for _ in range(batch)]
     times = []
     for k in range(warm_up + n):
         if profile and k == warm_up:
             engine._ctx.set_profiling(True)
         t0 = time.perf_counter()
-        res = engine.step([seq([last[s]], prompt + k, s) for s in range(batch)])
+        last = step()
         if k >= warm_up:
             times.append(time.perf_counter() - t0)
-        last = [r.tokens[0] for r in res]
         for s in range(batch):
             out[s].append(last[s])
     return times, out

@@ -34,34 +34,27 @@ CHILD = r"""
 import sys, time
 sys.path.insert(0, "bench")
 from _common import bench_model_path
-from batch_decode import batch_engine
+from batch_decode import batch_engine, decoder, prompt_ids
 from inferd.engine.runner import blocks_needed
 from inferd.engine.types import SeqInput
 from inferd.model.loader import load_model
 
 model, (batch, rounds, prompt, threads, prefill) = sys.argv[1], map(int, sys.argv[2:7])
-if prefill:
-    batch, prompt = 1, prefill
-decodes = 0 if prefill else rounds
-engine = batch_engine(load_model(bench_model_path(model)), batch, prompt, decodes, threads)
+if prefill:   # the same prompt step at position 0 of one sequence, over and over
+    engine = batch_engine(load_model(bench_model_path(model)), 1, prefill, 0, threads)
+    one = SeqInput(prompt_ids(engine, 0, prefill), 0, list(range(blocks_needed(prefill + 1))), 1,
+                   state_slot=0 if engine.num_state_slots else -1)
+    step = lambda: engine.step([one])
+else:
+    engine = batch_engine(load_model(bench_model_path(model)), batch, prompt, rounds, threads)
+    step = decoder(engine, batch, rounds, prompt)
 engine.wait_huge_pages()
-per_seq = blocks_needed(prompt + decodes + 1)
-tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
-
-def seq(tokens, pos, s):
-    return SeqInput(tokens, pos, tables[s], 1, state_slot=s if engine.num_state_slots else -1)
-
-def prompt_of(s):
-    return [(i * 7919 + 31 * s) % (engine.vocab_size - 10) + 5 for i in range(prompt)]
-
-last = [engine.step([seq(prompt_of(s), 0, s)])[0].tokens[0] for s in range(batch)]
 print("ready", flush=True)
-for k in range(rounds):
+for _ in range(rounds):
     sys.stdin.readline()
     t0 = time.perf_counter()
-    res = engine.step([seq(prompt_of(0), 0, 0)] if prefill else [seq([last[s]], prompt + k, s) for s in range(batch)])
+    step()
     print(time.perf_counter() - t0, flush=True)
-    last = [r.tokens[0] for r in res]
 """
 
 

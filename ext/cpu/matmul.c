@@ -238,7 +238,7 @@ SIMD_ATTR_AVX2 void float_rows_avx2(const weight_t *w, int row0, int nrows, int 
  * (bench/results/lowbit_codebook_pair_vnni.md); Q8_0's tiles are a load away and stay faster at 4. */
 #define PAIR_MIN_TOKENS 5
 #define PAIR_MIN_TOKENS_UNPACKING 4
-#define DECODE_PASS_TOKENS 16
+#define DECODE_PASS_TOKENS (2 * QDECODE_TOKENS)   /* two passes */
 
 /* Software prefetch in a decode step's kernels helps every tile on Intel, while on AMD Zen 4 the L2 stream
  * prefetcher does better alone on long tiles (an 8960-wide Q4_K tile is 40 KB, past the reach of a group's four
